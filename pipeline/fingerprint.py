@@ -1,0 +1,30 @@
+"""Content hashes of files, folders and settings: the keys that let a stage be skipped."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+from typing import Any
+
+_CHUNK = 1 << 20
+
+
+def hash_path(path: Path) -> str:
+    """sha256 of a file, or of a folder's relative paths and file contents (sorted)."""
+    digest = hashlib.sha256()
+    path = Path(path)
+    files = [path] if path.is_file() else sorted(p for p in path.rglob("*") if p.is_file())
+    for file in files:
+        if path.is_dir():
+            digest.update(file.relative_to(path).as_posix().encode() + b"\0")
+        with open(file, "rb") as fh:
+            while chunk := fh.read(_CHUNK):
+                digest.update(chunk)
+    return digest.hexdigest()
+
+
+def hash_settings(settings: Any) -> str:
+    """sha256 of a JSON-able settings object (keys sorted, so order does not matter)."""
+    blob = json.dumps(settings, sort_keys=True, default=str).encode()
+    return hashlib.sha256(blob).hexdigest()

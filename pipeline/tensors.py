@@ -1,0 +1,64 @@
+"""What a model's inputs and outputs are, read from the ONNX file (never guessed)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from pipeline.errors import PipelineError
+
+Dim = int | str  # a fixed size, or the name of a dynamic axis
+
+
+@dataclass(frozen=True)
+class TensorSpec:
+    """One graph input or output: name, numpy dtype, and dims (int, or a named dynamic axis)."""
+
+    name: str
+    dtype: np.dtype
+    shape: tuple[Dim, ...]
+
+    @property
+    def dynamic_axes(self) -> list[int]:
+        return [i for i, d in enumerate(self.shape) if not isinstance(d, int) or d < 0]
+
+
+@dataclass(frozen=True)
+class ModelSignature:
+    inputs: tuple[TensorSpec, ...]
+    outputs: tuple[TensorSpec, ...]
+
+    def input(self, name: str) -> TensorSpec:
+        for spec in self.inputs:
+            if spec.name == name:
+                return spec
+        raise PipelineError(
+            f"the model has no input named '{name}'",
+            f"use one of: {', '.join(s.name for s in self.inputs)}",
+        )
+
+
+def signature_from_onnx(path: Path) -> ModelSignature:
+    """Read input/output names, dtypes and dims of an ONNX model (weights are not loaded)."""
+    import onnx
+    from onnx import helper
+
+    model = onnx.load(str(path), load_external_data=False)
+    initializers = {i.name for i in model.graph.initializer}
+
+    def spec(value: "onnx.ValueInfoProto") -> TensorSpec:
+        ttype = value.type.tensor_type
+        dims: list[Dim] = []
+        for d in ttype.shape.dim:
+            if d.HasField("dim_value"):
+                dims.append(int(d.dim_value))
+            else:
+                dims.append(d.dim_param or "?")
+        return TensorSpec(value.name, np.dtype(helper.tensor_dtype_to_np_dtype(ttype.elem_type)), tuple(dims))
+
+    return ModelSignature(
+        inputs=tuple(spec(v) for v in model.graph.input if v.name not in initializers),
+        outputs=tuple(spec(v) for v in model.graph.output),
+    )
