@@ -1,0 +1,134 @@
+"""The command line: `python -m pipeline {build,serve,verify,loadtest,mig-plan}`.
+
+User errors (PipelineError) are printed as one line and exit with status 2, without a traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import shlex
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+from pipeline.errors import PipelineError
+
+EXIT_USER_ERROR = 2
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> None:  # argparse exits itself; keep it to one line and our exit code
+        self.exit(EXIT_USER_ERROR, f"error: {message} — see '{self.prog} --help'\n")
+
+
+def _float(text: str) -> float:
+    try:
+        return float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"'{text}' is not a number") from None
+
+
+def _register_build(sub: argparse._SubParsersAction) -> None:
+    from pipeline.stages.source import DEFAULT_MODEL
+
+    p = sub.add_parser(
+        "build",
+        help="Keras model → ONNX (parity-checked) → FP16/INT8 → TensorRT → Triton repository",
+        description=(
+            "Build deployable variants of a Keras model. Stages: export a SavedModel, convert it to ONNX with "
+            "tf2onnx and check it against TensorFlow on real samples (parity gate), make FP16/INT8 variants, "
+            "build TensorRT engines where TensorRT and a GPU exist, gate accuracy with Polygraphy, publish a "
+            "Triton model repository. Stages whose inputs and settings are unchanged are skipped."
+        ),
+        epilog=(
+            "examples:\n"
+            "  python -m pipeline build                          # bundled digits CNN, FP32\n"
+            "  python -m pipeline build --int8                   # + INT8 (explicit Q/DQ) from calibration/digits\n"
+            "  python -m pipeline build --model my.keras --fp16 --int8 --calibration data/calib.npz\n"
+            "  python -m pipeline build --model pkg.models:make_model --shape tokens:1x16/8x64/32x128\n"
+        ),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    src = p.add_argument_group("model")
+    src.add_argument("--model", default=DEFAULT_MODEL, metavar="PATH|MODULE:FUNC",
+                     help="a .keras file, a SavedModel folder, or module:function returning a Keras model (default: the bundled digits CNN, %(default)s)")
+    src.add_argument("--name", help="model name in the workdir and Triton (default: file stem, folder name, or module name)")
+    src.add_argument("--eval-data", type=Path, metavar="NPZ", help="labeled evaluation data: one array per input name plus 'labels' (default: <calibration-root>/<name>/eval.npz)")
+    out = p.add_argument_group("outputs")
+    out.add_argument("--workdir", type=Path, default=Path("build"), help="build artifacts, manifest and reports (default: %(default)s)")
+    out.add_argument("--repository", type=Path, default=Path("model_repository"), help="Triton model repository to publish to (default: %(default)s)")
+    out.add_argument("--version-policy", choices=("new", "replace"), default="new", help="add a new numbered version, or replace the pipeline's versions (default: %(default)s)")
+    conv = p.add_argument_group("conversion")
+    conv.add_argument("--opset", type=int, default=17, help="ONNX opset, 17 or newer (default: %(default)s)")
+    conv.add_argument("--max-batch", type=int, default=64, help="largest batch the deployment serves (default: %(default)s)")
+    conv.add_argument("--parity-atol", type=_float, default=1e-4, help="max abs difference ONNX vs TensorFlow per output (default: %(default)g)")
+    conv.add_argument("--parity-rtol", type=_float, default=0.0, help="alternatively, max relative difference (default: off)")
+
+    build_args = p
+    build_args.set_defaults(handler=_run_build)
+
+
+def _run_build(args: argparse.Namespace) -> int:
+    from pipeline.build import build
+    from pipeline.config import BuildConfig, Gates
+
+    cfg = BuildConfig(
+        model=args.model,
+        name=args.name,
+        workdir=args.workdir,
+        repository=args.repository,
+        eval_data=args.eval_data,
+        opset=args.opset,
+        max_batch=args.max_batch,
+        version_policy=args.version_policy,
+        gates=Gates(parity_atol=args.parity_atol, parity_rtol=args.parity_rtol),
+        command="python -m pipeline " + shlex.join(args.argv),
+    )
+    result = build(cfg)
+    from pipeline.report import print_build_summary
+
+    print_build_summary(result)
+    return 0
+
+
+def make_parser() -> argparse.ArgumentParser:
+    """The full parser, with every command registered."""
+    parser = _Parser(prog="python -m pipeline", description="Deploy Keras models to TensorRT and Triton Inference Server.")
+    parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND", parser_class=_Parser)
+    _register_build(sub)
+    return parser
+
+
+def _setup_logging(verbose: bool) -> None:
+    from rich.logging import RichHandler
+
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+    logging.basicConfig(
+        level=logging.DEBUG if verbose else logging.INFO,
+        format="%(message)s",
+        handlers=[RichHandler(show_path=False, show_time=True, markup=False, rich_tracebacks=False)],
+    )
+    from polygraphy.logger import G_LOGGER
+
+    G_LOGGER.module_severity = G_LOGGER.INFO if verbose else G_LOGGER.WARNING
+    for noisy in ("tensorflow", "absl", "tf2onnx", "h5py", "matplotlib", "PIL", "urllib3", "polygraphy"):
+        logging.getLogger(noisy).setLevel(logging.WARNING)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point; returns the exit status."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    args = make_parser().parse_args(argv)
+    args.argv = argv
+    _setup_logging(args.verbose)
+    try:
+        return int(args.handler(args))
+    except PipelineError as exc:
+        sys.stderr.write(f"error: {exc}\n")
+        return EXIT_USER_ERROR
+    except KeyboardInterrupt:
+        sys.stderr.write("interrupted\n")
+        return 130

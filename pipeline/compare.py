@@ -1,0 +1,102 @@
+"""Compare models output by output on real data, streaming batch by batch through Polygraphy.
+
+One pass feeds every batch to a reference runner and the candidates (Polygraphy's
+``Comparator.run`` in streaming mode, so memory stays flat however large the data), and
+accumulates per-output error statistics, top-1 agreement with the reference and, where labels
+exist, task accuracy of each runner.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable, Sequence
+from dataclasses import asdict, dataclass, field
+
+import numpy as np
+from polygraphy.backend.base import BaseRunner
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class OutputStats:
+    """Error of one output against the reference, over all samples."""
+
+    max_abs: float = 0.0
+    max_rel: float = 0.0
+    mean_abs: float = 0.0
+    elements: int = 0
+
+    def add(self, ref: np.ndarray, out: np.ndarray) -> None:
+        ref64, out64 = ref.astype(np.float64), out.astype(np.float64)
+        diff = np.abs(out64 - ref64)
+        rel = diff / np.maximum(np.abs(ref64), 1e-6)
+        n = diff.size
+        if n:
+            self.mean_abs = (self.mean_abs * self.elements + float(diff.sum())) / (self.elements + n)
+            self.max_abs = max(self.max_abs, float(diff.max()))
+            self.max_rel = max(self.max_rel, float(rel.max()))
+            self.elements += n
+
+
+@dataclass
+class Comparison:
+    """How one candidate compares with the reference."""
+
+    runner: str
+    samples: int = 0
+    outputs: dict[str, OutputStats] = field(default_factory=dict)
+    top1_agreement: float | None = None
+    accuracy: float | None = None
+    reference_accuracy: float | None = None
+    _agree: int = 0
+    _correct: int = 0
+    _ref_correct: int = 0
+
+    def as_dict(self) -> dict:
+        data = asdict(self)
+        for key in ("_agree", "_correct", "_ref_correct"):
+            data.pop(key)
+        return data
+
+
+def compare_runners(
+    reference: BaseRunner,
+    candidates: Sequence[BaseRunner],
+    batches: Iterable[dict[str, np.ndarray]],
+    *,
+    labels: np.ndarray | None = None,
+    classifier_output: str | None = None,
+) -> list[Comparison]:
+    """Run ``reference`` and ``candidates`` on every batch; return one Comparison per candidate.
+
+    ``classifier_output`` names the output whose argmax is the predicted class (top-1 agreement and,
+    with ``labels`` aligned to the batches' samples, accuracy).
+    """
+    from polygraphy.comparator import Comparator
+
+    results = {c.name: Comparison(c.name) for c in candidates}
+    offset = 0
+    stream = Comparator.run([reference, *candidates], data_loader=batches, streaming=True)
+    for run in stream:
+        per_runner = {name: iterations[0] for name, iterations in run.items()}
+        ref = per_runner[reference.name]
+        batch = len(next(iter(ref.values())))
+        truth = labels[offset : offset + batch] if labels is not None else None
+        ref_top1 = np.argmax(ref[classifier_output], axis=-1) if classifier_output else None
+        for name, comparison in results.items():
+            out = per_runner[name]
+            for key, ref_value in ref.items():
+                comparison.outputs.setdefault(key, OutputStats()).add(np.asarray(ref_value), np.asarray(out[key]))
+            comparison.samples += batch
+            if ref_top1 is not None:
+                top1 = np.argmax(out[classifier_output], axis=-1)
+                comparison._agree += int((top1 == ref_top1).sum())
+                comparison.top1_agreement = comparison._agree / comparison.samples
+                if truth is not None:
+                    comparison._correct += int((top1 == truth).sum())
+                    comparison._ref_correct += int((ref_top1 == truth).sum())
+                    comparison.accuracy = comparison._correct / comparison.samples
+                    comparison.reference_accuracy = comparison._ref_correct / comparison.samples
+        offset += batch
+    return list(results.values())

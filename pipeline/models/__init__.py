@@ -1,0 +1,1 @@
+"""Bundled models: the default digits CNN, trained deterministically from data that ships offline."""

@@ -1,0 +1,1 @@
+"""Build stages: each takes a path in and writes a path out."""

@@ -1,0 +1,74 @@
+"""SavedModel → ONNX with tf2onnx, then checked and given readable dynamic-axis names."""
+
+from __future__ import annotations
+
+import logging
+import re
+import shlex
+import subprocess
+import sys
+from pathlib import Path
+
+from pipeline.errors import PipelineError
+from pipeline.stages.savedmodel import SIGNATURE
+
+log = logging.getLogger(__name__)
+
+MIN_OPSET = 17
+
+
+def tf2onnx_command(saved: Path, dst: Path, opset: int) -> list[str]:
+    """The exact tf2onnx command line this stage runs (also the artifact's reproduce command)."""
+    return [
+        sys.executable, "-m", "tf2onnx.convert",
+        "--saved-model", str(saved),
+        "--signature_def", SIGNATURE,
+        "--opset", str(opset),
+        "--output", str(dst),
+    ]
+
+
+def onnx_from_savedmodel(saved: Path, dst: Path, opset: int) -> Path:
+    """Convert the SavedModel's serving signature to ONNX at ``dst`` (opset ≥ 17), run
+    ``onnx.checker``, and name dynamic axes: ``batch`` for axis 0, ``<tensor>_dim<i>`` otherwise."""
+    import onnx
+
+    if opset < MIN_OPSET:
+        raise PipelineError(f"--opset {opset} is too old", f"use --opset {MIN_OPSET} or newer")
+    tmp = dst.with_name(dst.name + ".partial")
+    cmd = tf2onnx_command(saved, tmp, opset)
+    log.info("tf2onnx: %s", shlex.join(cmd[1:]))
+    proc = subprocess.run(cmd, capture_output=True, text=True)
+    unsupported = re.findall(r"Tensorflow op \[[^\]]*: (\w+)\] is not supported", proc.stderr)
+    if unsupported or "Unsupported ops" in proc.stderr:
+        ops = sorted(set(unsupported)) or re.findall(r"Unsupported ops: (.*)", proc.stderr)
+        tmp.unlink(missing_ok=True)
+        raise PipelineError(
+            f"tf2onnx cannot convert TensorFlow op(s) {', '.join(ops)} to ONNX opset {opset}",
+            "replace those layers with supported ones, or try a newer --opset",
+        )
+    if proc.returncode != 0 or not tmp.exists():
+        tail = [line for line in proc.stderr.splitlines() if line.strip()][-1:] or ["no output"]
+        tmp.unlink(missing_ok=True)
+        raise PipelineError(f"tf2onnx failed: {tail[0][:300]}", f"run it by hand to see the full log: {shlex.join(cmd)}")
+
+    model = onnx.load(str(tmp))
+    _name_dynamic_axes(model)
+    try:
+        onnx.checker.check_model(model, full_check=True)
+    except onnx.checker.ValidationError as exc:
+        tmp.unlink(missing_ok=True)
+        raise PipelineError(f"tf2onnx produced an invalid ONNX model: {str(exc).splitlines()[0]}", "report the model to tf2onnx") from None
+    onnx.save(model, str(tmp))
+    tmp.replace(dst)
+    return dst
+
+
+def _name_dynamic_axes(model: "onnx.ModelProto") -> None:  # noqa: F821 (onnx imported lazily)
+    initializers = {i.name for i in model.graph.initializer}
+    tensors = [v for v in model.graph.input if v.name not in initializers] + list(model.graph.output)
+    for value in tensors:
+        for axis, dim in enumerate(value.type.tensor_type.shape.dim):
+            if dim.HasField("dim_value"):
+                continue
+            dim.dim_param = "batch" if axis == 0 else f"{value.name}_dim{axis}"

@@ -1,0 +1,45 @@
+"""The parity gate: the ONNX model must compute what TensorFlow computes, on real samples."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from pipeline.compare import Comparison, compare_runners
+from pipeline.errors import PipelineError
+from pipeline.evaldata import EvalData
+from pipeline.runners import SavedModelRunner, runner_for_onnx
+
+
+def parity_report_from_models(saved: Path, onnx_path: Path, data: EvalData, dst: Path, *, atol: float, rtol: float, batch_size: int) -> Path:
+    """Run the SavedModel (TF) and the ONNX model (ONNX Runtime) on ``data``; write per-output
+    max abs/rel differences to ``dst`` (JSON) and raise if any element differs by more than
+    ``atol + rtol·|tf|``."""
+    tf_runner = SavedModelRunner(saved, name="tensorflow")
+    ort_runner = runner_for_onnx(onnx_path, name="onnxruntime")
+    [comparison] = compare_runners(tf_runner, [ort_runner], data.batches(batch_size))
+    failures = _failures(comparison, atol, rtol)
+    report = {
+        "reference": "tensorflow (SavedModel serving_default)",
+        "candidate": "onnxruntime (CPU, FP32)",
+        "data": data.source,
+        "samples": comparison.samples,
+        "tolerance": {"atol": atol, "rtol": rtol},
+        "outputs": {k: vars(v) for k, v in comparison.outputs.items()},
+        "passed": not failures,
+    }
+    dst.write_text(json.dumps(report, indent=2) + "\n")
+    if failures:
+        raise PipelineError(
+            f"ONNX model differs from TensorFlow: {'; '.join(failures)} (report: {dst})",
+            "the conversion is wrong for this model; raise --parity-atol only if the difference is acceptable",
+        )
+    return dst
+
+
+def _failures(comparison: Comparison, atol: float, rtol: float) -> list[str]:
+    failures = []
+    for name, stats in comparison.outputs.items():
+        if stats.max_abs > atol and (rtol <= 0 or stats.max_rel > rtol):
+            failures.append(f"output '{name}' max abs diff {stats.max_abs:.3g} > atol {atol:g}")
+    return failures

@@ -1,0 +1,64 @@
+"""Keras model → SavedModel with a named serving signature (inputs and outputs keep Keras names)."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from pipeline.errors import PipelineError
+
+if TYPE_CHECKING:
+    import keras
+
+SIGNATURE = "serving_default"
+
+
+def output_names(model: "keras.Model") -> list[str]:
+    """Unique names for the model's outputs, from Keras (duplicates get ``_1``, ``_2``…)."""
+    names = list(getattr(model, "output_names", None) or [])
+    if len(names) != len(model.outputs):
+        names = [model.layers[-1].name] if len(model.outputs) == 1 else [f"output_{i}" for i in range(len(model.outputs))]
+    seen: dict[str, int] = {}
+    unique = []
+    for name in names:
+        count = seen.get(name, 0)
+        seen[name] = count + 1
+        unique.append(name if count == 0 else f"{name}_{count}")
+    return unique
+
+
+def savedmodel_from_keras(model: "keras.Model", dst: Path) -> Path:
+    """Export ``model`` to a SavedModel at ``dst`` whose ``serving_default`` signature names every
+    input after its Keras input and every output after its Keras output layer, batch axis dynamic."""
+    import keras
+    import tensorflow as tf
+
+    input_names = [t.name for t in model.inputs]
+    outputs = output_names(model)
+    specs = [tf.TensorSpec((None, *t.shape[1:]), t.dtype, name=t.name) for t in model.inputs]
+
+    def serve(*args: Any) -> dict[str, Any]:
+        feed = args[0] if len(args) == 1 else dict(zip(input_names, args))
+        result = model(feed, training=False)
+        if isinstance(result, dict):
+            return {name: result[name] for name in result}
+        flat = result if isinstance(result, (list, tuple)) else [result]
+        return dict(zip(outputs, flat))
+
+    archive = keras.export.ExportArchive()
+    archive.track(model)
+    archive.add_endpoint(SIGNATURE, serve, input_signature=specs)
+    tmp = dst.with_name(dst.name + ".partial")
+    shutil.rmtree(tmp, ignore_errors=True)
+    try:
+        archive.write_out(str(tmp), verbose=False)
+    except Exception as exc:  # TF raises a zoo of types when tracing fails
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise PipelineError(
+            f"cannot export the Keras model to a SavedModel: {str(exc).splitlines()[0][:200]}",
+            "check that the model runs on a batch of its inputs (model(x)) and uses serialisable layers",
+        ) from None
+    shutil.rmtree(dst, ignore_errors=True)
+    tmp.rename(dst)
+    return dst

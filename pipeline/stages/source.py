@@ -1,0 +1,108 @@
+"""Where the model comes from: a `.keras` file, a SavedModel folder, or `module:function`.
+
+The source is fingerprinted *before* anything is loaded, so an unchanged rebuild never has to
+load (or, for the bundled model, train) the Keras model at all.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import zipfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from pipeline.errors import PipelineError
+from pipeline.fingerprint import hash_path
+
+if TYPE_CHECKING:
+    import keras
+
+DEFAULT_MODEL = "pipeline.models.digits:trained_model"
+
+
+@dataclass(frozen=True)
+class ModelSource:
+    """A parsed ``--model`` value. ``kind`` is ``keras``, ``savedmodel`` or ``function``."""
+
+    spec: str
+    kind: str
+    path: Path | None = None
+
+    def fingerprint(self) -> str:
+        """A hash of what the model is made from: the file, the folder, or the function's module source."""
+        if self.path is not None:
+            return hash_path(self.path)
+        module_name, _, func = self.spec.partition(":")
+        spec = importlib.util.find_spec(module_name)
+        origin = Path(spec.origin) if spec and spec.origin else None
+        return f"{hash_path(origin) if origin else module_name}:{func}"
+
+
+def model_source(spec: str) -> ModelSource:
+    """Parse and check a ``--model`` value without loading anything heavy."""
+    path = Path(spec)
+    if path.suffix == ".keras" or path.is_file():
+        if not path.exists():
+            raise PipelineError(f"model file '{spec}' does not exist", "check the path given to --model")
+        if path.suffix != ".keras":
+            raise PipelineError(
+                f"'{spec}' is not a Keras model file (expected a .keras file, a SavedModel folder or module:function)",
+                "save the model with model.save('name.keras') and pass that file to --model",
+            )
+        if not zipfile.is_zipfile(path):
+            raise PipelineError(
+                f"'{spec}' is not a valid .keras archive (corrupt or truncated file)",
+                "save the model again with model.save('name.keras')",
+            )
+        return ModelSource(spec, "keras", path)
+    if path.is_dir():
+        if not (path / "saved_model.pb").exists():
+            raise PipelineError(
+                f"folder '{spec}' is not a SavedModel (no saved_model.pb in it)",
+                "pass a folder written by model.export(...) or tf.saved_model.save(...)",
+            )
+        return ModelSource(spec, "savedmodel", path)
+    module_name, sep, func = spec.partition(":")
+    if sep and module_name and func.isidentifier():
+        if importlib.util.find_spec(module_name) is None:
+            raise PipelineError(f"cannot import module '{module_name}' named in --model {spec}", "check the module path and PYTHONPATH")
+        return ModelSource(spec, "function", None)
+    raise PipelineError(
+        f"model '{spec}' does not exist",
+        "pass a .keras file, a SavedModel folder, or module:function returning a Keras model",
+    )
+
+
+def keras_model_from_source(source: ModelSource) -> "keras.Model":
+    """Load (safe mode) or build the Keras model a source names."""
+    import keras
+
+    if source.kind == "keras":
+        try:
+            model = keras.models.load_model(source.path, compile=False, safe_mode=True)
+        except Exception as exc:  # Keras raises many types for bad archives
+            raise PipelineError(
+                f"cannot load Keras model '{source.spec}': {str(exc).splitlines()[0][:200]}",
+                "save the model again with model.save('name.keras'); custom layers must be registered",
+            ) from None
+    elif source.kind == "function":
+        module_name, _, func = source.spec.partition(":")
+        factory = getattr(importlib.import_module(module_name), func, None)
+        if not callable(factory):
+            raise PipelineError(f"'{source.spec}' is not a function", "name a function that returns a Keras model")
+        model = factory()
+    else:
+        raise PipelineError(f"'{source.spec}' is a SavedModel, not a Keras model", "this is a bug: SavedModels skip the export stage")
+    if not isinstance(model, keras.Model):
+        raise PipelineError(
+            f"'{source.spec}' gave a {type(model).__name__}, not a Keras model",
+            "pass a .keras file or a function returning keras.Model",
+        )
+    if not getattr(model, "inputs", None):
+        raise PipelineError(
+            f"Keras model from '{source.spec}' has no defined inputs",
+            "build it with keras.Input(...) (functional) or a Sequential starting with keras.Input",
+        )
+    return model
