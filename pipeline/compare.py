@@ -15,6 +15,8 @@ from dataclasses import asdict, dataclass, field
 import numpy as np
 from polygraphy.backend.base import BaseRunner
 
+from pipeline.errors import PipelineError
+
 log = logging.getLogger(__name__)
 
 
@@ -78,25 +80,37 @@ def compare_runners(
     results = {c.name: Comparison(c.name) for c in candidates}
     offset = 0
     stream = Comparator.run([reference, *candidates], data_loader=batches, streaming=True)
-    for run in stream:
-        per_runner = {name: iterations[0] for name, iterations in run.items()}
-        ref = per_runner[reference.name]
-        batch = len(next(iter(ref.values())))
-        truth = labels[offset : offset + batch] if labels is not None else None
-        ref_top1 = np.argmax(ref[classifier_output], axis=-1) if classifier_output else None
-        for name, comparison in results.items():
-            out = per_runner[name]
-            for key, ref_value in ref.items():
-                comparison.outputs.setdefault(key, OutputStats()).add(np.asarray(ref_value), np.asarray(out[key]))
-            comparison.samples += batch
-            if ref_top1 is not None:
-                top1 = np.argmax(out[classifier_output], axis=-1)
-                comparison._agree += int((top1 == ref_top1).sum())
-                comparison.top1_agreement = comparison._agree / comparison.samples
-                if truth is not None:
-                    comparison._correct += int((top1 == truth).sum())
-                    comparison._ref_correct += int((ref_top1 == truth).sum())
-                    comparison.accuracy = comparison._correct / comparison.samples
-                    comparison.reference_accuracy = comparison._ref_correct / comparison.samples
-        offset += batch
+    try:
+        for run in stream:
+            per_runner = {name: iterations[0] for name, iterations in run.items()}
+            offset += _accumulate(per_runner, reference.name, results, labels, offset, classifier_output)
+    finally:
+        stream.close()  # deactivates the runners even when a batch fails
     return list(results.values())
+
+
+def _accumulate(per_runner: dict, reference: str, results: dict[str, Comparison], labels: np.ndarray | None, offset: int, classifier_output: str | None) -> int:
+    ref = per_runner[reference]
+    batch = len(next(iter(ref.values())))
+    truth = labels[offset : offset + batch] if labels is not None else None
+    ref_top1 = np.argmax(ref[classifier_output], axis=-1) if classifier_output else None
+    for name, comparison in results.items():
+        out = per_runner[name]
+        if set(out) != set(ref):
+            raise PipelineError(
+                f"'{name}' has outputs {sorted(out)} but '{reference}' has {sorted(ref)}",
+                "compare models with the same output names",
+            )
+        for key, ref_value in ref.items():
+            comparison.outputs.setdefault(key, OutputStats()).add(np.asarray(ref_value), np.asarray(out[key]))
+        comparison.samples += batch
+        if ref_top1 is not None:
+            top1 = np.argmax(out[classifier_output], axis=-1)
+            comparison._agree += int((top1 == ref_top1).sum())
+            comparison.top1_agreement = comparison._agree / comparison.samples
+            if truth is not None:
+                comparison._correct += int((top1 == truth).sum())
+                comparison._ref_correct += int((ref_top1 == truth).sum())
+                comparison.accuracy = comparison._correct / comparison.samples
+                comparison.reference_accuracy = comparison._ref_correct / comparison.samples
+    return batch

@@ -1,0 +1,18 @@
+#!/usr/bin/env bash
+# Set up a fresh machine: a virtualenv in .venv with the pinned stack, and wrk for the load-generator benchmark.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PY=${PYTHON:-python3}
+if [ ! -x .venv/bin/python ]; then
+    "$PY" -m venv .venv
+fi
+.venv/bin/python -m pip install --quiet --upgrade pip
+.venv/bin/python -m pip install --quiet -e '.[dev]'
+if ! command -v wrk >/dev/null 2>&1; then
+    if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
+        (apt-get update -qq && apt-get install -y -qq wrk) >/dev/null 2>&1 || echo "note: could not install wrk (only scripts/bench_loadgen.py needs it)"
+    else
+        echo "note: wrk is not installed (only scripts/bench_loadgen.py needs it): apt-get install wrk"
+    fi
+fi
+echo "setup done: activate with '. .venv/bin/activate'"

@@ -1,0 +1,61 @@
+"""Small Keras models the tests convert: each exercises one thing conversion must get right.
+
+They are built through `module:function` sources (``tests.keras_models:multi_io``), saved as
+.keras files, or exported to SavedModels by the tests.
+"""
+
+from __future__ import annotations
+
+import os
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+
+import keras  # noqa: E402
+
+
+def multi_io() -> keras.Model:
+    """Two float inputs, two outputs (a softmax head and a regression head)."""
+    keras.utils.set_random_seed(1)
+    image = keras.Input((6, 6, 2), name="image")
+    meta = keras.Input((3,), name="meta")
+    x = keras.layers.Conv2D(4, 3, activation="relu")(image)
+    x = keras.layers.Flatten()(x)
+    x = keras.layers.Concatenate()([x, meta])
+    x = keras.layers.Dense(8, activation="relu")(x)
+    cls = keras.layers.Dense(3, activation="softmax", name="cls")(x)
+    reg = keras.layers.Dense(1, name="reg")(x)
+    return keras.Model([image, meta], [cls, reg])
+
+
+def tokens() -> keras.Model:
+    """Integer token ids with a dynamic sequence axis → embedding → pooled softmax."""
+    keras.utils.set_random_seed(2)
+    ids = keras.Input((None,), dtype="int32", name="tokens")
+    x = keras.layers.Embedding(100, 8)(ids)
+    x = keras.layers.Conv1D(8, 3, padding="same", activation="relu")(x)
+    x = keras.layers.GlobalAveragePooling1D()(x)
+    out = keras.layers.Dense(4, activation="softmax", name="probs")(x)
+    return keras.Model(ids, out)
+
+
+def sequential() -> keras.Model:
+    """A Sequential model (no output_names attribute in Keras 3)."""
+    keras.utils.set_random_seed(3)
+    return keras.Sequential([keras.Input((5,), name="features"), keras.layers.Dense(4, activation="relu"), keras.layers.Dense(2, activation="softmax")])
+
+
+class _Igamma(keras.layers.Layer):
+    def call(self, x):  # type: ignore[no-untyped-def]
+        import tensorflow as tf
+
+        return tf.math.igamma(x, x)
+
+
+def unsupported_op() -> keras.Model:
+    """Uses TensorFlow's Igamma, which tf2onnx cannot convert."""
+    x = keras.Input((4,), name="x")
+    return keras.Model(x, _Igamma(name="igamma")(x))
+
+
+def not_a_model() -> str:
+    return "I am a string"
