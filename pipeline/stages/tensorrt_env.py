@@ -1,0 +1,138 @@
+"""Can a TensorRT engine be built here? The real ``tensorrt`` module (not a stub package) and a
+CUDA GPU seen by the driver (through ctypes, so no CUDA toolkit is needed), with one line of why not."""
+
+from __future__ import annotations
+
+import ctypes
+import importlib
+import importlib.util
+import os
+import sys
+from dataclasses import dataclass
+
+from pipeline.errors import PipelineError
+
+INSTALL_HINT = "pip install --extra-index-url https://pypi.nvidia.com '.[tensorrt]' on a machine with an NVIDIA GPU"
+MIN_TENSORRT = (10, 8)  # as pinned by the "tensorrt" extra in pyproject.toml
+
+# CUDA driver API (cuda.h): CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR / _MINOR.
+_CU_CC_MAJOR, _CU_CC_MINOR = 75, 76
+_LIBCUDA = ("nvcuda.dll",) if sys.platform == "win32" else ("libcuda.so.1", "libcuda.so")
+
+
+@dataclass(frozen=True)
+class GpuInfo:
+    """A CUDA device as the driver reports it."""
+
+    name: str
+    compute_capability: tuple[int, int]
+    index: int = 0
+
+
+# -------------------------------------------------------------
+
+
+def tensorrt_version_tuple(text: str) -> tuple[int, int]:
+    parts = (text.split(".") + ["0"])[:2]
+    return int(parts[0]), int("".join(c for c in parts[1] if c.isdigit()) or 0)
+
+
+def _tensorrt_problem() -> tuple[str, str] | None:
+    """(problem, fix) if the ``tensorrt`` module cannot build engines, else None."""
+    spec = importlib.util.find_spec("tensorrt")
+    if spec is None:
+        return "the Python module 'tensorrt' is not installed", INSTALL_HINT
+    try:
+        module = importlib.import_module("tensorrt")
+    except (ImportError, OSError) as exc:  # OSError: the wheel's CUDA/TensorRT libraries do not load
+        gpu = _probe_gpu()
+        if isinstance(gpu, str):  # the likelier cause, and the one to fix first
+            return gpu, "run the engine step on a machine with an NVIDIA GPU and driver"
+        return f"importing the Python module 'tensorrt' failed ({type(exc).__name__}: {exc})", f"reinstall it: {INSTALL_HINT}"
+    if not hasattr(module, "Builder"):
+        where = ", ".join(spec.submodule_search_locations or []) or spec.origin or "?"
+        return (
+            f"the 'tensorrt' package at {where} has no Builder: it is an empty namespace package, typically "
+            "type stubs (tensorrt-stubs) installed into site-packages",
+            f"pip uninstall tensorrt-stubs (keep stubs in a separate MYPYPATH dir, see .ci/mypy-engine.sh), then {INSTALL_HINT}",
+        )
+    version = str(getattr(module, "__version__", "0.0"))
+    if tensorrt_version_tuple(version) < MIN_TENSORRT:
+        wanted = ".".join(map(str, MIN_TENSORRT))
+        return f"TensorRT {version} is older than {wanted}, the first version this pipeline builds with", INSTALL_HINT
+    return None
+
+
+def _probe_gpu(index: int = 0) -> GpuInfo | str:
+    """GPU ``index`` via the CUDA driver library (ctypes, no CUDA toolkit needed), or why there is none."""
+    errors = []
+    for name in _LIBCUDA:
+        try:
+            lib = ctypes.CDLL(name)
+            break
+        except OSError as exc:
+            errors.append(str(exc))
+    else:
+        return f"no CUDA GPU found (the NVIDIA driver library {_LIBCUDA[0]} is not loadable: {errors[0]})"
+
+    def failed(result: int, call: str) -> str | None:
+        if result == 0:
+            return None
+        text = ctypes.c_char_p()
+        lib.cuGetErrorString(result, ctypes.byref(text))
+        detail = (text.value or b"unknown error").decode(errors="replace")
+        return f"no CUDA GPU found ({call} returned CUDA error {result}: {detail})"
+
+    count = ctypes.c_int(0)
+    problem = failed(int(lib.cuInit(0)), "cuInit") or failed(int(lib.cuDeviceGetCount(ctypes.byref(count))), "cuDeviceGetCount")
+    if problem:
+        return problem
+    if count.value <= index:
+        visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+        hint = f" with CUDA_VISIBLE_DEVICES={visible!r}" if visible is not None else ""
+        return f"no CUDA GPU found (the driver reports {count.value} device(s){hint}, GPU {index} was asked for)"
+    device = ctypes.c_int(0)
+    name_buf = ctypes.create_string_buffer(256)
+    major, minor = ctypes.c_int(0), ctypes.c_int(0)
+    problem = (
+        failed(int(lib.cuDeviceGet(ctypes.byref(device), index)), "cuDeviceGet")
+        or failed(int(lib.cuDeviceGetName(name_buf, len(name_buf), device)), "cuDeviceGetName")
+        or failed(int(lib.cuDeviceGetAttribute(ctypes.byref(major), _CU_CC_MAJOR, device)), "cuDeviceGetAttribute")
+        or failed(int(lib.cuDeviceGetAttribute(ctypes.byref(minor), _CU_CC_MINOR, device)), "cuDeviceGetAttribute")
+    )
+    if problem:
+        return problem
+    return GpuInfo(name_buf.value.decode(errors="replace"), (major.value, minor.value), index)
+
+
+def cuda_gpu(index: int = 0) -> GpuInfo:
+    """Name and compute capability of CUDA device ``index``; PipelineError if there is no usable GPU."""
+    gpu = _probe_gpu(index)
+    if isinstance(gpu, str):
+        raise PipelineError(gpu, "build TensorRT engines on a machine with an NVIDIA GPU and driver")
+    return gpu
+
+
+def tensorrt_status() -> tuple[bool, str]:
+    """Whether a TensorRT engine can be built here, and one line saying why (not).
+
+    Checks that the real ``tensorrt`` module imports (not an empty stub package) and that the
+    CUDA driver sees a GPU. Cheap: nothing is built and no CUDA context is kept.
+    """
+    problem = _tensorrt_problem()
+    if problem is None:
+        gpu = _probe_gpu()
+        if isinstance(gpu, GpuInfo):
+            import tensorrt as trt
+
+            cc = ".".join(map(str, gpu.compute_capability))
+            return True, f"TensorRT {trt.__version__} on GPU {gpu.index}: {gpu.name} (compute capability {cc})"
+        problem = gpu, "run the engine step on a machine with an NVIDIA GPU and driver"
+    text, fix = problem
+    return False, f"TensorRT engine step not run: {text} ({fix}); building ONNX variants only"
+
+
+def require_tensorrt() -> None:
+    problem = _tensorrt_problem()
+    if problem is not None:
+        raise PipelineError(f"the TensorRT engine step cannot run: {problem[0]}", problem[1])

@@ -1,0 +1,197 @@
+"""Optimization profiles from --shape specs: parsing, defaults, several profiles, every error."""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from pipeline.errors import PipelineError
+from pipeline.stages.shapes import (
+    ShapeProfile,
+    batch_axis,
+    format_shape_spec,
+    profiles_from_args,
+    profiles_from_json,
+    profiles_to_json,
+)
+from pipeline.tensors import ModelSignature, TensorSpec, signature_from_onnx
+
+F32 = np.dtype("float32")
+IMAGE = TensorSpec("image", F32, ("batch", 8, 8, 1))
+PROBS = TensorSpec("probs", F32, ("batch", 10))
+DIGITS = ModelSignature(inputs=(IMAGE,), outputs=(PROBS,))
+TOKENS = TensorSpec("tokens", np.dtype("int64"), ("batch", "seq"))
+SCALE = TensorSpec("scale", F32, (1,))
+TWO_INPUTS = ModelSignature(inputs=(IMAGE, TOKENS, SCALE), outputs=(PROBS,))
+
+
+def error(specs: list[str], signature: ModelSignature = DIGITS, max_batch: int = 64) -> PipelineError:
+    with pytest.raises(PipelineError) as info:
+        profiles_from_args(specs, signature, max_batch=max_batch)
+    message = str(info.value)
+    assert "\n" not in message and info.value.fix, message
+    return info.value
+
+
+def test_no_specs_gives_the_default_profile() -> None:
+    profiles = profiles_from_args([], DIGITS, max_batch=64)
+    assert profiles == [ShapeProfile({"image": ((1, 8, 8, 1), (64, 8, 8, 1), (64, 8, 8, 1))})]
+
+
+def test_spec_sets_min_opt_max() -> None:
+    profiles = profiles_from_args(["image:1x8x8x1/16x8x8x1/32x8x8x1"], DIGITS, max_batch=64)
+    assert profiles == [ShapeProfile({"image": ((1, 8, 8, 1), (16, 8, 8, 1), (32, 8, 8, 1))})]
+
+
+def test_repeating_an_input_starts_the_next_profile() -> None:
+    specs = ["image:1x8x8x1/1x8x8x1/8x8x8x1", "image:8x8x8x1/64x8x8x1/64x8x8x1"]
+    profiles = profiles_from_args(specs, DIGITS, max_batch=64)
+    assert [p.shapes["image"] for p in profiles] == [
+        ((1, 8, 8, 1), (1, 8, 8, 1), (8, 8, 8, 1)),
+        ((8, 8, 8, 1), (64, 8, 8, 1), (64, 8, 8, 1)),
+    ]
+
+
+def test_every_profile_covers_every_dynamic_input(caplog: pytest.LogCaptureFixture) -> None:
+    specs = ["tokens:1x16/4x32/8x64", "image:2x8x8x1/4x8x8x1/8x8x8x1", "tokens:1x1/2x2/4x4"]
+    with caplog.at_level(logging.WARNING, logger="pipeline.stages.shapes"):
+        profiles = profiles_from_args(specs, TWO_INPUTS, max_batch=8, dynamic_default=32)
+    assert len(profiles) == 2
+    assert profiles[0].shapes == {
+        "image": ((2, 8, 8, 1), (4, 8, 8, 1), (8, 8, 8, 1)),
+        "tokens": ((1, 16), (4, 32), (8, 64)),
+    }
+    # Profile 2 names only tokens: image gets the batch range tokens was given (inputs share it).
+    assert profiles[1].shapes == {
+        "image": ((1, 8, 8, 1), (2, 8, 8, 1), (4, 8, 8, 1)),
+        "tokens": ((1, 1), (2, 2), (4, 4)),
+    }
+    assert "scale" not in profiles[0].shapes  # static: needs no profile
+    assert not caplog.records  # every non-batch dynamic axis was given
+
+
+def test_default_batch_without_any_given_batch_is_1_max_max() -> None:
+    profiles = profiles_from_args(["scale:1/1/1"], TWO_INPUTS, max_batch=8, dynamic_default=4)
+    assert profiles[0].shapes["image"] == ((1, 8, 8, 1), (8, 8, 8, 1), (8, 8, 8, 1))
+    assert profiles[0].shapes["tokens"] == ((1, 1), (8, 4), (8, 4))
+
+
+def test_default_for_non_batch_dynamic_axis_warns_to_pass_shape(caplog: pytest.LogCaptureFixture) -> None:
+    with caplog.at_level(logging.WARNING, logger="pipeline.stages.shapes"):
+        profiles = profiles_from_args([], TWO_INPUTS, max_batch=16, dynamic_default=128)
+    assert profiles[0].shapes["tokens"] == ((1, 1), (16, 128), (16, 128))
+    warnings = [r.getMessage() for r in caplog.records]
+    assert len(warnings) == 1
+    assert "'tokens' axis 1 ('seq')" in warnings[0] and "pass --shape tokens:1x1/16x128/16x128" in warnings[0]
+
+
+def test_static_input_spec_is_checked_but_needs_no_profile() -> None:
+    profiles = profiles_from_args(["scale:1/1/1"], TWO_INPUTS, max_batch=4)
+    assert set(profiles[0].shapes) == {"image", "tokens"}
+    assert "axis 0 of input 'scale' is fixed at 1 in the model, got 2 in MAX" in str(
+        error(["scale:1/1/2"], TWO_INPUTS)
+    )
+
+
+def test_batch_axis_is_the_one_named_batch_else_dynamic_axis_0() -> None:
+    assert batch_axis(IMAGE) == 0
+    assert batch_axis(TensorSpec("x", F32, ("time", "batch", 4))) == 1
+    assert batch_axis(TensorSpec("x", F32, ("n", 4))) == 0
+    assert batch_axis(TensorSpec("x", F32, (1, "seq"))) is None
+    time_major = ModelSignature(inputs=(TensorSpec("x", F32, ("time", "batch", 4)),), outputs=())
+    assert profiles_from_args([], time_major, max_batch=8, dynamic_default=20)[0].shapes["x"] == (
+        (1, 1, 4), (20, 8, 4), (20, 8, 4),
+    )
+
+
+def test_input_names_with_colons_parse() -> None:
+    sig = ModelSignature(inputs=(TensorSpec("input_1:0", F32, ("batch", 3)),), outputs=())
+    assert profiles_from_args(["input_1:0:1x3/2x3/4x3"], sig, max_batch=4)[0].shapes == {
+        "input_1:0": ((1, 3), (2, 3), (4, 3))
+    }
+
+
+@pytest.mark.parametrize(
+    "spec",
+    ["image", "image:1x8x8x1/16x8x8x1", "image:1x8x8x1/16x8x8x1/32x8x8x1/64x8x8x1", "image:1x8xax1/1x8x8x1/1x8x8x1",
+     ":1x8x8x1/1x8x8x1/1x8x8x1", "image:1x8x8x1//1x8x8x1", "image:1,8,8,1/1,8,8,1/1,8,8,1"],
+)
+def test_malformed_spec_shows_syntax_and_example(spec: str) -> None:
+    err = error([spec])
+    assert f"malformed --shape '{spec}'" in err.problem and "INPUT:MIN/OPT/MAX" in err.problem
+    assert err.fix == "write --shape INPUT:MIN/OPT/MAX with dims joined by 'x', e.g. --shape image:1x8x8x1/64x8x8x1/64x8x8x1"
+
+
+def test_unknown_input() -> None:
+    err = error(["label:1/2/3"])
+    assert err.problem == "--shape 'label:1/2/3' names input 'label', but the model's inputs are: image"
+    assert err.fix == "use one of: image"
+
+
+def test_wrong_rank() -> None:
+    err = error(["image:1x8x8x1/2x8x8/4x8x8x1"])
+    assert "OPT has 3 dims but input 'image' has rank 4 (batchx8x8x1)" in err.problem
+
+
+def test_fixed_dim_names_axis_expected_and_got() -> None:
+    err = error(["image:1x8x8x1/16x9x8x1/32x8x8x1"])
+    assert "axis 1 of input 'image' is fixed at 8 in the model, got 9 in OPT" in err.problem
+    assert err.fix == "use 8 for axis 1 in MIN, OPT and MAX"
+
+
+def test_min_opt_max_order_names_axis() -> None:
+    err = error(["image:4x8x8x1/2x8x8x1/8x8x8x1"])
+    assert "axis 0 needs MIN <= OPT <= MAX, got 4/2/8" in err.problem
+
+
+@pytest.mark.parametrize("spec, level, value", [
+    ("image:0x8x8x1/2x8x8x1/8x8x8x1", "MIN", 0),
+    ("image:1x8x8x1/2x8x8x1/-8x8x8x1", "MAX", -8),
+])
+def test_non_positive_dims(spec: str, level: str, value: int) -> None:
+    assert f"axis 0 of {level} is {value}; every dim must be at least 1" in error([spec]).problem
+
+
+def test_max_batch_above_max_batch_option() -> None:
+    err = error(["image:1x8x8x1/16x8x8x1/128x8x8x1"], max_batch=64)
+    assert "MAX batch (axis 0) is 128, above --max-batch 64" in err.problem
+    assert "raise --max-batch" in str(err.fix)
+
+
+def test_bad_max_batch_and_dynamic_default() -> None:
+    assert "--max-batch must be at least 1, got 0" in error([], max_batch=0).problem
+    with pytest.raises(PipelineError, match="default size of dynamic axes must be at least 1"):
+        profiles_from_args([], DIGITS, max_batch=4, dynamic_default=0)
+
+
+def test_json_round_trip_and_format() -> None:
+    profiles = profiles_from_args(["tokens:1x16/4x32/8x64", "tokens:1x1/2x2/4x4"], TWO_INPUTS, max_batch=8)
+    data = profiles_to_json(profiles)
+    assert data[0]["tokens"] == {"min": [1, 16], "opt": [4, 32], "max": [8, 64]}
+    assert profiles_from_json(data) == profiles
+    assert format_shape_spec("tokens", profiles[1].shapes["tokens"]) == "tokens:1x1/2x2/4x4"
+
+
+@pytest.mark.parametrize("data", [{}, [1], [{"x": {"min": [1]}}], [{"x": {"min": [1], "opt": ["a"], "max": [1]}}]])
+def test_json_in_another_form_is_a_pipeline_error(data: object) -> None:
+    with pytest.raises(PipelineError, match="rebuild the engine"):
+        profiles_from_json(data)
+
+
+def test_profiles_from_a_real_onnx_signature(tmp_path: Path) -> None:
+    import onnx
+    from onnx import TensorProto, helper
+
+    graph = helper.make_graph(
+        [helper.make_node("Identity", ["image"], ["probs"])],
+        "g",
+        [helper.make_tensor_value_info("image", TensorProto.FLOAT, ["batch", 8, 8, 1])],
+        [helper.make_tensor_value_info("probs", TensorProto.FLOAT, ["batch", 8, 8, 1])],
+    )
+    path = tmp_path / "m.onnx"
+    onnx.save(helper.make_model(graph), str(path))
+    profiles = profiles_from_args(["image:1x8x8x1/4x8x8x1/4x8x8x1"], signature_from_onnx(path), max_batch=4)
+    assert str(profiles[0]) == "image:1x8x8x1/4x8x8x1/4x8x8x1"
