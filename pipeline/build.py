@@ -6,9 +6,10 @@ stage runs only when the hash of its inputs and settings changed, and records it
 
 from __future__ import annotations
 
+import json
 import logging
 import platform
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from importlib import metadata
 from pathlib import Path
 
@@ -17,10 +18,17 @@ from pipeline.config import BuildConfig, Workspace
 from pipeline.errors import PipelineError
 from pipeline.evaldata import EvalData, eval_data_from_npz, synthetic_eval_data
 from pipeline.stagecache import Manifest, run_stage
+from pipeline.stages.accuracy import accuracy_report_from_variants
+from pipeline.stages.calibration import calibration_from_path
+from pipeline.stages.engine import engine_from_onnx, metadata_path
+from pipeline.stages.fp16 import DEFAULT_FP32_OPS, fp16_onnx_from_onnx
+from pipeline.stages.int8 import qdq_onnx_from_onnx
 from pipeline.stages.onnx_export import onnx_from_savedmodel, tf2onnx_command
 from pipeline.stages.parity import parity_report_from_models
 from pipeline.stages.savedmodel import savedmodel_from_keras
+from pipeline.stages.shapes import ShapeProfile, profiles_from_args, profiles_to_json
 from pipeline.stages.source import ModelSource, keras_model_from_source, model_source
+from pipeline.stages.tensorrt_env import tensorrt_status
 from pipeline.tensors import ModelSignature, signature_from_onnx
 
 log = logging.getLogger(__name__)
@@ -54,7 +62,12 @@ def build(cfg: BuildConfig) -> BuildResult:
     signature = signature_from_onnx(onnx_fp32)
     data = eval_data_for(cfg, name, signature)
     _parity_stage(saved, onnx_fp32, data, ws, cfg, manifest)
-    artifacts = [Artifact("fp32", "onnx", onnx_fp32)]
+    profiles = profiles_from_args(cfg.shapes, signature, max_batch=cfg.max_batch)
+    variants = [Artifact("fp32", "onnx", onnx_fp32)]
+    variants += [_precision_stage(onnx_fp32, p, signature, profiles, name, ws, cfg, manifest) for p in cfg.precisions[1:]]
+    engines = _engine_stages(variants, profiles, ws, cfg, manifest)
+    _accuracy_stage(onnx_fp32, variants[1:] + engines, data, signature, ws, cfg, manifest)
+    artifacts = variants + engines
 
     manifest.artifacts = {f"{a.precision}.{a.kind}": str(a.path) for a in artifacts}
     manifest.write()
@@ -99,6 +112,81 @@ def _parity_stage(saved: Path, onnx_path: Path, data: EvalData, ws: Workspace, c
         produce=lambda: parity_report_from_models(saved, onnx_path, data, ws.parity, atol=gates.parity_atol, rtol=gates.parity_rtol, batch_size=EVAL_BATCH),
         reproduce=cfg.command,
     )
+
+
+def _precision_stage(
+    onnx_fp32: Path, precision: str, signature: ModelSignature, profiles: list[ShapeProfile], name: str, ws: Workspace, cfg: BuildConfig, manifest: Manifest
+) -> Artifact:
+    dst = ws.onnx(precision)
+    if precision == "fp16":
+        run_stage(
+            manifest, "fp16",
+            inputs={"onnx": onnx_fp32},
+            settings={"keep_fp32_ops": list(DEFAULT_FP32_OPS)},
+            outputs=[dst],
+            produce=lambda: fp16_onnx_from_onnx(onnx_fp32, dst),
+            reproduce=cfg.command,
+        )
+        return Artifact("fp16", "onnx", dst)
+    calib_path = cfg.calibration or cfg.calibration_root / name
+    hints = {n: r[1][1:] for n, r in profiles[0].shapes.items()} if profiles else {}
+    calib = calibration_from_path(calib_path, signature, preprocess=cfg.preprocess, shape_hint=hints)
+    run_stage(
+        manifest, "int8",
+        inputs={"onnx": onnx_fp32, "calibration": calib.fingerprint()},
+        settings={"method": cfg.calibration_method},
+        outputs=[dst],
+        produce=lambda: qdq_onnx_from_onnx(onnx_fp32, dst, calib, method=cfg.calibration_method),
+        reproduce=cfg.command,
+    )
+    return Artifact("int8", "onnx", dst)
+
+
+def _engine_stages(variants: list[Artifact], profiles: list[ShapeProfile], ws: Workspace, cfg: BuildConfig, manifest: Manifest) -> list[Artifact]:
+    if not cfg.engine:
+        manifest.not_run("engine", "disabled with --no-engine")
+        return []
+    available, reason = tensorrt_status()
+    if not available:
+        log.warning("%s", reason)
+        manifest.not_run("engine", reason)
+        return []
+    log.info("%s", reason)
+    engines = []
+    for variant in variants:
+        plan = ws.plan(variant.precision)
+        plan.parent.mkdir(parents=True, exist_ok=True)
+        run_stage(
+            manifest, f"engine-{variant.precision}",
+            inputs={"onnx": variant.path},
+            settings={"profiles": profiles_to_json(profiles), "optimization_level": cfg.optimization_level, "device": reason},
+            outputs=[plan, metadata_path(plan)],
+            produce=lambda v=variant, p=plan: engine_from_onnx(
+                v.path, p, precision=v.precision, profiles=profiles, timing_cache=ws.timing_cache, optimization_level=cfg.optimization_level
+            ),
+            reproduce=cfg.command,
+        )
+        engines.append(Artifact(variant.precision, "plan", plan, metadata=metadata_path(plan)))
+    return engines
+
+
+def _accuracy_stage(
+    onnx_fp32: Path, candidates: list[Artifact], data: EvalData, signature: ModelSignature, ws: Workspace, cfg: BuildConfig, manifest: Manifest
+) -> None:
+    if not candidates:
+        manifest.not_run("accuracy", "no variant besides FP32 ONNX (add --fp16 or --int8)")
+        return
+    run_stage(
+        manifest, "accuracy",
+        inputs={"fp32": onnx_fp32, **{f"{a.precision}-{a.kind}": a.path for a in candidates}, "data": data.fingerprint},
+        settings={"gates": asdict(cfg.gates)},
+        outputs=[ws.accuracy],
+        produce=lambda: accuracy_report_from_variants(
+            onnx_fp32, candidates, data, ws.accuracy, gates=cfg.gates, signature=signature, batch_size=EVAL_BATCH
+        ),
+        reproduce=cfg.command,
+    )
+    manifest.results["accuracy"] = json.loads(ws.accuracy.read_text())
 
 
 def eval_data_for(cfg: BuildConfig, name: str, signature: ModelSignature) -> EvalData:

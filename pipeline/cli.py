@@ -65,9 +65,28 @@ def _register_build(sub: argparse._SubParsersAction) -> None:
     conv.add_argument("--max-batch", type=int, default=64, help="largest batch the deployment serves (default: %(default)s)")
     conv.add_argument("--parity-atol", type=_float, default=1e-4, help="max abs difference ONNX vs TensorFlow per output (default: %(default)g)")
     conv.add_argument("--parity-rtol", type=_float, default=0.0, help="alternatively, max relative difference (default: off)")
-
-    build_args = p
-    build_args.set_defaults(handler=_run_build)
+    prec = p.add_argument_group("precision (the precision lives in the ONNX graph; engines are strongly typed)")
+    prec.add_argument("--fp16", action="store_true", help="add an FP16 ONNX variant (FP32 inputs/outputs; Softmax and other sensitive ops kept FP32)")
+    prec.add_argument("--int8", action="store_true", help="add an INT8 variant: explicit Q/DQ, symmetric int8, zero point 0, per-channel weights")
+    prec.add_argument("--calibration", type=Path, metavar="PATH",
+                      help="INT8 calibration data: an .npz (one array per input), a folder with calib.npz or <input>.npy files, "
+                           "or a folder of JPEG/PNG images (default: <calibration-root>/<name>/)")
+    prec.add_argument("--calibration-root", type=Path, default=Path("calibration"), help="where per-model data folders live (default: %(default)s)")
+    prec.add_argument("--calibration-method", choices=("minmax", "entropy", "percentile"), default="minmax",
+                      help="how activation ranges are chosen (default: %(default)s; see README for the measurements behind it)")
+    prec.add_argument("--preprocess", choices=("unit", "symmetric", "imagenet", "raw"), default="unit",
+                      help="image calibration only: unit = 0..1, symmetric = -1..1, imagenet = RGB mean/std, raw = 0..255 (default: %(default)s)")
+    eng = p.add_argument_group("TensorRT engines (need the 'tensorrt' extra and an NVIDIA GPU; skipped with one line otherwise)")
+    eng.add_argument("--shape", action="append", default=[], metavar="INPUT:MIN/OPT/MAX",
+                     help="dynamic-shape profile of an input, dims joined by x, e.g. image:1x8x8x1/64x8x8x1/64x8x8x1; "
+                          "repeat for more inputs; naming an input again starts the next profile (default: batch 1/max/max)")
+    eng.add_argument("--no-engine", dest="engine", action="store_false", help="do not build TensorRT engines even where possible")
+    eng.add_argument("--optimization-level", type=int, default=3, choices=range(6), metavar="0-5", help="TensorRT builder optimization level (default: %(default)s)")
+    gate = p.add_argument_group("accuracy gates (against FP32 ONNX on the labeled evaluation data)")
+    gate.add_argument("--fp16-max-drop", type=_float, default=0.2, help="max top-1 accuracy drop of FP16 (and FP32 engines), in points (default: %(default)g)")
+    gate.add_argument("--fp16-atol", type=_float, default=1e-2, help="max abs error of FP16 outputs (default: %(default)g)")
+    gate.add_argument("--int8-max-drop", type=_float, default=1.0, help="max top-1 accuracy drop of INT8, in points (default: %(default)g)")
+    p.set_defaults(handler=_run_build)
 
 
 def _run_build(args: argparse.Namespace) -> int:
@@ -79,11 +98,26 @@ def _run_build(args: argparse.Namespace) -> int:
         name=args.name,
         workdir=args.workdir,
         repository=args.repository,
+        calibration_root=args.calibration_root,
         eval_data=args.eval_data,
         opset=args.opset,
         max_batch=args.max_batch,
+        fp16=args.fp16,
+        int8=args.int8,
+        calibration=args.calibration,
+        calibration_method=args.calibration_method,
+        preprocess=args.preprocess,
+        shapes=tuple(args.shape),
+        engine=args.engine,
+        optimization_level=args.optimization_level,
         version_policy=args.version_policy,
-        gates=Gates(parity_atol=args.parity_atol, parity_rtol=args.parity_rtol),
+        gates=Gates(
+            parity_atol=args.parity_atol,
+            parity_rtol=args.parity_rtol,
+            fp16_max_drop=args.fp16_max_drop,
+            fp16_atol=args.fp16_atol,
+            int8_max_drop=args.int8_max_drop,
+        ),
         command="python -m pipeline " + shlex.join(args.argv),
     )
     result = build(cfg)

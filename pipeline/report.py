@@ -1,30 +1,62 @@
-"""What a build shows a person at the end: stages, timings and artifacts as a table."""
+"""What a build shows a person at the end: stages, accuracy gates and artifacts as tables."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+import json
+from typing import TYPE_CHECKING, Any
 
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 if TYPE_CHECKING:
     from pipeline.build import BuildResult
 
 
-def print_build_summary(result: "BuildResult", console: Console | None = None) -> None:
-    """Print the stage table (ran / skipped / not run, seconds) and where the artifacts are."""
-    import json
+def _pct(value: float | None) -> str:
+    return "—" if value is None else f"{value:.2%}"
 
-    console = console or Console(stderr=False)
-    manifest = json.loads(result.manifest.read_text())
-    table = Table(title=f"build '{result.name}'")
+
+def stage_table(manifest: dict[str, Any], title: str) -> Table:
+    """Stages with status (ran / skipped / not run) and seconds."""
+    table = Table(title=title)
     for column in ("stage", "status", "seconds", "note"):
         table.add_column(column)
     for stage in manifest["stages"]:
-        table.add_row(stage["name"], stage["status"], f"{stage['seconds']:.2f}", stage.get("note", ""))
-    console.print(table)
+        table.add_row(stage["name"], stage["status"], f"{stage['seconds']:.2f}", escape(stage.get("note", "")))
+    return table
+
+
+def accuracy_table(report: dict[str, Any]) -> Table:
+    """Each variant against FP32 ONNX: accuracy, drop, top-1 agreement, max/mean abs error, verdict."""
+    table = Table(title=f"accuracy vs FP32 ONNX on {report['samples']} samples ({escape(report['data'])})")
+    for column in ("variant", "acc", "FP32 acc", "drop/max", "top-1 agree", "max abs", "mean abs", "gate"):
+        table.add_column(column, justify="right" if column != "variant" else "left")
+    for v in report["variants"]:
+        drop = None if v["accuracy"] is None else (v["reference_accuracy"] - v["accuracy"]) * 100
+        worst = max(v["outputs"].values(), key=lambda o: o["max_abs"])
+        table.add_row(
+            v["variant"],
+            _pct(v["accuracy"]),
+            _pct(v["reference_accuracy"]),
+            "—" if drop is None else f"{drop:.2f}/{v['gate']['max_drop_points']:g}",
+            _pct(v["top1_agreement"]),
+            f"{worst['max_abs']:.1e}",
+            f"{worst['mean_abs']:.1e}",
+            "[green]pass[/]" if v["passed"] else "[red]FAIL[/]",
+        )
+    return table
+
+
+def print_build_summary(result: "BuildResult", console: Console | None = None) -> None:
+    """Print the stage table, the accuracy table (when variants were gated) and the artifacts."""
+    console = console or Console()
+    manifest = json.loads(result.manifest.read_text())
+    console.print(stage_table(manifest, f"build '{result.name}'"))
+    if "accuracy" in manifest["results"]:
+        console.print(accuracy_table(manifest["results"]["accuracy"]))
     for key, path in manifest["artifacts"].items():
-        console.print(f"  {key:12} {path}")
-    console.print(f"  manifest     {result.manifest}")
+        console.print(f"  {key:12} {escape(path)}")
+    console.print(f"  manifest     {escape(str(result.manifest))}")
     if result.repository:
-        console.print(f"  repository   {result.repository}")
+        console.print(f"  repository   {escape(str(result.repository))}")
