@@ -133,6 +133,9 @@ def make_parser() -> argparse.ArgumentParser:
     parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND", parser_class=_Parser)
     _register_build(sub)
+    from pipeline.mig.cli import register as register_mig_plan
+
+    register_mig_plan(sub)
     return parser
 
 

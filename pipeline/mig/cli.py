@@ -1,0 +1,200 @@
+"""``python -m pipeline mig-plan``: instances per MIG slice, per-profile configs, deployment bundle."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+from pathlib import Path
+from typing import Any
+
+from pipeline.errors import PipelineError, require
+from pipeline.mig import nvidia_smi
+from pipeline.mig.bundle import LAUNCH_SCRIPT, BundleSettings, write_bundle
+from pipeline.mig.configs import (
+    config_text,
+    profile_configs,
+    read_repository_configs,
+    write_profile_configs,
+)
+from pipeline.mig.layout import Layout, layout_from_devices, parse_layout
+from pipeline.mig.memory import (
+    MemoryEstimate,
+    memory_for_model_dir,
+    memory_from_engine_metadata,
+    memory_from_onnx,
+)
+from pipeline.mig.plan import GIB, HEURISTIC, MigPlan, plan_instances
+from pipeline.mig.profiles import BUILTIN_GPUS, GpuMig, builtin_gpu
+
+log = logging.getLogger(__name__)
+
+_EPILOG = f"""\
+examples:
+  python -m pipeline mig-plan --gpu H200-141GB --onnx model.onnx --max-batch 64
+  python -m pipeline mig-plan --gpu H200-141GB --layout 3x2g.35gb,1x1g.18gb --repository model_repository \\
+      --bundle deploy/mig
+  python -m pipeline mig-plan --from-nvidia-smi query.csv --from-nvidia-smi lgip.txt \\
+      --from-nvidia-smi devices.txt --engine-metadata model.plan.json
+
+GPUs with built-in tables: {", ".join(BUILTIN_GPUS)}.
+--from-nvidia-smi reads (and tells apart) the output of
+  nvidia-smi mig -lgip                                     profiles (its numbers beat the built-in table)
+  nvidia-smi -L                                            MIG devices + UUIDs (the layout, if --layout is absent)
+  nvidia-smi --query-gpu=name,mig.mode.current,memory.total --format=csv    which GPU (instead of --gpu)
+{HEURISTIC}.
+--bundle DIR writes launch-mig.sh (one tritonserver per MIG device), docker-compose.yml and
+k8s/*.yaml; with --repository it also writes <model>/configs/<profile>.pbtxt, selected on each
+server with --model-config-name=<profile>.
+"""
+
+
+def register(subparsers: Any) -> None:
+    """Add the ``mig-plan`` subcommand."""
+    p = subparsers.add_parser(
+        "mig-plan",
+        help="plan Triton model instances per MIG slice and write per-profile configs and a launch bundle",
+        description="How many instances of each model fit on each MIG slice of an A100/H100/H200, "
+        "by memory (engine metadata or ONNX at max batch) and a compute cap from the slice's SMs.",
+        epilog=_EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument("--gpu", help="GPU table to use, e.g. H200-141GB (or give a --query-gpu CSV)")
+    p.add_argument("--layout", help="MIG devices to create, e.g. 3x2g.35gb,1x1g.18gb (default: every profile)")
+    p.add_argument("--from-nvidia-smi", metavar="FILE", action="append", type=Path, default=[],
+                   help="saved nvidia-smi output (-lgip, -L or --query-gpu CSV); repeatable")
+    p.add_argument("--onnx", type=Path, help="ONNX model: memory = weights + activations at --max-batch")
+    p.add_argument("--engine-metadata", type=Path, help="TensorRT engine metadata JSON (device memory, weights)")
+    p.add_argument("--repository", type=Path, help="Triton model repository: plan every model in it")
+    p.add_argument("--max-batch", type=int, help="batch size to size activations for "
+                   "(default: config.pbtxt max_batch_size, or the ONNX model's fixed batch)")
+    p.add_argument("--name", help="model name for --onnx/--engine-metadata (default: from the file name)")
+    p.add_argument("--bundle", type=Path, metavar="DIR", help="write launch-mig.sh, docker-compose.yml, k8s/")
+    p.add_argument("--image", default=BundleSettings.image, help="tritonserver image for compose and Kubernetes")
+    p.set_defaults(handler=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    """Plan, print the table, and write configs and the bundle when asked."""
+    from rich.console import Console
+
+    console = Console()
+    smi = _read_nvidia_smi(args.from_nvidia_smi)
+    gpu = _gpu(args.gpu, smi)
+    devices = [d for g in smi.get("list", []) for d in g.mig_devices]
+    layout = _layout(args.layout, gpu, smi)
+    repository_configs = read_repository_configs(args.repository) if args.repository else {}
+    memory = _memory(args, repository_configs)
+    plan = plan_instances(gpu, memory, layout)
+    _print_plan(console, plan)
+    if args.bundle:
+        _write_bundle(console, plan, args, repository_configs, devices or None)
+    return 0
+
+
+def _read_nvidia_smi(files: list[Path]) -> dict[str, Any]:
+    parsed: dict[str, Any] = {}
+    for path in files:
+        require(path.is_file(), f"nvidia-smi output {path} does not exist")
+        text = path.read_text()
+        kind = nvidia_smi.kind_of_output(text)
+        require(kind not in parsed, f"two files of nvidia-smi {kind} output were given", "pass each kind once")
+        parsed[kind] = {
+            "lgip": nvidia_smi.parse_lgip,
+            "list": nvidia_smi.parse_list_gpus,
+            "query": nvidia_smi.parse_query_csv,
+        }[kind](text)
+    return parsed
+
+
+def _gpu(name: str | None, smi: dict[str, Any]) -> GpuMig:
+    if "query" in smi:
+        queried = nvidia_smi.gpu_key_from_query(smi["query"][0])
+        require(name is None or name.lower() == queried.lower(), f"--gpu {name} disagrees with the nvidia-smi CSV ({queried})",
+                "drop --gpu or pass the CSV of the GPU you mean")
+        name = queried
+    if "lgip" in smi:
+        return nvidia_smi.gpu_from_lgip(smi["lgip"], name or "GPU from nvidia-smi -lgip")
+    require(name is not None, "no GPU given", f"pass --gpu (one of {', '.join(BUILTIN_GPUS)}) or a --query-gpu CSV")
+    return builtin_gpu(str(name))
+
+
+def _layout(text: str | None, gpu: GpuMig, smi: dict[str, Any]) -> Layout | None:
+    first = next((g for g in smi.get("list", []) if g.mig_devices), None)
+    from_devices = layout_from_devices([d.profile for d in first.mig_devices], gpu) if first else None
+    if text is None:
+        return from_devices
+    layout = parse_layout(text, gpu)
+    if from_devices is not None:
+        require(layout.counts() == from_devices.counts(),
+                f"--layout {layout} differs from the MIG devices in the nvidia-smi -L output ({from_devices})",
+                "drop --layout to plan the devices that exist, or pass -L output of that layout")
+    return layout
+
+
+def _memory(args: argparse.Namespace, repository_configs: dict[str, Any]) -> dict[str, MemoryEstimate]:
+    sources = sum(x is not None for x in (args.onnx or args.engine_metadata, args.repository))
+    require(sources == 1, "say what to plan: --onnx and/or --engine-metadata, or --repository",
+            "pass exactly one model source")
+    require(args.max_batch is None or args.max_batch >= 1, f"--max-batch {args.max_batch} is not a batch size")
+    if args.repository:
+        out = {}
+        for name, (config, model_dir) in repository_configs.items():
+            out[name] = memory_for_model_dir(model_dir, args.max_batch or max(1, config.max_batch_size))
+        return out
+    batch: int | None = args.max_batch or (_fixed_batch(args.onnx) if args.onnx else None)
+    if args.engine_metadata:
+        name = args.name or args.engine_metadata.name.split(".")[0]
+        return {name: memory_from_engine_metadata(args.engine_metadata, args.onnx, batch)}
+    if batch is None:
+        raise PipelineError(f"{args.onnx} has a dynamic batch axis", "pass --max-batch N to size activations for")
+    return {args.name or args.onnx.stem: memory_from_onnx(args.onnx, batch)}
+
+
+def _fixed_batch(onnx_path: Path) -> int | None:
+    from pipeline.tensors import signature_from_onnx
+
+    require(onnx_path.is_file(), f"ONNX model {onnx_path} does not exist")
+    first = signature_from_onnx(onnx_path).inputs[0].shape
+    return first[0] if first and isinstance(first[0], int) and first[0] > 0 else None
+
+
+def _print_plan(console: Any, plan: MigPlan) -> None:
+    from rich.table import Table
+
+    layout = f", layout {plan.layout}" if plan.layout else " (every profile; pass --layout for a real layout)"
+    table = Table(title=f"Instances per MIG slice — {plan.gpu.name}{layout}")
+    for column in ("profile", "devices", "SMs", "memory GiB", *plan.memory, "used / budget GiB"):
+        table.add_column(column, justify="left" if column == "profile" else "right")
+    for p in plan.profiles:
+        cells = [str(p.instances(m)) if p.instances(m) else "—" for m in plan.memory]
+        table.add_row(
+            p.profile.name,
+            str(p.devices) if plan.layout else "",
+            str(p.profile.sm_count),
+            f"{p.profile.memory_gib:.2f}",
+            *cells,
+            f"{p.used_bytes / GIB:.2f} / {p.budget_bytes / GIB:.2f}",
+        )
+    console.print(table)
+    for name, est in plan.memory.items():
+        console.print(f"[bold]{name}[/]: {est.source}: {est.detail}", highlight=False)
+    console.print(f"Heuristic: {HEURISTIC}.", highlight=False)
+    for profile, model, reason in plan.exclusions:
+        console.print(f"[yellow]excluded[/] {model} from {profile}: {reason}", highlight=False)
+
+
+def _write_bundle(console: Any, plan: MigPlan, args: argparse.Namespace, repository_configs: dict[str, Any], devices: Any) -> None:
+    if not any(p.loaded for p in plan.profiles):
+        raise PipelineError("no model fits any planned MIG profile, so there is nothing to launch",
+                            "use larger profiles or a smaller --max-batch")
+    out: Path = args.bundle
+    write_bundle(out, plan, BundleSettings(image=args.image), devices)
+    console.print(f"wrote the MIG bundle to {out}/ ({LAUNCH_SCRIPT}, docker-compose.yml, k8s/)", highlight=False)
+    if not repository_configs:
+        console.print("no --repository: write configs/<profile>.pbtxt with the build (build --mig)", highlight=False)
+        return
+    for name, (config, model_dir) in repository_configs.items():
+        files = {path: config_text(cfg) for path, cfg in profile_configs(config, plan, name).items()}
+        written = write_profile_configs(model_dir, files)
+        console.print(f"{name}: {', '.join(p.name for p in written) or 'no profile fits'}", highlight=False)
+

@@ -1,0 +1,295 @@
+"""The deployment bundle: launch script, compose file and Kubernetes manifests agree with the
+per-profile configs (same config names, ports, resource names)."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import time
+import urllib.request
+from importlib.util import find_spec
+from pathlib import Path
+
+import pytest
+import yaml
+from google.protobuf import text_format
+from tritonclient.grpc.model_config_pb2 import DataType, ModelConfig, ModelInstanceGroup
+
+from pipeline.mig.bundle import (
+    BundleSettings,
+    bundle_files,
+    k8s_name,
+    launch_script,
+    mig_resource,
+)
+from pipeline.mig.configs import (
+    config_text,
+    mig_configs_for_repository,
+    write_profile_configs,
+)
+from pipeline.mig.layout import parse_layout
+from pipeline.mig.memory import MemoryEstimate, memory_from_onnx
+from pipeline.mig.nvidia_smi import parse_list_gpus
+from pipeline.mig.plan import GIB, MigPlan, plan_instances
+from pipeline.mig.profiles import builtin_gpu
+
+from .conftest import NVIDIA_SMI_L_H200
+
+H200 = builtin_gpu("H200-141GB")
+LAYOUT = "3x2g.35gb,1x1g.18gb"
+
+
+@pytest.fixture
+def plan(tiny_onnx: Path) -> MigPlan:
+    memory = {
+        "tiny_fp32": memory_from_onnx(tiny_onnx, 8),
+        # fits 2g.35gb (28.75 GiB for models) once, not 1g.18gb (13.9 GiB)
+        "big_fp16_trt": MemoryEstimate("engine metadata (hand-written)", GIB, 20 * GIB),
+    }
+    return plan_instances(H200, memory, parse_layout(LAYOUT, H200))
+
+
+def configs_by_model(plan: MigPlan) -> dict[str, set[str]]:
+    """Model → the config names it has a configs/<name>.pbtxt for."""
+    from pipeline.mig.configs import profile_configs
+
+    out = {}
+    for model in plan.memory:
+        base = ModelConfig(name=model, platform="onnxruntime_onnx", max_batch_size=8)
+        out[model] = {p.removeprefix("configs/").removesuffix(".pbtxt") for p in profile_configs(base, plan)}
+    return out
+
+
+def flag(args: list[str], name: str) -> list[str]:
+    return [a.split("=", 1)[1] for a in args if a.startswith(f"--{name}=")]
+
+
+def test_launch_script_is_valid_bash_and_matches_the_configs(plan: MigPlan, tmp_path: Path) -> None:
+    """Dry run against a hand-written `nvidia-smi -L` (no MIG GPU here)."""
+    script = tmp_path / "launch-mig.sh"
+    script.write_text(launch_script(plan))
+    subprocess.run(["bash", "-n", str(script)], check=True)
+    devices = tmp_path / "nvidia-smi-L.txt"
+    devices.write_text(NVIDIA_SMI_L_H200)
+    env = {**os.environ, "MIG_DEVICES_FILE": str(devices)}
+    out = subprocess.run(["bash", str(script), "--dry-run"], env=env, check=True, capture_output=True, text=True).stdout
+    lines = out.strip().splitlines()
+    listed = parse_list_gpus(NVIDIA_SMI_L_H200)[0].mig_devices
+    assert len(lines) == len(listed) == 4
+    configs = configs_by_model(plan)
+    seen_ports: set[str] = set()
+    for line, device in zip(lines, listed):
+        env_part, *args = line.split()
+        assert env_part == f"CUDA_VISIBLE_DEVICES={device.uuid}"
+        assert args[0] == "tritonserver"
+        (name,) = flag(args, "model-config-name")
+        assert name == device.profile
+        loaded = flag(args, "load-model")
+        assert "--model-control-mode=explicit" in args
+        assert loaded == list(plan.profile(device.profile).loaded)
+        assert all(name in configs[m] for m in loaded)  # every loaded model has configs/<name>.pbtxt
+        ports = flag(args, "http-port") + flag(args, "grpc-port") + flag(args, "metrics-port")
+        assert not seen_ports & set(ports)
+        seen_ports |= set(ports)
+    assert "big_fp16_trt" not in lines[3] and "big_fp16_trt" in lines[0]  # too large for 1g.18gb
+    assert flag(lines[1].split(), "http-port") == ["8010"]
+
+
+def test_launch_script_skips_unplanned_profiles_and_fails_without_devices(plan: MigPlan, tmp_path: Path) -> None:
+    script = tmp_path / "launch-mig.sh"
+    script.write_text(launch_script(plan))
+    devices = tmp_path / "L.txt"
+    devices.write_text("GPU 0: NVIDIA H200 (UUID: GPU-1)\n  MIG 7g.141gb     Device  0: (UUID: MIG-abc)\n")
+    run = subprocess.run(["bash", str(script), "--dry-run"], env={**os.environ, "MIG_DEVICES_FILE": str(devices)},
+                         capture_output=True, text=True, check=False)
+    assert run.returncode == 1
+    assert "no model is planned for MIG profile 7g.141gb" in run.stderr
+    assert "no MIG device with a planned profile" in run.stderr
+
+
+def test_compose_file(plan: MigPlan) -> None:
+    compose = yaml.safe_load(bundle_files(plan)["docker-compose.yml"])
+    services = compose["services"]
+    assert list(services) == ["triton-0-2g-35gb", "triton-1-2g-35gb", "triton-2-2g-35gb", "triton-3-1g-18gb"]
+    configs = configs_by_model(plan)
+    host_ports = []
+    for slot, service in enumerate(services.values()):
+        command = service["command"]
+        (name,) = flag(command, "model-config-name")
+        assert all(name in configs[m] for m in flag(command, "load-model"))
+        device = service["deploy"]["resources"]["reservations"]["devices"][0]
+        assert device["driver"] == "nvidia" and device["capabilities"] == ["gpu"]
+        assert device["device_ids"][0].startswith(f"${{MIG_UUID_{slot}:?")
+        host_ports += [p.split(":")[0] for p in service["ports"]]
+        assert [p.split(":")[1] for p in service["ports"]] == ["8000", "8001", "8002"]
+        assert flag(command, "http-port") == ["8000"]
+        assert service["volumes"] == ["./model_repository:/models:ro"]
+    assert len(host_ports) == len(set(host_ports)) == 12
+
+
+def test_compose_uses_uuids_from_nvidia_smi_l(plan: MigPlan) -> None:
+    devices = list(parse_list_gpus(NVIDIA_SMI_L_H200)[0].mig_devices)
+    compose = yaml.safe_load(bundle_files(plan, devices=devices)["docker-compose.yml"])
+    ids = [s["deploy"]["resources"]["reservations"]["devices"][0]["device_ids"][0] for s in compose["services"].values()]
+    assert ids == [d.uuid for d in devices]
+
+
+def test_kubernetes_manifests(plan: MigPlan) -> None:
+    files = bundle_files(plan, BundleSettings(image="registry.example/tritonserver:test"))
+    manifests = {k: list(yaml.safe_load_all(v)) for k, v in files.items() if k.startswith("k8s/")}
+    assert sorted(manifests) == ["k8s/triton-mig-1g-18gb.yaml", "k8s/triton-mig-2g-35gb.yaml"]
+    configs = configs_by_model(plan)
+    for path, (deployment, service) in manifests.items():
+        assert (deployment["apiVersion"], deployment["kind"]) == ("apps/v1", "Deployment")
+        assert (service["apiVersion"], service["kind"]) == ("v1", "Service")
+        labels = deployment["spec"]["selector"]["matchLabels"]
+        assert deployment["spec"]["template"]["metadata"]["labels"] == labels == service["spec"]["selector"]
+        profile = "1g.18gb" if "1g" in path else "2g.35gb"
+        assert deployment["metadata"]["name"] == service["metadata"]["name"] == f"triton-mig-{k8s_name(profile)}"
+        assert deployment["spec"]["replicas"] == plan.profile(profile).devices
+        (container,) = deployment["spec"]["template"]["spec"]["containers"]
+        assert container["image"] == "registry.example/tritonserver:test"
+        assert container["resources"]["limits"] == {f"nvidia.com/mig-{profile}": 1}
+        (name,) = flag(container["args"], "model-config-name")
+        assert name == profile
+        assert set(flag(container["args"], "load-model")) == {m for m, names in configs.items() if name in names}
+        ports = {p["name"]: p["containerPort"] for p in container["ports"]}
+        assert {p["targetPort"] for p in service["spec"]["ports"]} == set(ports)
+        assert {p["name"]: p["port"] for p in service["spec"]["ports"]} == ports
+        assert int(flag(container["args"], "http-port")[0]) == ports["http"]
+        assert container["readinessProbe"]["httpGet"]["port"] in ports
+        volumes = {v["name"] for v in deployment["spec"]["template"]["spec"]["volumes"]}
+        assert {m["name"] for m in container["volumeMounts"]} <= volumes
+
+
+def test_media_extension_resource_name() -> None:
+    """The device plugin spells +me profiles with a dot (GPU Operator: mig-1g.10gb.me)."""
+    assert mig_resource("1g.18gb+me") == "nvidia.com/mig-1g.18gb.me"
+    assert k8s_name("1g.18gb+me") == "1g-18gb-me"
+
+
+def _free_base(count: int, stride: int) -> int:
+    """A base port with base + i*stride + {0,1,2} free on 127.0.0.1 for i < count."""
+    for base in range(28400, 60000, 97):
+        ports = [base + i * stride + k for i in range(count) for k in range(3)]
+        try:
+            for port in ports:
+                with socket.socket() as s:
+                    s.bind(("127.0.0.1", port))
+        except OSError:
+            continue
+        return base
+    raise RuntimeError("no free ports")
+
+
+def _get(url: str) -> bytes | None:
+    """The body of a 200 answer, or None while the server is not (yet) answering."""
+    try:
+        with urllib.request.urlopen(url, timeout=2) as response:
+            return response.read()
+    except OSError:
+        return None
+
+
+@pytest.mark.slow
+def test_launch_script_starts_real_tritonservers_with_profile_configs(tmp_path: Path) -> None:
+    """The generated launch script runs the real tritonserver (pytriton's, python backend) once per
+    MIG device of a hand-written `nvidia-smi -L`; each server must load configs/<profile>.pbtxt,
+    including the '.' and '+' in 1g.18gb+me. No GPU here: the generated KIND_GPU instance groups
+    are switched to KIND_CPU in the written files, and CUDA_VISIBLE_DEVICES holds a fake UUID."""
+    spec = find_spec("pytriton")
+    assert spec is not None and spec.submodule_search_locations
+    pytriton = Path(next(iter(spec.submodule_search_locations)))
+    binary = pytriton / "tritonserver" / "bin" / "tritonserver"
+    if not binary.is_file():
+        pytest.skip(f"no tritonserver binary at {binary}")
+    backends = tmp_path / "backends"
+    shutil.copytree(pytriton / "tritonserver" / "backends", backends)
+    stub = pytriton / "tritonserver" / "python_backend_stubs" / "3.11" / "triton_python_backend_stub"
+    shutil.copy(stub, backends / "python" / "triton_python_backend_stub")
+
+    repo = tmp_path / "repo"
+    (repo / "echo" / "1").mkdir(parents=True)
+    (repo / "echo" / "1" / "model.py").write_text(
+        "import triton_python_backend_utils as pb\n"
+        "class TritonPythonModel:\n"
+        "    def execute(self, requests):\n"
+        "        return [pb.InferenceResponse([pb.Tensor('y', pb.get_input_tensor_by_name(r, 'x').as_numpy())])"
+        " for r in requests]\n"
+    )
+    base = ModelConfig(name="echo", backend="python", max_batch_size=8)
+    base.input.add(name="x", data_type=DataType.TYPE_FP32, dims=[4])
+    base.output.add(name="y", data_type=DataType.TYPE_FP32, dims=[4])
+    # count 3 in config.pbtxt: a server that fell back to it instead of configs/<profile>.pbtxt shows
+    base.instance_group.add(kind=ModelInstanceGroup.Kind.KIND_CPU, count=3)
+    (repo / "echo" / "config.pbtxt").write_text(config_text(base))
+    # 12 GiB per instance: 2 on a 2g.35gb (28.75 GiB for models), 1 on a 1g.18gb+me (13.9 GiB)
+    plan, files = mig_configs_for_repository({"echo": base}, "H200-141GB", "1x2g.35gb,1x1g.18gb+me",
+                                             {"echo": MemoryEstimate("test", 0, 12 * GIB)})
+    assert plan.profile("2g.35gb").instances("echo") == 2 and plan.profile("1g.18gb+me").instances("echo") == 1
+    cpu_files = {}
+    for relpath, text in files["echo"].items():
+        config = text_format.Parse(text, ModelConfig())
+        config.instance_group[0].kind = ModelInstanceGroup.Kind.KIND_CPU  # no GPU on this machine
+        cpu_files[relpath] = config_text(config)
+    write_profile_configs(repo / "echo", cpu_files)
+
+    bundle = tmp_path / "bundle"
+    bundle.mkdir()
+    (bundle / "launch-mig.sh").write_text(bundle_files(plan)["launch-mig.sh"])
+    wrapper = tmp_path / "tritonserver"
+    venv_bin = Path(os.sys.executable).parent
+    wrapper.write_text(
+        "#!/usr/bin/env bash\n"
+        f"export LD_LIBRARY_PATH={pytriton.parent / 'nvidia_pytriton.libs'}:${{LD_LIBRARY_PATH:-}}\n"
+        f"export PATH={venv_bin}:$PATH\n"
+        f'exec {binary} "$@" --backend-directory={backends} --http-address=127.0.0.1 '
+        "--grpc-address=127.0.0.1 --metrics-address=127.0.0.1\n"
+    )
+    wrapper.chmod(0o755)
+    devices = tmp_path / "nvidia-smi-L.txt"
+    devices.write_text(
+        "GPU 0: NVIDIA H200 (UUID: GPU-1b2c3d4e-5f60-7182-93a4-b5c6d7e8f901)\n"
+        "  MIG 2g.35gb      Device  0: (UUID: MIG-0a1b2c3d-4e5f-5a6b-8c7d-9e0f1a2b3c4d)\n"
+        "  MIG 1g.18gb+me   Device  1: (UUID: MIG-1b2c3d4e-5f6a-5b7c-9d8e-0f1a2b3c4d5e)\n"
+    )
+    base_port = _free_base(2, 10)
+    env = {
+        **os.environ,
+        "MIG_DEVICES_FILE": str(devices),
+        "MODEL_REPOSITORY": str(repo),
+        "TRITONSERVER": str(wrapper),
+        "HTTP_BASE": str(base_port),
+        "GRPC_BASE": str(base_port + 1),
+        "METRICS_BASE": str(base_port + 2),
+    }
+    log = (tmp_path / "servers.log").open("w")
+    proc = subprocess.Popen(["bash", str(bundle / "launch-mig.sh")], env=env, stdout=log, stderr=subprocess.STDOUT,
+                            start_new_session=True)
+    try:
+        expected = {base_port: 2, base_port + 10: 1}
+        found: dict[int, int] = {}
+        deadline = time.monotonic() + 90
+        while time.monotonic() < deadline and len(found) < len(expected) and proc.poll() is None:
+            for port in expected:
+                config = _get(f"http://127.0.0.1:{port}/v2/models/echo/config")
+                if config and _get(f"http://127.0.0.1:{port}/v2/models/echo/ready") is not None:
+                    found[port] = sum(g["count"] for g in json.loads(config)["instance_group"])
+            time.sleep(0.5)
+        assert found == expected, (tmp_path / "servers.log").read_text()[-3000:]
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)  # any server the script's trap missed
+        except ProcessLookupError:
+            pass
+        log.close()

@@ -1,0 +1,113 @@
+"""`mig-plan` end to end through its argparse registration (the lead wires it into pipeline.cli)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+from pathlib import Path
+
+import pytest
+import yaml
+from google.protobuf import text_format
+from tritonclient.grpc.model_config_pb2 import DataType, ModelConfig
+
+from pipeline.errors import PipelineError
+from pipeline.mig.cli import register
+from pipeline.mig.configs import config_text
+
+from .conftest import NVIDIA_SMI_L_H200
+
+
+def mig_plan(*argv: str) -> int:
+    parser = argparse.ArgumentParser(prog="pipeline")
+    register(parser.add_subparsers())
+    args = parser.parse_args(["mig-plan", *argv])
+    return args.handler(args)
+
+
+@pytest.fixture(autouse=True)
+def wide_terminal(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("COLUMNS", "200")  # rich reads it: no wrapped table cells
+
+
+def test_plan_from_recorded_nvidia_smi_and_onnx(fixtures_dir: Path, tiny_onnx: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    code = mig_plan(
+        "--from-nvidia-smi", str(fixtures_dir / "nvidia-smi-query-h200.csv"),
+        "--from-nvidia-smi", str(fixtures_dir / "nvidia-smi-mig-lgip-h200.txt"),
+        "--onnx", str(tiny_onnx), "--max-batch", "8", "--layout", "3x2g.35gb,1x1g.18gb",
+    )
+    out = capsys.readouterr().out
+    assert code == 0
+    assert "H200-141GB, layout 3x2g.35gb,1x1g.18gb" in out
+    rows = {line.split("│")[1].strip(): [c.strip() for c in line.split("│")[2:-1]] for line in out.splitlines()
+            if line.startswith("│")}
+    assert rows["2g.35gb"][:4] == ["3", "32", "32.50", "4"]
+    assert rows["1g.18gb"][:4] == ["1", "16", "16.00", "2"]
+    assert "SMs // 8" in out
+
+
+def test_large_engine_is_excluded_from_small_profiles(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Hand-written engine metadata (TensorRT cannot build an engine on this machine)."""
+    meta = tmp_path / "big.plan.json"
+    meta.write_text(json.dumps({"device_memory_bytes": 20 << 30, "weights_bytes": 2 << 30}))
+    assert mig_plan("--gpu", "H200-141GB", "--engine-metadata", str(meta)) == 0
+    out = capsys.readouterr().out
+    assert "excluded big from 1g.18gb: too large for 1g.18gb" in out
+    assert "excluded big from 1g.35gb" not in out
+
+
+def test_layout_from_nvidia_smi_l_and_bundle_with_uuids(tmp_path: Path, tiny_onnx: Path) -> None:
+    listing = tmp_path / "L.txt"
+    listing.write_text(NVIDIA_SMI_L_H200)
+    bundle = tmp_path / "bundle"
+    assert mig_plan("--gpu", "H200-141GB", "--from-nvidia-smi", str(listing), "--onnx", str(tiny_onnx),
+                    "--max-batch", "8", "--bundle", str(bundle)) == 0
+    script = bundle / "launch-mig.sh"
+    assert script.stat().st_mode & 0o111
+    subprocess.run(["bash", "-n", str(script)], check=True)
+    compose = yaml.safe_load((bundle / "docker-compose.yml").read_text())
+    ids = [s["deploy"]["resources"]["reservations"]["devices"][0]["device_ids"][0] for s in compose["services"].values()]
+    assert ids[3] == "MIG-3d4e5f6a-7b8c-5d9e-9f0a-2b3c4d5e6f7a"
+    assert sorted(p.name for p in (bundle / "k8s").iterdir()) == ["triton-mig-1g-18gb.yaml", "triton-mig-2g-35gb.yaml"]
+    with pytest.raises(PipelineError, match="differs from the MIG devices"):
+        mig_plan("--gpu", "H200-141GB", "--from-nvidia-smi", str(listing), "--onnx", str(tiny_onnx),
+                 "--max-batch", "8", "--layout", "7x1g.18gb")
+
+
+def test_repository_mode_writes_profile_configs(tmp_path: Path, tiny_onnx: Path) -> None:
+    model_dir = tmp_path / "repo" / "tiny_fp32"
+    (model_dir / "1").mkdir(parents=True)
+    (model_dir / "1" / "model.onnx").write_bytes(tiny_onnx.read_bytes())
+    base = ModelConfig(name="tiny_fp32", platform="onnxruntime_onnx", max_batch_size=16)
+    base.input.add(name="image", data_type=DataType.TYPE_FP32, dims=[16])
+    base.output.add(name="probs", data_type=DataType.TYPE_FP32, dims=[10])
+    (model_dir / "config.pbtxt").write_text(config_text(base))
+    bundle = tmp_path / "bundle"
+    assert mig_plan("--gpu", "h200-141gb", "--layout", "1x3g.71gb,1x4g.71gb", "--repository", str(tmp_path / "repo"),
+                    "--bundle", str(bundle)) == 0
+    written = sorted(p.name for p in (model_dir / "configs").iterdir())
+    assert written == ["3g.71gb.pbtxt", "4g.71gb.pbtxt"]
+    three = text_format.Parse((model_dir / "configs" / "3g.71gb.pbtxt").read_text(), ModelConfig())
+    assert three.instance_group[0].count == 7 and three.max_batch_size == 16
+    k8s = list(yaml.safe_load_all((bundle / "k8s" / "triton-mig-3g-71gb.yaml").read_text()))
+    assert "--model-config-name=3g.71gb" in k8s[0]["spec"]["template"]["spec"]["containers"][0]["args"]
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--gpu", "H200-141GB", "--layout", "8x1g.18gb", "--onnx", "{onnx}", "--max-batch", "8"], "at most 7"),
+        (["--gpu", "H200-141GB", "--layout", "2x3g.71gb,1x2g.35gb", "--onnx", "{onnx}", "--max-batch", "8"],
+         "8 compute slices"),
+        (["--gpu", "H200-141GB"], "say what to plan"),
+        (["--gpu", "H200-141GB", "--onnx", "{onnx}"], "dynamic batch axis"),
+        (["--onnx", "{onnx}", "--max-batch", "8"], "no GPU given"),
+        (["--gpu", "A100-40GB", "--from-nvidia-smi", "{query}", "--onnx", "{onnx}", "--max-batch", "8"],
+         "disagrees with the nvidia-smi CSV"),
+    ],
+)
+def test_user_errors(argv: list[str], message: str, tiny_onnx: Path, fixtures_dir: Path) -> None:
+    filled = [a.format(onnx=tiny_onnx, query=fixtures_dir / "nvidia-smi-query-h200.csv") for a in argv]
+    with pytest.raises(PipelineError, match=message):
+        mig_plan(*filled)
