@@ -1,0 +1,314 @@
+"""INT8 ONNX variant with explicit Q/DQ (QuantizeLinear/DequantizeLinear), calibrated on real data.
+
+The graph is what TensorRT's explicit quantization wants: symmetric int8 everywhere (zero
+point 0), weights per output channel, biases left in float, and Q/DQ only on the *inputs* of
+Conv/ConvTranspose/Gemm/MatMul, so TensorRT fuses each DQ into the following layer and keeps
+everything else (pooling, the final Softmax, graph outputs) in float.
+
+Calibration runs one batch at a time: each batch's activations are reduced to ranges (minmax)
+or added to per-tensor histograms (entropy, percentile) before the next batch is read. The
+ranges are handed to ``quantize_static`` through its calibration cache file.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import logging
+import os
+import shutil
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+from pipeline.errors import PipelineError, require
+from pipeline.stages.calibration import CalibrationData
+from pipeline.tensors import ModelSignature, signature_from_onnx
+
+log = logging.getLogger(__name__)
+
+CALIBRATION_METHODS = ("minmax", "entropy", "percentile")
+QUANTIZED_OP_TYPES = ("Conv", "ConvTranspose", "Gemm", "MatMul")
+DEFAULT_BATCH_SIZE = 32
+# quantize_static cannot set histogram sizes and ORT's entropy default (128 bins, 128 quantized
+# bins) leaves a single candidate threshold; use TensorRT's legacy entropy calibrator sizes.
+HISTOGRAM_BINS = 2048
+ENTROPY_QUANTIZED_BINS = 128
+
+
+def qdq_onnx_from_onnx(
+    src: Path,
+    dst: Path,
+    calibration: CalibrationData,
+    *,
+    method: str = "minmax",
+    percentile: float = 99.999,
+    batch_size: int = DEFAULT_BATCH_SIZE,
+) -> Path:
+    """Write an INT8 Q/DQ variant of the FP32 ONNX model ``src`` to ``dst`` and return ``dst``.
+
+    ``method`` picks how activation ranges are calibrated: ``minmax`` (largest magnitude seen),
+    ``entropy`` (threshold minimising KL divergence, as TensorRT's entropy calibrator) or
+    ``percentile`` (``percentile`` of magnitudes, clipping outliers). ``batch_size`` bounds the
+    memory used by calibration (a model with a fixed batch dim uses that instead). The result is
+    checked with ``onnx.checker`` and :func:`check_qdq_int8_symmetric`.
+    """
+    import onnx
+    from onnxruntime.quantization import QuantFormat, QuantType, quantize_static
+
+    src, dst = Path(src), Path(dst)
+    require(src.is_file(), f"ONNX model '{src}' does not exist", "run the ONNX export stage first")
+    require(
+        method in CALIBRATION_METHODS,
+        f"unknown calibration method '{method}'",
+        f"use one of: {', '.join(CALIBRATION_METHODS)}",
+    )
+    require(0.0 < percentile <= 100.0, f"percentile must be in (0, 100], got {percentile}", "use e.g. 99.99 or 99.999")
+    layers = {node.op_type for node in onnx.load(str(src), load_external_data=False).graph.node}
+    require(
+        bool(layers & set(QUANTIZED_OP_TYPES)),
+        f"'{src}' has no {'/'.join(QUANTIZED_OP_TYPES)} layers, so an INT8 variant would change nothing",
+        "skip --int8 for this model",
+    )
+    signature = signature_from_onnx(src)
+    expected = tuple(spec.name for spec in signature.inputs)
+    require(
+        set(calibration.input_names) == set(expected),
+        f"the calibration data has inputs {list(calibration.input_names)}, the model '{src}' has {list(expected)}",
+        "load the calibration data with this model's signature",
+    )
+    batch, drop_last = _calibration_batch(signature, batch_size, calibration.num_samples)
+
+    dst.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(prefix=f".{dst.name}.", dir=dst.parent) as tmp_dir:
+        tmp = Path(tmp_dir)
+        prepared = _prepared_model(src, tmp / "prepared.onnx")
+        cache = tmp / "calibration.json"
+        started = time.perf_counter()
+        _calibrate(prepared, calibration, method, percentile, batch, drop_last, tmp, cache)
+        log.info("calibrated %s ranges in %.1f s", method, time.perf_counter() - started)
+
+        out = tmp / "int8.onnx"
+        with _ort_prints_to_log():
+            quantize_static(
+                str(prepared),
+                str(out),
+                None,  # ranges come from the cache written by _calibrate
+                quant_format=QuantFormat.QDQ,
+                op_types_to_quantize=list(QUANTIZED_OP_TYPES),
+                per_channel=True,
+                reduce_range=False,  # full 8 bits: TensorRT accumulates in int32, no saturation to avoid
+                activation_type=QuantType.QInt8,
+                weight_type=QuantType.QInt8,
+                calibrate_method=_ort_method(method),
+                calibration_cache_path=str(cache),
+                extra_options={
+                    "ActivationSymmetric": True,
+                    "WeightSymmetric": True,
+                    # TensorRT wants float biases; it folds them into the int8 layer itself.
+                    "QuantizeBias": False,
+                    # Q/DQ on layer inputs only: TensorRT fuses DQ→Conv/Gemm/MatMul and chooses the
+                    # output precision itself; quantized outputs would force extra reformatting.
+                    "OpTypesToExcludeOutputQuantization": list(QUANTIZED_OP_TYPES),
+                    # Float weights → Q → DQ (as NVIDIA's ModelOpt emits): TensorRT constant-folds the
+                    # pair into int8 weights; the ONNX keeps its FP32 weights for inspection.
+                    "AddQDQPairToWeight": True,
+                },
+            )
+        try:
+            onnx.checker.check_model(str(out), full_check=True)
+        except (onnx.checker.ValidationError, onnx.shape_inference.InferenceError) as exc:
+            raise PipelineError(
+                f"the INT8 model made from '{src}' is invalid: {str(exc).splitlines()[0]}",
+                "report this model; skip --int8 for it meanwhile",
+            ) from None
+        check_qdq_int8_symmetric(out)
+        _drop_unused_opsets(out)
+        os.replace(out, dst)
+    log.info("wrote INT8 Q/DQ model %s (%s calibration, %d samples)", dst, method, calibration.num_samples)
+    return dst
+
+
+def check_qdq_int8_symmetric(path: Path) -> None:
+    """Raise PipelineError unless the model has Q/DQ nodes and every one is int8 with zero point 0
+    and positive finite scales (what TensorRT's explicit quantization accepts)."""
+    import onnx
+    from onnx import TensorProto, numpy_helper
+
+    path = Path(path)
+    require(path.is_file(), f"ONNX model '{path}' does not exist")
+    model = onnx.load(str(path))
+    graph = model.graph
+    consts = {init.name: numpy_helper.to_array(init) for init in graph.initializer}
+    for node in graph.node:
+        if node.op_type == "Constant" and node.attribute and node.attribute[0].name == "value":
+            consts[node.output[0]] = numpy_helper.to_array(node.attribute[0].t)
+    producers = {out: node for node in graph.node for out in node.output}
+    qdq = [n for n in graph.node if n.op_type in ("QuantizeLinear", "DequantizeLinear")]
+    require(
+        bool(qdq),
+        f"'{path}' has no QuantizeLinear/DequantizeLinear nodes, so it is not an INT8 Q/DQ model",
+        "quantize it with --int8 (qdq_onnx_from_onnx)",
+    )
+
+    problems: list[str] = []
+    for node in qdq:
+        label = f"{node.op_type} '{node.name or node.output[0]}'"
+        scale = consts.get(node.input[1])
+        if scale is None:
+            problems.append(f"{label}: scale is not a constant")
+        elif not (np.all(np.isfinite(scale)) and np.all(scale > 0)):
+            problems.append(f"{label}: scale is not positive and finite")
+        zp_name = node.input[2] if len(node.input) > 2 else ""
+        if zp_name:
+            zp = consts.get(zp_name)
+            if zp is None:
+                problems.append(f"{label}: zero point is not a constant")
+            elif zp.dtype != np.int8:
+                problems.append(f"{label}: zero point is {zp.dtype}, not int8")
+            elif np.any(zp != 0):
+                problems.append(f"{label}: zero point is not 0 ({np.unique(zp)[:4].tolist()})")
+        elif node.op_type == "QuantizeLinear":
+            out_type = next((a.i for a in node.attribute if a.name == "output_dtype"), 0)
+            if out_type != TensorProto.INT8:
+                problems.append(f"{label}: no zero point, so it quantizes to uint8")
+        else:  # DequantizeLinear without zero point: int8 only if its input is
+            source = node.input[0]
+            if source in consts and consts[source].dtype != np.int8:
+                problems.append(f"{label}: input is {consts[source].dtype}, not int8")
+            elif source not in consts and getattr(producers.get(source), "op_type", "") != "QuantizeLinear":
+                problems.append(f"{label}: input type is unknown")
+    if problems:
+        shown = "; ".join(problems[:3]) + (f"; and {len(problems) - 3} more" if len(problems) > 3 else "")
+        raise PipelineError(
+            f"'{path}' is not symmetric int8 Q/DQ: {shown}",
+            "quantize the FP32 model again with qdq_onnx_from_onnx (symmetric int8, zero point 0)",
+        )
+    log.debug("%s: %d Q/DQ nodes, all int8 with zero point 0", path, len(qdq))
+
+
+def _calibration_batch(signature: ModelSignature, requested: int, num_samples: int) -> tuple[int, bool]:
+    """Batch size for calibration, and whether a short last batch must be dropped."""
+    require(requested >= 1, f"batch size must be at least 1, got {requested}", "pass a positive batch size")
+    fixed = {spec.shape[0] for spec in signature.inputs if spec.shape and isinstance(spec.shape[0], int) and spec.shape[0] > 0}
+    if not fixed:
+        return min(requested, num_samples), False
+    require(len(fixed) == 1, f"the model's inputs have different fixed batch sizes {sorted(fixed)}", "export the model with one batch axis")
+    size = fixed.pop()
+    require(
+        num_samples >= size,
+        f"the model has a fixed batch of {size}, but there are only {num_samples} calibration samples",
+        f"provide at least {size} samples",
+    )
+    return size, True
+
+
+def _prepared_model(src: Path, out: Path) -> Path:
+    """ORT's pre-quantization pass (shape inference, basic graph optimizations such as folding
+    BatchNorm into Conv, so the folded weights are what gets quantized); the original model if
+    the pass cannot handle it."""
+    import importlib.util
+
+    from onnxruntime.quantization import quant_pre_process
+
+    # Symbolic shape inference (for dynamic dims in transformer graphs) needs sympy, which is
+    # not a dependency; ONNX shape inference covers fixed-size CNNs.
+    symbolic = importlib.util.find_spec("sympy") is not None
+    try:
+        with _ort_prints_to_log():
+            quant_pre_process(str(src), str(out), skip_symbolic_shape=not symbolic)
+        return out
+    except Exception as exc:  # noqa: BLE001 - shape inference gives up on some graphs; quantizing still works
+        log.warning("ONNX Runtime pre-processing failed (%s); quantizing the model as exported", str(exc).splitlines()[0])
+        shutil.copyfile(src, out)
+        return out
+
+
+def _drop_unused_opsets(path: Path) -> None:
+    """ORT's optimizer declares its private domains (com.microsoft, ...) whether used or not;
+    keep only the domains the graph uses, so other runtimes see a plain ONNX model."""
+    import onnx
+
+    model = onnx.load(str(path))
+    used = {node.domain for node in model.graph.node} | {""}
+    kept = [opset for opset in model.opset_import if opset.domain in used or opset.domain == "ai.onnx"]
+    if len(kept) != len(model.opset_import):
+        del model.opset_import[:]
+        model.opset_import.extend(kept)
+        onnx.save(model, str(path))
+
+
+def _ort_method(method: str):
+    from onnxruntime.quantization import CalibrationMethod
+
+    return {
+        "minmax": CalibrationMethod.MinMax,
+        "entropy": CalibrationMethod.Entropy,
+        "percentile": CalibrationMethod.Percentile,
+    }[method]
+
+
+def _calibrate(
+    model: Path,
+    data: CalibrationData,
+    method: str,
+    percentile: float,
+    batch_size: int,
+    drop_last: bool,
+    tmp: Path,
+    cache: Path,
+) -> None:
+    """Collect activation ranges one batch at a time and save them as ORT's calibration cache."""
+    from onnxruntime.quantization import create_calibrator, save_tensors_data
+
+    options: dict[str, object] = {"symmetric": True}
+    if method == "entropy":
+        options.update(num_bins=HISTOGRAM_BINS, num_quantized_bins=ENTROPY_QUANTIZED_BINS)
+    elif method == "percentile":
+        options.update(num_bins=HISTOGRAM_BINS, percentile=percentile)
+    calibrator = create_calibrator(
+        model,
+        list(QUANTIZED_OP_TYPES),
+        augmented_model_path=str(tmp / "augmented.onnx"),
+        calibrate_method=_ort_method(method),
+        extra_options=options,
+    )
+    total = data.num_batches(batch_size, drop_last=drop_last)
+    started = time.perf_counter()
+    for index, feed in enumerate(data.batches(batch_size, drop_last=drop_last)):
+        # One batch per collect_data call: minmax reduces it to ranges and histogram methods add
+        # it to their histograms before returning, so activations of one batch at most are held.
+        with _ort_prints_to_log():
+            calibrator.collect_data(_OneBatch(feed))
+        count = len(next(iter(feed.values())))
+        log.info("calibration batch %d/%d (%d samples, %.1f s)", index + 1, total, count, time.perf_counter() - started)
+    with _ort_prints_to_log():
+        ranges = calibrator.compute_data()
+    save_tensors_data(ranges, cache)
+    del calibrator  # drops the augmented session before its folder is deleted
+
+
+class _OneBatch:
+    """A CalibrationDataReader (duck-typed: ORT only calls get_next) that yields one feed dict."""
+
+    def __init__(self, feed: dict[str, np.ndarray]) -> None:
+        self._feed: dict[str, np.ndarray] | None = feed
+
+    def get_next(self) -> dict[str, np.ndarray] | None:
+        feed, self._feed = self._feed, None
+        return feed
+
+
+@contextlib.contextmanager
+def _ort_prints_to_log():
+    """ORT's calibrators print progress to stdout; route it to this module's debug log instead."""
+    buffer = io.StringIO()
+    try:
+        with contextlib.redirect_stdout(buffer):
+            yield
+    finally:
+        for line in buffer.getvalue().splitlines():
+            if line.strip():
+                log.debug("onnxruntime: %s", line.strip())

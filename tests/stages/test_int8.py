@@ -1,0 +1,213 @@
+"""INT8 Q/DQ stage: real ORT quantization and inference on tiny real models."""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+from pipeline.errors import PipelineError
+from pipeline.onnxrt import session_from_onnx
+from pipeline.stages.calibration import calibration_from_path
+from pipeline.stages.int8 import (
+    QUANTIZED_OP_TYPES,
+    check_qdq_int8_symmetric,
+    qdq_onnx_from_onnx,
+)
+from pipeline.tensors import signature_from_onnx
+
+vi = helper.make_tensor_value_info
+
+
+def _quantized(digits: Any, tmp_path: Path, method: str = "minmax", **kwargs: object) -> Path:
+    data = calibration_from_path(digits.calib, signature_from_onnx(digits.model))
+    return qdq_onnx_from_onnx(digits.model, tmp_path / f"int8_{method}.onnx", data, method=method, **kwargs)
+
+
+def _consts(model: onnx.ModelProto) -> dict[str, np.ndarray]:
+    return {init.name: numpy_helper.to_array(init) for init in model.graph.initializer}
+
+
+def test_qdq_graph_is_symmetric_int8_per_channel_on_layer_inputs(digits_convnet: Any, tmp_path: Path) -> None:
+    out = _quantized(digits_convnet, tmp_path)
+    check_qdq_int8_symmetric(out)
+    model = onnx.load(str(out))
+    consts = _consts(model)
+    nodes = model.graph.node
+    qdq = [n for n in nodes if n.op_type in ("QuantizeLinear", "DequantizeLinear")]
+    assert len(qdq) == 8  # activation + weight Q/DQ pair for each of Conv and Gemm
+    for node in qdq:
+        zero_point = consts[node.input[2]]
+        assert zero_point.dtype == np.int8 and not zero_point.any(), node.name
+
+    producers = {o: n for n in nodes for o in n.output}
+    consumers = {i: n for n in nodes for i in n.input}
+    # every DequantizeLinear feeds a Conv/Gemm/MatMul: nothing else is quantized
+    for dq in (n for n in nodes if n.op_type == "DequantizeLinear"):
+        assert consumers[dq.output[0]].op_type in QUANTIZED_OP_TYPES
+    # weights per output channel; biases stay float initializers (TensorRT wants float bias)
+    for layer, out_channels, axis in (("conv", 8, 0), ("head", 10, 1)):
+        node = next(n for n in nodes if n.name == layer)
+        weight_dq = producers[node.input[1]]
+        assert weight_dq.op_type == "DequantizeLinear"
+        assert helper.get_attribute_value(next(a for a in weight_dq.attribute if a.name == "axis")) == axis
+        assert consts[weight_dq.input[1]].shape == (out_channels,)
+        assert producers[node.input[0]].op_type == "DequantizeLinear"
+        assert node.input[2] in consts and consts[node.input[2]].dtype == np.float32
+    softmax = next(n for n in nodes if n.op_type == "Softmax")
+    assert producers[softmax.input[0]].op_type == "Gemm"  # no Q/DQ on the Gemm output / Softmax
+    assert model.graph.output[0].type.tensor_type.elem_type == TensorProto.FLOAT
+    assert {o.domain for o in model.opset_import} == {""}
+
+
+def test_qdq_accuracy_within_one_point_of_fp32(digits_convnet: Any, tmp_path: Path) -> None:
+    out = _quantized(digits_convnet, tmp_path)
+    probs = session_from_onnx(out, exact_qdq=True).run(None, {"image": digits_convnet.eval_images})[0]
+    accuracy = float((probs.argmax(1) == digits_convnet.eval_labels).mean())
+    assert digits_convnet.fp32_accuracy > 0.9
+    assert accuracy >= digits_convnet.fp32_accuracy - 0.01
+    fp32 = session_from_onnx(digits_convnet.model).run(None, {"image": digits_convnet.eval_images})[0]
+    assert 0 < np.abs(probs - fp32).max() < 0.2  # quantized for real, but close
+
+
+@pytest.mark.parametrize("method", [pytest.param("entropy", marks=pytest.mark.slow), "percentile"])
+def test_histogram_methods_keep_accuracy(digits_convnet: Any, tmp_path: Path, method: str) -> None:
+    out = _quantized(digits_convnet, tmp_path, method, percentile=99.99)
+    check_qdq_int8_symmetric(out)
+    probs = session_from_onnx(out, exact_qdq=True).run(None, {"image": digits_convnet.eval_images})[0]
+    accuracy = float((probs.argmax(1) == digits_convnet.eval_labels).mean())
+    assert accuracy >= digits_convnet.fp32_accuracy - 0.02
+
+
+def test_percentile_clips_the_activation_range_below_minmax(digits_convnet: Any, tmp_path: Path) -> None:
+    minmax = _consts(onnx.load(str(_quantized(digits_convnet, tmp_path))))
+    clipped = _consts(onnx.load(str(_quantized(digits_convnet, tmp_path, "percentile", percentile=99.0))))
+    assert clipped["features_scale"] < minmax["features_scale"]
+
+
+def test_calibration_reads_one_batch_at_a_time(
+    digits_convnet: Any, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Histograms are merged per batch: ORT reports one collection per batch of 64 (256 samples)."""
+    caplog.set_level(logging.DEBUG, logger="pipeline.stages.int8")
+    _quantized(digits_convnet, tmp_path, "percentile", batch_size=64)
+    messages = [r.getMessage() for r in caplog.records]
+    assert sum("calibration batch" in m for m in messages) == 4
+    assert sum("Collecting tensor data" in m for m in messages) == 4
+
+
+def test_integer_and_several_inputs_quantize_only_the_matmuls(tmp_path: Path, onnx_file: Any) -> None:
+    rng = np.random.default_rng(0)
+    nodes = [
+        helper.make_node("Gather", ["table", "ids"], ["emb"]),
+        helper.make_node("ReduceMean", ["emb"], ["pooled"], axes=[1], keepdims=0),
+        helper.make_node("MatMul", ["pooled", "w1"], ["a"]),
+        helper.make_node("MatMul", ["extra", "w2"], ["b"]),
+        helper.make_node("Add", ["a", "b"], ["logits"]),
+        helper.make_node("Softmax", ["logits"], ["probs"], axis=-1),
+    ]
+    inits = {
+        "table": rng.standard_normal((50, 6)).astype(np.float32),
+        "w1": rng.standard_normal((6, 3)).astype(np.float32),
+        "w2": rng.standard_normal((4, 3)).astype(np.float32),
+    }
+    src = onnx_file(
+        tmp_path / "two_inputs.onnx",
+        nodes,
+        [vi("ids", TensorProto.INT64, ["batch", 5]), vi("extra", TensorProto.FLOAT, ["batch", 4])],
+        [vi("probs", TensorProto.FLOAT, ["batch", 3]), vi("logits", TensorProto.FLOAT, ["batch", 3])][:1],
+        inits,
+    )
+    np.savez(tmp_path / "calib.npz", ids=rng.integers(0, 50, (120, 5)), extra=rng.standard_normal((120, 4)).astype(np.float32))
+    data = calibration_from_path(tmp_path, signature_from_onnx(src))
+    out = qdq_onnx_from_onnx(src, tmp_path / "int8.onnx", data)
+    model = onnx.load(str(out))
+    gather = next(n for n in model.graph.node if n.op_type == "Gather")
+    assert list(gather.input) == ["table", "ids"]  # embedding lookup untouched
+    matmul_inputs = [i for n in model.graph.node if n.op_type == "MatMul" for i in n.input]
+    producers = {o: n.op_type for n in model.graph.node for o in n.output}
+    assert all(producers[i] == "DequantizeLinear" for i in matmul_inputs)
+    feed = {"ids": rng.integers(0, 50, (7, 5)), "extra": rng.standard_normal((7, 4)).astype(np.float32)}
+    fp32 = session_from_onnx(src).run(None, feed)[0]
+    int8 = session_from_onnx(out, exact_qdq=True).run(None, feed)[0]
+    assert np.abs(int8 - fp32).max() < 0.05
+
+
+def test_fixed_batch_model_calibrates_with_its_batch(tmp_path: Path, onnx_file: Any) -> None:
+    rng = np.random.default_rng(0)
+    src = onnx_file(
+        tmp_path / "fixed.onnx",
+        [helper.make_node("MatMul", ["x", "w"], ["y"])],
+        [vi("x", TensorProto.FLOAT, [4, 6])],
+        [vi("y", TensorProto.FLOAT, [4, 2])],
+        {"w": rng.standard_normal((6, 2)).astype(np.float32)},
+    )
+    np.savez(tmp_path / "calib.npz", x=rng.standard_normal((10, 6)).astype(np.float32))
+    data = calibration_from_path(tmp_path / "calib.npz", signature_from_onnx(src), min_samples=10)
+    out = qdq_onnx_from_onnx(src, tmp_path / "int8.onnx", data, batch_size=32)
+    check_qdq_int8_symmetric(out)
+
+
+def test_bad_arguments_are_user_errors(digits_convnet: Any, tmp_path: Path, onnx_file: Any) -> None:
+    data = calibration_from_path(digits_convnet.calib, signature_from_onnx(digits_convnet.model))
+    with pytest.raises(PipelineError, match="unknown calibration method 'kl'.*minmax, entropy, percentile"):
+        qdq_onnx_from_onnx(digits_convnet.model, tmp_path / "x.onnx", data, method="kl")
+    with pytest.raises(PipelineError, match="percentile must be in"):
+        qdq_onnx_from_onnx(digits_convnet.model, tmp_path / "x.onnx", data, method="percentile", percentile=0)
+    with pytest.raises(PipelineError, match="does not exist"):
+        qdq_onnx_from_onnx(tmp_path / "missing.onnx", tmp_path / "x.onnx", data)
+    other = onnx_file(
+        tmp_path / "other.onnx",
+        [helper.make_node("Relu", ["x"], ["y"])],
+        [vi("x", TensorProto.FLOAT, ["batch", 3])],
+        [vi("y", TensorProto.FLOAT, ["batch", 3])],
+    )
+    with pytest.raises(PipelineError, match="has no Conv/ConvTranspose/Gemm/MatMul layers, so an INT8 variant"):
+        qdq_onnx_from_onnx(other, tmp_path / "x.onnx", data)
+    matmul = onnx_file(
+        tmp_path / "matmul.onnx",
+        [helper.make_node("MatMul", ["x", "w"], ["y"])],
+        [vi("x", TensorProto.FLOAT, ["batch", 3])],
+        [vi("y", TensorProto.FLOAT, ["batch", 2])],
+        {"w": np.ones((3, 2), np.float32)},
+    )
+    with pytest.raises(PipelineError, match=r"calibration data has inputs \['image'\].*\['x'\]"):
+        qdq_onnx_from_onnx(matmul, tmp_path / "x.onnx", data)
+    assert not list(tmp_path.glob("x.onnx*")) and not list(tmp_path.glob(".x.onnx*"))
+
+
+def _qdq_model(save_model: Any, path: Path, zero_point: np.ndarray | None) -> Path:
+    inputs = ["x", "scale"] + (["zp"] if zero_point is not None else [])
+    inits = {"scale": np.array(0.1, np.float32)}
+    if zero_point is not None:
+        inits["zp"] = zero_point
+    return save_model(
+        path,
+        [helper.make_node("QuantizeLinear", inputs, ["q"]), helper.make_node("DequantizeLinear", ["q", *inputs[1:]], ["y"])],
+        [vi("x", TensorProto.FLOAT, ["batch", 3])],
+        [vi("y", TensorProto.FLOAT, ["batch", 3])],
+        inits,
+    )
+
+
+def test_check_rejects_asymmetric_or_uint8_or_missing_qdq(tmp_path: Path, onnx_file: Any) -> None:
+    check_qdq_int8_symmetric(_qdq_model(onnx_file, tmp_path / "ok.onnx", np.array(0, np.int8)))
+    with pytest.raises(PipelineError, match="zero point is not 0"):
+        check_qdq_int8_symmetric(_qdq_model(onnx_file, tmp_path / "asym.onnx", np.array(3, np.int8)))
+    with pytest.raises(PipelineError, match="zero point is uint8, not int8"):
+        check_qdq_int8_symmetric(_qdq_model(onnx_file, tmp_path / "u8.onnx", np.array(0, np.uint8)))
+    with pytest.raises(PipelineError, match="no zero point, so it quantizes to uint8"):
+        check_qdq_int8_symmetric(_qdq_model(onnx_file, tmp_path / "nozp.onnx", None))
+    plain = onnx_file(
+        tmp_path / "plain.onnx",
+        [helper.make_node("Relu", ["x"], ["y"])],
+        [vi("x", TensorProto.FLOAT, ["batch", 3])],
+        [vi("y", TensorProto.FLOAT, ["batch", 3])],
+    )
+    with pytest.raises(PipelineError, match="has no QuantizeLinear/DequantizeLinear nodes"):
+        check_qdq_int8_symmetric(plain)
