@@ -22,7 +22,7 @@ from pipeline.stages.accuracy import accuracy_report_from_variants
 from pipeline.stages.calibration import calibration_from_path
 from pipeline.stages.engine import engine_from_onnx, metadata_path
 from pipeline.stages.fp16 import DEFAULT_FP32_OPS, fp16_onnx_from_onnx
-from pipeline.stages.int8 import qdq_onnx_from_onnx
+from pipeline.stages.int8 import check_qdq_int8_symmetric, qdq_onnx_from_onnx
 from pipeline.stages.onnx_export import onnx_from_savedmodel, tf2onnx_command
 from pipeline.stages.parity import parity_report_from_models
 from pipeline.stages.savedmodel import savedmodel_from_keras
@@ -139,6 +139,7 @@ def _precision_stage(
         produce=lambda: qdq_onnx_from_onnx(onnx_fp32, dst, calib, method=cfg.calibration_method),
         reproduce=cfg.command,
     )
+    check_qdq_int8_symmetric(dst)  # also on a cache hit: what is published must be symmetric int8
     return Artifact("int8", "onnx", dst)
 
 

@@ -59,3 +59,31 @@ def unsupported_op() -> keras.Model:
 
 def not_a_model() -> str:
     return "I am a string"
+
+
+def digits_rgb32(split: str):  # type: ignore[no-untyped-def]
+    """The bundled digits split, upscaled to 32×32 RGB in -1..1 (what `--preprocess symmetric` makes of a PNG)."""
+    import numpy as np
+
+    from pipeline.models.digits import splits
+
+    images, labels = splits()[split]
+    big = np.kron(images[..., 0], np.ones((4, 4), np.float32))  # 8×8 → 32×32, nearest neighbour
+    rgb = np.repeat(big[..., None], 3, axis=-1)
+    return (rgb * 2.0 - 1.0).astype(np.float32), labels
+
+
+def mobilenet_v2_digits() -> keras.Model:
+    """Keras Applications MobileNetV2 (weights=None, alpha 0.35, 32×32×3) trained briefly on digits."""
+    import tensorflow as tf
+
+    keras.utils.set_random_seed(0)
+    tf.config.experimental.enable_op_determinism()
+    model = keras.applications.MobileNetV2(input_shape=(32, 32, 3), alpha=0.35, weights=None, classes=10, name="mobilenetv2")
+    for layer in model.layers:  # the default 0.99 momentum needs far more steps than this small set gives
+        if isinstance(layer, keras.layers.BatchNormalization):
+            layer.momentum = 0.9
+    model.compile(optimizer=keras.optimizers.Adam(2e-3), loss="sparse_categorical_crossentropy")
+    x, y = digits_rgb32("train")
+    model.fit(x, y, batch_size=32, epochs=4, verbose=0)
+    return model

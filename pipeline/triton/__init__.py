@@ -1,0 +1,1 @@
+"""Triton model repository: model configs, atomic publishing, and the production deploy bundle."""

@@ -1,0 +1,251 @@
+"""A production deploy bundle for a model repository: ``docker-run.sh`` and ``compose.yaml`` for NGC Triton.
+
+Image: ``nvcr.io/nvidia/tritonserver:24.10-py3`` by default. It is Triton 2.51, the same server as the
+local ``tritonserver`` the repository is served and tested with, so config semantics match; its
+ONNX Runtime is 1.19.2 (Triton's compatibility matrix), which loads ONNX IR ≤ 10 and opset ≤ 21 —
+checked here for every ONNX model. A TensorRT plan only loads on the TensorRT version that built it,
+so a repository with plans needs ``image=`` set to the NGC tag whose TensorRT built them.
+
+The server runs with ``--model-control-mode=none`` (the repository is loaded at start and cannot be
+changed through the API), ``--strict-readiness`` and ``--disable-auto-complete-config``, mounts the
+repository read-only, runs as the image's non-root ``triton-server`` user, and restricts the admin
+APIs (model-repository, model-config, shared-memory, trace, logging) to callers that send the
+header ``admin-key: $TRITON_ADMIN_KEY`` (gRPC: metadata ``triton-grpc-protocol-admin-key``). The key
+is read from the environment inside the container, never written into the bundle. The gRPC flag is
+``--grpc-restricted-protocol`` (there is no ``--grpc-restricted-api``); both take
+``<api>,<api>,...:<header>=<value>`` (``tritonserver --help``; docs: inference_protocols.md,
+"Limit Endpoint Access").
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import shlex
+from pathlib import Path
+from typing import Any
+
+from pipeline.errors import PipelineError, require
+from pipeline.triton.repository import REPORT, model_filename, read_repository
+
+log = logging.getLogger(__name__)
+
+DEFAULT_IMAGE = "nvcr.io/nvidia/tritonserver:24.10-py3"
+# What the default image's ONNX Runtime (1.19.2) can load: newest ONNX IR version and ai.onnx opset.
+DEFAULT_IMAGE_ONNX_LIMITS = (10, 21)
+RESTRICTED_APIS = ("model-repository", "model-config", "shared-memory", "trace", "logging")
+ADMIN_KEY_ENV = "TRITON_ADMIN_KEY"
+ADMIN_HEADER = "admin-key"
+CONTAINER_REPOSITORY = "/models"
+
+
+def tritonserver_args(http_port: int = 8000, grpc_port: int = 8001, metrics_port: int = 8002) -> list[str]:
+    """The ``tritonserver`` command line; ``$TRITON_ADMIN_KEY`` is left for the container's shell to expand."""
+    restricted = f"{','.join(RESTRICTED_APIS)}:{ADMIN_HEADER}=${{{ADMIN_KEY_ENV}}}"
+    return [
+        "tritonserver",
+        f"--model-repository={CONTAINER_REPOSITORY}",
+        "--model-control-mode=none",
+        "--strict-readiness=true",
+        "--exit-on-error=true",
+        "--disable-auto-complete-config",
+        f"--http-port={http_port}",
+        f"--grpc-port={grpc_port}",
+        f"--metrics-port={metrics_port}",
+        f"--http-restricted-api={restricted}",
+        f"--grpc-restricted-protocol={restricted}",
+    ]
+
+
+def write_deploy_bundle(
+    repository: Path,
+    out_dir: Path,
+    *,
+    image: str = DEFAULT_IMAGE,
+    http_port: int = 8000,
+    grpc_port: int = 8001,
+    metrics_port: int = 8002,
+) -> list[Path]:
+    """Write ``docker-run.sh``, ``compose.yaml`` and ``README.md`` to ``out_dir`` serving ``repository``.
+
+    The repository is referenced relative to ``out_dir`` so bundle and repository can move together.
+    Raises PipelineError if a model cannot load in ``image`` (ONNX too new for its ONNX Runtime, or
+    TensorRT plans with the default image).
+    """
+    ports = (http_port, grpc_port, metrics_port)
+    require(all(1 <= p <= 65535 for p in ports) and len(set(ports)) == 3, f"ports {ports} must be distinct and in 1..65535", "pick three free ports")
+    models = read_repository(repository)
+    _check_image_can_load(Path(repository), models, image)
+
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    rel_repo = os.path.relpath(Path(repository).absolute(), out_dir.absolute())
+    server = _shell_command(tritonserver_args(http_port, grpc_port, metrics_port))
+
+    script = out_dir / "docker-run.sh"
+    script.write_text(_docker_run_script(image, rel_repo, server, ports))
+    script.chmod(0o755)
+    compose = out_dir / "compose.yaml"
+    compose.write_text(_compose_yaml(image, rel_repo, server, ports))
+    readme = out_dir / "README.md"
+    readme.write_text(_readme(image, sorted(models), ports))
+    log.info("deploy bundle for %s (%s) written to %s", repository, image, out_dir)
+    return [script, compose, readme]
+
+
+def _docker_run_script(image: str, rel_repo: str, server: str, ports: tuple[int, ...]) -> str:
+    publish = " ".join(f"-p {p}:{p}" for p in ports)
+    docker = [
+        "docker run --rm --init",
+        '--gpus "${TRITON_GPUS:-all}"',
+        "--user triton-server",
+        "--shm-size=1g --ulimit memlock=-1 --ulimit stack=67108864",
+        publish,
+        '-v "${REPO}:' + CONTAINER_REPOSITORY + ':ro"',
+        f"-e {ADMIN_KEY_ENV}",
+        shlex.quote(image),
+        "bash -c " + shlex.quote("exec " + server),
+    ]
+    return "\n".join([
+        "#!/usr/bin/env bash",
+        f"# Serve the model repository with {image}. Written by the pipeline; regenerate rather than edit.",
+        f"# Admin APIs ({', '.join(RESTRICTED_APIS)}) need the header '{ADMIN_HEADER}: ${ADMIN_KEY_ENV}'",
+        f"# (gRPC metadata 'triton-grpc-protocol-{ADMIN_HEADER}'). TRITON_GPUS picks GPUs, e.g. '\"device=0\"' or a MIG UUID.",
+        "set -euo pipefail",
+        f': "${{{ADMIN_KEY_ENV}:?export {ADMIN_KEY_ENV}=<secret> first: it unlocks the admin APIs}}"',
+        'HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"',
+        f'REPO="${{TRITON_MODEL_REPOSITORY:-$(cd "$HERE/{_bash_dq(rel_repo)}" && pwd)}}"',
+        "exec " + " \\\n  ".join(docker),
+        "",
+    ])
+
+
+def _compose_yaml(image: str, rel_repo: str, server: str, ports: tuple[int, ...]) -> str:
+    import yaml
+
+    # Compose interpolates ${VAR} itself; "$$" passes a literal "$" so the container's shell expands the key.
+    service: dict[str, Any] = {
+        "image": image,
+        "user": "triton-server",
+        "init": True,
+        "command": ["bash", "-c", "exec " + server.replace("$", "$$")],
+        "environment": {ADMIN_KEY_ENV: f"${{{ADMIN_KEY_ENV}:?export {ADMIN_KEY_ENV}=<secret> first}}"},
+        "ports": [f"{p}:{p}" for p in ports],
+        "volumes": [{"type": "bind", "source": rel_repo if rel_repo.startswith(("/", ".")) else f"./{rel_repo}", "target": CONTAINER_REPOSITORY, "read_only": True}],
+        "shm_size": "1gb",
+        "ulimits": {"memlock": -1, "stack": 67108864},
+        "deploy": {"resources": {"reservations": {"devices": [{"driver": "nvidia", "count": "all", "capabilities": ["gpu"]}]}}},
+        "restart": "unless-stopped",
+    }
+    header = f"# Serve the model repository with {image}: {ADMIN_KEY_ENV}=<secret> docker compose up\n"
+    return header + yaml.safe_dump({"services": {"triton": service}}, sort_keys=False, width=1000)
+
+
+def _readme(image: str, models: list[str], ports: tuple[int, ...]) -> str:
+    http, grpc, metrics = ports
+    return "\n".join([
+        "# Triton deploy bundle",
+        "",
+        f"Serves {', '.join(models)} with `{image}` on a GPU host (NVIDIA Container Toolkit).",
+        "",
+        f"    export {ADMIN_KEY_ENV}=$(openssl rand -hex 32)",
+        "    ./docker-run.sh            # or: docker compose up",
+        f"    curl -fsS localhost:{http}/v2/health/ready",
+        f'    curl -fsS -H "{ADMIN_HEADER}: ${ADMIN_KEY_ENV}" -X POST localhost:{http}/v2/repository/index',
+        "",
+        f"HTTP {http}, gRPC {grpc}, metrics {metrics}. Inference, health, metadata and statistics are open;",
+        f"{', '.join(RESTRICTED_APIS)} need the `{ADMIN_HEADER}` header (gRPC: `triton-grpc-protocol-{ADMIN_HEADER}`).",
+        "Models load once at start (`--model-control-mode=none`); publish a new build, then restart.",
+        "",
+    ])
+
+
+def _shell_command(args: list[str]) -> str:
+    """One shell command line; arguments holding ``${...}`` are double-quoted so that shell expands them."""
+    return " ".join(f'"{a}"' if "${" in a else shlex.quote(a) for a in args)
+
+
+def _bash_dq(text: str) -> str:
+    """Escape ``text`` for use inside a double-quoted bash string."""
+    return "".join("\\" + c if c in '\\"$`' else c for c in text)
+
+
+def _check_image_can_load(repository: Path, models: dict[str, Any], image: str) -> None:
+    if image != DEFAULT_IMAGE:
+        log.warning("not checking that %s can load every model: only %s's limits are known", image, DEFAULT_IMAGE)
+        return
+    import onnx
+
+    max_ir, max_opset = DEFAULT_IMAGE_ONNX_LIMITS
+    for name, info in models.items():
+        if info.config.platform == "tensorrt_plan" or info.config.backend == "tensorrt":
+            raise PipelineError(
+                f"model {name} is a TensorRT plan{_trt_version(info.path)}, and a plan only loads on the TensorRT version that built it",
+                "pass image= (or --image) the NGC tritonserver tag whose release notes list that TensorRT version",
+            )
+        if info.config.platform != "onnxruntime_onnx" and info.config.backend != "onnxruntime":
+            continue
+        filename = model_filename(info.config)
+        for version in info.versions:
+            path = info.path / str(version) / filename
+            if path.is_dir():
+                path = path / "model.onnx"
+            proto = onnx.load(str(path), load_external_data=False)
+            opset = max((o.version for o in proto.opset_import if o.domain in ("", "ai.onnx")), default=0)
+            require(
+                proto.ir_version <= max_ir and opset <= max_opset,
+                f"{path} has ONNX IR version {proto.ir_version} and opset {opset}, but {image} (ONNX Runtime 1.19.2) loads at most IR {max_ir} / opset {max_opset}",
+                "export with a lower --opset (and IR version), or pass image= a newer tritonserver tag",
+            )
+
+
+def _trt_version(model_dir: Path) -> str:
+    try:
+        versions = json.loads((model_dir / REPORT).read_text())["versions"]
+        meta = versions[max(versions, key=int)].get("engine_metadata") or {}
+        found = meta.get("tensorrt_version") or meta.get("trt_version")
+        return f" built with TensorRT {found}" if found else ""
+    except (OSError, ValueError, KeyError, TypeError):
+        return ""
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    """Add the ``deploy`` command."""
+    p = subparsers.add_parser(
+        "deploy",
+        help="write docker-run.sh and compose.yaml that serve the model repository with NGC Triton on a GPU host",
+        description=(
+            "Write a production bundle for the model repository: docker-run.sh (docker run --gpus ...), compose.yaml "
+            f"and a README. The server loads the repository once at start (--model-control-mode=none), mounts it "
+            f"read-only, runs as a non-root user, and restricts the admin APIs ({', '.join(RESTRICTED_APIS)}) to "
+            f"requests with the header '{ADMIN_HEADER}: ${ADMIN_KEY_ENV}'; the key comes from the environment "
+            f"when the bundle runs and is never written to disk. The default image ({DEFAULT_IMAGE}) is the same Triton "
+            "(2.51) as `python -m pipeline serve`; repositories with TensorRT plans need --image with the NGC tag "
+            "whose TensorRT built the plans."
+        ),
+        epilog=(
+            "examples:\n"
+            "  python -m pipeline deploy                                   # model_repository/ -> deploy/\n"
+            "  python -m pipeline deploy --image nvcr.io/nvidia/tritonserver:25.01-py3\n"
+            f"  {ADMIN_KEY_ENV}=$(openssl rand -hex 32) deploy/docker-run.sh\n"
+        ),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument("--repository", type=Path, default=Path("model_repository"), help="the Triton model repository (default: %(default)s)")
+    p.add_argument("--out", type=Path, default=Path("deploy"), help="where to write the bundle (default: %(default)s)")
+    p.add_argument("--image", default=DEFAULT_IMAGE, help="tritonserver image (default: %(default)s)")
+    p.add_argument("--http-port", type=int, default=8000, help="HTTP/REST port on host and in the container (default: %(default)s)")
+    p.add_argument("--grpc-port", type=int, default=8001, help="gRPC port (default: %(default)s)")
+    p.add_argument("--metrics-port", type=int, default=8002, help="Prometheus metrics port (default: %(default)s)")
+    p.set_defaults(handler=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    """``python -m pipeline deploy``: write the bundle and log where it is."""
+    paths = write_deploy_bundle(args.repository, args.out, image=args.image, http_port=args.http_port, grpc_port=args.grpc_port, metrics_port=args.metrics_port)
+    for path in paths:
+        log.info("wrote %s", path)
+    log.info("start it with: %s=<secret> %s", ADMIN_KEY_ENV, paths[0])
+    return 0
