@@ -17,8 +17,9 @@ from pipeline.artifacts import Artifact
 from pipeline.config import BuildConfig, Workspace
 from pipeline.errors import PipelineError
 from pipeline.evaldata import EvalData, eval_data_from_npz, synthetic_eval_data
+from pipeline.publish import LABELS_FILE, PublishSettings, repository_from_artifacts
 from pipeline.stagecache import Manifest, run_stage
-from pipeline.stages.accuracy import accuracy_report_from_variants
+from pipeline.stages.accuracy import accuracy_report_from_variants, classifier_output
 from pipeline.stages.calibration import calibration_from_path
 from pipeline.stages.engine import engine_from_onnx, metadata_path
 from pipeline.stages.fp16 import DEFAULT_FP32_OPS, fp16_onnx_from_onnx
@@ -68,10 +69,10 @@ def build(cfg: BuildConfig) -> BuildResult:
     engines = _engine_stages(variants, profiles, ws, cfg, manifest)
     _accuracy_stage(onnx_fp32, variants[1:] + engines, data, signature, ws, cfg, manifest)
     artifacts = variants + engines
-
     manifest.artifacts = {f"{a.precision}.{a.kind}": str(a.path) for a in artifacts}
+    repository = _publish_stage(artifacts, variants, data, signature, name, ws, cfg, manifest)
     manifest.write()
-    return BuildResult(name, ws, artifacts, ws.manifest, None)
+    return BuildResult(name, ws, artifacts, ws.manifest, repository)
 
 
 def _savedmodel_stage(source: ModelSource, ws: Workspace, cfg: BuildConfig, manifest: Manifest) -> Path:
@@ -188,6 +189,36 @@ def _accuracy_stage(
         reproduce=cfg.command,
     )
     manifest.results["accuracy"] = json.loads(ws.accuracy.read_text())
+
+
+def _publish_stage(
+    artifacts: list[Artifact], variants: list[Artifact], data: EvalData, signature: ModelSignature, name: str, ws: Workspace, cfg: BuildConfig, manifest: Manifest
+) -> Path:
+    labels = cfg.calibration_root / name / LABELS_FILE
+    settings = PublishSettings(
+        model=name,
+        repository=cfg.repository,
+        max_batch=cfg.max_batch,
+        version_policy=cfg.version_policy,
+        reproduce=cfg.command,
+        labels=labels if labels.exists() else None,
+        classifier_output=classifier_output(signature),
+        mig=cfg.mig,
+        image=cfg.triton_image,
+    )
+    published = [cfg.repository / a.triton_name(name) / "config.pbtxt" for a in artifacts]
+    report = {"manifest": str(ws.manifest), "accuracy": manifest.results.get("accuracy"), "versions": manifest.versions}
+    run_stage(
+        manifest, "publish",
+        inputs={**{a.triton_name(name): a.path for a in artifacts}, "data": data.fingerprint, **({"labels": labels} if settings.labels else {})},
+        settings={k: str(v) for k, v in asdict(settings).items()},
+        outputs=[ws.published, *published],
+        produce=lambda: ws.published.write_text(
+            json.dumps([str(p) for p in repository_from_artifacts(artifacts, {v.precision: v.path for v in variants}, data.head(1), settings, report)]) + "\n"
+        ),
+        reproduce=cfg.command,
+    )
+    return cfg.repository
 
 
 def eval_data_for(cfg: BuildConfig, name: str, signature: ModelSignature) -> EvalData:

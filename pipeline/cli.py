@@ -60,6 +60,8 @@ def _register_build(sub: argparse._SubParsersAction) -> None:
     out.add_argument("--workdir", type=Path, default=Path("build"), help="build artifacts, manifest and reports (default: %(default)s)")
     out.add_argument("--repository", type=Path, default=Path("model_repository"), help="Triton model repository to publish to (default: %(default)s)")
     out.add_argument("--version-policy", choices=("new", "replace"), default="new", help="add a new numbered version, or replace the pipeline's versions (default: %(default)s)")
+    out.add_argument("--triton-image", metavar="IMAGE", help="NGC tritonserver image for the deploy bundle (default: nvcr.io/nvidia/tritonserver:24.10-py3, Triton 2.51 as served here)")
+    out.add_argument("--mig", metavar="GPU[:LAYOUT]", help="add per-MIG-profile configs and a launch bundle, e.g. H200-141GB or A100-80GB:3x2g.20gb,1x1g.10gb (see mig-plan)")
     conv = p.add_argument_group("conversion")
     conv.add_argument("--opset", type=int, default=17, help="ONNX opset, 17 or newer (default: %(default)s)")
     conv.add_argument("--max-batch", type=int, default=64, help="largest batch the deployment serves (default: %(default)s)")
@@ -111,6 +113,8 @@ def _run_build(args: argparse.Namespace) -> int:
         engine=args.engine,
         optimization_level=args.optimization_level,
         version_policy=args.version_policy,
+        mig=args.mig,
+        triton_image=args.triton_image,
         gates=Gates(
             parity_atol=args.parity_atol,
             parity_rtol=args.parity_rtol,
@@ -134,7 +138,11 @@ def make_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND", parser_class=_Parser)
     _register_build(sub)
     from pipeline.mig.cli import register as register_mig_plan
+    from pipeline.triton.deploy import register as register_deploy
+    from pipeline.triton.serve_cli import register as register_serve
 
+    register_serve(sub)
+    register_deploy(sub)
     register_mig_plan(sub)
     return parser
 

@@ -53,6 +53,10 @@ class Workspace:
         return self.root / "accuracy.json"
 
     @property
+    def published(self) -> Path:
+        return self.root / "published.json"
+
+    @property
     def manifest(self) -> Path:
         return self.root / "manifest.json"
 
@@ -79,6 +83,7 @@ class BuildConfig:
     optimization_level: int = 3
     version_policy: str = "new"
     mig: str | None = None
+    triton_image: str | None = None
     gates: Gates = field(default_factory=Gates)
     command: str = "python -m pipeline build"
 

@@ -1,0 +1,113 @@
+"""Artifacts → Triton model repository: configs, labels, warmup samples, MIG per-profile configs,
+the atomic publish, and the production deploy bundle beside the repository."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from pipeline.artifacts import Artifact
+from pipeline.tensors import signature_from_onnx
+
+log = logging.getLogger(__name__)
+
+LABELS_FILE = "labels.txt"
+
+
+@dataclass(frozen=True)
+class PublishSettings:
+    """How the repository is written (from BuildConfig)."""
+
+    model: str
+    repository: Path
+    max_batch: int
+    version_policy: str
+    reproduce: str
+    labels: Path | None  # a labels.txt for the classifier output, if any
+    classifier_output: str | None
+    mig: str | None  # "GPU[:LAYOUT]", e.g. "H200-141GB:3x2g.35gb,1x1g.18gb"
+    image: str | None  # NGC tritonserver image for the deploy bundle (None: the default, 24.10)
+
+
+def preferred_batch_sizes(max_batch: int) -> list[int]:
+    """Half and full max batch: the batcher waits briefly to fill one, never blocks on it."""
+    return sorted({max(1, max_batch // 2), max_batch})
+
+
+def repository_from_artifacts(
+    artifacts: Sequence[Artifact],
+    onnx_of: Mapping[str, Path],
+    warmup: Mapping[str, np.ndarray],
+    settings: PublishSettings,
+    report: Mapping[str, Any],
+) -> list[Path]:
+    """Publish one Triton model per artifact; return the new version folders.
+
+    ``onnx_of`` maps a precision to its ONNX variant, whose I/O a plan of that precision must match.
+    """
+    from pipeline.triton.config import model_config_from_artifact, warmup_files
+    from pipeline.triton.deploy import write_deploy_bundle
+    from pipeline.triton.repository import publish_repository
+
+    configs = {}
+    extra: dict[str, dict[str, bytes]] = {}
+    for artifact in artifacts:
+        name = artifact.triton_name(settings.model)
+        signature = signature_from_onnx(onnx_of[artifact.precision])
+        configs[name] = model_config_from_artifact(
+            artifact,
+            name=name,
+            signature=signature,
+            max_batch=settings.max_batch,
+            labels_file=LABELS_FILE if settings.labels else None,
+            classifier_output=settings.classifier_output if settings.labels else None,
+            warmup=warmup,
+            preferred_batch_sizes=preferred_batch_sizes(settings.max_batch),
+        )
+        extra[name] = dict(warmup_files(signature, warmup, settings.max_batch))
+        if settings.labels:
+            extra[name][LABELS_FILE] = settings.labels.read_bytes()
+    if settings.mig:
+        for name, files in _mig_files(artifacts, configs, settings).items():
+            extra[name].update(files)
+    published = publish_repository(
+        artifacts,
+        model=settings.model,
+        repository=settings.repository,
+        configs=configs,
+        extra_files=extra,
+        version_policy=settings.version_policy,
+        report=report,
+        reproduce=settings.reproduce,
+    )
+    if settings.image is None and any(a.kind == "plan" for a in artifacts):
+        # A plan loads only on the TensorRT that built it, and which NGC tag ships that TensorRT is the user's call.
+        log.warning("deploy bundle not written: TensorRT plans need --triton-image naming the NGC tag with the TensorRT that built them")
+    else:
+        kwargs = {"image": settings.image} if settings.image else {}
+        bundle = write_deploy_bundle(settings.repository, deploy_dir(settings.repository), **kwargs)
+        log.info("deploy bundle for the NGC tritonserver image: %s", bundle[0].parent)
+    return published
+
+
+def deploy_dir(repository: Path) -> Path:
+    """Where the deploy bundle goes: ``deploy/`` beside the repository."""
+    return Path(repository).absolute().parent / "deploy"
+
+
+def _mig_files(artifacts: Sequence[Artifact], configs: Mapping[str, Any], settings: PublishSettings) -> dict[str, dict[str, bytes]]:
+    from pipeline.mig.bundle import write_bundle
+    from pipeline.mig.configs import mig_configs_for_repository
+    from pipeline.mig.memory import memory_for_artifact
+
+    gpu, _, layout = (settings.mig or "").partition(":")
+    memory = {a.triton_name(settings.model): memory_for_artifact(a, settings.max_batch) for a in artifacts}
+    plan, files = mig_configs_for_repository(configs, gpu, layout or None, memory)
+    written = write_bundle(deploy_dir(settings.repository) / "mig", plan)
+    log.info("MIG plan for %s: per-profile configs and launch bundle in %s", gpu, written[0].parent)
+    return files

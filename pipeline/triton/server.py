@@ -1,0 +1,404 @@
+"""Run the embedded ``tritonserver`` (from the nvidia-pytriton wheel) on a Triton model repository, on CPU.
+
+The wheel ships the real Triton 2.51 binary with only the Python backend. At start we prepare a private
+backend directory: the Python backend (its library, utils and the stub built for this interpreter's
+Python version) plus our Python-based ``onnxruntime`` backend, so ``platform: "onnxruntime_onnx"`` models
+load unchanged. The stub embeds Python and finds the project's venv through ``PATH`` (as PyTriton does);
+``LD_LIBRARY_PATH`` gets the wheel's bundled libraries and this interpreter's ``libpython``.
+
+Models that cannot run here (TensorRT plans, other missing backends) are skipped: the server is started
+on a private *view* of the repository (one symlink per loadable model), so the on-disk repository stays
+untouched and ``--model-control-mode none`` still loads everything in the view.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import ctypes.util
+import functools
+import json
+import logging
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import sysconfig
+import tempfile
+import time
+import urllib.error
+import urllib.request
+import uuid
+from collections.abc import Sequence
+from pathlib import Path
+from types import TracebackType
+
+from pipeline.errors import PipelineError, require
+from pipeline.triton.servable import servable_models
+from pipeline.triton.server_log import last_errors, startup_error
+
+log = logging.getLogger(__name__)
+
+OUR_BACKENDS = Path(__file__).parent / "backends"
+SHM_DIR = Path("/dev/shm")
+EXIT_TIMEOUT_S = 5
+# Talk to our own server directly, whatever http_proxy says.
+_DIRECT = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+_LOOPBACK = ("127.0.0.1", "localhost", "::1")
+
+
+@functools.cache
+def _dist() -> tuple[Path, Path]:
+    """The wheel's ``tritonserver`` directory and its bundled shared libraries."""
+    try:
+        from pytriton.utils.distribution import get_libs_path, get_root_module_path
+    except ImportError as exc:
+        raise PipelineError(
+            f"serving needs the nvidia-pytriton wheel, which ships tritonserver, but it is not importable ({exc})",
+            "install the project's dependencies: pip install -e .",
+        ) from None
+
+    return get_root_module_path() / "tritonserver", Path(get_libs_path())
+
+
+def _peek_exit(process: subprocess.Popen[bytes]) -> int | None:
+    """The exit status of an exited child without reaping it (None while it runs)."""
+    try:
+        info = os.waitid(os.P_PID, process.pid, os.WEXITED | os.WNOHANG | os.WNOWAIT)
+    except ChildProcessError:  # reaped already
+        return process.returncode if process.returncode is not None else -1
+    return None if info is None else info.si_status
+
+
+def _wait_group_gone(pgid: int, timeout: float) -> None:
+    """Wait until no process of the group is left (SIGKILL is delivered asynchronously)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            os.killpg(pgid, 0)
+        except (ProcessLookupError, PermissionError):
+            return
+        time.sleep(0.05)
+    log.warning("processes of tritonserver's group %d are still exiting", pgid)
+
+
+def _client_host(host: str) -> str:
+    if host in ("0.0.0.0", ""):
+        return "127.0.0.1"
+    if host == "::":
+        return "[::1]"
+    return f"[{host}]" if ":" in host else host
+
+
+def _port_taken(host: str, port: int) -> bool:
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as the server does: TIME_WAIT is no conflict
+        try:
+            probe.bind((host, port))
+        except OSError:
+            return True
+    return False
+
+
+def _free_ports(host: str, count: int) -> list[int]:
+    """``count`` distinct ports the OS says are free now (held open together so they differ)."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with contextlib.ExitStack() as stack:
+        ports = []
+        for _ in range(count):
+            sock = stack.enter_context(socket.socket(family, socket.SOCK_STREAM))
+            sock.bind((host, 0))
+            ports.append(sock.getsockname()[1])
+        return ports
+
+
+class TritonServer:
+    """The embedded ``tritonserver`` serving a model repository on CPU; use as a context manager.
+
+    Ports 0 pick free ports. ``cpus`` pins the server (and its backend stubs) to those cores.
+    ``log_path`` defaults to ``build/triton/tritonserver-<http port>.log``; it is emptied at start and
+    also gets the server's stdout/stderr. ``extra_args`` are appended to the tritonserver command line.
+    The server gets SIGTERM when the *thread* that called :meth:`start` exits (PR_SET_PDEATHSIG, so a
+    killed Python leaves no server behind): start it from a thread that outlives it.
+    """
+
+    def __init__(
+        self,
+        repository: Path,
+        *,
+        host: str = "127.0.0.1",
+        http_port: int = 0,
+        grpc_port: int = 0,
+        metrics_port: int = 0,
+        log_path: Path | None = None,
+        cpus: Sequence[int] | None = None,
+        model_config_name: str | None = None,
+        extra_args: Sequence[str] = (),
+    ) -> None:
+        self.repository = Path(repository)
+        self.host = host
+        self.http_port, self.grpc_port, self.metrics_port = http_port, grpc_port, metrics_port
+        self.log_path = log_path
+        self.cpus = list(cpus) if cpus is not None else None
+        self.model_config_name = model_config_name
+        self.extra_args = list(extra_args)
+        self.ready_models: list[str] = []
+        self.skipped_models: dict[str, str] = {}
+        self.startup_seconds: float | None = None
+        self._process: subprocess.Popen[bytes] | None = None
+        self._workdir: Path | None = None
+        self._shm_prefix = f"pipeline_triton_{os.getpid()}_{uuid.uuid4().hex[:8]}_"
+
+    @property
+    def http_url(self) -> str:
+        return f"{_client_host(self.host)}:{self.http_port}"
+
+    @property
+    def grpc_url(self) -> str:
+        return f"{_client_host(self.host)}:{self.grpc_port}"
+
+    @property
+    def metrics_url(self) -> str:
+        return f"{_client_host(self.host)}:{self.metrics_port}"
+
+    @property
+    def pid(self) -> int | None:
+        return self._process.pid if self._process else None
+
+    def is_running(self) -> bool:
+        """Whether the server process is alive."""
+        return self._process is not None and self._exit_status() is None
+
+    def _exit_status(self) -> int | None:
+        """The server's exit status once it has exited, without reaping it.
+
+        Until stop() reaps it, its PID cannot be reused, so killing its process group stays safe.
+        """
+        assert self._process is not None
+        return _peek_exit(self._process)
+
+    def start(self, timeout: float = 120.0) -> None:
+        """Launch the server and wait until it and every loadable model are ready."""
+        require(self._process is None, "this TritonServer was already started", "create a new TritonServer per run")
+        began = time.monotonic()
+        self._check_cpus()
+        models = self._scan_repository()
+        self._assign_ports()
+        if self.host not in _LOOPBACK:
+            log.warning(
+                "tritonserver binds to %s: its inference, model-repository and metrics endpoints have no "
+                "authentication — anyone who can reach this address can use them", self.host,
+            )
+        self._workdir = Path(tempfile.mkdtemp(prefix="pipeline-triton-"))
+        try:
+            backends = self._prepare_backends(self._workdir / "backends")
+            view = self._workdir / "repository"
+            view.mkdir()
+            for name in models:
+                (view / name).symlink_to((self.repository / name).resolve(), target_is_directory=True)
+            self._launch(view, backends)
+            self._wait_ready(models, began + timeout)
+        except BaseException:
+            self.stop()
+            raise
+        self.startup_seconds = time.monotonic() - began
+        log.info(
+            "tritonserver ready in %.1f s: http %s, grpc %s, metrics %s; models %s (log: %s)",
+            self.startup_seconds, self.http_url, self.grpc_url, self.metrics_url,
+            ", ".join(self.ready_models), self.log_path,
+        )
+
+    def stop(self, timeout: float = 30.0) -> None:
+        """SIGTERM the server (SIGKILL its process group after ``timeout``), then remove its temp files."""
+        process, self._process = self._process, None
+        if process is not None:
+            deadline = time.monotonic() + timeout
+            # os.kill, not Popen.send_signal: that polls, and reaping now would free the PID too early.
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(process.pid, signal.SIGTERM)
+            while _peek_exit(process) is None:
+                if time.monotonic() > deadline:
+                    log.warning("tritonserver (pid %d) did not stop within %.0f s; killing it", process.pid, timeout)
+                    break
+                time.sleep(0.05)
+            # The group holds the server and its Python backend stubs, which a killed server leaves behind.
+            # The server is not reaped yet, so its PID (the group's id) cannot belong to anyone else.
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(process.pid, signal.SIGKILL)
+            process.wait()
+            _wait_group_gone(process.pid, 5.0)
+        # Segments survive a killed server; ours all carry this server's unique prefix.
+        for segment in SHM_DIR.glob(f"{self._shm_prefix}*"):
+            with contextlib.suppress(FileNotFoundError):
+                segment.unlink()
+        if self._workdir is not None:
+            shutil.rmtree(self._workdir, ignore_errors=True)
+            self._workdir = None
+
+    def __enter__(self) -> TritonServer:
+        self.start()
+        return self
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.stop()
+
+    # -- preparation -----------------------------------------------------------------------------
+
+    def _check_cpus(self) -> None:
+        if self.cpus is None:
+            return
+        allowed = os.sched_getaffinity(0)
+        require(
+            bool(self.cpus) and set(self.cpus) <= allowed,
+            f"cannot pin tritonserver to CPUs {self.cpus}: this process may use only {sorted(allowed)}",
+            "pick CPUs from that list (or fewer --slices)",
+        )
+
+    def _scan_repository(self) -> list[str]:
+        """Names of the models to serve; fills ``skipped_models`` with the others and why."""
+        backends = {p.name for p in self._shipped_backends()} | {p.name for p in OUR_BACKENDS.iterdir() if p.is_dir()}
+        models, self.skipped_models = servable_models(self.repository, backends, self.model_config_name)
+        return models
+
+    def _assign_ports(self) -> None:
+        named = {"http": self.http_port, "grpc": self.grpc_port, "metrics": self.metrics_port}
+        fixed = [port for port in named.values() if port]
+        require(len(fixed) == len(set(fixed)), f"the HTTP, gRPC and metrics ports must differ, got {named}",
+                "give each endpoint its own port")
+        for what, port in named.items():
+            if port and _port_taken(self.host, port):
+                raise PipelineError(
+                    f"port {port} on {self.host} (for {what}) is already in use",
+                    f"stop whatever listens there (ss -ltnp 'sport = :{port}') or choose another "
+                    f"port with --{what}-port (0 picks a free one)",
+                )
+        free = iter(p for p in _free_ports(self.host, 3 + len(fixed)) if p not in fixed)
+        self.http_port = self.http_port or next(free)
+        self.grpc_port = self.grpc_port or next(free)
+        self.metrics_port = self.metrics_port or next(free)
+
+    @staticmethod
+    def _shipped_backends() -> list[Path]:
+        root, _ = _dist()
+        return [p for p in (root / "backends").iterdir() if p.is_dir()]
+
+    def _prepare_backends(self, target: Path) -> Path:
+        """A backend directory: the wheel's backends plus ours, with the stub for this Python version."""
+        root, _ = _dist()
+        version = f"{sys.version_info.major}.{sys.version_info.minor}"
+        stub = root / "python_backend_stubs" / version / "triton_python_backend_stub"
+        require(stub.is_file(), f"nvidia-pytriton ships no Python backend stub for Python {version}",
+                "run the pipeline with a Python version the wheel supports (3.8-3.13)")
+        # Copies, not symlinks: Triton refuses a backend library whose real path leaves its directory.
+        for backend in self._shipped_backends():
+            shutil.copytree(backend, target / backend.name, ignore=shutil.ignore_patterns("__pycache__"))
+        shutil.copy2(stub, target / "python" / "triton_python_backend_stub")
+        for backend in OUR_BACKENDS.iterdir():
+            if backend.is_dir():
+                shutil.copytree(backend, target / backend.name, ignore=shutil.ignore_patterns("__pycache__"))
+        return target
+
+    def _environment(self) -> dict[str, str]:
+        _, libs = _dist()
+        env = dict(os.environ)
+        # The stub's embedded Python takes its prefix (and so the venv's site-packages) from the first
+        # `python3` on PATH — put this interpreter's first, as PyTriton does.
+        env["PATH"] = os.pathsep.join([str(Path(sys.exec_prefix) / "bin"), env.get("PATH", "")])
+        lib_dirs = [str(libs)]
+        libdir, soname = sysconfig.get_config_var("LIBDIR"), sysconfig.get_config_var("INSTSONAME")
+        if libdir and soname and (Path(libdir) / soname).exists():
+            lib_dirs.insert(0, libdir)  # the libpython matching this interpreter's stdlib, not the system one
+        env["LD_LIBRARY_PATH"] = os.pathsep.join(lib_dirs + [env.get("LD_LIBRARY_PATH", "")]).rstrip(os.pathsep)
+        return env
+
+    def _command(self, view: Path, backends: Path) -> list[str]:
+        root, _ = _dist()
+        command = [
+            str(root / "bin" / "tritonserver"),
+            f"--model-repository={view}",
+            f"--backend-directory={backends}",
+            f"--cache-directory={root / 'caches'}",
+            "--model-control-mode=none",
+            "--strict-readiness=true",
+            "--exit-on-error=true",
+            # Our backend has no auto_complete_config: the pass would only launch an idle stub per model (~1.5 s).
+            "--disable-auto-complete-config",
+            f"--http-address={self.host}",
+            f"--http-port={self.http_port}",
+            f"--grpc-address={self.host}",
+            f"--grpc-port={self.grpc_port}",
+            f"--metrics-address={self.host}",
+            f"--metrics-port={self.metrics_port}",
+            "--allow-gpu-metrics=false",
+            # Idle keep-alive client connections hold a SIGTERMed server for the whole exit timeout
+            # (30 s by default); in-flight requests of these small models finish well within 5 s.
+            f"--exit-timeout-secs={EXIT_TIMEOUT_S}",
+            f"--log-file={self.log_path}",
+            # Unique per server: several servers (MIG rehearsal) must not share segment names.
+            f"--backend-config=python,shm-region-prefix-name={self._shm_prefix}",
+        ]
+        if self.model_config_name:
+            command.append(f"--model-config-name={self.model_config_name}")
+        return command + self.extra_args
+
+    def _launch(self, view: Path, backends: Path) -> None:
+        if self.log_path is None:
+            self.log_path = Path("build") / "triton" / f"tritonserver-{self.http_port}.log"
+        self.log_path = self.log_path.resolve()
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        self.log_path.write_text("")  # Triton appends; start each run with an empty log
+        cpus = self.cpus
+
+        def child_setup() -> None:
+            # Die with the parent (no stray server if Python is killed), and pin before any thread starts.
+            libc = ctypes.CDLL(ctypes.util.find_library("c"), use_errno=True)
+            libc.prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+            if cpus is not None:
+                os.sched_setaffinity(0, cpus)
+
+        command = self._command(view, backends)
+        log.debug("starting %s", " ".join(command))
+        # Server and stubs print outside the log file too (startup errors, Python tracebacks): same file.
+        with open(self.log_path, "ab") as console:
+            self._process = subprocess.Popen(
+                command, env=self._environment(), stdin=subprocess.DEVNULL, stdout=console,
+                stderr=subprocess.STDOUT, start_new_session=True, preexec_fn=child_setup,
+            )
+
+    # -- readiness -------------------------------------------------------------------------------
+
+    def _get(self, path: str, data: bytes | None = None) -> tuple[int, bytes]:
+        request = urllib.request.Request(f"http://{self.http_url}{path}", data=data)
+        try:
+            with _DIRECT.open(request, timeout=2.0) as response:
+                return response.status, response.read()
+        except urllib.error.HTTPError as exc:
+            return exc.code, exc.read()
+        except (urllib.error.URLError, ConnectionError, TimeoutError):
+            return 0, b""
+
+    def _wait_ready(self, models: list[str], deadline: float) -> None:
+        assert self._process is not None
+        while True:
+            code = self._exit_status()
+            if code is not None:
+                view = {str(self._workdir / "repository"): str(self.repository.resolve())} if self._workdir else {}
+                raise startup_error(self.log_path, code, view)
+            if self._get("/v2/health/ready")[0] == 200:
+                break
+            if time.monotonic() > deadline:
+                raise PipelineError(
+                    f"tritonserver did not become ready in time; last log lines: {last_errors(self.log_path)}",
+                    f"see {self.log_path}; a larger start timeout helps on a busy machine",
+                )
+            time.sleep(0.1)
+        status, body = self._get("/v2/repository/index", data=b"{}")
+        index = json.loads(body) if status == 200 else []
+        self.ready_models = sorted(entry["name"] for entry in index if entry.get("state") == "READY")
+        missing = sorted(set(models) - set(self.ready_models))
+        require(not missing, f"tritonserver is ready but models {missing} are not", f"see {self.log_path}")

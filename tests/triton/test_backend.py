@@ -1,0 +1,174 @@
+"""The Python-based ``onnxruntime`` backend: config semantics, int64 inputs, dynamic batching, per-request errors."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import re
+import sys
+import time
+import urllib.request
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import closing
+from pathlib import Path
+from types import ModuleType
+
+import numpy as np
+import onnxruntime as ort
+import pytest
+from tritonclient.grpc import model_config_pb2 as mc
+
+from pipeline.errors import PipelineError
+from pipeline.triton.server import OUR_BACKENDS, TritonServer
+from tests.triton.conftest import EMBEDDING_TABLE, SOFTMAX_WEIGHTS, child_pids, softmax_config, write_model
+
+
+@pytest.fixture(scope="module")
+def backend() -> ModuleType:
+    """The backend's model.py, imported with the real triton_python_backend_utils shipped in the wheel.
+
+    Outside the stub that module lacks the C++-injected classes (TritonError, Logger, ...), so only the
+    pure configuration helpers are exercised here; the rest is tested through the real server.
+    """
+    import pytriton
+
+    sys.path.insert(0, str(Path(pytriton.__file__).parent / "tritonserver" / "backends" / "python"))
+    try:
+        spec = importlib.util.spec_from_file_location("ort_backend_model", OUR_BACKENDS / "onnxruntime" / "model.py")
+        assert spec and spec.loader
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+    finally:
+        sys.path.pop(0)
+    return module
+
+
+@pytest.mark.parametrize(
+    ("level", "expected"),
+    [(None, "ORT_ENABLE_ALL"), (0, "ORT_ENABLE_ALL"), (-1, "ORT_ENABLE_BASIC"), (1, "ORT_ENABLE_EXTENDED"),
+     (2, "ORT_DISABLE_ALL")],
+)
+def test_graph_level_follows_the_cpp_onnxruntime_backend(backend: ModuleType, level: int | None, expected: str) -> None:
+    config: dict = {} if level is None else {"optimization": {"graph": {"level": level}}}
+    options = backend.session_options_from_config(config)
+    assert options.graph_optimization_level == getattr(ort.GraphOptimizationLevel, expected)
+
+
+def test_thread_and_memory_parameters_reach_the_session_options(backend: ModuleType) -> None:
+    config = {"parameters": {
+        "intra_op_thread_count": {"string_value": "3"},
+        "inter_op_thread_count": {"string_value": "2"},
+        "execution_mode": {"string_value": "1"},
+        "enable_mem_arena": {"string_value": "0"},
+    }}
+    options = backend.session_options_from_config(config)
+    assert options.intra_op_num_threads == 3
+    assert options.inter_op_num_threads == 2
+    assert options.execution_mode == ort.ExecutionMode.ORT_PARALLEL
+    assert options.enable_cpu_mem_arena is False
+
+
+def loaded_lines(server: TritonServer) -> dict[str, str]:
+    """The backend's one 'loaded' log line per model, keyed by model name."""
+    assert server.log_path is not None
+    lines = {}
+    for line in server.log_path.read_text().splitlines():
+        match = re.search(r"onnxruntime \(python\) loaded .*/([^/]+)/1/model\.onnx: (.*)\"$", line)
+        if match:
+            lines[match.group(1)] = match.group(2)
+    return lines
+
+
+@pytest.mark.slow
+def test_served_models_get_the_configured_session_options_in_this_venv(server: TritonServer) -> None:
+    lines = loaded_lines(server)
+    assert "graph_optimization_level=ORT_ENABLE_ALL " in lines["tiny"]
+    assert "graph_optimization_level=ORT_DISABLE_ALL intra_op_threads=1 " in lines["tiny_noopt"]
+    assert "graph_optimization_level=ORT_ENABLE_BASIC " in lines["ids"]
+    for line in lines.values():  # the stub runs this interpreter's Python with this venv's packages
+        assert f"onnxruntime={ort.__version__} python={sys.version.split()[0]} prefix={sys.prefix}" in line
+
+
+@pytest.mark.slow
+def test_int64_input_round_trip(server: TritonServer) -> None:
+    import tritonclient.http as httpclient
+
+    ids = np.array([[0, 9, 3], [5, 5, 1]], dtype=np.int64)
+    inp = httpclient.InferInput("ids", list(ids.shape), "INT64")
+    inp.set_data_from_numpy(ids)
+    with closing(httpclient.InferenceServerClient(server.http_url)) as client:
+        np.testing.assert_array_equal(client.infer("ids", [inp]).as_numpy("emb"), EMBEDDING_TABLE[ids])
+
+
+def model_stats(server: TritonServer, model: str) -> dict:
+    with urllib.request.urlopen(f"http://{server.http_url}/v2/models/{model}/stats", timeout=10) as response:
+        return json.load(response)["model_stats"][0]
+
+
+@pytest.mark.slow
+def test_concurrent_requests_are_batched_and_split_back(server: TritonServer) -> None:
+    import tritonclient.http as httpclient
+
+    before = model_stats(server, "tiny")
+    inputs = [np.random.default_rng(i).normal(size=(1 + i % 3, 4)).astype(np.float32) for i in range(12)]
+
+    def infer(x: np.ndarray) -> np.ndarray:
+        inp = httpclient.InferInput("x", list(x.shape), "FP32")
+        inp.set_data_from_numpy(x)
+        with closing(httpclient.InferenceServerClient(server.http_url)) as client:
+            return client.infer("tiny", [inp]).as_numpy("probs")
+
+    with ThreadPoolExecutor(max_workers=12) as pool:
+        results = list(pool.map(infer, inputs))
+    for x, probs in zip(inputs, results, strict=True):
+        logits = x @ SOFTMAX_WEIGHTS
+        expected = np.exp(logits - logits.max(axis=1, keepdims=True))
+        np.testing.assert_allclose(probs, expected / expected.sum(axis=1, keepdims=True), rtol=1e-5, atol=1e-6)
+    samples = sum(len(x) for x in inputs)
+    deadline = time.monotonic() + 10
+    while True:  # Triton records statistics just after it sends the responses
+        after = model_stats(server, "tiny")
+        if after["inference_count"] - before["inference_count"] >= samples or time.monotonic() > deadline:
+            break
+        time.sleep(0.05)
+    assert after["inference_count"] - before["inference_count"] == samples
+    executions = after["execution_count"] - before["execution_count"]
+    assert executions < len(inputs), "the dynamic batcher should have merged concurrent requests"
+
+
+@pytest.mark.slow
+def test_a_failing_request_does_not_fail_its_batch_or_the_stub(server: TritonServer) -> None:
+    import tritonclient.http as httpclient
+    from tritonclient.utils import InferenceServerException
+
+    batches = [np.array([[1, 2, 3]]), np.array([[4, 42, 0]]), np.array([[7, 8, 9]])]  # 42: past the 10-row table
+
+    def infer(ids: np.ndarray) -> np.ndarray | str:
+        inp = httpclient.InferInput("ids", list(ids.shape), "INT64")
+        inp.set_data_from_numpy(ids.astype(np.int64))
+        with closing(httpclient.InferenceServerClient(server.http_url)) as client:
+            try:
+                return client.infer("ids", [inp]).as_numpy("emb")
+            except InferenceServerException as exc:
+                return str(exc)
+
+    with ThreadPoolExecutor(max_workers=3) as pool:
+        good1, bad, good2 = pool.map(infer, batches)
+    np.testing.assert_array_equal(good1, EMBEDDING_TABLE[batches[0]])
+    np.testing.assert_array_equal(good2, EMBEDDING_TABLE[batches[2]])
+    assert isinstance(bad, str) and "onnxruntime" in bad and "42" in bad
+    np.testing.assert_array_equal(infer(batches[0]), EMBEDDING_TABLE[batches[0]])  # the stub is still up
+
+
+@pytest.mark.slow
+def test_config_that_disagrees_with_the_model_fails_the_load_clearly(tmp_path: Path, onnx_models: dict[str, Path]) -> None:
+    repo = tmp_path / "repo"
+    wrong = softmax_config("wrong_dtype")
+    wrong.input[0].data_type = mc.TYPE_FP16
+    write_model(repo, wrong, onnx_models["softmax"].read_bytes())
+    before = child_pids()
+    with pytest.raises(PipelineError) as error:
+        TritonServer(repo, log_path=tmp_path / "t.log").start()
+    assert "model 'wrong_dtype' failed to load" in error.value.problem
+    assert "config input 'x' is TYPE_FP16 but the ONNX model's is TYPE_FP32" in error.value.problem
+    assert child_pids() == before
