@@ -140,8 +140,10 @@ def make_parser() -> argparse.ArgumentParser:
     from pipeline.mig.cli import register as register_mig_plan
     from pipeline.triton.deploy import register as register_deploy
     from pipeline.triton.serve_cli import register as register_serve
+    from pipeline.triton.verify_cli import register as register_verify
 
     register_serve(sub)
+    register_verify(sub)
     register_deploy(sub)
     register_mig_plan(sub)
     return parser

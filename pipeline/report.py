@@ -6,6 +6,8 @@ import json
 from typing import TYPE_CHECKING, Any
 
 from rich.console import Console
+
+from pipeline.console import console as make_console
 from rich.markup import escape
 from rich.table import Table
 
@@ -50,7 +52,7 @@ def accuracy_table(report: dict[str, Any]) -> Table:
 
 def print_build_summary(result: "BuildResult", console: Console | None = None) -> None:
     """Print the stage table, the accuracy table (when variants were gated) and the artifacts."""
-    console = console or Console()
+    console = console or make_console()
     manifest = json.loads(result.manifest.read_text())
     console.print(stage_table(manifest, f"build '{result.name}'"))
     if "accuracy" in manifest["results"]:

@@ -1,0 +1,213 @@
+"""`python -m pipeline loadtest`: measure latency and throughput of a real Triton server."""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import datetime as _dt
+import logging
+from collections.abc import Iterator
+from pathlib import Path
+
+from pipeline.errors import PipelineError, require
+from pipeline.loadtest.client import Endpoint, endpoint_from_url
+from pipeline.loadtest.measure import WindowSettings
+from pipeline.loadtest.payload import ENCODINGS
+from pipeline.loadtest.policy import ARRIVALS, policies_from_options
+from pipeline.loadtest.results import RunResult, best_point
+from pipeline.loadtest.runner import PROTOCOLS, LoadTestSettings, run_loadtest
+
+log = logging.getLogger(__name__)
+
+EXIT_FAILED = 1
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    """Add the ``loadtest`` command."""
+    p = subparsers.add_parser(
+        "loadtest",
+        help="measure latency and throughput of Triton (closed-loop concurrency sweep or open-loop request rate)",
+        description=(
+            "Load-test Triton the way perf_analyzer does: for each load point, warm up, then run measurement "
+            "windows until the last 3 agree (throughput and mean latency within 10%%), bounded by --max-seconds. "
+            "Requests are real samples from calibration/<model>/eval.npz, encoded once before the run and checked "
+            "against tritonclient. The HTTP generator is an epoll loop over keep-alive connections costing ~10-20 µs "
+            "of client CPU per request (reported per point), so it measures the server, not itself. Each point reports "
+            "throughput, client latency percentiles, errors by kind, and Triton's own breakdown from its statistics "
+            "extension (queue, compute input/infer/output, average batch size) over the same windows.\n\n"
+            "Without --url the embedded tritonserver is started on --repository, every served variant is measured, "
+            "and the server is stopped. Reports go to reports/<timestamp>/: results.json, results.csv and PNG plots."
+        ),
+        epilog=(
+            "load policies:\n"
+            "  closed loop (default)  --concurrency 1,2,4,8,16,32: that many requests in flight per endpoint\n"
+            "  open loop              --request-rate 200,400: requests/s per endpoint, sent on schedule whatever the\n"
+            "                         server does; latency counts from each request's SCHEDULED time, so a server\n"
+            "                         that falls behind shows its queueing (no coordinated omission)\n"
+            "\nexamples:\n"
+            "  python -m pipeline loadtest                                   # embedded server, all variants\n"
+            "  python -m pipeline loadtest --model digits_int8 --concurrency 1,8,32 --batch-size 8\n"
+            "  python -m pipeline loadtest --url 127.0.0.1:8000 --request-rate 500,1000 --arrivals poisson\n"
+            "  python -m pipeline loadtest --url 127.0.0.1:8000 --url 127.0.0.1:8003   # one per MIG slice\n"
+            "  python -m pipeline loadtest --slo-p99-ms 5                    # exit 1 unless a point meets p99 ≤ 5 ms\n"
+            "\nexit status: 0 all points ran without errors (and the SLO, if given, was met); 1 errors, a dead\n"
+            "server, or no point meeting the SLO (reports are still written); 2 a usage or setup problem.\n"
+        ),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    target = p.add_argument_group("target")
+    target.add_argument("--url", action="append", default=[], metavar="HOST:PORT",
+                        help="HTTP address of a running Triton; repeat for several endpoints (e.g. one per MIG slice): "
+                             "each gets the full load, results are aggregated and per endpoint. "
+                             "Default: start the embedded server on --repository")
+    target.add_argument("--grpc-url", action="append", default=[], metavar="HOST:PORT",
+                        help="with --url and --protocol grpc: the gRPC address of each --url, in the same order")
+    target.add_argument("--repository", type=Path, default=Path("model_repository"),
+                        help="model repository for the embedded server (default: %(default)s)")
+    target.add_argument("--model", action="append", default=[], metavar="NAME",
+                        help="Triton model to test; repeat for several (default: every ready model)")
+    req = p.add_argument_group("requests")
+    req.add_argument("--batch-size", type=int, default=1, help="samples per request; infer/s = requests/s × this (default: %(default)s)")
+    req.add_argument("--protocol", choices=PROTOCOLS, default="http",
+                     help="http: the lean generator; grpc: grpc.aio with pre-serialized requests — several times the "
+                          "client CPU per request, reported per point (default: %(default)s)")
+    req.add_argument("--encoding", choices=ENCODINGS, default="binary",
+                     help="HTTP body: binary tensor extension (JSON header + raw tensor bytes, outputs binary) or plain "
+                          "JSON (default: %(default)s)")
+    req.add_argument("--data", type=Path, metavar="NPZ",
+                     help="samples to send, one array per input name (default: <calibration-root>/<model>/eval.npz)")
+    req.add_argument("--calibration-root", type=Path, default=Path("calibration"),
+                     help="where <model>/eval.npz lives; variants digits_fp16, digits_int8_trt use digits/ (default: %(default)s)")
+    req.add_argument("--timeout-ms", type=float, default=5000, help="a request without response after this counts as a timeout (default: %(default)g)")
+    load = p.add_argument_group("load policy")
+    load.add_argument("--concurrency", metavar="N[,N...]", help="closed-loop sweep (default: 1,2,4,8,16,32)")
+    load.add_argument("--request-rate", metavar="R[,R...]", help="open-loop request rates in requests/s per endpoint")
+    load.add_argument("--arrivals", choices=ARRIVALS, default="constant", help="open-loop spacing of requests (default: %(default)s)")
+    load.add_argument("--seed", type=int, default=0, help="seed of the Poisson schedule (default: %(default)s)")
+    load.add_argument("--max-connections", type=int, default=256,
+                      help="open loop: connections per endpoint at most; beyond that requests wait in the client's "
+                           "backlog, still timed from their scheduled time (default: %(default)s)")
+    meas = p.add_argument_group("measurement")
+    meas.add_argument("--window-ms", type=float, default=1000, help="length of a measurement window (default: %(default)g)")
+    meas.add_argument("--warmup-ms", type=float, default=1000, help="load before the first window, not measured (default: %(default)g)")
+    meas.add_argument("--max-seconds", type=float, default=30, help="bound per load point, warm-up included; an unstable point "
+                      "is reported as such when it is reached (default: %(default)g)")
+    meas.add_argument("--stability-percentage", type=float, default=10,
+                      help="the last 3 windows' throughput and mean latency must lie within this %% of their mean (default: %(default)g)")
+    out = p.add_argument_group("output")
+    out.add_argument("--slo-p99-ms", type=float, metavar="MS", help="exit 1 when no point has p99 ≤ MS (and no errors); name the best one that does")
+    out.add_argument("--report-dir", type=Path, help="where reports go (default: reports/<timestamp>)")
+    p.set_defaults(handler=run)
+
+
+def settings_from_args(args: argparse.Namespace, endpoints: list[Endpoint], grpc_endpoints: list[Endpoint], models: list[str]) -> LoadTestSettings:
+    """Validate the options and gather them."""
+    require(args.batch_size >= 1, f"--batch-size must be at least 1, got {args.batch_size}", "e.g. --batch-size 8")
+    require(args.window_ms >= 10, f"--window-ms {args.window_ms:g} is too short to measure anything", "use 500 or more")
+    require(args.warmup_ms >= 0, "--warmup-ms cannot be negative", "use 0 to skip the warm-up")
+    require(args.timeout_ms > 0, "--timeout-ms must be positive", "e.g. --timeout-ms 5000")
+    require(args.max_connections >= 1, "--max-connections must be at least 1", "e.g. --max-connections 256")
+    require(0 < args.stability_percentage < 100, "--stability-percentage must be between 0 and 100", "e.g. 10")
+    minimum = (args.warmup_ms + 3 * args.window_ms) / 1000
+    require(args.max_seconds >= minimum,
+            f"--max-seconds {args.max_seconds:g} leaves no room for the warm-up and 3 windows ({minimum:g} s)",
+            f"use --max-seconds {minimum:g} or more, or shorter --window-ms")
+    windows = WindowSettings(
+        window_s=args.window_ms / 1000,
+        warmup_s=args.warmup_ms / 1000,
+        max_s=args.max_seconds,
+        threshold=args.stability_percentage / 100,
+        drain_s=args.timeout_ms / 1000,
+    )
+    return LoadTestSettings(
+        endpoints=tuple(endpoints),
+        grpc_endpoints=tuple(grpc_endpoints),
+        policies=tuple(policies_from_options(args.concurrency, args.request_rate, args.arrivals, args.seed)),
+        models=tuple(models),
+        batch_size=args.batch_size,
+        protocol=args.protocol,
+        encoding=args.encoding,
+        windows=windows,
+        timeout_s=args.timeout_ms / 1000,
+        max_connections=args.max_connections,
+        data=args.data,
+        calibration_dir=args.calibration_root,
+    )
+
+
+@contextlib.contextmanager
+def _servers(args: argparse.Namespace) -> Iterator[tuple[list[Endpoint], list[Endpoint], list[str], dict[str, str]]]:
+    """The endpoints to load: the given URLs, or an embedded server started (and stopped) here."""
+    if args.url:
+        endpoints = [endpoint_from_url(u) for u in args.url]
+        grpc = [endpoint_from_url(u) for u in args.grpc_url]
+        if args.protocol == "grpc":
+            require(len(grpc) == len(endpoints), "--protocol grpc with --url needs a --grpc-url for every --url",
+                    "e.g. --url 127.0.0.1:8000 --grpc-url 127.0.0.1:8001")
+        yield endpoints, grpc, list(args.model), {}
+        return
+    from pipeline.triton.server import TritonServer
+
+    log.info("starting the embedded tritonserver on %s", args.repository)
+    with TritonServer(args.repository) as server:
+        models = list(args.model) or list(server.ready_models)
+        missing = [m for m in models if m not in server.ready_models]
+        require(not missing, f"model(s) {', '.join(missing)} are not served from {args.repository} "
+                f"(served: {', '.join(server.ready_models)}; skipped: {server.skipped_models or 'none'})",
+                "pass a served --model, or build the model first (python -m pipeline build)")
+        yield [endpoint_from_url(server.http_url)], [endpoint_from_url(server.grpc_url)], models, dict(server.skipped_models)
+
+
+def run(args: argparse.Namespace) -> int:
+    """Run the load test, show the table, write the reports; see the exit status in --help."""
+    from rich.console import Console
+
+    console = Console()
+    # Options are checked before any server starts, so a typo costs no startup time.
+    settings_from_args(args, [Endpoint("127.0.0.1", 1)], [Endpoint("127.0.0.1", 1)], [])
+    report_dir = args.report_dir or Path("reports") / _dt.datetime.now().strftime("%Y%m%d-%H%M%S")
+    with _servers(args) as (endpoints, grpc, models, skipped):
+        settings = settings_from_args(args, endpoints, grpc, models)
+        result = run_loadtest(settings)
+        result.skipped_models = skipped
+    if not result.points:
+        raise PipelineError("no load point was measured", "check the server and the --model names")
+    from pipeline.loadtest.report import table, write_reports
+
+    console.print(table(result, args.slo_p99_ms))
+    written = write_reports(result, report_dir, args.slo_p99_ms)
+    console.print(f"reports: {', '.join(str(p) for p in written)}")
+    return _verdict(result, args.slo_p99_ms, console)
+
+
+def _verdict(result: RunResult, slo_p99_ms: float | None, console: object) -> int:
+    status = 0
+    for model, reason in result.skipped_models.items():
+        console.print(f"[yellow]skipped {model}: {reason}[/]")  # type: ignore[attr-defined]
+    for failure in result.failures:
+        console.print(f"[red]failed: {failure}[/]")  # type: ignore[attr-defined]
+        status = EXIT_FAILED
+    errored = [p for p in result.points if p.aggregate.error_count]
+    if errored:
+        total = sum(p.aggregate.error_count for p in errored)
+        kinds: dict[str, int] = {}
+        for p in errored:
+            for kind, n in p.aggregate.errors.items():
+                kinds[kind] = kinds.get(kind, 0) + n
+        console.print(f"[red]{total} failed requests in {len(errored)} point(s): "  # type: ignore[attr-defined]
+                      f"{', '.join(f'{k} ×{v}' for k, v in sorted(kinds.items()))}[/]")
+        status = EXIT_FAILED
+    cpu = [p.client_cpu_us_per_request for p in result.points if p.client_cpu_us_per_request == p.client_cpu_us_per_request]
+    if cpu:
+        console.print(f"client CPU per request: {min(cpu):.1f}-{max(cpu):.1f} µs ({result.generator['engine']})")  # type: ignore[attr-defined]
+    if slo_p99_ms is not None:
+        best = best_point(result.points, slo_p99_ms)
+        if best is None:
+            console.print(f"[red]SLO p99 ≤ {slo_p99_ms:g} ms: no point meets it[/]")  # type: ignore[attr-defined]
+            status = EXIT_FAILED
+        else:
+            console.print(  # type: ignore[attr-defined]
+                f"[green]SLO p99 ≤ {slo_p99_ms:g} ms: best point {best.model} {best.label} — "
+                f"{best.aggregate.infer_per_s:,.1f} infer/s at p99 {best.aggregate.latency.p99_ms:.3f} ms[/]"
+            )
+    return status

@@ -1,0 +1,174 @@
+"""One load point, measured the way perf_analyzer does: warm up, then fixed-length windows until
+the last three agree (throughput and mean latency within 10%), bounded in time.
+
+The engine keeps running while Triton's statistics are fetched on a helper thread at each window
+boundary, so the fetch never stalls the load. Server counters are also read before the point
+starts and after it drained, which gives Triton's exact success count for the whole point to set
+against the client's.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Protocol
+
+import numpy as np
+
+from pipeline.loadtest.recorder import Recorder
+from pipeline.loadtest.server_stats import ServerCounters
+from pipeline.loadtest.window import Mark, Window, is_stable
+
+log = logging.getLogger(__name__)
+
+
+class Engine(Protocol):
+    """What the controller needs of a load engine (HTTP or gRPC)."""
+
+    recorders: list[Recorder]
+
+    def start(self) -> None: ...
+    def run_until(self, deadline_ns: int) -> None: ...
+    def finish(self, drain_s: float) -> None: ...
+    @property
+    def unsent(self) -> list[int]: ...
+
+
+@dataclass(frozen=True)
+class WindowSettings:
+    """How a point is measured (seconds)."""
+
+    window_s: float = 1.0
+    warmup_s: float = 1.0
+    max_s: float = 30.0
+    stable_windows: int = 3
+    threshold: float = 0.10
+    drain_s: float = 5.0
+
+
+@dataclass
+class Measurement:
+    """What the controller saw; :mod:`pipeline.loadtest.runner` turns it into results."""
+
+    recorders: list[Recorder]
+    windows: list[Window]
+    stable: bool
+    overloaded: bool  # open loop: the server completed clearly less than the offered rate
+    aborted: str | None
+    wall_seconds: float
+    unsent: list[int]
+    server_window: list[ServerCounters | None]  # per endpoint, over the used windows
+    server_total: list[ServerCounters | None]  # per endpoint, over the whole point
+    server_notes: list[str]
+
+    def used(self, count: int) -> list[Window]:
+        return self.windows[-count:]
+
+
+StatsFetch = Callable[[], ServerCounters]
+
+
+def measure(
+    engine: Engine, settings: WindowSettings, fetchers: Sequence[StatsFetch], offered_rps: float | None = None
+) -> Measurement:
+    """Run one point on ``engine``; ``fetchers`` read each endpoint's server counters.
+
+    ``offered_rps`` (open loop, all endpoints together): when the last windows all complete less
+    than ``1 - threshold`` of it, the server is overloaded — its queue only grows, so the point
+    can never be stable and ends at once, marked ``overloaded``."""
+    recorders = engine.recorders
+    with ThreadPoolExecutor(max_workers=max(1, len(fetchers)), thread_name_prefix="triton-stats") as pool:
+        notes = [""] * len(fetchers)
+        before = [_resolve(pool.submit(f), notes, i) for i, f in enumerate(fetchers)]
+        began = time.perf_counter_ns()
+        bound = began + int(settings.max_s * 1e9)
+        start = Mark.take(recorders, began, time.process_time())
+        engine.start()
+        engine.run_until(min(began + int(settings.warmup_s * 1e9), bound))
+        warm = Mark.take(recorders, time.perf_counter_ns(), time.process_time())
+        aborted = _dead(Window(start, warm))
+        marks, stats = [warm], [[pool.submit(f) for f in fetchers]]
+        windows: list[Window] = []
+        stable = overloaded = False
+        throughputs: list[float] = []
+        latencies: list[float] = []
+        while aborted is None and marks[-1].at_ns < bound:
+            engine.run_until(min(marks[-1].at_ns + int(settings.window_s * 1e9), bound))
+            mark = Mark.take(recorders, time.perf_counter_ns(), time.process_time())
+            marks.append(mark)
+            stats.append([pool.submit(f) for f in fetchers])
+            window = Window(marks[-2], mark)
+            windows.append(window)
+            throughputs.append(window.throughput)
+            latencies.append(window.mean_latency_ns(recorders))
+            log.debug(
+                "  window %d: %.0f req/s, mean %.3f ms, %d errors",
+                len(windows), window.throughput, latencies[-1] / 1e6, window.errors,
+            )
+            aborted = _dead(window)
+            if offered_rps and len(throughputs) >= settings.stable_windows and all(
+                t < (1 - settings.threshold) * offered_rps for t in throughputs[-settings.stable_windows :]
+            ):
+                overloaded = True
+                break
+            if is_stable(throughputs, latencies, count=settings.stable_windows, threshold=settings.threshold):
+                stable = True
+                break
+        engine.finish(settings.drain_s)
+        wall = (time.perf_counter_ns() - began) / 1e9
+        after = [_resolve(pool.submit(f), notes, i) for i, f in enumerate(fetchers)]
+        used = min(settings.stable_windows, len(windows))
+        first = len(marks) - 1 - used
+        start_stats = [_resolve(f, notes, i) for i, f in enumerate(stats[first])] if used else [None] * len(fetchers)
+        end_stats = [_resolve(f, notes, i) for i, f in enumerate(stats[-1])] if used else [None] * len(fetchers)
+    return Measurement(
+        recorders=recorders,
+        windows=windows,
+        stable=stable,
+        overloaded=overloaded,
+        aborted=aborted,
+        wall_seconds=wall,
+        unsent=engine.unsent,
+        server_window=[_delta(e, s) for s, e in zip(start_stats, end_stats)],
+        server_total=[_delta(a, b) for b, a in zip(before, after)],
+        server_notes=notes,
+    )
+
+
+def _dead(window: Window) -> str | None:
+    """A window with errors and not one success means the server is gone (or rejects everything)."""
+    if window.successes == 0 and window.errors > 0:
+        return f"no successful response in {window.seconds:.1f} s ({window.errors} errors)"
+    return None
+
+
+def _resolve(future: Future, notes: list[str], index: int) -> ServerCounters | None:
+    try:
+        return future.result()
+    except OSError as exc:
+        notes[index] = notes[index] or f"Triton statistics unavailable: {exc}"
+        return None
+
+
+def _delta(end: ServerCounters | None, start: ServerCounters | None) -> ServerCounters | None:
+    return None if end is None or start is None else end - start
+
+
+def window_latencies(m: Measurement, used: int, endpoint: int | None = None) -> np.ndarray:
+    """Latencies (ns) of the used windows, for one endpoint or all."""
+    windows = m.used(used)
+    if not windows:
+        return np.empty(0, dtype=np.int64)
+    return Window(windows[0].start, windows[-1].end).latencies_ns(m.recorders, endpoint)
+
+
+def window_lags(m: Measurement, used: int, endpoint: int) -> np.ndarray:
+    """Open-loop send lags (ns) of the used windows for one endpoint."""
+    windows = m.used(used)
+    if not windows:
+        return np.empty(0, dtype=np.int64)
+    lag = np.frombuffer(m.recorders[endpoint].lag_ns, dtype=np.int64)
+    return lag[windows[0].start.lag_pos[endpoint] : windows[-1].end.lag_pos[endpoint]]

@@ -1,0 +1,174 @@
+"""Request bodies from real evaluation samples, encoded once before the load starts.
+
+Samples come from ``calibration/<model>/eval.npz`` (one array per input name, first axis =
+sample). Two encodings of the KServe v2 inference request:
+
+- ``json``: tensors as JSON number lists — what a plain client sends; the server parses text.
+- ``binary``: Triton's binary tensor data extension — a small JSON header followed by the raw
+  little-endian tensor bytes (``Inference-Header-Content-Length`` says where the header ends),
+  with outputs requested as binary too. Less work on both sides, so the server is measured
+  rather than its JSON parser.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from pipeline.errors import PipelineError
+
+ENCODINGS = ("binary", "json")
+
+NUMPY_OF = {
+    "BOOL": np.bool_,
+    "UINT8": np.uint8,
+    "UINT16": np.uint16,
+    "UINT32": np.uint32,
+    "UINT64": np.uint64,
+    "INT8": np.int8,
+    "INT16": np.int16,
+    "INT32": np.int32,
+    "INT64": np.int64,
+    "FP16": np.float16,
+    "FP32": np.float32,
+    "FP64": np.float64,
+}
+
+_VARIANT_SUFFIX = re.compile(r"_(fp32|fp16|int8)(_trt)?$")
+
+
+@dataclass(frozen=True)
+class TensorInfo:
+    """One model input or output as Triton reports it (``shape`` excludes the batch axis when
+    the model batches; -1 is a dynamic dimension)."""
+
+    name: str
+    datatype: str
+    shape: tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class ModelIO:
+    """What a served model takes and returns."""
+
+    name: str
+    inputs: tuple[TensorInfo, ...]
+    outputs: tuple[TensorInfo, ...]
+    max_batch_size: int
+
+
+def eval_data_path(model: str, calibration_dir: Path) -> Path:
+    """``calibration/<model>/eval.npz``; a variant ``digits_int8[_trt]`` reads ``digits``'s samples."""
+    for name in (model, _VARIANT_SUFFIX.sub("", model)):
+        path = calibration_dir / name / "eval.npz"
+        if path.is_file():
+            return path
+    base = _VARIANT_SUFFIX.sub("", model)
+    raise PipelineError(
+        f"no evaluation samples for model '{model}' (looked for {calibration_dir / base / 'eval.npz'})",
+        "run `python -m pipeline build` to write them, or pass --data PATH.npz with one array per input name",
+    )
+
+
+def load_samples(path: Path) -> dict[str, np.ndarray]:
+    """The arrays of an ``.npz`` file (no pickles)."""
+    try:
+        with np.load(path, allow_pickle=False) as npz:
+            return {k: npz[k] for k in npz.files}
+    except (OSError, ValueError) as exc:
+        raise PipelineError(f"cannot read samples from {path} ({exc})", "pass an .npz written by numpy.savez") from None
+
+
+def request_batches(samples: dict[str, np.ndarray], io: ModelIO, batch_size: int, count: int) -> list[dict[str, np.ndarray]]:
+    """``count`` request batches of ``batch_size`` consecutive samples (wrapping around), each
+    input cast to the dtype the model declares."""
+    if io.max_batch_size > 0 and batch_size > io.max_batch_size:
+        raise PipelineError(
+            f"--batch-size {batch_size} exceeds model '{io.name}''s max_batch_size {io.max_batch_size}",
+            f"use --batch-size {io.max_batch_size} or less",
+        )
+    missing = [t.name for t in io.inputs if t.name not in samples]
+    if missing:
+        raise PipelineError(
+            f"the samples have no array for input(s) {', '.join(missing)} of model '{io.name}' "
+            f"(arrays: {', '.join(sorted(samples))})",
+            "write the evaluation .npz with one array per model input name",
+        )
+    n = min(len(samples[t.name]) for t in io.inputs)
+    if n == 0:
+        raise PipelineError(f"the samples for model '{io.name}' are empty", "write at least one sample per input")
+    # A model without Triton batching (max_batch_size 0) takes its full shape: one sample per
+    # request when that shape has no leading batch axis, else the batch axis is the model's own.
+    single = io.max_batch_size == 0 and all(len(t.shape) == samples[t.name].ndim - 1 for t in io.inputs)
+    if single and batch_size != 1:
+        raise PipelineError(
+            f"model '{io.name}' does not batch (max_batch_size 0 and no batch axis)", "use --batch-size 1"
+        )
+    batches = []
+    for k in range(count):
+        rows = [(k * batch_size + j) % n for j in range(batch_size)]
+        batch = {}
+        for t in io.inputs:
+            dtype = NUMPY_OF.get(t.datatype)
+            if dtype is None:
+                raise PipelineError(f"input '{t.name}' has datatype {t.datatype}", "the load generator sends numeric tensors only")
+            picked = samples[t.name][rows[0]] if single else samples[t.name][rows]
+            array = np.ascontiguousarray(picked, dtype=dtype)
+            _check_shape(io, t, array)
+            batch[t.name] = array
+        batches.append(batch)
+    return batches
+
+
+def _check_shape(io: ModelIO, info: TensorInfo, array: np.ndarray) -> None:
+    expected = info.shape if io.max_batch_size == 0 else (-1, *info.shape)
+    actual = array.shape
+    if len(actual) != len(expected) or any(e not in (-1, a) for e, a in zip(expected, actual)):
+        raise PipelineError(
+            f"samples for input '{info.name}' have shape {list(actual)} per request but model '{io.name}' "
+            f"takes {list(expected)} (-1 = any)",
+            "use evaluation data written for this model (or check --batch-size)",
+        )
+
+
+def encode_json(io: ModelIO, tensors: dict[str, np.ndarray]) -> bytes:
+    """A plain KServe v2 JSON request body."""
+    body = {
+        "inputs": [
+            {"name": t.name, "shape": list(tensors[t.name].shape), "datatype": t.datatype, "data": tensors[t.name].ravel().tolist()}
+            for t in io.inputs
+        ]
+    }
+    return json.dumps(body, separators=(",", ":")).encode()
+
+
+def encode_binary(io: ModelIO, tensors: dict[str, np.ndarray]) -> tuple[bytes, int]:
+    """A binary-tensor request body and the length of its JSON header."""
+    header = {
+        "inputs": [
+            {
+                "name": t.name,
+                "shape": list(tensors[t.name].shape),
+                "datatype": t.datatype,
+                "parameters": {"binary_data_size": tensors[t.name].nbytes},
+            }
+            for t in io.inputs
+        ],
+        "outputs": [{"name": t.name, "parameters": {"binary_data": True}} for t in io.outputs],
+    }
+    head = json.dumps(header, separators=(",", ":")).encode()
+    data = b"".join(np.ascontiguousarray(tensors[t.name]).astype(tensors[t.name].dtype.newbyteorder("<")).tobytes() for t in io.inputs)
+    return head + data, len(head)
+
+
+def encode(io: ModelIO, tensors: dict[str, np.ndarray], encoding: str) -> tuple[bytes, int | None]:
+    """The body for ``encoding`` and, for ``binary``, the JSON header length."""
+    if encoding == "json":
+        return encode_json(io, tensors), None
+    if encoding == "binary":
+        return encode_binary(io, tensors)
+    raise PipelineError(f"unknown --encoding '{encoding}'", f"use one of: {', '.join(ENCODINGS)}")

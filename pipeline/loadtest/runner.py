@@ -1,0 +1,242 @@
+"""A load test from settings to results: for each model, encode its requests once, check one
+against tritonclient, then measure every load point of the sweep on every endpoint at once."""
+
+from __future__ import annotations
+
+import datetime as _dt
+import functools
+import logging
+import platform
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from pipeline.errors import PipelineError
+from pipeline.loadtest import payload as pl
+from pipeline.loadtest.client import Endpoint, post_request_bytes
+from pipeline.loadtest.engine import HttpEngine
+from pipeline.loadtest.measure import Measurement, WindowSettings, measure, window_lags, window_latencies
+from pipeline.loadtest.policy import OpenLoop, Policy
+from pipeline.loadtest.results import EndpointResult, PointResult, RunResult
+from pipeline.loadtest.server_stats import ServerCounters, fetch_counters
+from pipeline.loadtest.stats import summarize_ns
+from pipeline.loadtest.targets import model_io, ready_models, require_ready, server_metadata
+from pipeline.loadtest.verify import check_request
+
+log = logging.getLogger(__name__)
+
+PROTOCOLS = ("http", "grpc")
+
+
+@dataclass(frozen=True)
+class LoadTestSettings:
+    """Everything a load test needs besides the server."""
+
+    endpoints: tuple[Endpoint, ...]  # HTTP: control plane and statistics always, load for protocol http
+    policies: tuple[Policy, ...]
+    grpc_endpoints: tuple[Endpoint, ...] = ()  # load for protocol grpc, one per HTTP endpoint
+    models: tuple[str, ...] = ()  # empty: every ready model
+    batch_size: int = 1
+    protocol: str = "http"
+    encoding: str = "binary"
+    windows: WindowSettings = field(default_factory=WindowSettings)
+    timeout_s: float = 5.0
+    max_connections: int = 256
+    data: Path | None = None
+    calibration_dir: Path = Path("calibration")
+    distinct_requests: int = 16
+
+
+def run_loadtest(settings: LoadTestSettings) -> RunResult:
+    """Measure every model × load point; stops early (with a failure noted) if a server dies."""
+    if settings.protocol not in PROTOCOLS:
+        raise PipelineError(f"unknown --protocol '{settings.protocol}'", f"use one of: {', '.join(PROTOCOLS)}")
+    if settings.protocol == "grpc" and len(settings.grpc_endpoints) != len(settings.endpoints):
+        raise PipelineError("--protocol grpc needs one gRPC address per --url", "pass --grpc-url once for every --url")
+    meta = {e.address: server_metadata(e) for e in settings.endpoints}
+    models = list(settings.models) or ready_models(settings.endpoints[0])
+    if not models:
+        raise PipelineError(f"Triton at {settings.endpoints[0].address} has no ready model", "load models, or check its log")
+    first = next(iter(meta.values()), {})
+    result = RunResult(
+        started=_dt.datetime.now().astimezone().isoformat(timespec="seconds"),
+        settings=_settings_dict(settings, models),
+        server={"name": first.get("name"), "version": first.get("version"), "endpoints": list(meta)},
+        generator=_generator_info(settings),
+    )
+    for model in models:
+        for endpoint in settings.endpoints:
+            require_ready(endpoint, model)
+    for model in models:
+        if not _run_model(settings, model, result):
+            break
+    return result
+
+
+def _run_model(settings: LoadTestSettings, model: str, result: RunResult) -> bool:
+    """Run the sweep of one model; False when the run must stop (a server is gone)."""
+    io = model_io(settings.endpoints[0], model)
+    samples = pl.load_samples(settings.data or pl.eval_data_path(model, settings.calibration_dir))
+    batches = pl.request_batches(samples, io, settings.batch_size, settings.distinct_requests)
+    targets = _targets(settings, io, batches)
+    log.info("%s: %d distinct requests of batch %d, %s/%s", model, len(batches), settings.batch_size, settings.protocol,
+             settings.encoding if settings.protocol == "http" else "protobuf")
+    for policy in settings.policies:
+        log.info("%s: %s", model, policy.label)
+        engine = _engine(settings, targets, policy)
+        fetchers = [functools.partial(fetch_counters, e, model) for e in settings.endpoints]
+        offered = policy.rate * len(targets) if isinstance(policy, OpenLoop) else None
+        measurement = measure(engine, settings.windows, fetchers, offered)
+        point = point_from_measurement(settings, model, policy, measurement)
+        result.points.append(point)
+        agg = point.aggregate
+        log.info(
+            "%s %s: %.1f infer/s, p50 %.2f ms, p99 %.2f ms, %d errors%s%s",
+            model, point.label, agg.infer_per_s, agg.latency.p50_ms, agg.latency.p99_ms, agg.error_count,
+            " (overloaded: below the offered rate)" if point.overloaded else ("" if point.stable else " (not stable)"), f" — aborted: {point.aborted}" if point.aborted else "",
+        )
+        if point.aborted:
+            for endpoint in settings.endpoints:
+                try:
+                    server_metadata(endpoint)
+                except PipelineError as exc:
+                    result.failures.append(f"{model} {point.label}: {point.aborted}; then {exc.problem}")
+                    return False
+            result.failures.append(f"{model} {point.label}: {point.aborted}; rest of this model's sweep skipped")
+            return True
+    return True
+
+
+def _targets(settings: LoadTestSettings, io: pl.ModelIO, batches: list[dict[str, np.ndarray]]) -> list[tuple[Endpoint, list[bytes]]]:
+    """Per endpoint, the pre-encoded requests; the first is checked against tritonclient."""
+    if settings.protocol == "grpc":
+        from pipeline.loadtest.grpc_load import check_grpc_request, grpc_request_bytes
+
+        bodies = [grpc_request_bytes(io, b) for b in batches]
+        check_grpc_request(settings.grpc_endpoints[0], io, bodies[0], batches[0])
+        return [(e, bodies) for e in settings.grpc_endpoints]
+    encoded = [pl.encode(io, b, settings.encoding) for b in batches]
+    path = f"/v2/models/{io.name}/infer"
+    targets = [(e, [post_request_bytes(e, path, body, head) for body, head in encoded]) for e in settings.endpoints]
+    check_request(settings.endpoints[0], io, targets[0][1][0], batches[0])
+    return targets
+
+
+def _engine(settings: LoadTestSettings, targets: list[tuple[Endpoint, list[bytes]]], policy: Policy):  # type: ignore[no-untyped-def]
+    if settings.protocol == "grpc":
+        from pipeline.loadtest.grpc_load import GrpcEngine
+
+        return GrpcEngine(targets, policy, timeout_s=settings.timeout_s, max_in_flight=settings.max_connections)
+    return HttpEngine(targets, policy, timeout_s=settings.timeout_s, max_connections=settings.max_connections)
+
+
+def point_from_measurement(settings: LoadTestSettings, model: str, policy: Policy, m: Measurement) -> PointResult:
+    """Summaries of the used windows, per endpoint and aggregated."""
+    used_count = min(settings.windows.stable_windows, len(m.windows))
+    used = m.used(used_count)
+    seconds = (used[-1].end.at_ns - used[0].start.at_ns) / 1e9 if used else 0.0
+    open_loop = isinstance(policy, OpenLoop)
+    endpoints = []
+    for i, recorder in enumerate(m.recorders):
+        lat = window_latencies(m, used_count, i)
+        counters = m.server_window[i]
+        total = m.server_total[i]
+        endpoints.append(
+            EndpointResult(
+                endpoint=settings.endpoints[i].address,
+                requests=int(lat.size),
+                seconds=seconds,
+                batch_size=settings.batch_size,
+                latency=summarize_ns(lat),
+                send_lag=summarize_ns(window_lags(m, used_count, i)) if open_loop else None,
+                errors=dict(recorder.errors),
+                error_samples={k: list(v) for k, v in recorder.error_samples.items()},
+                server=counters.breakdown() if counters is not None else None,
+                server_note=m.server_notes[i],
+                client_successes_total=len(recorder.latency_ns),
+                server_successes_total=total.success_count if total is not None else None,
+                unsent=m.unsent[i],
+                abandoned=recorder.abandoned,
+            )
+        )
+    aggregate = _aggregate(endpoints, m, used_count, seconds, settings.batch_size, open_loop)
+    requests = sum(w.successes + w.errors for w in used)
+    cpu = (used[-1].end.cpu_s - used[0].start.cpu_s) if used else 0.0
+    return PointResult(
+        model=model,
+        protocol=settings.protocol,
+        encoding=settings.encoding if settings.protocol == "http" else "protobuf",
+        policy=policy.kind,
+        load=policy.value,
+        arrivals=policy.arrivals if isinstance(policy, OpenLoop) else None,
+        batch_size=settings.batch_size,
+        stable=m.stable,
+        overloaded=m.overloaded,
+        windows=len(m.windows),
+        used_windows=used_count,
+        wall_seconds=m.wall_seconds,
+        client_cpu_us_per_request=cpu / requests * 1e6 if requests else float("nan"),
+        aggregate=aggregate,
+        endpoints=endpoints,
+        aborted=m.aborted,
+    )
+
+
+def _aggregate(parts: list[EndpointResult], m: Measurement, used: int, seconds: float, batch: int, open_loop: bool) -> EndpointResult:
+    if len(parts) == 1:
+        only = parts[0]
+        return EndpointResult(**{**only.__dict__, "endpoint": "all"})
+    errors: dict[str, int] = {}
+    samples: dict[str, list[str]] = {}
+    for p in parts:
+        for kind, n in p.errors.items():
+            errors[kind] = errors.get(kind, 0) + n
+            samples.setdefault(kind, p.error_samples.get(kind, []))
+    window_counters = [c for c in m.server_window if c is not None]
+    totals = [c for c in m.server_total if c is not None]
+    lags = np.concatenate([window_lags(m, used, i) for i in range(len(parts))]) if open_loop else None
+    return EndpointResult(
+        endpoint="all",
+        requests=sum(p.requests for p in parts),
+        seconds=seconds,
+        batch_size=batch,
+        latency=summarize_ns(window_latencies(m, used)),
+        send_lag=summarize_ns(lags) if lags is not None else None,
+        errors=errors,
+        error_samples=samples,
+        server=sum(window_counters, ServerCounters()).breakdown() if len(window_counters) == len(parts) else None,
+        server_note="; ".join(p.server_note for p in parts if p.server_note),
+        client_successes_total=sum(p.client_successes_total for p in parts),
+        server_successes_total=sum(c.success_count for c in totals) if len(totals) == len(parts) else None,
+        unsent=sum(p.unsent for p in parts),
+        abandoned=sum(p.abandoned for p in parts),
+    )
+
+
+def _settings_dict(s: LoadTestSettings, models: list[str]) -> dict[str, Any]:
+    return {
+        "models": models,
+        "endpoints": [e.address for e in s.endpoints],
+        "grpc_endpoints": [e.address for e in s.grpc_endpoints],
+        "protocol": s.protocol,
+        "encoding": s.encoding,
+        "batch_size": s.batch_size,
+        "policies": [p.label for p in s.policies],
+        "window_s": s.windows.window_s,
+        "warmup_s": s.windows.warmup_s,
+        "max_s_per_point": s.windows.max_s,
+        "stability": f"last {s.windows.stable_windows} windows within {s.windows.threshold:.0%}",
+        "timeout_s": s.timeout_s,
+        "data": str(s.data) if s.data else None,
+    }
+
+
+def _generator_info(s: LoadTestSettings) -> dict[str, Any]:
+    engine = (
+        "grpc.aio, pre-serialized ModelInferRequest, one channel per endpoint"
+        if s.protocol == "grpc"
+        else "epoll loop, HTTP/1.1 keep-alive, one connection per in-flight request, pre-encoded requests"
+    )
+    return {"engine": engine, "python": platform.python_version(), "processes": 1}

@@ -1,0 +1,121 @@
+"""Accuracy through the served endpoint: the labeled evaluation set sent through Triton for every
+served variant, beside the in-process numbers of the very file Triton serves.
+
+In-process INT8 numbers use exact Q/DQ semantics (what TensorRT computes). If the server's
+runtime took another path (e.g. ONNX Runtime fusing Q/DQ into integer CPU kernels that saturate
+on CPUs without VNNI), the served outputs move away from those numbers and the check fails.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import numpy as np
+
+from pipeline.errors import PipelineError
+from pipeline.evaldata import EvalData
+from pipeline.tensors import ModelSignature
+
+log = logging.getLogger(__name__)
+
+_VARIANT = re.compile(r"^(?P<base>.+)_(?P<precision>fp32|fp16|int8)(?P<trt>_trt)?$")
+
+
+@dataclass
+class ServedResult:
+    """One served model: accuracy served and in process, and how far the served outputs are from in-process."""
+
+    model: str
+    base: str
+    precision: str
+    version: int
+    samples: int
+    served_accuracy: float | None
+    inprocess_accuracy: float | None
+    top1_agreement: float
+    max_abs_diff: float
+    failures: list[str]
+
+
+def parse_variant(name: str) -> tuple[str, str] | None:
+    """``digits_int8`` → (``digits``, ``int8``); None for models the pipeline did not name."""
+    match = _VARIANT.match(name)
+    return (match["base"], match["precision"]) if match else None
+
+
+def served_outputs(url: str, model: str, data: EvalData, output: str, batch_size: int) -> np.ndarray:
+    """Send every sample through Triton's HTTP endpoint in batches; return ``output`` for all of them."""
+    import tritonclient.http as http
+    from tritonclient.utils import InferenceServerException, np_to_triton_dtype
+
+    client = http.InferenceServerClient(url, connection_timeout=10, network_timeout=60)
+    chunks = []
+    try:
+        for batch in data.batches(batch_size):
+            inputs = []
+            for name, array in batch.items():
+                tensor = http.InferInput(name, list(array.shape), np_to_triton_dtype(array.dtype))
+                tensor.set_data_from_numpy(np.ascontiguousarray(array))
+                inputs.append(tensor)
+            result = client.infer(model, inputs, outputs=[http.InferRequestedOutput(output)])
+            chunks.append(result.as_numpy(output))
+    except InferenceServerException as exc:
+        raise PipelineError(f"Triton at {url} failed to infer '{model}': {exc.message()}", "check the server log; is the model ready?") from None
+    except OSError as exc:
+        raise PipelineError(f"cannot reach Triton at {url}: {exc}", "start it with `python -m pipeline serve` or pass the right --url") from None
+    finally:
+        client.close()
+    return np.concatenate(chunks)
+
+
+def verify_served_model(
+    url: str, model: str, model_file: Path, data: EvalData, signature: ModelSignature, output: str, *, batch_size: int, atol: float
+) -> ServedResult:
+    """Compare one served model with its own model file run in process (Q/DQ-exact for INT8)."""
+    from pipeline.compare import OutputStats
+    from pipeline.onnxrt import session_from_onnx
+
+    base, precision = parse_variant(model) or (model, "fp32")
+    served = served_outputs(url, model, data, output, batch_size)
+    session = session_from_onnx(model_file, exact_qdq=precision == "int8")
+    local = np.concatenate([session.run([output], batch)[0] for batch in data.batches(batch_size)])
+    stats = OutputStats()
+    stats.add(local, served)
+    served_top1, local_top1 = served.argmax(-1), local.argmax(-1)
+    labels = data.labels
+    failures = []
+    if stats.max_abs > atol:
+        failures.append(f"served outputs differ from in-process by up to {stats.max_abs:.3g} (> {atol:g})")
+    return ServedResult(
+        model=model,
+        base=base,
+        precision=precision,
+        version=int(model_file.parent.name),
+        samples=len(served),
+        served_accuracy=None if labels is None else float((served_top1 == labels).mean()),
+        inprocess_accuracy=None if labels is None else float((local_top1 == labels).mean()),
+        top1_agreement=float((served_top1 == local_top1).mean()),
+        max_abs_diff=stats.max_abs,
+        failures=failures,
+    )
+
+
+def gate_against_fp32(results: Sequence[ServedResult], max_drop: dict[str, float]) -> None:
+    """Each served variant's accuracy must stay within ``max_drop[precision]`` points of served FP32."""
+    fp32 = {r.base: r for r in results if r.precision == "fp32"}
+    for result in results:
+        ref = fp32.get(result.base)
+        if ref is None or result is ref or result.served_accuracy is None or ref.served_accuracy is None:
+            continue
+        drop = (ref.served_accuracy - result.served_accuracy) * 100
+        allowed = max_drop.get(result.precision, 0.0)
+        if drop > allowed:
+            result.failures.append(f"served accuracy {result.served_accuracy:.2%} is {drop:.2f} points below served FP32 (> {allowed:g})")
+
+
+def results_as_json(results: Sequence[ServedResult]) -> list[dict]:
+    return [asdict(r) | {"passed": not r.failures} for r in results]

@@ -1,0 +1,95 @@
+"""A real HTTP/1.1 keep-alive server on loopback whose answers follow a script.
+
+Not a stand-in for Triton (the Triton tests use the real embedded tritonserver): it exists to
+produce, on demand and deterministically, what Triton does only when something goes wrong —
+error statuses, connections closed mid-request, responses that never come — so the engine's
+error accounting can be checked exactly against what the server did.
+"""
+
+from __future__ import annotations
+
+import socket
+import threading
+import time
+from collections import Counter
+from collections.abc import Callable
+
+# A script maps the request's sequence number (0, 1, ...) to "ok", "error", "close" or "hang".
+Script = Callable[[int], str]
+
+
+class ScriptedServer:
+    def __init__(self, script: Script, body: bytes = b'{"ok":true}') -> None:
+        self.script = script
+        self.body = body
+        self.done: Counter[str] = Counter()  # what the server actually did
+        self._lock = threading.Lock()
+        self._seq = 0
+        self._listener = socket.create_server(("127.0.0.1", 0))
+        self.port = self._listener.getsockname()[1]
+        self._stop = threading.Event()
+        self._threads: list[threading.Thread] = []
+        self._conns: list[socket.socket] = []
+
+    def __enter__(self) -> ScriptedServer:
+        thread = threading.Thread(target=self._accept, daemon=True)
+        thread.start()
+        self._threads.append(thread)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._listener.close()
+        for conn in list(self._conns):
+            try:
+                conn.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+            conn.close()
+
+    def _accept(self) -> None:
+        while not self._stop.is_set():
+            try:
+                conn, _ = self._listener.accept()
+            except OSError:
+                return
+            self._conns.append(conn)
+            threading.Thread(target=self._serve, args=(conn,), daemon=True).start()
+
+    def _serve(self, conn: socket.socket) -> None:
+        buf = b""
+        try:
+            while not self._stop.is_set():
+                while b"\r\n\r\n" not in buf:
+                    chunk = conn.recv(65536)
+                    if not chunk:
+                        return
+                    buf += chunk
+                head, buf = buf.split(b"\r\n\r\n", 1)
+                length = next(int(line.split(b":")[1]) for line in head.split(b"\r\n") if line.lower().startswith(b"content-length"))
+                while len(buf) < length:
+                    chunk = conn.recv(65536)
+                    if not chunk:
+                        return
+                    buf += chunk
+                buf = buf[length:]
+                with self._lock:
+                    action = self.script(self._seq)
+                    self._seq += 1
+                if action == "close":
+                    self.done["close"] += 1
+                    conn.close()
+                    return
+                if action == "hang":
+                    self.done["hang"] += 1
+                    while not self._stop.is_set():
+                        time.sleep(0.01)
+                    return
+                status, body = (b"200 OK", self.body) if action == "ok" else (b"503 Service Unavailable", b'{"error":"busy"}')
+                conn.sendall(b"HTTP/1.1 " + status + b"\r\nContent-Type: application/json\r\nContent-Length: "
+                             + str(len(body)).encode() + b"\r\n\r\n" + body)  # fmt: skip
+                self.done[action] += 1
+        except OSError:
+            return
+        finally:
+            conn.close()

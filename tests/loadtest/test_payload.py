@@ -1,0 +1,83 @@
+"""Request bodies from samples: batching, dtype casts, JSON and binary encodings.
+
+The binary body is decoded with tritonclient's own request parser-free path: we rebuild the
+tensors from the header's ``binary_data_size`` fields, as Triton does.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from pipeline.errors import PipelineError
+from pipeline.loadtest.payload import ModelIO, TensorInfo, encode_binary, encode_json, eval_data_path, request_batches
+
+IO = ModelIO("m", (TensorInfo("image", "FP16", (2, 2)), TensorInfo("ids", "INT64", (3,))), (TensorInfo("probs", "FP32", (10,)),), 8)
+
+
+def samples(n: int = 5) -> dict[str, np.ndarray]:
+    return {
+        "image": np.arange(n * 4, dtype=np.float32).reshape(n, 2, 2),
+        "ids": np.arange(n * 3, dtype=np.int32).reshape(n, 3),
+        "labels": np.zeros(n, dtype=np.int64),
+    }
+
+
+def test_batches_wrap_around_and_cast() -> None:
+    batches = request_batches(samples(5), IO, batch_size=3, count=2)
+    assert batches[0]["image"].dtype == np.float16 and batches[0]["ids"].dtype == np.int64
+    assert batches[0]["ids"][:, 0].tolist() == [0, 3, 6]  # samples 0,1,2
+    assert batches[1]["ids"][:, 0].tolist() == [9, 12, 0]  # samples 3,4,0
+
+
+def test_batch_errors() -> None:
+    with pytest.raises(PipelineError, match="max_batch_size"):
+        request_batches(samples(), IO, batch_size=9, count=1)
+    with pytest.raises(PipelineError, match="no array for input"):
+        request_batches({"image": samples()["image"]}, IO, batch_size=1, count=1)
+    wrong = samples()
+    wrong["image"] = np.zeros((5, 3, 2), dtype=np.float32)
+    with pytest.raises(PipelineError, match="shape"):
+        request_batches(wrong, IO, batch_size=1, count=1)
+
+
+def test_non_batching_model_gets_one_sample_per_request() -> None:
+    io = ModelIO("m", (TensorInfo("ids", "INT64", (3,)),), (), 0)
+    batch = request_batches(samples(), io, batch_size=1, count=2)[1]
+    assert batch["ids"].shape == (3,) and batch["ids"].tolist() == [3, 4, 5]
+    with pytest.raises(PipelineError, match="does not batch"):
+        request_batches(samples(), io, batch_size=2, count=1)
+
+
+def test_json_body() -> None:
+    batch = request_batches(samples(), IO, batch_size=2, count=1)[0]
+    body = json.loads(encode_json(IO, batch))
+    image = body["inputs"][0]
+    assert image == {"name": "image", "shape": [2, 2, 2], "datatype": "FP16", "data": [float(v) for v in range(8)]}
+    assert "outputs" not in body
+
+
+def test_binary_body_layout() -> None:
+    batch = request_batches(samples(), IO, batch_size=2, count=1)[0]
+    body, header_length = encode_binary(IO, batch)
+    header = json.loads(body[:header_length])
+    assert header["outputs"] == [{"name": "probs", "parameters": {"binary_data": True}}]
+    offset = header_length
+    for spec, info in zip(header["inputs"], IO.inputs):
+        size = spec["parameters"]["binary_data_size"]
+        decoded = np.frombuffer(body[offset : offset + size], dtype=batch[info.name].dtype.newbyteorder("<"))
+        np.testing.assert_array_equal(decoded.reshape(spec["shape"]), batch[info.name])
+        offset += size
+    assert offset == len(body)
+
+
+def test_eval_data_path_for_variants(tmp_path: Path) -> None:
+    (tmp_path / "digits").mkdir()
+    (tmp_path / "digits" / "eval.npz").write_bytes(b"")
+    assert eval_data_path("digits_int8_trt", tmp_path) == tmp_path / "digits" / "eval.npz"
+    assert eval_data_path("digits_fp16", tmp_path) == tmp_path / "digits" / "eval.npz"
+    with pytest.raises(PipelineError, match="no evaluation samples"):
+        eval_data_path("other_fp32", tmp_path)

@@ -1,0 +1,127 @@
+"""Load tests against the real embedded tritonserver: the client's counts agree with Triton's own,
+open-loop overload shows up as queueing, a server killed mid-run ends the run with errors."""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from pipeline.loadtest.client import endpoint_from_url
+from pipeline.loadtest.measure import WindowSettings
+from pipeline.loadtest.policy import ClosedLoop, OpenLoop, Policy
+from pipeline.loadtest.results import PointResult
+from pipeline.loadtest.runner import LoadTestSettings, run_loadtest
+
+from .conftest import SLEEP_S
+
+pytestmark = pytest.mark.slow
+
+SHORT = WindowSettings(window_s=0.3, warmup_s=0.2, max_s=2.0, drain_s=2.0)
+
+
+def settings(server: object, workspace: Path, policies: list[Policy], **kw: object) -> LoadTestSettings:
+    base: dict[str, object] = {
+        "endpoints": (endpoint_from_url(server.http_url),),  # type: ignore[attr-defined]
+        "grpc_endpoints": (endpoint_from_url(server.grpc_url),),  # type: ignore[attr-defined]
+        "policies": tuple(policies),
+        "models": ("add",),
+        "windows": SHORT,
+        "calibration_dir": workspace / "calibration",
+        "timeout_s": 2.0,
+    }
+    base.update(kw)
+    return LoadTestSettings(**base)  # type: ignore[arg-type]
+
+
+def check_point(point: PointResult) -> None:
+    agg = point.aggregate
+    assert point.aborted is None and agg.error_count == 0
+    assert agg.requests > 0
+    # Over the whole point (warm-up included, after the drain) Triton succeeded exactly as often as we saw.
+    assert agg.client_successes_total == agg.server_successes_total
+    lat = agg.latency
+    assert 0 < lat.p50_ms <= lat.p90_ms <= lat.p95_ms <= lat.p99_ms <= lat.max_ms
+    server = agg.server
+    assert server is not None
+    # The windows' server delta is read on another thread just after each boundary: off by at most
+    # the requests completing meanwhile.
+    assert abs(server["success_count"] - agg.requests) <= max(10, 0.05 * agg.requests)
+    assert server["avg_batch_size"] >= 1.0 and server["compute_infer_us"] > 0
+    assert 0 < point.client_cpu_us_per_request < 1e4
+
+
+def test_closed_loop_sweep_agrees_with_triton(server: object, workspace: Path) -> None:
+    result = run_loadtest(settings(server, workspace, [ClosedLoop(1), ClosedLoop(4)], batch_size=2))
+    assert [p.label for p in result.points] == ["c=1", "c=4"] and not result.failures
+    for point in result.points:
+        check_point(point)
+        assert point.aggregate.infer_per_s == pytest.approx(2 * point.aggregate.throughput_rps)
+    assert result.server["version"]
+
+
+@pytest.mark.parametrize(("protocol", "encoding"), [("http", "json"), ("grpc", "binary")])
+def test_json_encoding_and_grpc_agree_with_triton(server: object, workspace: Path, protocol: str, encoding: str) -> None:
+    result = run_loadtest(settings(server, workspace, [ClosedLoop(2)], protocol=protocol, encoding=encoding))
+    (point,) = result.points
+    check_point(point)
+    assert point.protocol == protocol
+
+
+def test_several_endpoints_are_aggregated(server: object, workspace: Path) -> None:
+    """The same server twice stands in for two MIG slices (only the client side is checked)."""
+    endpoint = endpoint_from_url(server.http_url)  # type: ignore[attr-defined]
+    result = run_loadtest(settings(server, workspace, [ClosedLoop(2)], endpoints=(endpoint, endpoint)))
+    (point,) = result.points
+    assert len(point.endpoints) == 2
+    assert point.aggregate.requests == sum(e.requests for e in point.endpoints) > 0
+    assert point.aggregate.client_successes_total == sum(e.client_successes_total for e in point.endpoints)
+    for e in point.endpoints:  # each reads the one server's counters: both clients' requests
+        assert e.server_successes_total == point.aggregate.client_successes_total
+
+
+def test_open_loop_under_capacity_is_not_inflated(server: object, workspace: Path) -> None:
+    result = run_loadtest(settings(server, workspace, [OpenLoop(15.0)], models=("sleepy",), data=workspace / "calibration" / "add" / "eval.npz",
+                                   windows=WindowSettings(window_s=0.6, warmup_s=0.2, max_s=3.0)))  # fmt: skip
+    (point,) = result.points
+    assert not point.overloaded and point.aggregate.error_count == 0
+    assert SLEEP_S * 1e3 <= point.aggregate.latency.p50_ms < 4 * SLEEP_S * 1e3
+    assert point.aggregate.send_lag is not None and point.aggregate.send_lag.p50_ms < 2.0
+
+
+def test_open_loop_over_capacity_reports_queueing(server: object, workspace: Path) -> None:
+    """``sleepy`` serves 1/SLEEP_S = 50 requests/s; 150/s are offered. Latency counts from the
+    scheduled time, so the growing queue is in the numbers (and in Triton's queue time)."""
+    result = run_loadtest(settings(server, workspace, [OpenLoop(150.0)], models=("sleepy",), data=workspace / "calibration" / "add" / "eval.npz",
+                                   windows=WindowSettings(window_s=0.4, warmup_s=0.2, max_s=3.0, drain_s=0.5)))  # fmt: skip
+    (point,) = result.points
+    agg = point.aggregate
+    assert point.overloaded and not point.stable
+    assert agg.throughput_rps < 0.7 * 150
+    assert agg.latency.p50_ms > 5 * SLEEP_S * 1e3  # far above the 20 ms service time
+    assert agg.server is not None and agg.server["queue_us"] > 2 * SLEEP_S * 1e6
+    assert point.wall_seconds < 3.0 + 0.5 + 1.0  # bound + drain + slack
+
+
+def test_server_killed_mid_run_ends_the_run_with_errors(workspace: Path, tmp_path: Path) -> None:
+    from pipeline.triton.server import TritonServer
+
+    with TritonServer(workspace / "model_repository", log_path=tmp_path / "killed.log") as victim:
+        killer = threading.Timer(1.0, lambda: os.kill(victim.pid, signal.SIGKILL))  # type: ignore[arg-type]
+        began = time.monotonic()
+        killer.start()
+        try:
+            result = run_loadtest(settings(victim, workspace, [ClosedLoop(c) for c in (2, 4, 8, 16)],
+                                           windows=WindowSettings(window_s=0.5, warmup_s=0.2, max_s=3.0, drain_s=1.0)))  # fmt: skip
+        finally:
+            killer.cancel()
+        elapsed = time.monotonic() - began
+    assert elapsed < 4 * 3.0  # stopped at the dead server, did not grind through every point
+    assert any(p.aborted for p in result.points)
+    assert result.failures and "cannot reach Triton" in result.failures[-1]
+    kinds = {k for p in result.points for k in p.aggregate.errors}
+    assert kinds and all(k.startswith(("connection_", "connect_")) for k in kinds), kinds
