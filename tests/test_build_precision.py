@@ -1,0 +1,181 @@
+"""`build --fp16/--int8` end to end on real models: Q/DQ invariants, gates, calibration inputs, bad input."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+from onnx import numpy_helper
+from PIL import Image
+
+from pipeline.stages.int8 import check_qdq_int8_symmetric
+from tests.conftest import ROOT, cli, one_line_error
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def built(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The default model built once with --fp16 --int8; later builds in the same workdir reuse its stages."""
+    root = tmp_path_factory.mktemp("precision")
+    proc = cli("build", "--fp16", "--int8", "--workdir", str(root / "build"), "--repository", str(root / "repo"))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return root
+
+
+def _args(root: Path, *extra: str) -> tuple[str, ...]:
+    return ("build", "--workdir", str(root / "build"), "--repository", str(root / "repo"), *extra)
+
+
+def _initializer(model: onnx.ModelProto, name: str) -> np.ndarray | None:
+    for init in model.graph.initializer:
+        if init.name == name:
+            return numpy_helper.to_array(init)
+    return None
+
+
+def test_int8_graph_is_symmetric_int8_per_channel(built: Path) -> None:
+    path = built / "build" / "digits" / "model.int8.onnx"
+    check_qdq_int8_symmetric(path)
+    model = onnx.load(str(path))
+    qdq = [n for n in model.graph.node if n.op_type in ("QuantizeLinear", "DequantizeLinear")]
+    assert len(qdq) >= 8
+    for node in qdq:
+        zero_point = _initializer(model, node.input[2])
+        assert zero_point is not None and zero_point.dtype == np.int8 and not zero_point.any(), node.name
+    convs = [n for n in model.graph.node if n.op_type == "Conv"]
+    producers = {o: n for n in model.graph.node for o in n.output}
+    for conv in convs:
+        weight_dq = producers[conv.input[1]]
+        assert weight_dq.op_type == "DequantizeLinear"
+        scale = _initializer(model, weight_dq.input[1])
+        assert scale is not None and scale.ndim == 1 and scale.size > 1  # per output channel
+        if len(conv.input) > 2:
+            assert conv.input[2] not in producers or producers[conv.input[2]].op_type != "DequantizeLinear"  # float bias
+    softmax = [n for n in model.graph.node if n.op_type == "Softmax"]
+    assert softmax and all(producers[n.input[0]].op_type != "DequantizeLinear" for n in softmax)
+
+
+def test_accuracy_gates_and_report(built: Path) -> None:
+    report = json.loads((built / "build" / "digits" / "accuracy.json").read_text())
+    variants = {v["variant"]: v for v in report["variants"]}
+    assert set(variants) == {"fp16-onnx", "int8-onnx"}
+    for name, max_drop in (("fp16-onnx", 0.2), ("int8-onnx", 1.0)):
+        v = variants[name]
+        assert v["passed"] and v["reference_accuracy"] >= 0.95
+        assert (v["reference_accuracy"] - v["accuracy"]) * 100 <= max_drop
+    assert report["samples"] == 449 and report["labels"] is True
+
+
+def test_int8_alone_builds_fp32_and_int8(built: Path, tmp_path: Path) -> None:
+    proc = cli("build", "--int8", "--workdir", str(built / "build"), "--repository", str(tmp_path / "repo"))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    manifest = json.loads((built / "build" / "digits" / "manifest.json").read_text())
+    assert set(manifest["artifacts"]) == {"fp32.onnx", "int8.onnx"}
+    assert sorted(p.name for p in (tmp_path / "repo").iterdir() if p.is_dir()) == ["digits_fp32", "digits_int8"]
+
+
+def test_engine_step_says_why_it_did_not_run(built: Path) -> None:
+    manifest = json.loads((built / "build" / "digits" / "manifest.json").read_text())
+    [engine] = [s for s in manifest["stages"] if s["name"] == "engine"]
+    assert engine["status"] == "not run" and engine["note"].startswith("TensorRT engine step not run: ")
+
+
+def test_gate_failure_names_variant_and_publishes_nothing(built: Path, tmp_path: Path) -> None:
+    repo = tmp_path / "repo"
+    line = one_line_error(cli("build", "--fp16", "--fp16-atol", "1e-9", "--workdir", str(built / "build"), "--repository", str(repo)))
+    assert "accuracy gate failed: fp16-onnx: output 'probs' max abs error" in line and "> atol 1e-09" in line
+    assert not repo.exists() or not any(repo.iterdir())
+
+
+def _npz(path: Path, **arrays: np.ndarray) -> Path:
+    np.savez(path, **arrays)
+    return path
+
+
+def _images(folder: Path, count: int) -> Path:
+    folder.mkdir()
+    with np.load(ROOT / "calibration" / "digits" / "calib.npz") as data:
+        for i, image in enumerate(data["image"][:count]):
+            Image.fromarray((image[..., 0] * 255).astype(np.uint8)).save(folder / f"{i:03d}.png")
+    return folder
+
+
+def _with_bad_image(folder: Path) -> Path:
+    (folder / "bad.png").write_bytes(b"not a png")
+    return folder
+
+
+BAD_CALIBRATION = {
+    "wrong-name": (lambda d: _npz(d / "c.npz", pixels=np.zeros((200, 8, 8, 1), np.float32)), "pixels"),
+    "wrong-shape": (lambda d: _npz(d / "c.npz", image=np.zeros((200, 8, 8, 3), np.float32)), "image"),
+    "wrong-dtype": (lambda d: _npz(d / "c.npz", image=np.zeros((200, 8, 8, 1), np.int64)), "image"),
+    "nan": (lambda d: _npz(d / "c.npz", image=np.full((200, 8, 8, 1), np.nan, np.float32)), "NaN"),
+    "empty-folder": (lambda d: (d / "empty").mkdir() or d / "empty", "is empty"),
+    "too-few": (lambda d: _npz(d / "c.npz", image=np.zeros((5, 8, 8, 1), np.float32)), "5"),
+    "unreadable-image": (lambda d: _with_bad_image(_images(d / "imgs", 150)), "bad.png"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(BAD_CALIBRATION))
+def test_bad_calibration_data(built: Path, tmp_path: Path, case: str) -> None:
+    make, expected = BAD_CALIBRATION[case]
+    line = one_line_error(cli(*_args(built, "--int8", "--calibration", str(make(tmp_path)))))
+    assert "calibration" in line.lower() and expected in line, line
+
+
+def test_image_folder_calibration(built: Path, tmp_path: Path) -> None:
+    folder = _images(tmp_path / "imgs", 200)
+    proc = cli(*_args(built, "--int8", "--calibration", str(folder), "--preprocess", "unit"))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    report = json.loads((built / "build" / "digits" / "accuracy.json").read_text())
+    int8 = {v["variant"]: v for v in report["variants"]}["int8-onnx"]
+    assert int8["passed"] and (int8["reference_accuracy"] - int8["accuracy"]) * 100 <= 1.0
+
+
+@pytest.mark.parametrize(
+    ("shape", "expected"),
+    [
+        ("image:1x8x8x1/4x8x8x1", "INPUT:MIN/OPT/MAX"),
+        ("pixels:1x8x8x1/4x8x8x1/8x8x8x1", "names input 'pixels', but the model's inputs are: image"),
+        ("image:1x8x8/4x8x8/8x8x8", "rank"),
+        ("image:1x9x8x1/4x9x8x1/8x9x8x1", "axis 1"),
+        ("image:8x8x8x1/4x8x8x1/8x8x8x1", "axis 0 needs MIN <= OPT <= MAX, got 8/4/8"),
+    ],
+)
+def test_invalid_shape(built: Path, shape: str, expected: str) -> None:
+    line = one_line_error(cli(*_args(built, "--shape", shape)))
+    assert expected in line, line
+
+
+def test_mobilenet_v2_with_image_calibration(tmp_path: Path) -> None:
+    """A Keras Applications architecture (MobileNetV2, weights=None, 32×32×3, trained briefly on digits)
+    calibrated from a folder of PNG images with --preprocess symmetric."""
+    from tests.keras_models import digits_rgb32
+
+    calib = tmp_path / "images"
+    calib.mkdir()
+    images, _ = digits_rgb32("calib")
+    for i, image in enumerate(images[:256]):
+        Image.fromarray(((image + 1.0) * 127.5).round().astype(np.uint8)).save(calib / f"{i:03d}.png")
+    eval_x, eval_y = digits_rgb32("eval")
+    _npz(tmp_path / "eval.npz", input_layer=eval_x, labels=eval_y)
+    args = ["build", "--model", "tests.keras_models:mobilenet_v2_digits", "--name", "mobilenetv2", "--int8",
+            "--calibration", str(calib), "--preprocess", "symmetric", "--workdir", str(tmp_path / "build"),
+            "--repository", str(tmp_path / "repo")]
+    first = cli(*args, "--eval-data", str(tmp_path / "eval.npz"))
+    if "input_layer" in first.stderr and first.returncode == 2:  # the Keras input name is generated
+        name = first.stderr.split("model's inputs are ['")[1].split("'")[0]
+        _npz(tmp_path / "eval.npz", **{name: eval_x, "labels": eval_y})
+        first = cli(*args, "--eval-data", str(tmp_path / "eval.npz"))
+    assert first.returncode == 0, first.stderr[-3000:]
+    ws = tmp_path / "build" / "mobilenetv2"
+    check_qdq_int8_symmetric(ws / "model.int8.onnx")
+    report = json.loads((ws / "accuracy.json").read_text())
+    [int8] = report["variants"]
+    assert int8["reference_accuracy"] > 0.5 and int8["passed"], int8
+    shutil.rmtree(tmp_path / "build" / "mobilenetv2" / "savedmodel")  # keep tmp small
