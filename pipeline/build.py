@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import logging
 import platform
+import time
 from dataclasses import asdict, dataclass
 from importlib import metadata
 from pathlib import Path
@@ -31,6 +32,7 @@ from pipeline.stages.shapes import ShapeProfile, profiles_from_args, profiles_to
 from pipeline.stages.source import ModelSource, keras_model_from_source, model_source
 from pipeline.stages.tensorrt_env import tensorrt_status
 from pipeline.tensors import ModelSignature, signature_from_onnx
+from pipeline.triton.verify import verify_repository
 
 log = logging.getLogger(__name__)
 
@@ -71,6 +73,8 @@ def build(cfg: BuildConfig) -> BuildResult:
     artifacts = variants + engines
     manifest.artifacts = {f"{a.precision}.{a.kind}": str(a.path) for a in artifacts}
     repository = _publish_stage(artifacts, variants, data, signature, name, ws, cfg, manifest)
+    if cfg.verify_served or cfg.verify_url:
+        _served_stage(artifacts, name, ws, cfg, manifest)
     manifest.write()
     return BuildResult(name, ws, artifacts, ws.manifest, repository)
 
@@ -219,6 +223,22 @@ def _publish_stage(
         reproduce=cfg.command,
     )
     return cfg.repository
+
+
+def _served_stage(artifacts: list[Artifact], name: str, ws: Workspace, cfg: BuildConfig, manifest: Manifest) -> None:
+    started = time.perf_counter()
+    report = verify_repository(
+        cfg.repository,
+        url=cfg.verify_url,
+        models=[a.triton_name(name) for a in artifacts if a.kind == "onnx"],
+        calibration_root=cfg.calibration_root,
+        batch_size=EVAL_BATCH,
+        atol=1e-3,
+        max_drop={"fp16": cfg.gates.fp16_max_drop, "int8": cfg.gates.int8_max_drop},
+        report_path=ws.served,
+    )
+    manifest.results["served"] = report
+    manifest.ran("served", time.perf_counter() - started, f"through {cfg.verify_url or 'the embedded tritonserver'}")
 
 
 def eval_data_for(cfg: BuildConfig, name: str, signature: ModelSignature) -> EvalData:

@@ -88,6 +88,9 @@ def _register_build(sub: argparse._SubParsersAction) -> None:
     gate.add_argument("--fp16-max-drop", type=_float, default=0.2, help="max top-1 accuracy drop of FP16 (and FP32 engines), in points (default: %(default)g)")
     gate.add_argument("--fp16-atol", type=_float, default=1e-2, help="max abs error of FP16 outputs (default: %(default)g)")
     gate.add_argument("--int8-max-drop", type=_float, default=1.0, help="max top-1 accuracy drop of INT8, in points (default: %(default)g)")
+    served = p.add_argument_group("served check")
+    served.add_argument("--verify-served", action="store_true", help="after publishing, start the embedded tritonserver and run `verify` on the new variants")
+    served.add_argument("--verify-url", metavar="HOST:PORT", help="after publishing, verify through this running Triton (HTTP) instead")
     p.set_defaults(handler=_run_build)
 
 
@@ -115,6 +118,8 @@ def _run_build(args: argparse.Namespace) -> int:
         version_policy=args.version_policy,
         mig=args.mig,
         triton_image=args.triton_image,
+        verify_served=args.verify_served,
+        verify_url=args.verify_url,
         gates=Gates(
             parity_atol=args.parity_atol,
             parity_rtol=args.parity_rtol,

@@ -57,6 +57,10 @@ class Workspace:
         return self.root / "published.json"
 
     @property
+    def served(self) -> Path:
+        return self.root / "served.json"
+
+    @property
     def manifest(self) -> Path:
         return self.root / "manifest.json"
 
@@ -84,6 +88,8 @@ class BuildConfig:
     version_policy: str = "new"
     mig: str | None = None
     triton_image: str | None = None
+    verify_served: bool = False
+    verify_url: str | None = None
     gates: Gates = field(default_factory=Gates)
     command: str = "python -m pipeline build"
 

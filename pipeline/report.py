@@ -6,10 +6,10 @@ import json
 from typing import TYPE_CHECKING, Any
 
 from rich.console import Console
-
-from pipeline.console import console as make_console
 from rich.markup import escape
 from rich.table import Table
+
+from pipeline.console import console as make_console
 
 if TYPE_CHECKING:
     from pipeline.build import BuildResult
@@ -57,6 +57,10 @@ def print_build_summary(result: "BuildResult", console: Console | None = None) -
     console.print(stage_table(manifest, f"build '{result.name}'"))
     if "accuracy" in manifest["results"]:
         console.print(accuracy_table(manifest["results"]["accuracy"]))
+    if "served" in manifest["results"]:
+        from pipeline.triton.verify_cli import served_table
+
+        console.print(served_table(manifest["results"]["served"]["models"]))
     for key, path in manifest["artifacts"].items():
         console.print(f"  {key:12} {escape(path)}")
     console.print(f"  manifest     {escape(str(result.manifest))}")

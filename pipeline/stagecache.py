@@ -56,6 +56,10 @@ class Manifest:
         tmp.replace(self.path)
         return self.path
 
+    def ran(self, name: str, seconds: float, note: str = "") -> None:
+        """Record a stage that always runs (it checks something outside the workdir, e.g. a server)."""
+        self.stages.append(StageRecord(name, "ran", seconds, note=note))
+
     def not_run(self, name: str, reason: str) -> None:
         """Record a stage that could not run here (e.g. TensorRT missing)."""
         self.stages.append(StageRecord(name, "not run", 0.0, note=reason))

@@ -8,9 +8,12 @@ on CPUs without VNNI), the served outputs move away from those numbers and the c
 
 from __future__ import annotations
 
+import contextlib
+import json
 import logging
 import re
-from collections.abc import Sequence
+import time
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -119,3 +122,68 @@ def gate_against_fp32(results: Sequence[ServedResult], max_drop: dict[str, float
 
 def results_as_json(results: Sequence[ServedResult]) -> list[dict]:
     return [asdict(r) | {"passed": not r.failures} for r in results]
+
+
+def verify_repository(
+    repository: Path,
+    *,
+    url: str | None,
+    models: Sequence[str],
+    calibration_root: Path,
+    batch_size: int,
+    atol: float,
+    max_drop: dict[str, float],
+    report_path: Path,
+    show: Callable[[list[dict]], None] | None = None,
+) -> dict:
+    """Verify the pipeline's ONNX variants in ``repository`` through Triton at ``url`` (None: the
+    embedded server on ``repository``); write ``report_path``; raise PipelineError on any failure."""
+    from pipeline.evaldata import eval_data_from_npz
+    from pipeline.stages.accuracy import classifier_output
+    from pipeline.tensors import signature_from_onnx
+    from pipeline.triton.repository import read_repository
+    from pipeline.triton.server import TritonServer
+
+    chosen = {}
+    for name, model in sorted(read_repository(repository).items()):
+        if models and name not in models:
+            continue
+        if model.config.platform != "onnxruntime_onnx" or parse_variant(name) is None:
+            log.info("%s: not verified here (%s)", name, model.config.platform or model.config.backend)
+            continue
+        chosen[name] = model
+    missing = sorted(set(models) - set(chosen))
+    if missing or not chosen:
+        raise PipelineError(f"no servable pipeline ONNX model named {missing or 'any'} in {repository}", "run `python -m pipeline build` or check --model")
+
+    server = None if url else TritonServer(repository)
+    results = []
+    with server if server else contextlib.nullcontext():
+        endpoint = url or server.http_url  # type: ignore[union-attr]
+        for name, model in chosen.items():
+            base, _ = parse_variant(name)  # type: ignore[misc]
+            version = max(model.versions)
+            model_file = model.path / str(version) / (model.config.default_model_filename or "model.onnx")
+            signature = signature_from_onnx(model_file)
+            eval_path = calibration_root / base / "eval.npz"
+            if not eval_path.exists():
+                raise PipelineError(f"no evaluation data for '{base}' at {eval_path}", "pass --calibration-root with <model>/eval.npz")
+            data = eval_data_from_npz(eval_path, signature)
+            output = classifier_output(signature) or signature.outputs[0].name
+            batch = min(batch_size, model.config.max_batch_size or batch_size)
+            log.info("verifying %s v%d through %s (%d samples)", name, version, endpoint, data.num_samples)
+            results.append(verify_served_model(endpoint, name, model_file, data, signature, output, batch_size=batch, atol=atol))
+    gate_against_fp32(results, max_drop)
+
+    report = {"url": url or "embedded", "repository": str(repository), "time": time.strftime("%Y-%m-%dT%H:%M:%S"), "models": results_as_json(results)}
+    report_path.parent.mkdir(parents=True, exist_ok=True)
+    report_path.write_text(json.dumps(report, indent=2) + "\n")
+    if show:
+        show(report["models"])
+    failed = [r for r in results if r.failures]
+    if failed:
+        raise PipelineError(
+            "served accuracy check failed: " + "; ".join(f"{r.model}: {', '.join(r.failures)}" for r in failed) + f" (report: {report_path})",
+            "for INT8, make sure the server keeps Q/DQ exact (optimization graph level 2 in config.pbtxt)",
+        )
+    return report
