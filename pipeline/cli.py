@@ -155,13 +155,14 @@ def make_parser() -> argparse.ArgumentParser:
 
 
 def _setup_logging(verbose: bool) -> None:
+    from rich.console import Console
     from rich.logging import RichHandler
 
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
     logging.basicConfig(
         level=logging.DEBUG if verbose else logging.INFO,
         format="%(message)s",
-        handlers=[RichHandler(show_path=False, show_time=True, markup=False, rich_tracebacks=False)],
+        handlers=[RichHandler(console=Console(stderr=True), show_path=False, show_time=True, markup=False, rich_tracebacks=False)],
     )
     from polygraphy.logger import G_LOGGER
 

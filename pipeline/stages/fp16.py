@@ -12,6 +12,7 @@ import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 
+from pipeline.atomic import clear_leftovers
 from pipeline.errors import PipelineError, require
 
 log = logging.getLogger(__name__)
@@ -59,8 +60,10 @@ def fp16_onnx_from_onnx(src: Path, dst: Path, *, keep_fp32_ops: Sequence[str] = 
     _check_io_types(model.graph, float_io, src)
 
     dst.parent.mkdir(parents=True, exist_ok=True)
+    clear_leftovers(dst)
     fd, tmp = tempfile.mkstemp(dir=dst.parent, prefix=f".{dst.name}.", suffix=".tmp")
     os.close(fd)
+    os.chmod(tmp, 0o644)  # mkstemp makes 0600; the model is an ordinary artifact
     try:
         onnx.save(model, tmp)
         try:

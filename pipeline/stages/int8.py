@@ -23,6 +23,7 @@ from pathlib import Path
 
 import numpy as np
 
+from pipeline.atomic import clear_leftovers
 from pipeline.errors import PipelineError, require
 from pipeline.stages.calibration import CalibrationData
 from pipeline.tensors import ModelSignature, signature_from_onnx
@@ -82,6 +83,7 @@ def qdq_onnx_from_onnx(
     batch, drop_last = _calibration_batch(signature, batch_size, calibration.num_samples)
 
     dst.parent.mkdir(parents=True, exist_ok=True)
+    clear_leftovers(dst)
     with tempfile.TemporaryDirectory(prefix=f".{dst.name}.", dir=dst.parent) as tmp_dir:
         tmp = Path(tmp_dir)
         prepared = _prepared_model(src, tmp / "prepared.onnx")

@@ -13,23 +13,8 @@ from pathlib import Path
 import pytest
 
 from pipeline.triton.serve_cli import cpu_shares
+from tests.conftest import ROOT
 from tests.triton.conftest import shm_entries
-
-# The lead wires `serve` into pipeline/cli.py; this harness runs the same register()/run() pair.
-HARNESS = """
-import argparse, logging, sys
-from pipeline.errors import PipelineError
-from pipeline.triton import serve_cli
-logging.basicConfig(level=logging.INFO, format="%(levelname)s %(message)s")
-parser = argparse.ArgumentParser()
-serve_cli.register(parser.add_subparsers())
-args = parser.parse_args(sys.argv[1:])
-try:
-    sys.exit(args.handler(args))
-except PipelineError as exc:
-    print(f"error: {exc}", file=sys.stderr)
-    sys.exit(2)
-"""
 
 
 def test_cpu_shares_split_cores_contiguously() -> None:
@@ -53,18 +38,19 @@ def processes_mentioning(text: str) -> list[int]:
 @pytest.mark.slow
 def test_serve_two_slices_until_sigterm_then_exit_0_cleanly(repository: Path, tmp_path: Path) -> None:
     log_file = tmp_path / "serve.log"
-    stderr_path = tmp_path / "stderr.txt"
-    with open(stderr_path, "wb") as stderr:
+    output_path = tmp_path / "output.txt"  # the CLI logs (rich) to stdout, errors to stderr: both go here
+    env = dict(os.environ, PYTHONPATH=str(ROOT), COLUMNS="400")  # wide enough that no log line wraps
+    with open(output_path, "wb") as sink:
         process = subprocess.Popen(
-            [sys.executable, "-c", HARNESS, "serve", "--repository", str(repository), "--slices", "2",
+            [sys.executable, "-m", "pipeline", "serve", "--repository", str(repository), "--slices", "2",
              "--http-port", "0", "--grpc-port", "0", "--metrics-port", "0", "--log-file", str(log_file)],
-            stdout=subprocess.DEVNULL, stderr=stderr,
+            cwd=ROOT, env=env, stdout=sink, stderr=subprocess.STDOUT,
         )
         deadline = time.monotonic() + 120
-        while "ready; Ctrl-C" not in stderr_path.read_text() and process.poll() is None:
-            assert time.monotonic() < deadline, stderr_path.read_text()
+        while "ready; Ctrl-C" not in output_path.read_text() and process.poll() is None:
+            assert time.monotonic() < deadline, output_path.read_text()
             time.sleep(0.2)
-        output = stderr_path.read_text()
+        output = output_path.read_text()
         assert process.poll() is None, output
         servers = processes_mentioning(str(tmp_path))
         servers.remove(process.pid)
@@ -80,9 +66,9 @@ def test_serve_two_slices_until_sigterm_then_exit_0_cleanly(repository: Path, tm
         idle.request("GET", "/v2/health/ready")
         assert idle.getresponse().status == 200
         process.send_signal(signal.SIGTERM)
-        assert process.wait(timeout=20) == 0, stderr_path.read_text()
+        assert process.wait(timeout=20) == 0, output_path.read_text()
         idle.close()
-    assert "SIGTERM received; stopping" in stderr_path.read_text()
+    assert "SIGTERM received; stopping" in output_path.read_text()
     assert processes_mentioning(str(tmp_path)) == []
     assert shm_entries(process.pid) == set()
     assert (tmp_path / "serve-slice0.log").stat().st_size > 0 and (tmp_path / "serve-slice1.log").stat().st_size > 0

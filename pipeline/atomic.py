@@ -1,0 +1,19 @@
+"""Leftovers of killed stages: stages write to hidden temporaries beside their output
+(``.<name>.*``) and rename into place; a killed run leaves those behind, the next run clears them."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+
+def clear_leftovers(dst: Path) -> None:
+    """Remove ``.<dst name>.*`` files and folders that a killed earlier run left beside ``dst``."""
+    dst = Path(dst)
+    if not dst.parent.is_dir():
+        return
+    for stale in dst.parent.glob(f".{dst.name}.*"):
+        if stale.is_dir() and not stale.is_symlink():
+            shutil.rmtree(stale, ignore_errors=True)
+        else:
+            stale.unlink(missing_ok=True)
