@@ -142,6 +142,7 @@ def make_parser() -> argparse.ArgumentParser:
     parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND", parser_class=_Parser)
     _register_build(sub)
+    from pipeline.loadtest.cli import register as register_loadtest
     from pipeline.mig.cli import register as register_mig_plan
     from pipeline.triton.deploy import register as register_deploy
     from pipeline.triton.serve_cli import register as register_serve
@@ -150,6 +151,7 @@ def make_parser() -> argparse.ArgumentParser:
     register_serve(sub)
     register_verify(sub)
     register_deploy(sub)
+    register_loadtest(sub)
     register_mig_plan(sub)
     return parser
 

@@ -167,11 +167,8 @@ def test_mobilenet_v2_with_image_calibration(tmp_path: Path) -> None:
     args = ["build", "--model", "tests.keras_models:mobilenet_v2_digits", "--name", "mobilenetv2", "--int8",
             "--calibration", str(calib), "--preprocess", "symmetric", "--workdir", str(tmp_path / "build"),
             "--repository", str(tmp_path / "repo")]
+    # MobileNetV2's keras.Input has no name: the ONNX input takes the Input layer's, "input_layer"
     first = cli(*args, "--eval-data", str(tmp_path / "eval.npz"))
-    if "input_layer" in first.stderr and first.returncode == 2:  # the Keras input name is generated
-        name = first.stderr.split("model's inputs are ['")[1].split("'")[0]
-        _npz(tmp_path / "eval.npz", **{name: eval_x, "labels": eval_y})
-        first = cli(*args, "--eval-data", str(tmp_path / "eval.npz"))
     assert first.returncode == 0, first.stderr[-3000:]
     ws = tmp_path / "build" / "mobilenetv2"
     check_qdq_int8_symmetric(ws / "model.int8.onnx")

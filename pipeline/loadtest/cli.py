@@ -29,10 +29,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="measure latency and throughput of Triton (closed-loop concurrency sweep or open-loop request rate)",
         description=(
             "Load-test Triton the way perf_analyzer does: for each load point, warm up, then run measurement "
-            "windows until the last 3 agree (throughput and mean latency within 10%%), bounded by --max-seconds. "
+            "windows until the last 3 agree (throughput and mean latency within 10%), bounded by --max-seconds. "
             "Requests are real samples from calibration/<model>/eval.npz, encoded once before the run and checked "
-            "against tritonclient. The HTTP generator is an epoll loop over keep-alive connections costing ~10-20 µs "
-            "of client CPU per request (reported per point), so it measures the server, not itself. Each point reports "
+            "against tritonclient. The HTTP generator is an epoll loop over keep-alive connections costing ~20-40 µs "
+            "of client CPU per request under load, kernel included (wrk: ~15-20; reported per point), so it measures the server, not itself. Each point reports "
             "throughput, client latency percentiles, errors by kind, and Triton's own breakdown from its statistics "
             "extension (queue, compute input/infer/output, average batch size) over the same windows.\n\n"
             "Without --url the embedded tritonserver is started on --repository, every served variant is measured, "
@@ -69,8 +69,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     req = p.add_argument_group("requests")
     req.add_argument("--batch-size", type=int, default=1, help="samples per request; infer/s = requests/s × this (default: %(default)s)")
     req.add_argument("--protocol", choices=PROTOCOLS, default="http",
-                     help="http: the lean generator; grpc: grpc.aio with pre-serialized requests — several times the "
-                          "client CPU per request, reported per point (default: %(default)s)")
+                     help="http: the lean generator; grpc: grpcio futures with pre-serialized requests — roughly ten "
+                          "times the client CPU per request (taken from a server on the same machine), reported per "
+                          "point (default: %(default)s)")
     req.add_argument("--encoding", choices=ENCODINGS, default="binary",
                      help="HTTP body: binary tensor extension (JSON header + raw tensor bytes, outputs binary) or plain "
                           "JSON (default: %(default)s)")

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import http.client
 import json
-import socket
 from dataclasses import dataclass
 from urllib.parse import urlsplit
 
@@ -100,7 +99,7 @@ def request_json(
         except ValueError:
             decoded = raw.decode("utf-8", "replace")
         return response.status, decoded
-    except (http.client.HTTPException, socket.timeout) as exc:
+    except (TimeoutError, http.client.HTTPException) as exc:
         raise OSError(f"{type(exc).__name__}: {exc}") from exc
     finally:
         conn.close()

@@ -27,7 +27,7 @@ from collections.abc import Callable, Iterator
 from pipeline.errors import PipelineError
 from pipeline.loadtest.client import Endpoint, response_frame
 from pipeline.loadtest.policy import ClosedLoop, OpenLoop, Policy
-from pipeline.loadtest.recorder import Recorder
+from pipeline.loadtest.recorder import Recorder, connect_kind, error_detail, lost_kind
 from pipeline.loadtest.timer import DueTimer
 
 _BACKOFF_NS = (10_000_000, 20_000_000, 50_000_000, 100_000_000, 200_000_000, 500_000_000)
@@ -62,7 +62,7 @@ class _Target:
 
 
 class _Conn:
-    __slots__ = ("sock", "fd", "target", "connecting", "busy", "stamp_ns", "sent_ns", "buf", "out")
+    __slots__ = ("buf", "busy", "connecting", "fd", "out", "sent_ns", "sock", "stamp_ns", "target")
 
     def __init__(self, sock: socket.socket, target: _Target) -> None:
         self.sock = sock
@@ -267,7 +267,7 @@ class HttpEngine:
         if data[9:12] == b"200":
             t.recorder.latency_ns.append(now - conn.stamp_ns)
         else:
-            t.recorder.error(f"http_{bytes(data[9:12]).decode('ascii', 'replace')}", _detail(data[frame[0] : frame[1]]))
+            t.recorder.error(f"http_{bytes(data[9:12]).decode('ascii', 'replace')}", error_detail(data[frame[0] : frame[1]]))
         self._ready(conn)
 
     def _ready(self, conn: _Conn) -> None:
@@ -347,8 +347,8 @@ class HttpEngine:
 
     def _connect_failed(self, conn: _Conn, code: int) -> None:
         t = conn.target
-        kind = "connect_refused" if code == errno.ECONNREFUSED else f"connect_{errno.errorcode.get(code, code)}"
-        t.recorder.error(kind, f"{t.endpoint.address}: {errno.errorcode.get(code, code)} {_strerror(code)}")
+        kind, message = connect_kind(code)
+        t.recorder.error(kind, f"{t.endpoint.address}: {message}")
         t.connecting -= 1
         conn.connecting = False
         self._close(conn)
@@ -359,8 +359,7 @@ class HttpEngine:
         t = conn.target
         if conn.busy:
             conn.busy = False
-            kind = "connection_closed" if exc is None else _lost_kind(exc)
-            t.recorder.error(kind, str(exc) if exc else "server closed the connection mid-request")
+            t.recorder.error(lost_kind(exc), str(exc) if exc else "server closed the connection mid-request")
             t.failures += 1
         self._close(conn)
         if isinstance(self._policy, ClosedLoop) or t.backlog:
@@ -404,35 +403,3 @@ class HttpEngine:
 
     def _after(self, delay_ns: int, callback: Callable[[], None]) -> None:
         heapq.heappush(self._timers, (time.perf_counter_ns() + delay_ns, next(self._seq), callback))
-
-
-def _lost_kind(exc: BaseException) -> str:
-    if isinstance(exc, ConnectionResetError):
-        return "connection_reset"
-    if isinstance(exc, BrokenPipeError):
-        return "connection_broken_pipe"
-    if isinstance(exc, ValueError):
-        return "bad_response"
-    return f"connection_{type(exc).__name__}"
-
-
-def _strerror(code: int) -> str:
-    try:
-        import os
-
-        return os.strerror(code)
-    except ValueError:
-        return ""
-
-
-def _detail(body: bytes | bytearray) -> str:
-    """The message of a Triton error body (``{"error": "..."}``), else the body's start."""
-    text = bytes(body[:400]).decode("utf-8", "replace")
-    if text.startswith('{"error":'):
-        import json
-
-        try:
-            return str(json.loads(bytes(body))["error"])
-        except (ValueError, KeyError, TypeError):
-            pass
-    return text

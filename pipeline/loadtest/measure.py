@@ -13,6 +13,7 @@ import logging
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -23,6 +24,8 @@ from pipeline.loadtest.server_stats import ServerCounters
 from pipeline.loadtest.window import Mark, Window, is_stable
 
 log = logging.getLogger(__name__)
+
+_STATS_TIMEOUT_S = 3.0
 
 
 class Engine(Protocol):
@@ -80,9 +83,10 @@ def measure(
     than ``1 - threshold`` of it, the server is overloaded — its queue only grows, so the point
     can never be stable and ends at once, marked ``overloaded``."""
     recorders = engine.recorders
-    with ThreadPoolExecutor(max_workers=max(1, len(fetchers)), thread_name_prefix="triton-stats") as pool:
-        notes = [""] * len(fetchers)
-        before = [_resolve(pool.submit(f), notes, i) for i, f in enumerate(fetchers)]
+    notes = [""] * len(fetchers)
+    before = [_read_now(f, notes, i) for i, f in enumerate(fetchers)]
+    probe = _Probe(fetchers)
+    try:
         began = time.perf_counter_ns()
         bound = began + int(settings.max_s * 1e9)
         start = Mark.take(recorders, began, time.process_time())
@@ -90,7 +94,7 @@ def measure(
         engine.run_until(min(began + int(settings.warmup_s * 1e9), bound))
         warm = Mark.take(recorders, time.perf_counter_ns(), time.process_time())
         aborted = _dead(Window(start, warm))
-        marks, stats = [warm], [[pool.submit(f) for f in fetchers]]
+        marks, stats = [warm], [probe.read()]
         windows: list[Window] = []
         stable = overloaded = False
         throughputs: list[float] = []
@@ -99,7 +103,7 @@ def measure(
             engine.run_until(min(marks[-1].at_ns + int(settings.window_s * 1e9), bound))
             mark = Mark.take(recorders, time.perf_counter_ns(), time.process_time())
             marks.append(mark)
-            stats.append([pool.submit(f) for f in fetchers])
+            stats.append(probe.read())
             window = Window(marks[-2], mark)
             windows.append(window)
             throughputs.append(window.throughput)
@@ -119,11 +123,13 @@ def measure(
                 break
         engine.finish(settings.drain_s)
         wall = (time.perf_counter_ns() - began) / 1e9
-        after = [_resolve(pool.submit(f), notes, i) for i, f in enumerate(fetchers)]
         used = min(settings.stable_windows, len(windows))
         first = len(marks) - 1 - used
         start_stats = [_resolve(f, notes, i) for i, f in enumerate(stats[first])] if used else [None] * len(fetchers)
         end_stats = [_resolve(f, notes, i) for i, f in enumerate(stats[-1])] if used else [None] * len(fetchers)
+    finally:
+        probe.close()
+    after = [_read_now(f, notes, i) for i, f in enumerate(fetchers)]
     return Measurement(
         recorders=recorders,
         windows=windows,
@@ -145,9 +151,45 @@ def _dead(window: Window) -> str | None:
     return None
 
 
-def _resolve(future: Future, notes: list[str], index: int) -> ServerCounters | None:
+class _Probe:
+    """Reads every endpoint's counters on helper threads while the load runs — at most one read
+    per endpoint at a time, so a server that stopped answering cannot pile reads up."""
+
+    def __init__(self, fetchers: Sequence[StatsFetch]) -> None:
+        self._fetchers = fetchers
+        self._pool = ThreadPoolExecutor(max_workers=max(1, len(fetchers)), thread_name_prefix="triton-stats")
+        self._last: list[Future | None] = [None] * len(fetchers)
+
+    def read(self) -> list[Future | None]:
+        """Start a read per endpoint (``None`` where the previous one is still running)."""
+        out: list[Future | None] = []
+        for i, fetch in enumerate(self._fetchers):
+            previous = self._last[i]
+            if previous is not None and not previous.done():
+                out.append(None)
+                continue
+            self._last[i] = self._pool.submit(fetch)
+            out.append(self._last[i])
+        return out
+
+    def close(self) -> None:
+        self._pool.shutdown(wait=False, cancel_futures=True)
+
+
+def _resolve(future: Future | None, notes: list[str], index: int) -> ServerCounters | None:
+    if future is None:
+        notes[index] = notes[index] or "Triton statistics unavailable: a statistics read did not return in time"
+        return None
     try:
-        return future.result()
+        return future.result(timeout=_STATS_TIMEOUT_S)
+    except (OSError, FutureTimeout) as exc:
+        notes[index] = notes[index] or f"Triton statistics unavailable: {exc or 'no answer'}"
+        return None
+
+
+def _read_now(fetch: StatsFetch, notes: list[str], index: int) -> ServerCounters | None:
+    try:
+        return fetch()
     except OSError as exc:
         notes[index] = notes[index] or f"Triton statistics unavailable: {exc}"
         return None

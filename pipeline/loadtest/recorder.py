@@ -6,6 +6,9 @@ a measurement window is a pair of positions in these arrays (see :mod:`pipeline.
 
 from __future__ import annotations
 
+import errno
+import json
+import os
 from array import array
 from dataclasses import dataclass, field
 
@@ -41,16 +44,32 @@ class Recorder:
         return sum(self.errors.values())
 
 
-def error_kind(exc: BaseException | None) -> str:
-    """A short, stable name for a connection failure (the report groups errors by it)."""
+def lost_kind(exc: BaseException | None) -> str:
+    """A short, stable name for a request lost with its connection (the report groups by it)."""
     if exc is None:
         return "connection_closed"
-    if isinstance(exc, ConnectionRefusedError):
-        return "connect_refused"
     if isinstance(exc, ConnectionResetError):
         return "connection_reset"
-    if isinstance(exc, TimeoutError):
-        return "timeout"
+    if isinstance(exc, BrokenPipeError):
+        return "connection_broken_pipe"
     if isinstance(exc, ValueError):
         return "bad_response"
-    return type(exc).__name__
+    return f"connection_{type(exc).__name__}"
+
+
+def connect_kind(code: int) -> tuple[str, str]:
+    """Kind and message of a failed connect from its errno."""
+    name = errno.errorcode.get(code, str(code))
+    kind = "connect_refused" if code == errno.ECONNREFUSED else f"connect_{name}"
+    return kind, f"{name} {os.strerror(code)}"
+
+
+def error_detail(body: bytes | bytearray) -> str:
+    """The message of a Triton error body (``{"error": "..."}``), else the body's start."""
+    text = bytes(body[:400]).decode("utf-8", "replace")
+    if text.startswith('{"error":'):
+        try:
+            return str(json.loads(bytes(body))["error"])
+        except (ValueError, KeyError, TypeError):
+            pass
+    return text

@@ -17,12 +17,23 @@ from pipeline.errors import PipelineError
 from pipeline.loadtest import payload as pl
 from pipeline.loadtest.client import Endpoint, post_request_bytes
 from pipeline.loadtest.engine import HttpEngine
-from pipeline.loadtest.measure import Measurement, WindowSettings, measure, window_lags, window_latencies
+from pipeline.loadtest.measure import (
+    Measurement,
+    WindowSettings,
+    measure,
+    window_lags,
+    window_latencies,
+)
 from pipeline.loadtest.policy import OpenLoop, Policy
 from pipeline.loadtest.results import EndpointResult, PointResult, RunResult
 from pipeline.loadtest.server_stats import ServerCounters, fetch_counters
 from pipeline.loadtest.stats import summarize_ns
-from pipeline.loadtest.targets import model_io, ready_models, require_ready, server_metadata
+from pipeline.loadtest.targets import (
+    model_io,
+    ready_models,
+    require_ready,
+    server_metadata,
+)
 from pipeline.loadtest.verify import check_request
 
 log = logging.getLogger(__name__)
@@ -235,7 +246,7 @@ def _settings_dict(s: LoadTestSettings, models: list[str]) -> dict[str, Any]:
 
 def _generator_info(s: LoadTestSettings) -> dict[str, Any]:
     engine = (
-        "grpc.aio, pre-serialized ModelInferRequest, one channel per endpoint"
+        "grpcio futures, pre-serialized ModelInferRequest, one channel per endpoint"
         if s.protocol == "grpc"
         else "epoll loop, HTTP/1.1 keep-alive, one connection per in-flight request, pre-encoded requests"
     )

@@ -82,7 +82,7 @@ def counters_from_json(payload: object, model: str) -> ServerCounters:
     return total
 
 
-def fetch_counters(endpoint: Endpoint, model: str, timeout: float = 5.0) -> ServerCounters:
+def fetch_counters(endpoint: Endpoint, model: str, timeout: float = 2.0) -> ServerCounters:
     """Read the model's counters now; raises ``OSError`` when the server cannot be asked."""
     status, payload = request_json(endpoint, "GET", f"/v2/models/{quote(model, safe='')}/stats", timeout=timeout)
     if status != 200:

@@ -27,12 +27,15 @@ def _call(endpoint: Endpoint, method: str, path: str, body: object | None = None
 
 
 def server_metadata(endpoint: Endpoint) -> dict:
-    """The server's name, version and extensions; raises when it is unreachable or not ready."""
-    status, _ = _call(endpoint, "GET", "/v2/health/ready")
+    """The server's name, version and extensions; raises when it is unreachable or not live.
+
+    Liveness, not readiness: with ``--strict-readiness`` one failed model makes the whole server
+    "not ready", yet its other models serve — each model's own readiness is checked instead."""
+    status, _ = _call(endpoint, "GET", "/v2/health/live")
     if status != 200:
         raise PipelineError(
-            f"Triton at {endpoint.address} answers but is not ready (HTTP {status})",
-            "wait for its models to load, or check its log for models that failed",
+            f"Triton at {endpoint.address} answers but is not live (HTTP {status})",
+            "check the server's log; it may be shutting down",
         )
     status, meta = _call(endpoint, "GET", "/v2")
     return meta if status == 200 and isinstance(meta, dict) else {}

@@ -28,18 +28,32 @@ def output_names(model: "keras.Model") -> list[str]:
     return unique
 
 
+def input_names(model: "keras.Model") -> list[str]:
+    """The names the exported inputs get: the tensor's name, or the Input layer's name when Keras
+    generated the tensor name (``keras_tensor_12`` from ``keras.Input`` without ``name=``)."""
+    names = []
+    for tensor in model.inputs:
+        name = tensor.name
+        if name.startswith("keras_tensor"):
+            # Keras 3 has no public accessor for the layer that made a symbolic input.
+            history = getattr(tensor, "_keras_history", None)
+            name = getattr(getattr(history, "operation", None), "name", None) or name
+        names.append(name)
+    return names
+
+
 def savedmodel_from_keras(model: "keras.Model", dst: Path) -> Path:
     """Export ``model`` to a SavedModel at ``dst`` whose ``serving_default`` signature names every
     input after its Keras input and every output after its Keras output layer, batch axis dynamic."""
     import keras
     import tensorflow as tf
 
-    input_names = [t.name for t in model.inputs]
+    feed_names = [t.name for t in model.inputs]  # what the model's call matches a dict against
     outputs = output_names(model)
-    specs = [tf.TensorSpec((None, *t.shape[1:]), t.dtype, name=t.name) for t in model.inputs]
+    specs = [tf.TensorSpec((None, *t.shape[1:]), t.dtype, name=n) for t, n in zip(model.inputs, input_names(model))]
 
     def serve(*args: Any) -> dict[str, Any]:
-        feed = args[0] if len(args) == 1 else dict(zip(input_names, args))
+        feed = args[0] if len(args) == 1 else dict(zip(feed_names, args))
         result = model(feed, training=False)
         if isinstance(result, dict):
             return {name: result[name] for name in result}

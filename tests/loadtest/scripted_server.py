@@ -13,6 +13,7 @@ import threading
 import time
 from collections import Counter
 from collections.abc import Callable
+from typing import Self
 
 # A script maps the request's sequence number (0, 1, ...) to "ok", "error", "close" or "hang".
 Script = Callable[[int], str]
@@ -31,7 +32,7 @@ class ScriptedServer:
         self._threads: list[threading.Thread] = []
         self._conns: list[socket.socket] = []
 
-    def __enter__(self) -> ScriptedServer:
+    def __enter__(self) -> Self:
         thread = threading.Thread(target=self._accept, daemon=True)
         thread.start()
         self._threads.append(thread)

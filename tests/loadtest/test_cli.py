@@ -59,7 +59,8 @@ def test_reports_and_slo_verdict(server: object, workspace: Path, tmp_path: Path
     report = json.loads((tmp_path / "ok" / "results.json").read_text())
     assert [p["load"] for p in report["points"]] == [1.0, 2.0]
     assert report["slo"]["met"] and report["slo"]["best_point"]["model"] == "add"
-    rows = list(csv.DictReader(open(tmp_path / "ok" / "results.csv")))
+    with open(tmp_path / "ok" / "results.csv", newline="") as fh:
+        rows = list(csv.DictReader(fh))
     assert len(rows) == 2 and rows[0]["server_successes_total"] == rows[0]["client_successes_total"]
     for png in ("latency_vs_throughput.png", "latency_vs_concurrency.png"):
         assert (tmp_path / "ok" / png).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

@@ -5,7 +5,12 @@ from __future__ import annotations
 import pytest
 
 from pipeline.errors import PipelineError
-from pipeline.loadtest.client import Endpoint, endpoint_from_url, post_request_bytes, response_frame
+from pipeline.loadtest.client import (
+    Endpoint,
+    endpoint_from_url,
+    post_request_bytes,
+    response_frame,
+)
 
 
 @pytest.mark.parametrize(

@@ -30,7 +30,7 @@ def run(engine: HttpEngine, seconds: float, drain: float = 1.0) -> float:
 
 
 def test_closed_loop_counts_every_answer_by_kind() -> None:
-    script = lambda n: "error" if n % 5 == 4 else ("close" if n % 11 == 10 else "ok")  # noqa: E731
+    script = lambda n: "error" if n % 5 == 4 else ("close" if n % 11 == 10 else "ok")
     with ScriptedServer(script) as server:
         engine = HttpEngine([(Endpoint("127.0.0.1", server.port), requests_for(server.port))], ClosedLoop(4), timeout_s=2.0)
         run(engine, 0.5)

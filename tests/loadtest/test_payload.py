@@ -13,7 +13,14 @@ import numpy as np
 import pytest
 
 from pipeline.errors import PipelineError
-from pipeline.loadtest.payload import ModelIO, TensorInfo, encode_binary, encode_json, eval_data_path, request_batches
+from pipeline.loadtest.payload import (
+    ModelIO,
+    TensorInfo,
+    encode_binary,
+    encode_json,
+    eval_data_path,
+    request_batches,
+)
 
 IO = ModelIO("m", (TensorInfo("image", "FP16", (2, 2)), TensorInfo("ids", "INT64", (3,))), (TensorInfo("probs", "FP32", (10,)),), 8)
 

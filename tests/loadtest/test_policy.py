@@ -6,7 +6,12 @@ import numpy as np
 import pytest
 
 from pipeline.errors import PipelineError
-from pipeline.loadtest.policy import ClosedLoop, OpenLoop, policies_from_options, schedule_ns
+from pipeline.loadtest.policy import (
+    ClosedLoop,
+    OpenLoop,
+    policies_from_options,
+    schedule_ns,
+)
 
 
 def test_constant_schedule_is_exact_without_drift() -> None:

@@ -48,9 +48,9 @@ def check_point(point: PointResult) -> None:
     assert 0 < lat.p50_ms <= lat.p90_ms <= lat.p95_ms <= lat.p99_ms <= lat.max_ms
     server = agg.server
     assert server is not None
-    # The windows' server delta is read on another thread just after each boundary: off by at most
-    # the requests completing meanwhile.
-    assert abs(server["success_count"] - agg.requests) <= max(10, 0.05 * agg.requests)
+    # The windows' server delta is read on a helper thread just after each boundary, so it is off by
+    # the requests completing until that thread runs (more with gRPC, whose threads compete for the GIL).
+    assert abs(server["success_count"] - agg.requests) <= max(20, 0.10 * agg.requests)
     assert server["avg_batch_size"] >= 1.0 and server["compute_infer_us"] > 0
     assert 0 < point.client_cpu_us_per_request < 1e4
 

@@ -8,7 +8,7 @@ from pipeline.loadtest.server_stats import counters_from_json
 
 
 def stats_json(success: int, queue_ns: int, inference: int, execution: int, version: str = "1") -> dict:
-    phase = lambda count, ns: {"count": count, "ns": ns}  # noqa: E731
+    phase = lambda count, ns: {"count": count, "ns": ns}
     return {
         "name": "m", "version": version, "inference_count": inference, "execution_count": execution,
         "inference_stats": {
