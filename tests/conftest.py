@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -31,3 +32,23 @@ def one_line_error(proc: subprocess.CompletedProcess[str]) -> str:
 @pytest.fixture(scope="session")
 def repo_root() -> Path:
     return ROOT
+
+
+@dataclass(frozen=True)
+class Built:
+    """Where the shared default-model build wrote: the workdir, the repository, and the deploy bundle."""
+
+    workdir: Path
+    repository: Path
+    deploy: Path
+
+
+@pytest.fixture(scope="session")
+def built(tmp_path_factory: pytest.TempPathFactory) -> Built:
+    """The default model built once per test session with --fp16 --int8 (tests must not change it)."""
+    root = tmp_path_factory.getbasetemp() / "digits-e2e"
+    result = Built(root / "build", root / "model_repository", root / "deploy")
+    if not (result.workdir / "digits" / "published.json").is_file():
+        proc = cli("build", "--fp16", "--int8", "--workdir", str(result.workdir), "--repository", str(result.repository))
+        assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    return result

@@ -19,8 +19,8 @@ pytestmark = pytest.mark.slow
 
 
 @pytest.fixture(scope="module")
-def built(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The default model built once with --fp16 --int8; later builds in the same workdir reuse its stages."""
+def own_build(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The default model own_build once with --fp16 --int8; later builds in the same workdir reuse its stages."""
     root = tmp_path_factory.mktemp("precision")
     proc = cli("build", "--fp16", "--int8", "--workdir", str(root / "build"), "--repository", str(root / "repo"))
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -38,8 +38,8 @@ def _initializer(model: onnx.ModelProto, name: str) -> np.ndarray | None:
     return None
 
 
-def test_int8_graph_is_symmetric_int8_per_channel(built: Path) -> None:
-    path = built / "build" / "digits" / "model.int8.onnx"
+def test_int8_graph_is_symmetric_int8_per_channel(own_build: Path) -> None:
+    path = own_build / "build" / "digits" / "model.int8.onnx"
     check_qdq_int8_symmetric(path)
     model = onnx.load(str(path))
     qdq = [n for n in model.graph.node if n.op_type in ("QuantizeLinear", "DequantizeLinear")]
@@ -60,8 +60,8 @@ def test_int8_graph_is_symmetric_int8_per_channel(built: Path) -> None:
     assert softmax and all(producers[n.input[0]].op_type != "DequantizeLinear" for n in softmax)
 
 
-def test_accuracy_gates_and_report(built: Path) -> None:
-    report = json.loads((built / "build" / "digits" / "accuracy.json").read_text())
+def test_accuracy_gates_and_report(own_build: Path) -> None:
+    report = json.loads((own_build / "build" / "digits" / "accuracy.json").read_text())
     variants = {v["variant"]: v for v in report["variants"]}
     assert set(variants) == {"fp16-onnx", "int8-onnx"}
     for name, max_drop in (("fp16-onnx", 0.2), ("int8-onnx", 1.0)):
@@ -71,23 +71,23 @@ def test_accuracy_gates_and_report(built: Path) -> None:
     assert report["samples"] == 449 and report["labels"] is True
 
 
-def test_int8_alone_builds_fp32_and_int8(built: Path, tmp_path: Path) -> None:
-    proc = cli("build", "--int8", "--workdir", str(built / "build"), "--repository", str(tmp_path / "repo"))
+def test_int8_alone_builds_fp32_and_int8(own_build: Path, tmp_path: Path) -> None:
+    proc = cli("build", "--int8", "--workdir", str(own_build / "build"), "--repository", str(tmp_path / "repo"))
     assert proc.returncode == 0, proc.stderr[-3000:]
-    manifest = json.loads((built / "build" / "digits" / "manifest.json").read_text())
+    manifest = json.loads((own_build / "build" / "digits" / "manifest.json").read_text())
     assert set(manifest["artifacts"]) == {"fp32.onnx", "int8.onnx"}
     assert sorted(p.name for p in (tmp_path / "repo").iterdir() if p.is_dir()) == ["digits_fp32", "digits_int8"]
 
 
-def test_engine_step_says_why_it_did_not_run(built: Path) -> None:
-    manifest = json.loads((built / "build" / "digits" / "manifest.json").read_text())
+def test_engine_step_says_why_it_did_not_run(own_build: Path) -> None:
+    manifest = json.loads((own_build / "build" / "digits" / "manifest.json").read_text())
     [engine] = [s for s in manifest["stages"] if s["name"] == "engine"]
     assert engine["status"] == "not run" and engine["note"].startswith("TensorRT engine step not run: ")
 
 
-def test_gate_failure_names_variant_and_publishes_nothing(built: Path, tmp_path: Path) -> None:
+def test_gate_failure_names_variant_and_publishes_nothing(own_build: Path, tmp_path: Path) -> None:
     repo = tmp_path / "repo"
-    line = one_line_error(cli("build", "--fp16", "--fp16-atol", "1e-9", "--workdir", str(built / "build"), "--repository", str(repo)))
+    line = one_line_error(cli("build", "--fp16", "--fp16-atol", "1e-9", "--workdir", str(own_build / "build"), "--repository", str(repo)))
     assert "accuracy gate failed: fp16-onnx: output 'probs' max abs error" in line and "> atol 1e-09" in line
     assert not repo.exists() or not any(repo.iterdir())
 
@@ -122,17 +122,17 @@ BAD_CALIBRATION = {
 
 
 @pytest.mark.parametrize("case", sorted(BAD_CALIBRATION))
-def test_bad_calibration_data(built: Path, tmp_path: Path, case: str) -> None:
+def test_bad_calibration_data(own_build: Path, tmp_path: Path, case: str) -> None:
     make, expected = BAD_CALIBRATION[case]
-    line = one_line_error(cli(*_args(built, "--int8", "--calibration", str(make(tmp_path)))))
+    line = one_line_error(cli(*_args(own_build, "--int8", "--calibration", str(make(tmp_path)))))
     assert "calibration" in line.lower() and expected in line, line
 
 
-def test_image_folder_calibration(built: Path, tmp_path: Path) -> None:
+def test_image_folder_calibration(own_build: Path, tmp_path: Path) -> None:
     folder = _images(tmp_path / "imgs", 200)
-    proc = cli(*_args(built, "--int8", "--calibration", str(folder), "--preprocess", "unit"))
+    proc = cli(*_args(own_build, "--int8", "--calibration", str(folder), "--preprocess", "unit"))
     assert proc.returncode == 0, proc.stderr[-3000:]
-    report = json.loads((built / "build" / "digits" / "accuracy.json").read_text())
+    report = json.loads((own_build / "build" / "digits" / "accuracy.json").read_text())
     int8 = {v["variant"]: v for v in report["variants"]}["int8-onnx"]
     assert int8["passed"] and (int8["reference_accuracy"] - int8["accuracy"]) * 100 <= 1.0
 
@@ -147,8 +147,8 @@ def test_image_folder_calibration(built: Path, tmp_path: Path) -> None:
         ("image:8x8x8x1/4x8x8x1/8x8x8x1", "axis 0 needs MIN <= OPT <= MAX, got 8/4/8"),
     ],
 )
-def test_invalid_shape(built: Path, shape: str, expected: str) -> None:
-    line = one_line_error(cli(*_args(built, "--shape", shape)))
+def test_invalid_shape(own_build: Path, shape: str, expected: str) -> None:
+    line = one_line_error(cli(*_args(own_build, "--shape", shape)))
     assert expected in line, line
 
 

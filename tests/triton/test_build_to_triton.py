@@ -18,7 +18,6 @@ import time
 import urllib.request
 from collections.abc import Callable, Iterator
 from contextlib import closing
-from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -30,7 +29,7 @@ from pipeline.onnxrt import session_from_onnx
 from pipeline.triton.config import check_config_against_onnx, parse_config
 from pipeline.triton.repository import read_repository
 from pipeline.triton.server import TritonServer
-from tests.conftest import ROOT, cli, one_line_error
+from tests.conftest import ROOT, Built, cli, one_line_error
 from tests.triton.test_serve_cli import processes_mentioning
 from tests.triton.test_server import listening_addresses
 
@@ -41,30 +40,6 @@ CALIBRATION = ROOT / "calibration" / "digits"
 # Served and in-process runs of the same file on the same ONNX Runtime must agree this closely.
 ATOL = 1e-5
 _DIRECT = urllib.request.build_opener(urllib.request.ProxyHandler({}))  # our own loopback server, whatever http_proxy says
-
-
-@dataclass(frozen=True)
-class Built:
-    """Where the shared build wrote: the workdir, the repository, and the deploy bundle beside it."""
-
-    workdir: Path
-    repository: Path
-    deploy: Path
-
-
-def built_digits(tmp_path_factory: pytest.TempPathFactory) -> Built:
-    """The default model built once per test session with --fp16 --int8 into the session's temp dir."""
-    root = tmp_path_factory.getbasetemp() / "digits-e2e"
-    built = Built(root / "build", root / "model_repository", root / "deploy")
-    if not (built.workdir / "digits" / "published.json").is_file():
-        proc = cli("build", "--fp16", "--int8", "--workdir", str(built.workdir), "--repository", str(built.repository))
-        assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    return built
-
-
-@pytest.fixture(scope="module")
-def built(tmp_path_factory: pytest.TempPathFactory) -> Built:
-    return built_digits(tmp_path_factory)
 
 
 @pytest.fixture(scope="module")

@@ -14,17 +14,11 @@ import pytest
 from google.protobuf import text_format
 
 from pipeline.triton.config import parse_config
-from tests.conftest import cli, one_line_error
-from tests.triton.test_build_to_triton import Built, built_digits
+from tests.conftest import Built, cli, one_line_error
 
 pytestmark = pytest.mark.slow
 
 EVAL_SAMPLES = 449  # calibration/digits/eval.npz
-
-
-@pytest.fixture(scope="module")
-def built(tmp_path_factory: pytest.TempPathFactory) -> Built:
-    return built_digits(tmp_path_factory)
 
 
 def test_served_accuracy_equals_in_process_for_every_variant(built: Built, tmp_path: Path) -> None:
