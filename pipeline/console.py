@@ -1,4 +1,4 @@
-"""The rich console the commands print tables to (120 columns when not a terminal, so logs and CI keep whole tables)."""
+"""The rich console the commands print tables to (160 columns when not a terminal, so logs and CI keep whole tables)."""
 
 from __future__ import annotations
 
@@ -9,4 +9,4 @@ from rich.console import Console
 
 def console() -> Console:
     """A Console on stdout; wide enough for the result tables when stdout is a file or a pipe."""
-    return Console() if sys.stdout.isatty() else Console(width=120)
+    return Console() if sys.stdout.isatty() else Console(width=160)

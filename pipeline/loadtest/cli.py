@@ -161,9 +161,9 @@ def _servers(args: argparse.Namespace) -> Iterator[tuple[list[Endpoint], list[En
 
 def run(args: argparse.Namespace) -> int:
     """Run the load test, show the table, write the reports; see the exit status in --help."""
-    from rich.console import Console
+    from pipeline.console import console as make_console
 
-    console = Console()
+    console = make_console()
     # Options are checked before any server starts, so a typo costs no startup time.
     settings_from_args(args, [Endpoint("127.0.0.1", 1)], [Endpoint("127.0.0.1", 1)], [])
     report_dir = args.report_dir or Path("reports") / _dt.datetime.now().strftime("%Y%m%d-%H%M%S")

@@ -75,9 +75,9 @@ def register(subparsers: Any) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """Plan, print the table, and write configs and the bundle when asked."""
-    from rich.console import Console
+    from pipeline.console import console as make_console
 
-    console = Console()
+    console = make_console()
     smi = _read_nvidia_smi(args.from_nvidia_smi)
     gpu = _gpu(args.gpu, smi)
     devices = [d for g in smi.get("list", []) for d in g.mig_devices]
