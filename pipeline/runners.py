@@ -15,6 +15,7 @@ import numpy as np
 from polygraphy.backend.base import BaseRunner
 from polygraphy.common import TensorMetadata
 
+from pipeline._lazy import import_tensorflow
 from pipeline.stages.savedmodel import SIGNATURE
 
 
@@ -27,7 +28,7 @@ class SavedModelRunner(BaseRunner):
         self._fn: Any = None
 
     def activate_impl(self) -> None:
-        import tensorflow as tf
+        tf = import_tensorflow("Running the SavedModel for the parity check")
 
         self._fn = tf.saved_model.load(str(self._saved)).signatures[SIGNATURE]
 

@@ -7,7 +7,8 @@ if [ ! -x .venv/bin/python ]; then
     "$PY" -m venv .venv
 fi
 .venv/bin/python -m pip install --quiet --upgrade pip
-.venv/bin/python -m pip install --quiet -e '.[dev]'
+# TensorFlow on the CPU (EXTRAS=gpu,dev for a CUDA machine; add tensorrt there for the engine step)
+.venv/bin/python -m pip install --quiet -e ".[${EXTRAS:-cpu,dev}]"
 if ! command -v wrk >/dev/null 2>&1; then
     if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
         (apt-get update -qq && apt-get install -y -qq wrk) >/dev/null 2>&1 || echo "note: could not install wrk (only scripts/bench_loadgen.py needs it)"

@@ -6,6 +6,7 @@ import shutil
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from pipeline._lazy import import_tensorflow
 from pipeline.errors import PipelineError
 
 if TYPE_CHECKING:
@@ -46,7 +47,8 @@ def savedmodel_from_keras(model: "keras.Model", dst: Path) -> Path:
     """Export ``model`` to a SavedModel at ``dst`` whose ``serving_default`` signature names every
     input after its Keras input and every output after its Keras output layer, batch axis dynamic."""
     import keras
-    import tensorflow as tf
+
+    tf = import_tensorflow("Exporting the Keras model to a SavedModel")
 
     feed_names = [t.name for t in model.inputs]  # what the model's call matches a dict against
     outputs = output_names(model)

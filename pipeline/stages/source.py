@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from pipeline._lazy import import_optional
 from pipeline.errors import PipelineError
 from pipeline.fingerprint import hash_path
 
@@ -77,7 +78,7 @@ def model_source(spec: str) -> ModelSource:
 
 def keras_model_from_source(source: ModelSource) -> "keras.Model":
     """Load (safe mode) or build the Keras model a source names."""
-    import keras
+    keras = import_optional("keras", "cpu", "Loading the Keras model")  # Keras needs its TensorFlow backend
 
     if source.kind == "keras":
         try:
