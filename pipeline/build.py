@@ -29,7 +29,12 @@ from pipeline.stages.onnx_export import onnx_from_savedmodel, tf2onnx_command
 from pipeline.stages.parity import parity_report_from_models
 from pipeline.stages.savedmodel import savedmodel_from_keras
 from pipeline.stages.shapes import ShapeProfile, profiles_from_args, profiles_to_json
-from pipeline.stages.source import ModelSource, keras_model_from_source, model_source
+from pipeline.stages.source import (
+    DEFAULT_MODEL,
+    ModelSource,
+    keras_model_from_source,
+    model_source,
+)
 from pipeline.stages.tensorrt_env import tensorrt_status
 from pipeline.tensors import ModelSignature, signature_from_onnx
 from pipeline.triton.verify import verify_repository
@@ -60,6 +65,8 @@ def build(cfg: BuildConfig) -> BuildResult:
     ws.root.mkdir(parents=True, exist_ok=True)
     manifest = Manifest(ws.manifest, cfg.command, tool_versions())
 
+    if source.spec == DEFAULT_MODEL:
+        ensure_default_data(cfg.calibration_root / name)
     saved = _savedmodel_stage(source, ws, cfg, manifest)
     onnx_fp32 = _onnx_stage(saved, ws, cfg, manifest)
     signature = signature_from_onnx(onnx_fp32)
@@ -215,7 +222,7 @@ def _publish_stage(
     run_stage(
         manifest, "publish",
         inputs={**{a.triton_name(name): a.path for a in artifacts}, "data": data.fingerprint, **({"labels": labels} if settings.labels else {})},
-        settings={k: str(v) for k, v in asdict(settings).items()},
+        settings={k: str(v) for k, v in asdict(settings).items() if k != "reproduce"},  # the command is recorded, not keyed
         outputs=[ws.published, *published],
         produce=lambda: ws.published.write_text(
             json.dumps([str(p) for p in repository_from_artifacts(artifacts, {v.precision: v.path for v in variants}, data.head(1), settings, report)]) + "\n"
@@ -239,6 +246,16 @@ def _served_stage(artifacts: list[Artifact], name: str, ws: Workspace, cfg: Buil
     )
     manifest.results["served"] = report
     manifest.ran("served", time.perf_counter() - started, f"through {cfg.verify_url or 'the embedded tritonserver'}")
+
+
+def ensure_default_data(folder: Path) -> None:
+    """The bundled model's eval/calibration data, regenerated (deterministically, offline) where missing,
+    e.g. when building outside the source tree."""
+    from pipeline.models import digits
+
+    if not all((folder / f).is_file() for f in ("eval.npz", "calib.npz", "labels.txt")):
+        log.info("writing the bundled model's evaluation and calibration data to %s", folder)
+        digits.write_data(folder)
 
 
 def eval_data_for(cfg: BuildConfig, name: str, signature: ModelSignature) -> EvalData:

@@ -13,6 +13,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
+from pipeline.argtypes import number
 from pipeline.errors import PipelineError
 
 EXIT_USER_ERROR = 2
@@ -21,13 +22,6 @@ EXIT_USER_ERROR = 2
 class _Parser(argparse.ArgumentParser):
     def error(self, message: str) -> None:  # argparse exits itself; keep it to one line and our exit code
         self.exit(EXIT_USER_ERROR, f"error: {message} — see '{self.prog} --help'\n")
-
-
-def _float(text: str) -> float:
-    try:
-        return float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"'{text}' is not a number") from None
 
 
 def _register_build(sub: argparse._SubParsersAction) -> None:
@@ -65,8 +59,8 @@ def _register_build(sub: argparse._SubParsersAction) -> None:
     conv = p.add_argument_group("conversion")
     conv.add_argument("--opset", type=int, default=17, help="ONNX opset, 17 or newer (default: %(default)s)")
     conv.add_argument("--max-batch", type=int, default=64, help="largest batch the deployment serves (default: %(default)s)")
-    conv.add_argument("--parity-atol", type=_float, default=1e-4, help="max abs difference ONNX vs TensorFlow per output (default: %(default)g)")
-    conv.add_argument("--parity-rtol", type=_float, default=0.0, help="alternatively, max relative difference (default: off)")
+    conv.add_argument("--parity-atol", type=number, default=1e-4, help="max abs difference ONNX vs TensorFlow per output (default: %(default)g)")
+    conv.add_argument("--parity-rtol", type=number, default=0.0, help="alternatively, max relative difference (default: off)")
     prec = p.add_argument_group("precision (the precision lives in the ONNX graph; engines are strongly typed)")
     prec.add_argument("--fp16", action="store_true", help="add an FP16 ONNX variant (FP32 inputs/outputs; Softmax and other sensitive ops kept FP32)")
     prec.add_argument("--int8", action="store_true", help="add an INT8 variant: explicit Q/DQ, symmetric int8, zero point 0, per-channel weights")
@@ -85,9 +79,9 @@ def _register_build(sub: argparse._SubParsersAction) -> None:
     eng.add_argument("--no-engine", dest="engine", action="store_false", help="do not build TensorRT engines even where possible")
     eng.add_argument("--optimization-level", type=int, default=3, choices=range(6), metavar="0-5", help="TensorRT builder optimization level (default: %(default)s)")
     gate = p.add_argument_group("accuracy gates (against FP32 ONNX on the labeled evaluation data)")
-    gate.add_argument("--fp16-max-drop", type=_float, default=0.2, help="max top-1 accuracy drop of FP16 (and FP32 engines), in points (default: %(default)g)")
-    gate.add_argument("--fp16-atol", type=_float, default=1e-2, help="max abs error of FP16 outputs (default: %(default)g)")
-    gate.add_argument("--int8-max-drop", type=_float, default=1.0, help="max top-1 accuracy drop of INT8, in points (default: %(default)g)")
+    gate.add_argument("--fp16-max-drop", type=number, default=0.2, help="max top-1 accuracy drop of FP16 (and FP32 engines), in points (default: %(default)g)")
+    gate.add_argument("--fp16-atol", type=number, default=1e-2, help="max abs error of FP16 outputs (default: %(default)g)")
+    gate.add_argument("--int8-max-drop", type=number, default=1.0, help="max top-1 accuracy drop of INT8, in points (default: %(default)g)")
     served = p.add_argument_group("served check")
     served.add_argument("--verify-served", action="store_true", help="after publishing, start the embedded tritonserver and run `verify` on the new variants")
     served.add_argument("--verify-url", metavar="HOST:PORT", help="after publishing, verify through this running Triton (HTTP) instead")

@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from pipeline.errors import PipelineError
+from pipeline.stages.shapes import SHAPE_SYNTAX, well_formed
 from pipeline.stages.source import DEFAULT_MODEL, ModelSource
 
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_\-]{0,63}$")
@@ -122,6 +123,13 @@ class BuildConfig:
             raise PipelineError(f"unknown --calibration-method '{self.calibration_method}'", "use minmax, entropy or percentile")
         if self.version_policy not in ("new", "replace"):
             raise PipelineError(f"unknown --version-policy '{self.version_policy}'", "use new or replace")
+        for text in self.shapes:
+            if not well_formed(text):
+                raise PipelineError(f"malformed --shape '{text}': expected {SHAPE_SYNTAX}", "write e.g. --shape image:1x8x8x1/32x8x8x1/64x8x8x1")
+        if self.eval_data is not None and not self.eval_data.is_file():
+            raise PipelineError(f"evaluation data '{self.eval_data}' does not exist", "pass an .npz with one array per input (and labels) to --eval-data")
+        if self.int8 and self.calibration is not None and not self.calibration.exists():
+            raise PipelineError(f"calibration data '{self.calibration}' does not exist", "pass an .npz file or a folder of .npy files or images to --calibration")
         for value, flag in ((self.gates.parity_atol, "--parity-atol"), (self.gates.fp16_max_drop, "--fp16-max-drop"), (self.gates.int8_max_drop, "--int8-max-drop")):
             if value < 0:
                 raise PipelineError(f"{flag} {value} is negative", f"pass a non-negative {flag}")

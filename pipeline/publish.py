@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -101,13 +101,16 @@ def deploy_dir(repository: Path) -> Path:
 
 
 def _mig_files(artifacts: Sequence[Artifact], configs: Mapping[str, Any], settings: PublishSettings) -> dict[str, dict[str, bytes]]:
-    from pipeline.mig.bundle import write_bundle
+    from pipeline.mig.bundle import BundleSettings, write_bundle
     from pipeline.mig.configs import mig_configs_for_repository
     from pipeline.mig.memory import memory_for_artifact
 
     gpu, _, layout = (settings.mig or "").partition(":")
     memory = {a.triton_name(settings.model): memory_for_artifact(a, settings.max_batch) for a in artifacts}
     plan, files = mig_configs_for_repository(configs, gpu, layout or None, memory)
-    written = write_bundle(deploy_dir(settings.repository) / "mig", plan)
+    bundle = BundleSettings(host_repository=str(Path(settings.repository).absolute()))
+    if settings.image:
+        bundle = replace(bundle, image=settings.image)
+    written = write_bundle(deploy_dir(settings.repository) / "mig", plan, bundle)
     log.info("MIG plan for %s: per-profile configs and launch bundle in %s", gpu, written[0].parent)
     return files

@@ -87,7 +87,8 @@ def run_stage(
     """
     started = time.perf_counter()
     input_hashes = {k: (v if isinstance(v, str) else hash_path(v)) for k, v in inputs.items()}
-    key = hash_settings({"stage": name, "version": __version__, "inputs": input_hashes, "settings": settings})
+    # Tool versions are part of the key: a new tf2onnx or ONNX Runtime must not reuse old artifacts.
+    key = hash_settings({"stage": name, "version": __version__, "tools": manifest.versions, "inputs": input_hashes, "settings": settings})
     sidecar = _sidecar(outputs[0])
     if all(p.exists() for p in outputs) and sidecar.exists():
         try:

@@ -40,12 +40,24 @@ class ModelSignature:
         )
 
 
+def load_onnx(path: Path, *, external_data: bool = True) -> "onnx.ModelProto":  # noqa: F821 (onnx is imported lazily)
+    """``onnx.load`` that turns a missing, truncated or corrupt file into one PipelineError."""
+    import onnx
+
+    if not Path(path).is_file():
+        raise PipelineError(f"ONNX model '{path}' does not exist", "check the path, or build the model first")
+    try:
+        return onnx.load(str(path), load_external_data=external_data)
+    except Exception as exc:  # protobuf DecodeError, OSError, ValueError: all mean an unreadable file
+        raise PipelineError(f"cannot read ONNX model '{path}': {str(exc).splitlines()[0][:200] or type(exc).__name__}", "rebuild it; the file is corrupt or not ONNX") from None
+
+
 def signature_from_onnx(path: Path) -> ModelSignature:
     """Read input/output names, dtypes and dims of an ONNX model (weights are not loaded)."""
     import onnx
     from onnx import helper
 
-    model = onnx.load(str(path), load_external_data=False)
+    model = load_onnx(path, external_data=False)
     initializers = {i.name for i in model.graph.initializer}
 
     def spec(value: "onnx.ValueInfoProto") -> TensorSpec:

@@ -43,10 +43,14 @@ def test_default_model_end_to_end_and_noop_rebuild(tmp_path: Path) -> None:
     sidecar = json.loads((ws / "model.fp32.onnx.stage.json").read_text())
     assert "tf2onnx.convert" in sidecar["reproduce"]
 
-    again = cli(*args)
+    versions = sorted(p.name for p in (tmp_path / "repo" / "digits_fp32").iterdir() if p.name.isdigit())
+    # the same build, options reordered and logging louder: nothing is redone, no new version
+    again = cli("-v", "build", "--repository", str(tmp_path / "repo"), "--workdir", str(tmp_path / "build"))
     assert again.returncode == 0, again.stderr[-3000:]
     statuses = {s["name"]: s["status"] for s in json.loads((ws / "manifest.json").read_text())["stages"]}
     assert set(statuses.values()) <= {"skipped", "not run"} and statuses["onnx"] == "skipped", statuses
+    assert statuses["publish"] == "skipped"
+    assert sorted(p.name for p in (tmp_path / "repo" / "digits_fp32").iterdir() if p.name.isdigit()) == versions == ["1"]
     assert "skipped" in again.stdout + again.stderr
 
 

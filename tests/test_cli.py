@@ -20,9 +20,10 @@ from tests.conftest import cli, one_line_error
         (lambda d: _zip(d / "empty.keras"), "cannot load Keras model"),
         (lambda d: d, "is not a SavedModel"),
         (lambda d: "no_such_module_xyz:make", "cannot import module 'no_such_module_xyz'"),
+        (lambda d: "no_such_pkg_xyz.models:make", "cannot import module 'no_such_pkg_xyz.models'"),
         (lambda d: "tests.keras_models:not_a_model", "gave a str, not a Keras model"),
     ],
-    ids=["missing", "not-keras", "corrupt", "not-a-keras-archive", "dir-not-savedmodel", "bad-module", "not-a-model"],
+    ids=["missing", "not-keras", "corrupt", "not-a-keras-archive", "dir-not-savedmodel", "bad-module", "bad-package", "not-a-model"],
 )
 def test_bad_model_inputs(tmp_path: Path, make, expected: str) -> None:
     line = one_line_error(cli("build", "--model", str(make(tmp_path)), "--workdir", str(tmp_path / "w")))
@@ -37,6 +38,8 @@ def test_bad_model_inputs(tmp_path: Path, make, expected: str) -> None:
         (("--name", "bad name!"), "not a valid Triton model name"),
         (("--parity-atol", "abc"), "'abc' is not a number"),
         (("--eval-data", "nowhere.npz"), "does not exist"),
+        (("--int8", "--calibration", "nowhere/"), "calibration data 'nowhere' does not exist"),
+        (("--shape", "garbage"), "malformed --shape 'garbage'"),
     ],
 )
 def test_bad_options(tmp_path: Path, args: tuple[str, ...], expected: str) -> None:
@@ -50,6 +53,12 @@ def test_eval_data_with_wrong_input_name(tmp_path: Path) -> None:
     np.savez(bad, pixels=np.zeros((4, 8, 8, 1), np.float32))
     line = one_line_error(cli("build", "--workdir", str(tmp_path), "--eval-data", str(bad)))
     assert "arrays ['pixels'] but the model's inputs are ['image']" in line
+
+
+@pytest.mark.parametrize("command", ["serve", "deploy"])
+def test_port_out_of_range(command: str) -> None:
+    line = one_line_error(cli(command, "--http-port", "99999"))
+    assert "port 99999 is out of range" in line
 
 
 def test_help_teaches() -> None:

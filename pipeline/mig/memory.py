@@ -43,6 +43,7 @@ import numpy as np
 
 from pipeline.artifacts import Artifact
 from pipeline.errors import PipelineError
+from pipeline.tensors import load_onnx
 
 log = logging.getLogger(__name__)
 
@@ -134,7 +135,7 @@ def activation_bytes(onnx_path: Path, max_batch: int) -> tuple[int, list[str]]:
     """
     import onnx
 
-    model = onnx.load(str(onnx_path), load_external_data=False)
+    model = load_onnx(onnx_path, external_data=False)
     _fix_batch(model, max_batch)
     inferred = onnx.shape_inference.infer_shapes(model, strict_mode=False, data_prop=True)
     infos = {v.name: v for v in (*inferred.graph.input, *inferred.graph.value_info, *inferred.graph.output)}
@@ -162,7 +163,7 @@ def _measured_bytes(onnx_path: Path, max_batch: int, names: list[str]) -> int:
     import onnx
     import onnxruntime as ort
 
-    model = onnx.load(str(onnx_path))
+    model = load_onnx(onnx_path)
     _fix_batch(model, max_batch)
     outputs = {o.name for o in model.graph.output}
     model.graph.output.extend(onnx.ValueInfoProto(name=n) for n in names if n not in outputs)
@@ -193,13 +194,12 @@ _ORT_TYPES = {
 
 def memory_from_onnx(onnx_path: Path, max_batch: int) -> MemoryEstimate:
     """Per-instance memory of an ONNX model served by Triton's ONNX Runtime backend."""
-    import onnx
 
     if max_batch < 1:
         raise PipelineError(f"max batch {max_batch} is not a batch size", "use --max-batch 1 or more")
     if not Path(onnx_path).is_file():
         raise PipelineError(f"ONNX model {onnx_path} does not exist", "pass the path of a .onnx file")
-    weights = weight_bytes(onnx.load(str(onnx_path), load_external_data=False))
+    weights = weight_bytes(load_onnx(onnx_path, external_data=False))
     activations, measured = activation_bytes(Path(onnx_path), max_batch)
     detail = (
         f"weights {_size(weights)} + activations {_size(activations)} at batch "
@@ -282,10 +282,9 @@ def memory_from_metadata(
             weights = plan_bytes
             notes.append("weights ≈ plan_bytes")
     if (device is None or weights is None) and onnx_path is not None and max_batch is not None:
-        import onnx
 
         if weights is None:
-            weights = weight_bytes(onnx.load(str(onnx_path), load_external_data=False))
+            weights = weight_bytes(load_onnx(onnx_path, external_data=False))
             notes.append("weights from the ONNX initializers")
         if device is None:
             device = activation_bytes(Path(onnx_path), max_batch)[0]

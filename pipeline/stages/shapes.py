@@ -172,11 +172,18 @@ def _syntax_fix(signature: ModelSignature, max_batch: int) -> str:
     return f"write --shape {SHAPE_SYNTAX}, e.g. --shape {example}"
 
 
-def _parse_spec(text: str, signature: ModelSignature, *, max_batch: int) -> tuple[str, ShapeRange]:
+def well_formed(text: str) -> bool:
+    """Whether ``text`` has the ``INPUT:MIN/OPT/MAX`` form (checkable before the model is known)."""
     name, sep, ranges = text.rpartition(":")
     levels = ranges.split("/")
-    if not sep or not name or len(levels) != 3 or not all(_DIMS.match(level) for level in levels):
+    return bool(sep and name and len(levels) == 3 and all(_DIMS.match(level) for level in levels))
+
+
+def _parse_spec(text: str, signature: ModelSignature, *, max_batch: int) -> tuple[str, ShapeRange]:
+    if not well_formed(text):
         raise PipelineError(f"malformed --shape '{text}': expected {SHAPE_SYNTAX}", _syntax_fix(signature, max_batch))
+    name, _, ranges = text.rpartition(":")
+    levels = ranges.split("/")
     names = [s.name for s in signature.inputs]
     if name not in names:
         raise PipelineError(

@@ -67,7 +67,11 @@ def model_source(spec: str) -> ModelSource:
         return ModelSource(spec, "savedmodel", path)
     module_name, sep, func = spec.partition(":")
     if sep and module_name and func.isidentifier():
-        if importlib.util.find_spec(module_name) is None:
+        try:
+            found = importlib.util.find_spec(module_name)
+        except (ImportError, ValueError):  # a parent package is missing
+            found = None
+        if found is None:
             raise PipelineError(f"cannot import module '{module_name}' named in --model {spec}", "check the module path and PYTHONPATH")
         return ModelSource(spec, "function", None)
     raise PipelineError(

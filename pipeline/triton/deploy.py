@@ -27,6 +27,7 @@ import shlex
 from pathlib import Path
 from typing import Any
 
+from pipeline.argtypes import port
 from pipeline.errors import PipelineError, require
 from pipeline.triton.repository import REPORT, model_filename, read_repository
 
@@ -41,9 +42,15 @@ ADMIN_HEADER = "admin-key"
 CONTAINER_REPOSITORY = "/models"
 
 
+def restricted_api_args(admin_key: str = f"${{{ADMIN_KEY_ENV}}}") -> list[str]:
+    """Flags that put the admin APIs behind the ``admin-key`` header; ``admin_key`` is how the
+    deployment refers to the secret (``${TRITON_ADMIN_KEY}`` for a shell, ``$(TRITON_ADMIN_KEY)`` in Kubernetes)."""
+    restricted = f"{','.join(RESTRICTED_APIS)}:{ADMIN_HEADER}={admin_key}"
+    return [f"--http-restricted-api={restricted}", f"--grpc-restricted-protocol={restricted}"]
+
+
 def tritonserver_args(http_port: int = 8000, grpc_port: int = 8001, metrics_port: int = 8002) -> list[str]:
     """The ``tritonserver`` command line; ``$TRITON_ADMIN_KEY`` is left for the container's shell to expand."""
-    restricted = f"{','.join(RESTRICTED_APIS)}:{ADMIN_HEADER}=${{{ADMIN_KEY_ENV}}}"
     return [
         "tritonserver",
         f"--model-repository={CONTAINER_REPOSITORY}",
@@ -54,8 +61,7 @@ def tritonserver_args(http_port: int = 8000, grpc_port: int = 8001, metrics_port
         f"--http-port={http_port}",
         f"--grpc-port={grpc_port}",
         f"--metrics-port={metrics_port}",
-        f"--http-restricted-api={restricted}",
-        f"--grpc-restricted-protocol={restricted}",
+        *restricted_api_args(),
     ]
 
 
@@ -236,9 +242,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--repository", type=Path, default=Path("model_repository"), help="the Triton model repository (default: %(default)s)")
     p.add_argument("--out", type=Path, default=Path("deploy"), help="where to write the bundle (default: %(default)s)")
     p.add_argument("--image", default=DEFAULT_IMAGE, help="tritonserver image (default: %(default)s)")
-    p.add_argument("--http-port", type=int, default=8000, help="HTTP/REST port on host and in the container (default: %(default)s)")
-    p.add_argument("--grpc-port", type=int, default=8001, help="gRPC port (default: %(default)s)")
-    p.add_argument("--metrics-port", type=int, default=8002, help="Prometheus metrics port (default: %(default)s)")
+    p.add_argument("--http-port", type=port, default=8000, help="HTTP/REST port on host and in the container (default: %(default)s)")
+    p.add_argument("--grpc-port", type=port, default=8001, help="gRPC port (default: %(default)s)")
+    p.add_argument("--metrics-port", type=port, default=8002, help="Prometheus metrics port (default: %(default)s)")
     p.set_defaults(handler=run)
 
 

@@ -10,6 +10,7 @@ import threading
 from pathlib import Path
 from types import FrameType
 
+from pipeline.argtypes import port
 from pipeline.errors import PipelineError, require
 from pipeline.triton.server import TritonServer
 
@@ -41,9 +42,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                    help="the Triton model repository (default: %(default)s)")
     p.add_argument("--host", default="127.0.0.1",
                    help="address to bind; anything but loopback exposes unauthenticated endpoints (default: %(default)s)")
-    p.add_argument("--http-port", type=int, default=8000, help="HTTP/REST port, 0 = any free port (default: %(default)s)")
-    p.add_argument("--grpc-port", type=int, default=8001, help="gRPC port, 0 = any free port (default: %(default)s)")
-    p.add_argument("--metrics-port", type=int, default=8002,
+    p.add_argument("--http-port", type=port, default=8000, help="HTTP/REST port, 0 = any free port (default: %(default)s)")
+    p.add_argument("--grpc-port", type=port, default=8001, help="gRPC port, 0 = any free port (default: %(default)s)")
+    p.add_argument("--metrics-port", type=port, default=8002,
                    help="Prometheus metrics port, 0 = any free port (default: %(default)s)")
     p.add_argument("--log-file", type=Path,
                    help="tritonserver log (default: build/triton/tritonserver-<http-port>.log; with --slices, one per slice)")

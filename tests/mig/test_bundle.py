@@ -10,6 +10,7 @@ import signal
 import socket
 import subprocess
 import time
+import urllib.error
 import urllib.request
 from importlib.util import find_spec
 from pathlib import Path
@@ -75,7 +76,7 @@ def test_launch_script_is_valid_bash_and_matches_the_configs(plan: MigPlan, tmp_
     subprocess.run(["bash", "-n", str(script)], check=True)
     devices = tmp_path / "nvidia-smi-L.txt"
     devices.write_text(NVIDIA_SMI_L_H200)
-    env = {**os.environ, "MIG_DEVICES_FILE": str(devices)}
+    env = {**os.environ, "MIG_DEVICES_FILE": str(devices), "TRITON_ADMIN_KEY": "s3cret"}
     out = subprocess.run(["bash", str(script), "--dry-run"], env=env, check=True, capture_output=True, text=True).stdout
     lines = out.strip().splitlines()
     listed = parse_list_gpus(NVIDIA_SMI_L_H200)[0].mig_devices
@@ -90,6 +91,8 @@ def test_launch_script_is_valid_bash_and_matches_the_configs(plan: MigPlan, tmp_
         assert name == device.profile
         loaded = flag(args, "load-model")
         assert "--model-control-mode=explicit" in args
+        # explicit model control means load/unload over the API: the admin APIs must need the key
+        assert flag(args, "http-restricted-api") == ["model-repository,model-config,shared-memory,trace,logging:admin-key=s3cret"]
         assert loaded == list(plan.profile(device.profile).loaded)
         assert all(name in configs[m] for m in loaded)  # every loaded model has configs/<name>.pbtxt
         ports = flag(args, "http-port") + flag(args, "grpc-port") + flag(args, "metrics-port")
@@ -104,7 +107,7 @@ def test_launch_script_skips_unplanned_profiles_and_fails_without_devices(plan: 
     script.write_text(launch_script(plan))
     devices = tmp_path / "L.txt"
     devices.write_text("GPU 0: NVIDIA H200 (UUID: GPU-1)\n  MIG 7g.141gb     Device  0: (UUID: MIG-abc)\n")
-    run = subprocess.run(["bash", str(script), "--dry-run"], env={**os.environ, "MIG_DEVICES_FILE": str(devices)},
+    run = subprocess.run(["bash", str(script), "--dry-run"], env={**os.environ, "MIG_DEVICES_FILE": str(devices), "TRITON_ADMIN_KEY": "k"},
                          capture_output=True, text=True, check=False)
     assert run.returncode == 1
     assert "no model is planned for MIG profile 7g.141gb" in run.stderr
@@ -186,10 +189,11 @@ def _free_base(count: int, stride: int) -> int:
     raise RuntimeError("no free ports")
 
 
-def _get(url: str) -> bytes | None:
+def _get(url: str, admin_key: str | None = None) -> bytes | None:
     """The body of a 200 answer, or None while the server is not (yet) answering."""
+    request = urllib.request.Request(url, headers={"admin-key": admin_key} if admin_key else {})
     try:
-        with urllib.request.urlopen(url, timeout=2) as response:
+        with urllib.request.build_opener(urllib.request.ProxyHandler({})).open(request, timeout=2) as response:
             return response.read()
     except OSError:
         return None
@@ -266,7 +270,9 @@ def test_launch_script_starts_real_tritonservers_with_profile_configs(tmp_path: 
         "HTTP_BASE": str(base_port),
         "GRPC_BASE": str(base_port + 1),
         "METRICS_BASE": str(base_port + 2),
+        "TRITON_ADMIN_KEY": "s3cret",
     }
+    shm_before = set(os.listdir("/dev/shm"))
     log = (tmp_path / "servers.log").open("w")
     proc = subprocess.Popen(["bash", str(bundle / "launch-mig.sh")], env=env, stdout=log, stderr=subprocess.STDOUT,
                             start_new_session=True)
@@ -276,11 +282,15 @@ def test_launch_script_starts_real_tritonservers_with_profile_configs(tmp_path: 
         deadline = time.monotonic() + 90
         while time.monotonic() < deadline and len(found) < len(expected) and proc.poll() is None:
             for port in expected:
-                config = _get(f"http://127.0.0.1:{port}/v2/models/echo/config")
+                config = _get(f"http://127.0.0.1:{port}/v2/models/echo/config", admin_key="s3cret")  # model-config is restricted
                 if config and _get(f"http://127.0.0.1:{port}/v2/models/echo/ready") is not None:
                     found[port] = sum(g["count"] for g in json.loads(config)["instance_group"])
             time.sleep(0.5)
         assert found == expected, (tmp_path / "servers.log").read_text()[-3000:]
+        request = urllib.request.Request(f"http://127.0.0.1:{base_port}/v2/repository/index", data=b"{}", method="POST")
+        with pytest.raises(urllib.error.HTTPError) as denied:
+            urllib.request.build_opener(urllib.request.ProxyHandler({})).open(request, timeout=5)
+        assert denied.value.code == 403  # the repository (load/unload) API needs the admin key
     finally:
         proc.send_signal(signal.SIGTERM)
         try:
@@ -293,3 +303,6 @@ def test_launch_script_starts_real_tritonservers_with_profile_configs(tmp_path: 
         except ProcessLookupError:
             pass
         log.close()
+    assert proc.returncode is not None
+    leaked = set(os.listdir("/dev/shm")) - shm_before
+    assert not leaked, f"the servers left shared memory behind: {sorted(leaked)}"

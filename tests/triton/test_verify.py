@@ -63,3 +63,18 @@ def test_a_server_fusing_qdq_into_integer_kernels_is_caught(built: Built, tmp_pa
     rows = {row["model"]: row for row in json.loads(report_path.read_text())["models"]}
     assert not rows["digits_int8"]["passed"] and rows["digits_int8"]["max_abs_diff"] > 1e-2
     assert rows["digits_fp32"]["passed"] and rows["digits_fp16"]["passed"]
+
+
+def test_build_verify_served_runs_the_check_at_the_end(built: Built, tmp_path: Path) -> None:
+    """`build --verify-served` starts the embedded server after publishing and records the served check."""
+    workdir = tmp_path / "build"
+    shutil.copytree(built.workdir, workdir)
+    proc = cli("build", "--fp16", "--int8", "--verify-served", "--workdir", str(workdir), "--repository", str(tmp_path / "repo"))
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    manifest = json.loads((workdir / "digits" / "manifest.json").read_text())
+    stages = {s["name"]: s for s in manifest["stages"]}
+    assert stages["served"]["status"] == "ran" and stages["publish"]["status"] == "ran"
+    served = json.loads((workdir / "digits" / "served.json").read_text())
+    assert {m["model"] for m in served["models"]} == {"digits_fp32", "digits_fp16", "digits_int8"}
+    assert all(m["passed"] and m["served_accuracy"] == m["inprocess_accuracy"] for m in served["models"])
+    assert "accuracy through Triton vs in process" in proc.stdout
