@@ -28,6 +28,7 @@ from pipeline.loadtest.client import Endpoint
 from pipeline.loadtest.payload import ModelIO
 from pipeline.loadtest.policy import ClosedLoop, OpenLoop, Policy
 from pipeline.loadtest.recorder import Recorder
+from pipeline.loadtest.verify import compare_with_tritonclient
 
 _METHOD = "/inference.GRPCInferenceService/ModelInfer"
 _BACKOFF_NS = (10_000_000, 20_000_000, 50_000_000, 100_000_000, 200_000_000, 500_000_000)
@@ -62,21 +63,7 @@ def check_grpc_request(endpoint: Endpoint, io: ModelIO, request: bytes, tensors:
             ) from None
     ours = grpcclient.InferResult(service_pb2.ModelInferResponse.FromString(raw))
     client = grpcclient.InferenceServerClient(endpoint.address)
-    try:
-        inputs = []
-        for t in io.inputs:
-            item = grpcclient.InferInput(t.name, list(tensors[t.name].shape), t.datatype)
-            item.set_data_from_numpy(tensors[t.name])
-            inputs.append(item)
-        reference = client.infer(io.name, inputs)
-    finally:
-        client.close()
-    for t in io.outputs:
-        want, got = reference.as_numpy(t.name), ours.as_numpy(t.name)
-        if got is None or want is None or got.shape != want.shape or not np.allclose(got, want, rtol=1e-5, atol=1e-6):
-            raise PipelineError(
-                f"gRPC output '{t.name}' of model '{io.name}' differs from tritonclient's", "this is a bug in the request encoding"
-            )
+    compare_with_tritonclient(client, grpcclient, io, tensors, ours, rtol=1e-5, what="gRPC")
 
 
 class _Target:

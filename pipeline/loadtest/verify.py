@@ -9,6 +9,7 @@ only here — at 200-550 µs of CPU per request it would measure itself, not the
 from __future__ import annotations
 
 import socket
+from typing import Any
 
 import numpy as np
 
@@ -53,11 +54,17 @@ def check_request(endpoint: Endpoint, io: ModelIO, request: bytes, tensors: dict
     ours = httpclient.InferenceServerClient.parse_response_body(body, header_length=header_length)
 
     client = httpclient.InferenceServerClient(endpoint.address, network_timeout=30.0, connection_timeout=10.0)
+    compare_with_tritonclient(client, httpclient, io, tensors, ours, rtol=rtol, what="HTTP")
+
+
+def compare_with_tritonclient(client: Any, module: Any, io: ModelIO, tensors: dict[str, np.ndarray], ours: Any, *, rtol: float, what: str) -> None:
+    """Infer ``tensors`` with tritonclient's own ``client`` (of ``module``: tritonclient.http or .grpc),
+    close it, and raise unless ``ours`` (the decoded response to our bytes) has the same outputs."""
     try:
         inputs = []
         for t in io.inputs:
-            item = httpclient.InferInput(t.name, list(tensors[t.name].shape), t.datatype)
-            item.set_data_from_numpy(tensors[t.name], binary_data=True)
+            item = module.InferInput(t.name, list(tensors[t.name].shape), t.datatype)
+            item.set_data_from_numpy(tensors[t.name])
             inputs.append(item)
         reference = client.infer(io.name, inputs)
     finally:
@@ -66,6 +73,6 @@ def check_request(endpoint: Endpoint, io: ModelIO, request: bytes, tensors: dict
         want, got = reference.as_numpy(t.name), ours.as_numpy(t.name)
         if got is None or want is None or got.shape != want.shape or not np.allclose(got, want, rtol=rtol, atol=1e-6):
             raise PipelineError(
-                f"output '{t.name}' of model '{io.name}' differs between the load generator's request and tritonclient's",
+                f"{what} output '{t.name}' of model '{io.name}' differs between the load generator's request and tritonclient's",
                 "this is a bug in the request encoding; run with --encoding json to compare",
             )
