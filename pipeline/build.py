@@ -67,22 +67,24 @@ def build(cfg: BuildConfig) -> BuildResult:
 
     if source.spec == DEFAULT_MODEL:
         ensure_default_data(cfg.calibration_root / name)
-    saved = _savedmodel_stage(source, ws, cfg, manifest)
-    onnx_fp32 = _onnx_stage(saved, ws, cfg, manifest)
-    signature = signature_from_onnx(onnx_fp32)
-    data = eval_data_for(cfg, name, signature)
-    _parity_stage(saved, onnx_fp32, data, ws, cfg, manifest)
-    profiles = profiles_from_args(cfg.shapes, signature, max_batch=cfg.max_batch)
-    variants = [Artifact("fp32", "onnx", onnx_fp32)]
-    variants += [_precision_stage(onnx_fp32, p, signature, profiles, name, ws, cfg, manifest) for p in cfg.precisions[1:]]
-    engines = _engine_stages(variants, profiles, ws, cfg, manifest)
-    _accuracy_stage(onnx_fp32, variants[1:] + engines, data, signature, ws, cfg, manifest)
-    artifacts = variants + engines
-    manifest.artifacts = {f"{a.precision}.{a.kind}": str(a.path) for a in artifacts}
-    repository = _publish_stage(artifacts, variants, data, signature, name, ws, cfg, manifest)
-    if cfg.verify_served or cfg.verify_url:
-        _served_stage(artifacts, name, ws, cfg, manifest)
-    manifest.write()
+    try:
+        saved = _savedmodel_stage(source, ws, cfg, manifest)
+        onnx_fp32 = _onnx_stage(saved, ws, cfg, manifest)
+        signature = signature_from_onnx(onnx_fp32)
+        data = eval_data_for(cfg, name, signature)
+        _parity_stage(saved, onnx_fp32, data, ws, cfg, manifest)
+        profiles = profiles_from_args(cfg.shapes, signature, max_batch=cfg.max_batch)
+        variants = [Artifact("fp32", "onnx", onnx_fp32)]
+        variants += [_precision_stage(onnx_fp32, p, signature, profiles, name, ws, cfg, manifest) for p in cfg.precisions[1:]]
+        engines = _engine_stages(variants, profiles, ws, cfg, manifest)
+        _accuracy_stage(onnx_fp32, variants[1:] + engines, data, signature, ws, cfg, manifest)
+        artifacts = variants + engines
+        manifest.artifacts = {f"{a.precision}.{a.kind}": str(a.path) for a in artifacts}
+        repository = _publish_stage(artifacts, variants, data, signature, name, ws, cfg, manifest)
+        if cfg.verify_served or cfg.verify_url:
+            _served_stage(artifacts, name, ws, cfg, manifest)
+    finally:
+        manifest.write()  # also for a failed build: which stage failed, and why
     return BuildResult(name, ws, artifacts, ws.manifest, repository)
 
 

@@ -22,7 +22,7 @@ class StageRecord:
     """What one stage did in one build."""
 
     name: str
-    status: str  # "ran" | "skipped" (inputs and settings unchanged) | "not run" (with a reason)
+    status: str  # "ran" | "skipped" (inputs and settings unchanged) | "not run" (with a reason) | "failed"
     seconds: float
     key: str = ""
     inputs: dict[str, str] = field(default_factory=dict)  # path -> sha256
@@ -102,7 +102,11 @@ def run_stage(
             return False
     sidecar.unlink(missing_ok=True)  # a stage killed midway must not look finished
     log.info("%-10s running…", name)
-    produce()
+    try:
+        produce()
+    except Exception as exc:
+        manifest.stages.append(StageRecord(name, "failed", time.perf_counter() - started, key, input_hashes, note=str(exc)))
+        raise
     seconds = time.perf_counter() - started
     sidecar.write_text(
         json.dumps(

@@ -89,7 +89,10 @@ def test_gate_failure_names_variant_and_publishes_nothing(own_build: Path, tmp_p
     repo = tmp_path / "repo"
     line = one_line_error(cli("build", "--fp16", "--fp16-atol", "1e-9", "--workdir", str(own_build / "build"), "--repository", str(repo)))
     assert "accuracy gate failed: fp16-onnx: output 'probs' max abs error" in line and "> atol 1e-09" in line
+    assert "--fp16-atol" in line.split(" — ", 1)[1]  # the fix speaks of the precision that failed
     assert not repo.exists() or not any(repo.iterdir())
+    stages = {s["name"]: s for s in json.loads((own_build / "build" / "digits" / "manifest.json").read_text())["stages"]}
+    assert stages["accuracy"]["status"] == "failed" and "publish" not in stages
 
 
 def _npz(path: Path, **arrays: np.ndarray) -> Path:

@@ -106,9 +106,14 @@ def accuracy_report_from_variants(
     dst.write_text(json.dumps(report, indent=2) + "\n")
     failed = [r for r in results if not r.passed]
     if failed:
+        fixes = []
+        if any(r.precision == "int8" for r in failed):
+            fixes.append("for INT8 try --calibration-method entropy or percentile or more calibration data, or loosen --int8-max-drop")
+        if any(r.precision != "int8" for r in failed):
+            fixes.append("for FP16 loosen --fp16-atol / --fp16-max-drop if the error is acceptable, or build without --fp16")
         raise PipelineError(
             "accuracy gate failed: " + "; ".join(f"{r.variant}: {', '.join(r.failures)}" for r in failed) + f" (report: {dst})",
-            "try --calibration-method entropy or percentile, more calibration data, or loosen the gate (--int8-max-drop / --fp16-max-drop)",
+            "; ".join(fixes),
         )
     return results
 
