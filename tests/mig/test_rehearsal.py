@@ -115,3 +115,18 @@ def test_build_with_mig_writes_per_profile_configs_and_a_consistent_bundle(built
                 names = [a.split("=", 1)[1] for a in container["args"] if a.startswith("--model-config-name=")]
                 assert names and all((repository / "digits_fp32" / "configs" / f"{n}.pbtxt").exists() for n in names)
     assert resources == {"nvidia.com/mig-2g.35gb", "nvidia.com/mig-1g.18gb"}
+
+
+def test_default_model_instances_per_h200_profile_from_the_recorded_lgip(built: Built, fixtures_dir: Path) -> None:
+    """The digits CNN (weights ~110 KiB, activations ~2 MiB at batch 64) fits everywhere, so the SM
+    heuristic (≤ SMs // 8) decides: the counts below follow from the fixture's SM column."""
+    from pipeline.mig.memory import memory_from_onnx
+    from pipeline.mig.nvidia_smi import gpu_from_lgip, parse_lgip
+    from pipeline.mig.plan import plan_instances
+
+    gpu = gpu_from_lgip(parse_lgip((fixtures_dir / "nvidia-smi-mig-lgip-h200.txt").read_text()), "H200-141GB")
+    onnx_path = built.repository / "digits_fp32" / "1" / "model.onnx"
+    plan = plan_instances(gpu, {"digits_fp32": memory_from_onnx(onnx_path, 64)})
+    counts = {p.profile.name: p.instances("digits_fp32") for p in plan.profiles}
+    assert counts == {"1g.18gb": 2, "1g.18gb+me": 2, "1g.35gb": 3, "2g.35gb": 4, "3g.71gb": 7, "4g.71gb": 8, "7g.141gb": 16}
+    assert not plan.exclusions
