@@ -13,26 +13,24 @@ Accepted sources (first axis of every array = sample):
 from __future__ import annotations
 
 import logging
-import zipfile
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 
+from pipeline.arrays import checked_inputs, fmt_shape, load_npy, load_npz
 from pipeline.errors import PipelineError, require
 from pipeline.fingerprint import hash_path, hash_settings
-from pipeline.tensors import Dim, ModelSignature, TensorSpec
+from pipeline.tensors import ModelSignature, TensorSpec
 
 log = logging.getLogger(__name__)
 
 PREPROCESS_MODES = ("unit", "symmetric", "imagenet", "raw")
 IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png")
 CALIB_FILE = "calib.npz"
-IGNORED_KEYS = ("labels",)  # eval.npz keeps labels beside the inputs
 IMAGENET_MEAN = np.array([0.485, 0.456, 0.406], dtype=np.float32)
 IMAGENET_STD = np.array([0.229, 0.224, 0.225], dtype=np.float32)
-_SCAN_CHUNK = 256  # samples per chunk when scanning (possibly memory-mapped) arrays for NaN/range
 
 Take = Callable[[int, int], dict[str, np.ndarray]]
 
@@ -114,16 +112,16 @@ def calibration_from_path(
             f"calibration file '{path}' is not an .npz archive",
             "pass an .npz file (one array per input name) or a folder of .npy files or images",
         )
-        arrays = _arrays_from_npz(path)
+        arrays = load_npz(path)
         origin = path
     elif (path / CALIB_FILE).is_file():
         origin = path / CALIB_FILE
-        arrays = _arrays_from_npz(origin)
+        arrays = load_npz(origin)
     else:
         npys = _visible_files(path, (".npy",))
         images = _visible_files(path, IMAGE_SUFFIXES)
         if npys:
-            arrays = {f.stem: _array_from_npy(f) for f in npys}
+            arrays = {f.stem: load_npy(f) for f in npys}
             origin = path
         elif images:
             return _image_calibration(path, images, signature, preprocess, min_samples, max_samples, hints)
@@ -148,44 +146,6 @@ def _names(signature: ModelSignature) -> str:
     return ", ".join(spec.name for spec in signature.inputs)
 
 
-def _arrays_from_npz(path: Path) -> dict[str, np.ndarray]:
-    # np.load falls back to unpickling anything that is not a zip/npy file; check the magic first
-    # so a damaged file is reported as such, not as "pickled data".
-    with open(path, "rb") as fh:
-        magic = fh.read(4)
-    require(
-        magic == b"PK\x03\x04",
-        f"'{path}' is not a valid .npz archive (damaged or not written by numpy.savez)",
-        "write it again with numpy.savez or numpy.savez_compressed",
-    )
-    try:
-        with np.load(path, allow_pickle=False) as npz:
-            return {key: npz[key] for key in npz.files}
-    except ValueError as exc:
-        raise _pickle_error(path, exc) from None
-    except (OSError, EOFError, zipfile.BadZipFile) as exc:
-        raise PipelineError(f"cannot read '{path}': {exc}", "write it again with numpy.savez") from None
-
-
-def _array_from_npy(path: Path) -> np.ndarray:
-    try:
-        return np.load(path, mmap_mode="r", allow_pickle=False)
-    except ValueError as exc:
-        raise _pickle_error(path, exc) from None
-    except (OSError, EOFError) as exc:
-        raise PipelineError(f"cannot read '{path}': {exc}", "write it again with numpy.save") from None
-
-
-def _pickle_error(path: Path, exc: ValueError) -> PipelineError:
-    text = str(exc)
-    if "pickle" in text or "object" in text.lower():
-        return PipelineError(
-            f"'{path}' holds a pickled object array, which is not loaded for safety",
-            "save plain numeric arrays (e.g. x.astype(np.float32)) with numpy.savez / numpy.save",
-        )
-    return PipelineError(f"cannot read '{path}': {text}", "write it again with numpy.savez / numpy.save")
-
-
 def _array_calibration(
     origin: Path,
     arrays: dict[str, np.ndarray],
@@ -195,25 +155,8 @@ def _array_calibration(
     hints: dict[str, tuple[int, ...]],
 ) -> CalibrationData:
     expected = [spec.name for spec in signature.inputs]
-    unknown = sorted(set(arrays) - set(expected) - set(IGNORED_KEYS))
-    require(
-        not unknown,
-        f"calibration data '{origin}' has arrays {unknown} that are not model inputs",
-        f"name the arrays after the model inputs: {', '.join(expected)}",
-    )
-    missing = [name for name in expected if name not in arrays]
-    require(
-        not missing,
-        f"calibration data '{origin}' has no array for model input(s) {missing}",
-        f"add one array per model input: {', '.join(expected)}",
-    )
-    checked = {spec.name: _checked_array(origin, arrays[spec.name], spec, hints.get(spec.name)) for spec in signature.inputs}
+    checked = checked_inputs(origin, arrays, signature, hints=hints)
     counts = {name: len(arr) for name, arr in checked.items()}
-    require(
-        len(set(counts.values())) == 1,
-        f"calibration inputs in '{origin}' have different sample counts: {counts}",
-        "give every input the same number of samples (first axis)",
-    )
     found = next(iter(counts.values()))
     _require_enough(origin, found, min_samples)
     count = found if max_samples is None else min(found, max_samples)
@@ -235,73 +178,6 @@ def _require_enough(origin: Path, found: int, min_samples: int) -> None:
     )
 
 
-def _fmt_shape(dims: tuple[Dim, ...] | list[Dim]) -> str:
-    return "(" + ", ".join(str(d) for d in dims) + ")"
-
-
-def _checked_array(origin: Path, arr: np.ndarray, spec: TensorSpec, hint: tuple[int, ...] | None) -> np.ndarray:
-    """Check rank, fixed dims, dtype kind, value range and finiteness of one input's samples."""
-    where = f"input '{spec.name}' in '{origin}'"
-    expected = ("N", *spec.shape[1:])
-    require(
-        arr.ndim == len(spec.shape),
-        f"{where} has shape {_fmt_shape(arr.shape)}, the model expects {_fmt_shape(expected)} (N = samples)",
-        "store one sample per row of the first axis, each with the model input's shape",
-    )
-    if hint is not None:
-        require(
-            len(hint) == arr.ndim - 1,
-            f"the shape hint {_fmt_shape(hint)} for '{spec.name}' has rank {len(hint)}, the input has {arr.ndim - 1} per-sample dims",
-            "give the per-sample shape without the batch axis",
-        )
-    for axis in range(1, arr.ndim):
-        want = spec.shape[axis]
-        fixed = want if isinstance(want, int) and want > 0 else (hint[axis - 1] if hint else None)
-        require(
-            fixed is None or arr.shape[axis] == fixed,
-            f"{where} has shape {_fmt_shape(arr.shape)}, the model expects {_fmt_shape(expected)} (N = samples)"
-            + (f" with dim {axis} = {fixed} from the shape hint" if fixed != want else ""),
-            "resize or reshape the samples to the model input's shape",
-        )
-
-    if len(arr) == 0:
-        return arr  # the sample count check reports it
-    kind, want_kind = arr.dtype.kind, spec.dtype.kind
-    kinds = {"f": "f", "i": "iu", "u": "iu", "b": "b"}
-    require(
-        kind in kinds.get(want_kind, want_kind),
-        f"{where} is {arr.dtype}, but the model input is {spec.dtype}",
-        f"store {spec.dtype} samples (float for float inputs, integer for integer inputs), "
-        f"preprocessed as the model expects",
-    )
-    if want_kind in "iu" and arr.dtype != spec.dtype:
-        info = np.iinfo(spec.dtype)
-        lo, hi = _scan(arr, lambda c: (c.min(), c.max()), lambda a, b: (min(a[0], b[0]), max(a[1], b[1])))
-        require(
-            info.min <= lo and hi <= info.max,
-            f"{where} has values {lo}..{hi} that do not fit the model's {spec.dtype}",
-            f"keep the values within {info.min}..{info.max}",
-        )
-    if want_kind == "f":
-        with np.errstate(over="ignore"):  # values beyond the model's float range become inf: counted
-            bad = _scan(arr, lambda c: int(np.count_nonzero(~np.isfinite(c.astype(spec.dtype)))), lambda a, b: a + b)
-        require(
-            bad == 0,
-            f"{where} has {bad} NaN/Inf value(s)",
-            "replace or drop the samples with NaN/Inf (check the preprocessing)",
-        )
-    return arr
-
-
-def _scan(arr: np.ndarray, reduce: Callable, combine: Callable):
-    """Fold ``reduce`` over chunks of samples, so memory-mapped arrays are never fully loaded."""
-    result = None
-    for start in range(0, len(arr), _SCAN_CHUNK):
-        value = reduce(np.asarray(arr[start : start + _SCAN_CHUNK]))
-        result = value if result is None else combine(result, value)
-    return result
-
-
 # ----------------------------------------------------------------------------- images
 
 
@@ -321,14 +197,14 @@ class _ImageLayout:
 def _image_layout(spec: TensorSpec, hint: tuple[int, ...] | None) -> _ImageLayout:
     """NHWC or NCHW with 1 or 3 channels; dynamic dims filled from the hint."""
     not_image = PipelineError(
-        f"model input '{spec.name}' {_fmt_shape(spec.shape)} does not look like an image "
+        f"model input '{spec.name}' {fmt_shape(spec.shape)} does not look like an image "
         "(NHWC or NCHW with 1 or 3 channels)",
         "calibrate it with an .npz file holding preprocessed samples",
     )
     if len(spec.shape) != 4:
         raise not_image
     if hint is not None:
-        require(len(hint) == 3, f"the shape hint {_fmt_shape(hint)} for '{spec.name}' is not (H, W, C) or (C, H, W)")
+        require(len(hint) == 3, f"the shape hint {fmt_shape(hint)} for '{spec.name}' is not (H, W, C) or (C, H, W)")
     dims = [d if isinstance(d, int) and d > 0 else None for d in spec.shape[1:]]
     if hint is not None:
         dims = [d if d is not None else int(h) for d, h in zip(dims, hint, strict=True)]
@@ -341,7 +217,7 @@ def _image_layout(spec: TensorSpec, hint: tuple[int, ...] | None) -> _ImageLayou
         raise not_image
     if h is None or w is None or c is None:
         raise PipelineError(
-            f"model input '{spec.name}' {_fmt_shape(spec.shape)} has a dynamic image size",
+            f"model input '{spec.name}' {fmt_shape(spec.shape)} has a dynamic image size",
             "pass the per-sample shape as a shape hint, e.g. (224, 224, 3)",
         )
     return _ImageLayout(channels_first, c, h, w)

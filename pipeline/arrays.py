@@ -1,0 +1,157 @@
+"""Arrays of model inputs from .npz/.npy files: read safely (never unpickled) and checked against
+the model's inputs. Calibration data and evaluation data both come through here."""
+
+from __future__ import annotations
+
+import zipfile
+from collections.abc import Callable, Mapping
+from pathlib import Path
+
+import numpy as np
+
+from pipeline.errors import PipelineError, require
+from pipeline.tensors import Dim, ModelSignature, TensorSpec
+
+IGNORED_KEYS = ("labels",)  # eval.npz keeps labels beside the inputs
+_SCAN_CHUNK = 256  # samples per chunk when scanning (possibly memory-mapped) arrays for NaN/range
+
+
+def load_npz(path: Path) -> dict[str, np.ndarray]:
+    """Every array of an ``.npz`` (no pickles); a damaged or pickled file is one PipelineError."""
+    # np.load falls back to unpickling anything that is not a zip/npy file; check the magic first
+    # so a damaged file is reported as such, not as "pickled data".
+    with open(path, "rb") as fh:
+        magic = fh.read(4)
+    require(
+        magic == b"PK\x03\x04",
+        f"'{path}' is not a valid .npz archive (damaged or not written by numpy.savez)",
+        "write it again with numpy.savez or numpy.savez_compressed",
+    )
+    try:
+        with np.load(path, allow_pickle=False) as npz:
+            return {key: npz[key] for key in npz.files}
+    except ValueError as exc:
+        raise _pickle_error(path, exc) from None
+    except (OSError, EOFError, zipfile.BadZipFile) as exc:
+        raise PipelineError(f"cannot read '{path}': {exc}", "write it again with numpy.savez") from None
+
+
+def load_npy(path: Path) -> np.ndarray:
+    """An ``.npy`` array, memory-mapped (no pickles)."""
+    try:
+        return np.load(path, mmap_mode="r", allow_pickle=False)
+    except ValueError as exc:
+        raise _pickle_error(path, exc) from None
+    except (OSError, EOFError) as exc:
+        raise PipelineError(f"cannot read '{path}': {exc}", "write it again with numpy.save") from None
+
+
+def _pickle_error(path: Path, exc: ValueError) -> PipelineError:
+    text = str(exc)
+    if "pickle" in text or "object" in text.lower():
+        return PipelineError(
+            f"'{path}' holds a pickled object array, which is not loaded for safety",
+            "save plain numeric arrays (e.g. x.astype(np.float32)) with numpy.savez / numpy.save",
+        )
+    return PipelineError(f"cannot read '{path}': {text}", "write it again with numpy.savez / numpy.save")
+
+
+def checked_inputs(
+    origin: Path,
+    arrays: Mapping[str, np.ndarray],
+    signature: ModelSignature,
+    *,
+    what: str = "calibration data",
+    hints: Mapping[str, tuple[int, ...]] | None = None,
+) -> dict[str, np.ndarray]:
+    """Check arrays against the model inputs: names (``labels`` aside), rank, fixed dims, dtype
+    kind, value range, NaN/Inf and equal sample counts. ``what`` names the data in messages."""
+    expected = [spec.name for spec in signature.inputs]
+    unknown = sorted(set(arrays) - set(expected) - set(IGNORED_KEYS))
+    require(
+        not unknown,
+        f"{what} '{origin}' has arrays {unknown} that are not model inputs",
+        f"name the arrays after the model inputs: {', '.join(expected)}",
+    )
+    missing = [name for name in expected if name not in arrays]
+    require(
+        not missing,
+        f"{what} '{origin}' has no array for model input(s) {missing}",
+        f"add one array per model input: {', '.join(expected)}",
+    )
+    hints = hints or {}
+    checked = {spec.name: _checked_array(origin, arrays[spec.name], spec, hints.get(spec.name)) for spec in signature.inputs}
+    counts = {name: len(arr) for name, arr in checked.items()}
+    require(
+        len(set(counts.values())) == 1,
+        f"{what} inputs in '{origin}' have different sample counts: {counts}",
+        "give every input the same number of samples (first axis)",
+    )
+    return checked
+
+
+def fmt_shape(dims: tuple[Dim, ...] | list[Dim]) -> str:
+    return "(" + ", ".join(str(d) for d in dims) + ")"
+
+
+def _checked_array(origin: Path, arr: np.ndarray, spec: TensorSpec, hint: tuple[int, ...] | None) -> np.ndarray:
+    """Check rank, fixed dims, dtype kind, value range and finiteness of one input's samples."""
+    where = f"input '{spec.name}' in '{origin}'"
+    expected = ("N", *spec.shape[1:])
+    require(
+        arr.ndim == len(spec.shape),
+        f"{where} has shape {fmt_shape(arr.shape)}, the model expects {fmt_shape(expected)} (N = samples)",
+        "store one sample per row of the first axis, each with the model input's shape",
+    )
+    if hint is not None:
+        require(
+            len(hint) == arr.ndim - 1,
+            f"the shape hint {fmt_shape(hint)} for '{spec.name}' has rank {len(hint)}, the input has {arr.ndim - 1} per-sample dims",
+            "give the per-sample shape without the batch axis",
+        )
+    for axis in range(1, arr.ndim):
+        want = spec.shape[axis]
+        fixed = want if isinstance(want, int) and want > 0 else (hint[axis - 1] if hint else None)
+        require(
+            fixed is None or arr.shape[axis] == fixed,
+            f"{where} has shape {fmt_shape(arr.shape)}, the model expects {fmt_shape(expected)} (N = samples)"
+            + (f" with dim {axis} = {fixed} from the shape hint" if fixed != want else ""),
+            "resize or reshape the samples to the model input's shape",
+        )
+
+    if len(arr) == 0:
+        return arr  # the sample count check reports it
+    kind, want_kind = arr.dtype.kind, spec.dtype.kind
+    kinds = {"f": "f", "i": "iu", "u": "iu", "b": "b"}
+    require(
+        kind in kinds.get(want_kind, want_kind),
+        f"{where} is {arr.dtype}, but the model input is {spec.dtype}",
+        f"store {spec.dtype} samples (float for float inputs, integer for integer inputs), "
+        f"preprocessed as the model expects",
+    )
+    if want_kind in "iu" and arr.dtype != spec.dtype:
+        info = np.iinfo(spec.dtype)
+        lo, hi = _scan(arr, lambda c: (c.min(), c.max()), lambda a, b: (min(a[0], b[0]), max(a[1], b[1])))
+        require(
+            info.min <= lo and hi <= info.max,
+            f"{where} has values {lo}..{hi} that do not fit the model's {spec.dtype}",
+            f"keep the values within {info.min}..{info.max}",
+        )
+    if want_kind == "f":
+        with np.errstate(over="ignore"):  # values beyond the model's float range become inf: counted
+            bad = _scan(arr, lambda c: int(np.count_nonzero(~np.isfinite(c.astype(spec.dtype)))), lambda a, b: a + b)
+        require(
+            bad == 0,
+            f"{where} has {bad} NaN/Inf value(s)",
+            "replace or drop the samples with NaN/Inf (check the preprocessing)",
+        )
+    return arr
+
+
+def _scan(arr: np.ndarray, reduce: Callable, combine: Callable):
+    """Fold ``reduce`` over chunks of samples, so memory-mapped arrays are never fully loaded."""
+    result = None
+    for start in range(0, len(arr), _SCAN_CHUNK):
+        value = reduce(np.asarray(arr[start : start + _SCAN_CHUNK]))
+        result = value if result is None else combine(result, value)
+    return result
