@@ -25,6 +25,8 @@ class _Parser(argparse.ArgumentParser):
 
 
 def _register_build(sub: argparse._SubParsersAction) -> None:
+    from pipeline.stages.calibration import PREPROCESS_MODES
+    from pipeline.stages.int8 import CALIBRATION_METHODS
     from pipeline.stages.source import DEFAULT_MODEL
 
     p = sub.add_parser(
@@ -68,9 +70,9 @@ def _register_build(sub: argparse._SubParsersAction) -> None:
                       help="INT8 calibration data: an .npz (one array per input), a folder with calib.npz or <input>.npy files, "
                            "or a folder of JPEG/PNG images (default: <calibration-root>/<name>/)")
     prec.add_argument("--calibration-root", type=Path, default=Path("calibration"), help="where per-model data folders live (default: %(default)s)")
-    prec.add_argument("--calibration-method", choices=("minmax", "entropy", "percentile"), default="minmax",
+    prec.add_argument("--calibration-method", choices=CALIBRATION_METHODS, default="minmax",
                       help="how activation ranges are chosen (default: %(default)s; see README for the measurements behind it)")
-    prec.add_argument("--preprocess", choices=("unit", "symmetric", "imagenet", "raw"), default="unit",
+    prec.add_argument("--preprocess", choices=PREPROCESS_MODES, default="unit",
                       help="image calibration only: unit = 0..1, symmetric = -1..1, imagenet = RGB mean/std, raw = 0..255 (default: %(default)s)")
     eng = p.add_argument_group("TensorRT engines (need the 'tensorrt' extra and an NVIDIA GPU; skipped with one line otherwise)")
     eng.add_argument("--shape", action="append", default=[], metavar="INPUT:MIN/OPT/MAX",

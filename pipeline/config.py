@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from pipeline.errors import PipelineError
+from pipeline.stages.int8 import CALIBRATION_METHODS
 from pipeline.stages.shapes import SHAPE_SYNTAX, well_formed
 from pipeline.stages.source import DEFAULT_MODEL, ModelSource
 
@@ -119,8 +120,8 @@ class BuildConfig:
             raise PipelineError(f"--max-batch {self.max_batch} is out of range", "use a value from 1 to 4096")
         if self.opset < 17:
             raise PipelineError(f"--opset {self.opset} is too old", "use --opset 17 or newer")
-        if self.calibration_method not in ("minmax", "entropy", "percentile"):
-            raise PipelineError(f"unknown --calibration-method '{self.calibration_method}'", "use minmax, entropy or percentile")
+        if self.calibration_method not in CALIBRATION_METHODS:
+            raise PipelineError(f"unknown --calibration-method '{self.calibration_method}'", f"use one of: {', '.join(CALIBRATION_METHODS)}")
         if self.version_policy not in ("new", "replace"):
             raise PipelineError(f"unknown --version-policy '{self.version_policy}'", "use new or replace")
         for text in self.shapes:

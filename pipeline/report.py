@@ -50,6 +50,19 @@ def accuracy_table(report: dict[str, Any]) -> Table:
     return table
 
 
+def served_table(rows: list[dict[str, Any]]) -> Table:
+    """Served vs in-process accuracy per model (``verify``)."""
+    table = Table(title="accuracy through Triton vs in process")
+    for column in ("model", "ver", "samples", "served", "in-process", "top-1 agree", "max abs diff", "check"):
+        table.add_column(column, justify="left" if column == "model" else "right")
+    for r in rows:
+        table.add_row(
+            r["model"], str(r["version"]), str(r["samples"]), _pct(r["served_accuracy"]), _pct(r["inprocess_accuracy"]),
+            _pct(r["top1_agreement"]), f"{r['max_abs_diff']:.1e}", "[green]pass[/]" if r["passed"] else "[red]FAIL[/]",
+        )
+    return table
+
+
 def print_build_summary(result: "BuildResult", console: Console | None = None) -> None:
     """Print the stage table, the accuracy table (when variants were gated) and the artifacts."""
     console = console or make_console()
@@ -58,8 +71,6 @@ def print_build_summary(result: "BuildResult", console: Console | None = None) -
     if "accuracy" in manifest["results"]:
         console.print(accuracy_table(manifest["results"]["accuracy"]))
     if "served" in manifest["results"]:
-        from pipeline.triton.verify_cli import served_table
-
         console.print(served_table(manifest["results"]["served"]["models"]))
     for key, path in manifest["artifacts"].items():
         console.print(f"  {key:12} {escape(path)}")

@@ -6,10 +6,9 @@ import argparse
 import logging
 from pathlib import Path
 
-from rich.table import Table
-
 from pipeline.console import console
 from pipeline.errors import PipelineError
+from pipeline.report import served_table
 
 log = logging.getLogger(__name__)
 
@@ -59,20 +58,3 @@ def run(args: argparse.Namespace) -> int:
         show=lambda rows: console().print(served_table(rows)),
     )
     return 0
-
-
-def _pct(value: float | None) -> str:
-    return "—" if value is None else f"{value:.2%}"
-
-
-def served_table(rows: list[dict]) -> Table:
-    """Served vs in-process accuracy per model."""
-    table = Table(title="accuracy through Triton vs in process")
-    for column in ("model", "ver", "samples", "served", "in-process", "top-1 agree", "max abs diff", "check"):
-        table.add_column(column, justify="left" if column == "model" else "right")
-    for r in rows:
-        table.add_row(
-            r["model"], str(r["version"]), str(r["samples"]), _pct(r["served_accuracy"]), _pct(r["inprocess_accuracy"]),
-            _pct(r["top1_agreement"]), f"{r['max_abs_diff']:.1e}", "[green]pass[/]" if r["passed"] else "[red]FAIL[/]",
-        )
-    return table
