@@ -155,3 +155,101 @@ def _scan(arr: np.ndarray, reduce: Callable, combine: Callable):
         value = reduce(np.asarray(arr[start : start + _SCAN_CHUNK]))
         result = value if result is None else combine(result, value)
     return result
+
+
+# ----------------------------------------------------------------------------- length buckets
+
+BUCKET_SEP = "@"  # ``tokens@16``: input ``tokens`` of bucket ``16`` (any label after the '@')
+
+
+def read_arrays(path: Path) -> dict[str, np.ndarray]:
+    """The arrays of an ``.npz`` file, or of a folder of ``.npy`` files (memory-mapped, keyed by
+    file stem). Keys may carry a length bucket: ``<input>@<bucket>`` (see :func:`split_buckets`)."""
+    path = Path(path)
+    if path.is_file():
+        require(path.suffix == ".npz", f"'{path}' is not an .npz archive", "pass an .npz file or a folder of .npy files")
+        return load_npz(path)
+    require(path.is_dir(), f"'{path}' does not exist", "pass an .npz file or a folder of .npy files")
+    files = sorted(f for f in path.iterdir() if f.is_file() and not f.name.startswith(".") and f.suffix == ".npy")
+    require(bool(files), f"folder '{path}' holds no .npy files", "add one <input>.npy (or <input>@<bucket>.npy) per model input")
+    return {f.stem: load_npy(f) for f in files}
+
+
+def split_buckets(origin: Path | str, arrays: Mapping[str, np.ndarray]) -> dict[str, dict[str, np.ndarray]]:
+    """Group arrays by length bucket: ``{"tokens@16": a, "labels@16": b, "tokens@20": c}`` →
+    ``{"16": {"tokens": a, "labels": b}, "20": {"tokens": c}}``. Without any ``@`` key, one bucket
+    named ``""``. Arrays of one bucket share their sample count and shape; buckets differ only in
+    the sizes of dynamic axes (e.g. sequence length), so no padding is ever needed."""
+    bucketed = [key for key in arrays if BUCKET_SEP in key]
+    if not bucketed:
+        return {"": dict(arrays)}
+    plain = sorted(set(arrays) - set(bucketed))
+    require(
+        not plain,
+        f"'{origin}' mixes bucketed arrays ({bucketed[0]}) with arrays without a bucket ({', '.join(plain)})",
+        f"name every array <input>{BUCKET_SEP}<bucket> (e.g. tokens{BUCKET_SEP}16, labels{BUCKET_SEP}16), or none",
+    )
+    buckets: dict[str, dict[str, np.ndarray]] = {}
+    for key in sorted(bucketed, key=_natural):
+        name, _, label = key.rpartition(BUCKET_SEP)
+        require(bool(name and label), f"'{origin}' has an array named '{key}'", f"name bucketed arrays <input>{BUCKET_SEP}<bucket>, e.g. tokens{BUCKET_SEP}16")
+        buckets.setdefault(label, {})[name] = arrays[key]
+    return buckets
+
+
+def checked_buckets(
+    origin: Path,
+    arrays: Mapping[str, np.ndarray],
+    signature: ModelSignature,
+    *,
+    what: str,
+    hints: Mapping[str, tuple[int, ...]] | None = None,
+) -> dict[str, dict[str, np.ndarray]]:
+    """:func:`split_buckets`, then :func:`checked_inputs` on every bucket (``labels`` kept aside)."""
+    checked = {}
+    for label, bucket in split_buckets(origin, arrays).items():
+        where = Path(f"{origin}[{BUCKET_SEP}{label}]") if label else origin
+        inputs = checked_inputs(where, bucket, signature, what=what, hints=hints)
+        checked[label] = {**inputs, **{k: bucket[k] for k in IGNORED_KEYS if k in bucket}}
+    return checked
+
+
+def array_shapes(path: Path) -> dict[str, tuple[int, ...]]:
+    """Shape of every array of an ``.npz`` file or a folder of ``.npy`` files, read from the
+    headers only (no array data is loaded)."""
+    path = Path(path)
+    if path.is_dir():
+        return {key: tuple(arr.shape) for key, arr in read_arrays(path).items()}  # memory-mapped
+    require(path.suffix == ".npz" and path.is_file(), f"'{path}' is not an .npz archive", "pass an .npz file or a folder of .npy files")
+    shapes = {}
+    try:
+        with zipfile.ZipFile(path) as archive:
+            for member in archive.namelist():
+                if not member.endswith(".npy"):
+                    continue
+                with archive.open(member) as fh:
+                    version = np.lib.format.read_magic(fh)
+                    reader = np.lib.format.read_array_header_1_0 if version == (1, 0) else np.lib.format.read_array_header_2_0
+                    shape, _, _ = reader(fh)
+                shapes[member[: -len(".npy")]] = tuple(int(d) for d in shape)
+    except (OSError, ValueError, zipfile.BadZipFile) as exc:
+        raise PipelineError(f"cannot read '{path}': {exc}", "write it again with numpy.savez") from None
+    return shapes
+
+
+def _natural(key: str) -> tuple:
+    """Bucket order: ``@8`` before ``@16`` (numeric labels by value), then the array name."""
+    name, _, label = key.rpartition(BUCKET_SEP)
+    return (0, int(label), "", name) if label.isdigit() else (1, 0, label, name)
+
+
+def sample_shapes(path: Path) -> list[tuple[str, dict[str, tuple[int, ...]], int]]:
+    """Per length bucket of an ``.npz`` or ``.npy`` folder: where it is, each array's per-sample
+    shape, and the sample count — from the array headers, no data loaded."""
+    shapes = array_shapes(path)
+    result = []
+    for label, bucket in split_buckets(path, shapes).items():
+        counts = {shape[0] for key, shape in bucket.items() if key not in IGNORED_KEYS and shape}
+        where = f"{path}[{BUCKET_SEP}{label}]" if label else str(path)
+        result.append((where, {key: tuple(shape[1:]) for key, shape in bucket.items() if key not in IGNORED_KEYS and shape}, min(counts, default=0)))
+    return result

@@ -17,7 +17,7 @@ from pathlib import Path
 from pipeline.artifacts import Artifact
 from pipeline.config import BuildConfig, Workspace
 from pipeline.errors import PipelineError
-from pipeline.evaldata import EvalData, eval_data_from_npz, synthetic_eval_data
+from pipeline.evaldata import EvalData, eval_data_from_path, synthetic_eval_data
 from pipeline.publish import LABELS_FILE, PublishSettings, repository_from_artifacts
 from pipeline.stagecache import Manifest, run_stage
 from pipeline.stages.accuracy import accuracy_report_from_variants, classifier_output
@@ -28,7 +28,7 @@ from pipeline.stages.int8 import check_qdq_int8_symmetric, qdq_onnx_from_onnx
 from pipeline.stages.onnx_export import onnx_from_savedmodel, tf2onnx_command
 from pipeline.stages.parity import parity_report_from_models
 from pipeline.stages.savedmodel import savedmodel_from_keras
-from pipeline.stages.shapes import ShapeProfile, profiles_from_args, profiles_to_json
+from pipeline.stages.shapes import ShapeProfile, profiles_from_args, profiles_to_json, seen_in_files, seen_shapes, shape_hints
 from pipeline.stages.source import (
     DEFAULT_MODEL,
     ModelSource,
@@ -73,9 +73,11 @@ def build(cfg: BuildConfig) -> BuildResult:
         signature = signature_from_onnx(onnx_fp32)
         data = eval_data_for(cfg, name, signature)
         _parity_stage(saved, onnx_fp32, data, ws, cfg, manifest)
-        profiles = profiles_from_args(cfg.shapes, signature, max_batch=cfg.max_batch)
+        calib_seen = seen_in_files(cfg.calibration or cfg.calibration_root / name) if cfg.int8 else []
+        seen = calib_seen + ([] if data.synthetic else seen_shapes(data.sample_shapes()))
+        profiles = profiles_from_args(cfg.shapes, signature, max_batch=cfg.max_batch, seen=seen)
         variants = [Artifact("fp32", "onnx", onnx_fp32)]
-        variants += [_precision_stage(onnx_fp32, p, signature, profiles, name, ws, cfg, manifest) for p in cfg.precisions[1:]]
+        variants += [_precision_stage(onnx_fp32, p, signature, shape_hints(profiles, calib_seen), name, ws, cfg, manifest) for p in cfg.precisions[1:]]
         engines = _engine_stages(variants, profiles, ws, cfg, manifest)
         _accuracy_stage(onnx_fp32, variants[1:] + engines, data, signature, ws, cfg, manifest)
         artifacts = variants + engines
@@ -129,7 +131,7 @@ def _parity_stage(saved: Path, onnx_path: Path, data: EvalData, ws: Workspace, c
 
 
 def _precision_stage(
-    onnx_fp32: Path, precision: str, signature: ModelSignature, profiles: list[ShapeProfile], name: str, ws: Workspace, cfg: BuildConfig, manifest: Manifest
+    onnx_fp32: Path, precision: str, signature: ModelSignature, hints: dict[str, tuple[int, ...]], name: str, ws: Workspace, cfg: BuildConfig, manifest: Manifest
 ) -> Artifact:
     dst = ws.onnx(precision)
     if precision == "fp16":
@@ -143,7 +145,6 @@ def _precision_stage(
         )
         return Artifact("fp16", "onnx", dst)
     calib_path = cfg.calibration or cfg.calibration_root / name
-    hints = {n: r[1][1:] for n, r in profiles[0].shapes.items()} if profiles else {}
     calib = calibration_from_path(calib_path, signature, preprocess=cfg.preprocess, shape_hint=hints)
     run_stage(
         manifest, "int8",
@@ -264,7 +265,7 @@ def eval_data_for(cfg: BuildConfig, name: str, signature: ModelSignature) -> Eva
     """``--eval-data``, else ``<calibration>/<name>/eval.npz``, else seeded synthetic samples."""
     path = cfg.eval_data or cfg.calibration_root / name / "eval.npz"
     if path.exists():
-        return eval_data_from_npz(path, signature)
+        return eval_data_from_path(path, signature)
     if cfg.eval_data is not None:
         raise PipelineError(f"evaluation data '{path}' does not exist", "pass an .npz with one array per input (and labels) to --eval-data")
     log.warning("no evaluation data at %s: parity runs on synthetic samples and accuracy gates have no labels", path)
