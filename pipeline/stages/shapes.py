@@ -225,8 +225,11 @@ def _check_covers(profiles: Sequence[ShapeProfile], signature: ModelSignature, s
         if not all(misses):
             continue
         name, axis, size, lo, hi = misses[0]  # type: ignore[misc]
-        derived = profiles_from_args([], signature, max_batch=max_batch, dynamic_default=dynamic_default, seen=seen)[0]
-        cover = " ".join(f"--shape {format_shape_spec(n, r)}" for n, r in derived.shapes.items())
+        derived = {
+            spec.name: default_range(spec, max_batch=max_batch, dynamic_default=dynamic_default, sizes=sizes_by_axis(spec, seen))
+            for spec in signature.inputs if spec.dynamic_axes
+        }
+        cover = " ".join(f"--shape {format_shape_spec(n, r)}" for n, r in derived.items())
         where = "the profile" if len(profiles) == 1 else "every profile (profile 0"
         raise PipelineError(
             f"--shape does not cover the data {bucket.origin}: input '{name}' has size {size} on axis {axis}, "
