@@ -30,7 +30,7 @@ def stage_table(manifest: dict[str, Any], title: str) -> Table:
 def accuracy_table(report: dict[str, Any]) -> Table:
     """Each variant against FP32 ONNX: accuracy, the drop with its confidence bounds, agreement, errors, verdict."""
     table = Table(title=f"accuracy vs FP32 ONNX on {report['samples']} samples ({escape(report['data'])})")
-    for column in ("variant", "acc", "FP32 acc", "drop [bounds] / max", "top-1 agree", "max abs", "min cos", "gate"):
+    for column in ("variant", "acc", "FP32 acc", "drop (bounds) / max", "top-1 agree", "max abs", "min cos", "gate"):
         table.add_column(column, justify="right" if column != "variant" else "left")
     for v in report["variants"]:
         d = v.get("drop")
