@@ -2,9 +2,9 @@
 folder of ``.npy`` files with the same names.
 
 Samples of different sizes on a dynamic axis (token sequences of length 16 and 20, say) come in
-length buckets, as calibration data does: ``tokens@16``, ``labels@16``, ``tokens@20``,
-``labels@20`` (see :func:`pipeline.arrays.split_buckets`). Batches never mix buckets, so no
-sample is ever padded; labels are kept in bucket order.
+length buckets, as calibration data does: ``tokens__16``, ``labels__16``, ``tokens__20``,
+``labels__20`` (see :mod:`pipeline.buckets`). Batches never mix buckets, so no sample is ever
+padded; labels are kept in bucket order.
 
 When a model has no evaluation data, parity runs on seeded synthetic samples (floats in
 [0, 1), integer ids in [0, 2) so any embedding accepts them); accuracy gates then compare
@@ -19,7 +19,7 @@ from pathlib import Path
 
 import numpy as np
 
-from pipeline.arrays import BUCKET_SEP, checked_buckets, read_arrays
+from pipeline.buckets import BUCKET_SEP, checked_buckets, read_arrays
 from pipeline.errors import PipelineError
 from pipeline.fingerprint import hash_path
 from pipeline.tensors import ModelSignature
@@ -29,7 +29,7 @@ from pipeline.tensors import ModelSignature
 class EvalBucket:
     """Samples of one size: every input (first axis = sample) and optional int labels."""
 
-    name: str  # the bucket label after '@' ("" when the data has no buckets)
+    name: str  # the bucket label after '__' ("" when the data has no buckets)
     inputs: dict[str, np.ndarray]
     labels: np.ndarray | None
 
@@ -46,6 +46,11 @@ class EvalData:
     source: str
     fingerprint: str  # what the stage cache keys on
     synthetic: bool = False  # made up: says nothing about the sizes a deployment sees
+
+    @classmethod
+    def single(cls, inputs: dict[str, np.ndarray], labels: np.ndarray | None, source: str, fingerprint: str) -> EvalData:
+        """Evaluation data of one size (one bucket)."""
+        return cls((EvalBucket("", inputs, labels),), source, fingerprint)
 
     @property
     def num_samples(self) -> int:
@@ -82,7 +87,7 @@ class EvalData:
     def sample_shapes(self) -> list[tuple[str, dict[str, tuple[int, ...]], int]]:
         """Per bucket: where it came from, each input's per-sample shape, and its sample count."""
         return [
-            (f"{self.source}" + (f"[{BUCKET_SEP}{b.name}]" if b.name else ""), {k: tuple(v.shape[1:]) for k, v in b.inputs.items()}, b.num_samples)
+            (f"{self.source}" + (f"[{b.name}]" if b.name else ""), {k: tuple(v.shape[1:]) for k, v in b.inputs.items()}, b.num_samples)
             for b in self.buckets
         ]
 

@@ -51,7 +51,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from pipeline.arrays import sample_shapes
 from pipeline.errors import PipelineError
 from pipeline.tensors import ModelSignature, TensorSpec
 
@@ -171,13 +170,15 @@ def profiles_from_args(
     max_batch: int,
     dynamic_default: int = DEFAULT_DYNAMIC_DIM,
     seen: SeenShapes = (),
+    quiet: bool = False,
 ) -> list[ShapeProfile]:
     """Turn ``--shape`` texts into optimization profiles covering every dynamic input.
 
     Repeating an input name starts the next profile. With no specs, one default profile, its
     non-batch dynamic axes sized from ``seen`` (the real calibration/evaluation samples) where
     there are any. Every problem, including ``--shape`` profiles that cannot run the ``seen``
-    samples, raises one :class:`PipelineError` naming the spec and the fix.
+    samples, raises one :class:`PipelineError` naming the spec and the fix. ``quiet``: no log
+    lines and no coverage check (for a provisional look before the data is read).
     """
     if max_batch < 1:
         raise PipelineError(f"--max-batch must be at least 1, got {max_batch}", "pass e.g. --max-batch 64")
@@ -208,8 +209,11 @@ def profiles_from_args(
             shapes[spec.name] = default_range(
                 spec, max_batch=max_batch, dynamic_default=dynamic_default, batch_range=batch_range, sizes=sizes[spec.name]
             )
-            from_data |= _log_sized_axes(spec, shapes[spec.name], sizes[spec.name], warned)
+            if not quiet:
+                from_data |= _log_sized_axes(spec, shapes[spec.name], sizes[spec.name], warned)
         profiles.append(ShapeProfile(shapes))
+    if quiet:
+        return profiles
     for index, profile in enumerate(profiles):
         log.info("optimization profile %d: %s", index, str(profile) or "(model has no dynamic inputs)")
     if from_data:
@@ -354,25 +358,27 @@ def _check_range(text: str, spec: TensorSpec, shape_range: ShapeRange, *, max_ba
             )
 
 
-def seen_in_files(path: Path) -> list[SeenBucket]:
+def seen_in_files(path: Path, signature: ModelSignature) -> list[SeenBucket]:
     """The sample shapes of array data at ``path`` (an ``.npz``, a folder holding ``calib.npz``,
     or a folder of ``.npy`` files), read from headers only; [] for anything else (e.g. images,
     which are resized to the profile instead)."""
+    from pipeline.buckets import sample_shapes
     from pipeline.stages.calibration import CALIB_FILE
 
     path = Path(path)
     if path.is_dir() and (path / CALIB_FILE).is_file():
         path = path / CALIB_FILE
     if (path.is_file() and path.suffix == ".npz") or (path.is_dir() and any(path.glob("*.npy"))):
-        return seen_shapes(sample_shapes(path))
+        return seen_shapes(sample_shapes(path, [s.name for s in signature.inputs]))
     return []
 
 
-def shape_hints(profiles: Sequence[ShapeProfile], seen: SeenShapes) -> dict[str, Shape]:
-    """Per-sample OPT shapes (no batch axis) of the dynamic inputs the ``seen`` data does not
-    size: what image calibration resizes to. Inputs with array data keep their own sizes."""
-    sized = {name for bucket in seen for name in bucket.shapes}
-    return {name: r[1][1:] for name, r in (profiles[0].shapes.items() if profiles else ()) if name not in sized}
+def calibration_hints(specs: Sequence[str], signature: ModelSignature, *, max_batch: int) -> dict[str, Shape]:
+    """Per-sample OPT shapes (no batch axis) of the profile ``--shape`` (or the defaults) give
+    before any data is read: the size image calibration resizes to when the model's H×W are
+    dynamic. Array data never needs them (each array keeps its own size)."""
+    profiles = profiles_from_args(specs, signature, max_batch=max_batch, quiet=True)
+    return {name: r[1][1:] for name, r in profiles[0].shapes.items()} if profiles else {}
 
 
 def profiles_to_json(profiles: Sequence[ShapeProfile]) -> list[dict[str, dict[str, list[int]]]]:

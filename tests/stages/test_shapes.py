@@ -19,7 +19,7 @@ from pipeline.stages.shapes import (
     profiles_from_json,
     profiles_to_json,
     seen_in_files,
-    shape_hints,
+    calibration_hints,
 )
 from pipeline.tensors import ModelSignature, TensorSpec, signature_from_onnx
 
@@ -208,7 +208,7 @@ SEQ = ModelSignature(inputs=(TOKENS,), outputs=(PROBS,))
 
 def seen(*buckets: tuple[int, int]) -> list[SeenBucket]:
     """Token buckets of (sequence length, samples)."""
-    return [SeenBucket(f"calib.npz[@{length}]", {"tokens": (length,)}, n) for length, n in buckets]
+    return [SeenBucket(f"calib.npz[{length}]", {"tokens": (length,)}, n) for length, n in buckets]
 
 
 def test_dynamic_axis_is_sized_from_the_data(caplog: pytest.LogCaptureFixture) -> None:
@@ -246,7 +246,7 @@ def test_shape_overrides_the_data_when_it_covers_it() -> None:
 
 
 def test_shape_that_does_not_cover_the_data_is_one_line_naming_a_shape_that_does() -> None:
-    with pytest.raises(PipelineError, match=r"--shape does not cover the data calib.npz\[@20\]: input 'tokens' has size 20 on axis 1, outside the profile: 1..16") as info:
+    with pytest.raises(PipelineError, match=r"--shape does not cover the data calib.npz\[20\]: input 'tokens' has size 20 on axis 1, outside the profile: 1..16") as info:
         profiles_from_args(["tokens:1x1/8x16/8x16"], SEQ, max_batch=8, seen=seen((16, 3), (20, 1)))
     assert info.value.fix == "widen --shape to cover the data, e.g. --shape tokens:1x16/8x16/8x32, or leave --shape out to size the profiles from the data"
     assert "\n" not in str(info.value)
@@ -266,18 +266,20 @@ def test_data_of_other_inputs_or_static_axes_does_not_size_anything() -> None:
 
 
 def test_seen_in_files_reads_buckets_from_headers(tmp_path: Path) -> None:
-    np.savez(tmp_path / "calib.npz", **{"tokens@16": np.zeros((30, 16), np.int64), "tokens@20": np.zeros((10, 20), np.int64)})
+    np.savez(tmp_path / "calib.npz", **{"tokens__16": np.zeros((30, 16), np.int64), "tokens__20": np.zeros((10, 20), np.int64)})
     (tmp_path / "npy").mkdir()
-    np.save(tmp_path / "npy" / "tokens@8.npy", np.zeros((5, 8), np.int64))
-    np.save(tmp_path / "npy" / "tokens@12.npy", np.zeros((7, 12), np.int64))
+    np.save(tmp_path / "npy" / "tokens__8.npy", np.zeros((5, 8), np.int64))
+    np.save(tmp_path / "npy" / "tokens__12.npy", np.zeros((7, 12), np.int64))
     (tmp_path / "images").mkdir()
-    assert [(b.shapes, b.samples) for b in seen_in_files(tmp_path)] == [({"tokens": (16,)}, 30), ({"tokens": (20,)}, 10)]
-    assert [(b.origin.endswith("[@8]"), b.shapes, b.samples) for b in seen_in_files(tmp_path / "npy")] == [
+    assert [(b.shapes, b.samples) for b in seen_in_files(tmp_path, SEQ)] == [({"tokens": (16,)}, 30), ({"tokens": (20,)}, 10)]
+    assert [(b.origin.endswith("[8]"), b.shapes, b.samples) for b in seen_in_files(tmp_path / "npy", SEQ)] == [
         (True, {"tokens": (8,)}, 5), (False, {"tokens": (12,)}, 7)
     ]
-    assert seen_in_files(tmp_path / "images") == []
+    assert seen_in_files(tmp_path / "images", SEQ) == []
 
 
-def test_shape_hints_only_for_inputs_the_data_does_not_size() -> None:
-    profiles = profiles_from_args(["image:1x8x8x1/4x8x8x1/4x8x8x1", "tokens:1x1/4x16/4x32"], TWO_INPUTS, max_batch=4)
-    assert shape_hints(profiles, seen((16, 3))) == {"image": (8, 8, 1)}
+def test_calibration_hints_are_the_opt_shapes_without_logging(caplog: pytest.LogCaptureFixture) -> None:
+    with caplog.at_level(logging.INFO, logger="pipeline.stages.shapes"):
+        hints = calibration_hints(["image:1x8x8x1/4x8x8x1/4x8x8x1"], TWO_INPUTS, max_batch=4)
+    assert hints == {"image": (8, 8, 1), "tokens": (64,)}
+    assert not caplog.records
