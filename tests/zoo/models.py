@@ -5,8 +5,8 @@ plus a generator of its calibration and evaluation arrays. Weights are random (s
 model has ground truth: evaluation labels are the FP32 Keras model's own top-1, which makes
 accuracy "agreement with Keras" and each gate a measure of what a precision loses.
 
-Sequence models come with two lengths (16 and 20) in length buckets (``tokens@16``,
-``tokens@20``), so their profiles, calibration, gates and serving see more than one size.
+Sequence models come with two lengths (16 and 20) in length buckets (``tokens__16``,
+``tokens__20``), so their profiles, calibration, gates and serving see more than one size.
 """
 
 from __future__ import annotations
@@ -202,7 +202,7 @@ def write_data(entry: ZooModel, folder: Path, *, calib: int = 128, evaluation: i
             n = total - total * (len(lengths) - 1) * 2 // (5 * len(lengths)) if index == 0 else total * 2 // (5 * len(lengths))
             inputs = entry.inputs(rng, n, length)
             keyed = {name: inputs[name] for name in names}
-            tag = f"@{length}" if length else ""
+            tag = f"__{length}" if length else ""
             arrays.update({f"{k}{tag}": v for k, v in keyed.items()})
             if split == "eval":
                 outputs = model.predict(keyed if len(names) > 1 else keyed[names[0]], batch_size=64, verbose=0)
