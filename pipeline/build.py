@@ -35,6 +35,7 @@ from pipeline.stages.shapes import ShapeProfile, calibration_hints, profiles_fro
 from pipeline.stages.source import DEFAULT_MODEL, ModelSource, model_source
 from pipeline.stages.tensorrt_env import tensorrt_status
 from pipeline.tensors import ModelSignature, signature_from_onnx
+from pipeline.trt_support import warn_unparsable
 from pipeline.triton.verify import verify_repository
 from pipeline.workspace import ModelData, Workspace
 
@@ -100,6 +101,7 @@ def build(cfg: BuildConfig) -> BuildResult:
             variants.append(_fp16_stage(onnx_fp32, ctx))
         if calib is not None:
             variants.append(_int8_stage(onnx_fp32, calib, ctx))
+        ctx.manifest.results["tensorrt_parser"] = warn_unparsable({v.precision: v.path for v in variants})  # before a GPU machine finds out
         engines = _engine_stages(variants, profiles, ctx)
         _accuracy_stage(onnx_fp32, variants[1:] + engines, data, signature, ctx)
         artifacts = variants + engines

@@ -36,7 +36,7 @@ class QuantizedNode:
 
     node: str
     op: str
-    inputs: dict[str, str]  # input name → "per-tensor" | "per-channel (axis N)"
+    inputs: dict[str, str]  # "input 1 (weight)" → "per-tensor" | "per-channel (axis N)"
 
 
 @dataclass
@@ -146,13 +146,17 @@ def quantized_nodes(model: Any) -> tuple[list[QuantizedNode], list[str]]:
         if node.op_type in QDQ:
             continue
         inputs = {}
-        for name in node.input:
+        for index, name in enumerate(node.input):
             dq = producer.get(name)
             if dq is None or dq.op_type != "DequantizeLinear":
                 continue
             scale_dims = init_dims.get(dq.input[1], [])
             axis = next((helper.get_attribute_value(a) for a in dq.attribute if a.name == "axis"), 1)
-            inputs[name] = f"per-channel (axis {axis})" if scale_dims and scale_dims[0] > 1 else "per-tensor"
+            source = dq.input[0]
+            if source in producer and producer[source].op_type == "QuantizeLinear":  # weights quantized in the graph
+                source = producer[source].input[0]
+            what = "weight" if source in init_dims else "activation"
+            inputs[f"input {index} ({what})"] = f"per-channel (axis {axis})" if scale_dims and scale_dims[0] > 1 else "per-tensor"
         if inputs:
             found.append(QuantizedNode(node.name or node.output[0], node.op_type, inputs))
         elif node.op_type in WEIGHTED:
@@ -187,11 +191,11 @@ def _inspect_plan(path: Path) -> Inspection:
     meta = metadata_path(path)
     if not meta.is_file():
         raise PipelineError(
-            f"cannot read TensorRT plan '{path}' here: {reason}, and it has no metadata JSON beside it ({meta.name})",
+            f"cannot read TensorRT plan '{path}' here (reading a plan needs TensorRT and a GPU), and it has no metadata JSON beside it ({meta.name})",
             "inspect it on the machine with TensorRT and a GPU, or inspect the ONNX model it was built from",
         )
     data = json.loads(meta.read_text())
-    report.notes.append(f"the plan itself cannot be read here ({reason}); shown: its metadata {meta}")
+    report.notes.append(f"the plan itself cannot be read here (reading a plan needs TensorRT and a GPU); shown: its metadata {meta}")
     report.inputs = list(data.get("inputs", []))
     report.outputs = list(data.get("outputs", []))
     report.profiles = [json.dumps(p) for p in data.get("profiles", [])]

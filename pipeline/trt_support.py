@@ -241,3 +241,22 @@ def _breaks(check: dict, node: Any, constants: dict[str, Any], ranks: dict[str, 
         inputs = equation.split("->")[0].replace(" ", "").split(",")
         return "..." in equation or any(len(set(term)) != len(term) for term in inputs)
     raise PipelineError(f"unknown check kind '{kind}' in {DATA_FILE}", "fix the data file")
+
+
+def warn_unparsable(models: dict[str, Any], target: str | None = None) -> dict[str, list[str]]:
+    """Check each ONNX file (``{variant: path}``) against TensorRT ``target``'s parser; log one
+    warning per op problem, so a CPU-only build says what the GPU machine's engine stage would
+    refuse. Returns ``{variant: problems}``."""
+    import logging
+
+    from pipeline.tensors import load_onnx
+
+    log = logging.getLogger(__name__)
+    target = target or support_data()["default_target"]
+    found = {}
+    for variant, path in models.items():
+        problems = summarize(check_onnx(load_onnx(path), target))
+        for problem in problems:
+            log.warning("TensorRT %s's ONNX parser would not take the %s model: %s", target, variant, problem)
+        found[variant] = problems
+    return found
