@@ -6,7 +6,6 @@ from __future__ import annotations
 import os
 import signal
 import threading
-import time
 from pathlib import Path
 
 import pytest
@@ -116,16 +115,15 @@ def test_server_killed_mid_run_ends_the_run_with_errors(workspace: Path, tmp_pat
 
     with TritonServer(workspace / "model_repository", log_path=tmp_path / "killed.log") as victim:
         killer = threading.Timer(1.0, lambda: os.kill(victim.pid, signal.SIGKILL))  # type: ignore[arg-type]
-        began = time.monotonic()
         killer.start()
         try:
             result = run_loadtest(settings(victim, workspace, [ClosedLoop(c) for c in (2, 4, 8, 16)],
                                            windows=WindowSettings(window_s=0.5, warmup_s=0.2, max_s=3.0, drain_s=1.0)))  # fmt: skip
         finally:
             killer.cancel()
-        elapsed = time.monotonic() - began
-    assert elapsed < 4 * 3.0  # stopped at the dead server, did not grind through every point
-    assert any(p.aborted for p in result.points)
+    # stopped at the dead server (a point takes at least 1.7 s here, so the kill lands in the first
+    # or second of four): the aborted point is the last one run, the others were not ground through
+    assert result.points and result.points[-1].aborted and len(result.points) < 4, [(p.load, p.aborted) for p in result.points]
     assert result.failures and "cannot reach Triton" in result.failures[-1]
     kinds = {k for p in result.points for k in p.aggregate.errors}
     assert kinds and all(k.startswith(("connection_", "connect_")) for k in kinds), kinds
