@@ -19,8 +19,8 @@ from pipeline.errors import PipelineError
 from pipeline.evaldata import synthetic_eval_data
 from pipeline.stages.onnx_export import MIN_OPSET, onnx_from_savedmodel, tf2onnx_command
 from pipeline.stages.parity import parity_report_from_models
-from pipeline.stages.savedmodel import SIGNATURE, input_names, output_names, savedmodel_from_keras
-from pipeline.tensors import signature_from_onnx
+from pipeline.stages.savedmodel import input_names, output_names, savedmodel_from_keras
+from pipeline.tensors import SIGNATURE, signature_from_onnx
 
 pytestmark = pytest.mark.slow
 
