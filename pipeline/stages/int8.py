@@ -25,6 +25,7 @@ import numpy as np
 
 from pipeline.atomic import clear_leftovers
 from pipeline.errors import PipelineError, require
+from pipeline.pausepoints import pause_point
 from pipeline.stages.calibration import CalibrationData
 from pipeline.tensors import ModelSignature, signature_from_onnx
 
@@ -286,6 +287,7 @@ def _calibrate(
             calibrator.collect_data(_OneBatch(feed))
         count = len(next(iter(feed.values())))
         log.info("calibration batch %d/%d (%d samples, %.1f s)", index + 1, total, count, time.perf_counter() - started)
+        pause_point("int8.calibration-batch")
     with _ort_prints_to_log():
         ranges = calibrator.compute_data()
     save_tensors_data(ranges, cache)
