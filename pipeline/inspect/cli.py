@@ -63,7 +63,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     """Inspect the model; print the report; 1 if TensorRT's parser would refuse part of it."""
     from pipeline.console import console
-    from pipeline.inspection import inspection_from_model
+    from pipeline.inspect.report import inspection_from_model
 
     cfg = config_from_values(InspectConfig, values_from_namespace(InspectConfig, args))
     check_options(cfg)
@@ -108,7 +108,7 @@ def _no_signature():  # type: ignore[no-untyped-def]
 
 def report_lines(report) -> list[str]:  # type: ignore[no-untyped-def]
     """The text report, one string per line."""
-    from pipeline.inspection import counts_line, quantized_summary
+    from pipeline.inspect.report import counts_line, quantized_summary
 
     lines = [f"{report.model} ({report.kind})"]
     if report.onnx and report.onnx != report.model:
