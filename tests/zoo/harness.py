@@ -36,6 +36,7 @@ class ZooRun:
     loadtest_error: str | None = None
     serve_seconds: float = 0.0
     per_length: dict[str, float] = field(default_factory=dict)  # "<model>@<length>" → max |served - in-process|
+    parser: dict[str, list[str]] | None = None  # variant → what TensorRT 10.5's ONNX parser would refuse (from the manifest)
 
     def as_json(self) -> dict:
         return asdict(self)
@@ -70,6 +71,8 @@ def build_zoo_model(entry: ZooModel, root: Path) -> ZooRun:
         run.parity_max_abs = {k: v["max_abs"] for k, v in parity["outputs"].items()}
     if (ws / "accuracy.json").is_file():
         run.gates = _gates(json.loads((ws / "accuracy.json").read_text()))
+    if (ws / "manifest.json").is_file():
+        run.parser = json.loads((ws / "manifest.json").read_text()).get("results", {}).get("tensorrt_parser")
     run.sizes = {p: (ws / f"model.{p}.onnx").stat().st_size for p in PRECISIONS if (ws / f"model.{p}.onnx").is_file()}
     config = paths["repository"] / f"{entry.name}_fp32" / "config.pbtxt"
     if config.is_file():
