@@ -29,15 +29,17 @@ VOCAB = 200
 
 def spread_head(model: keras.Model, x: np.ndarray, scale: float = 3.0) -> keras.Model:
     """Refit the last layer with a kernel (the classifier: Dense, or a 1×1 Conv) so the classes
-    spread over the data: logits = the top principal components of its centred input features,
-    whitened, times ``scale``. A random-weight backbone otherwise sends every input to one class,
-    and a gate on a constant argmax measures nothing."""
+    spread over the data: logits = the projections of its centred input features on their top
+    principal directions, all in the first direction's units, times ``scale``. A random-weight
+    backbone otherwise sends every input to one class, and a gate on a constant argmax measures
+    nothing. (Not whitened: whitening would blow weak directions, and any noise in them, up to
+    the strong one's size, which no trained classifier does.)"""
     head = next(layer for layer in reversed(model.layers) if getattr(layer, "kernel", None) is not None)
     features = keras.Model(model.inputs, head.input).predict(x, batch_size=64, verbose=0).reshape(len(x), -1)
     mean = features.mean(0)
     _, sv, vt = np.linalg.svd(features - mean, full_matrices=False)
     classes = head.kernel.shape[-1]
-    weights = (vt[:classes].T / np.maximum(sv[:classes], 1e-6) * np.sqrt(len(x)) * scale).astype(np.float32)
+    weights = (vt[:classes].T / max(sv[0], 1e-6) * np.sqrt(len(x)) * scale).astype(np.float32)
     head.kernel.assign(weights.reshape(head.kernel.shape))
     head.bias.assign(-(mean @ weights).astype(np.float32))
     return model
@@ -49,12 +51,27 @@ def _image_app(app: Callable[..., keras.Model], seed: int, draw: Callable[[np.ra
     return spread_head(model, draw(np.random.default_rng(seed), 256))
 
 
+def _scenes(rng: np.random.Generator, n: int, shape: tuple[int, ...]) -> np.ndarray:
+    """Images in 0..1 that differ the way photos do, as a whole: a colour, a brightness gradient and a
+    stripe pattern per image, plus a little pixel noise. Pure pixel noise would average out in the
+    first pooling layer, leaving every image with the same features."""
+    h, w, c = shape
+    yy, xx = np.meshgrid(np.linspace(0, 1, h), np.linspace(0, 1, w), indexing="ij")
+    colour = rng.random((n, 1, 1, c))
+    slope_x, slope_y = rng.normal(0, 0.3, (2, n, 1, 1, c))
+    freq, phase = rng.integers(1, 5, (n, 1, 1, 1)), rng.uniform(0, 2 * np.pi, (n, 1, 1, 1))
+    angle = rng.uniform(0, np.pi, (n, 1, 1, 1))
+    stripes = 0.25 * np.sin(2 * np.pi * freq * (np.cos(angle) * xx[..., None] + np.sin(angle) * yy[..., None]) + phase)
+    image = colour + slope_x * xx[..., None] + slope_y * yy[..., None] + stripes + rng.normal(0, 0.03, (n, h, w, c))
+    return np.clip(image, 0, 1).astype(np.float32)
+
+
 def _normal_images(rng: np.random.Generator, n: int) -> np.ndarray:
-    return rng.normal(size=(n, *IMAGE)).astype(np.float32)
+    return (_scenes(rng, n, IMAGE) - 0.5) / 0.25  # roughly standardized, as caffe/torch preprocessing leaves them
 
 
 def _pixel_images(rng: np.random.Generator, n: int, shape: tuple[int, ...] = IMAGE) -> np.ndarray:
-    return (rng.random((n, *shape), dtype=np.float32) * 255).astype(np.float32)
+    return _scenes(rng, n, shape) * 255
 
 
 def resnet50() -> keras.Model:
@@ -167,7 +184,7 @@ def _frames(rng: np.random.Generator, n: int, length: int | None) -> dict[str, n
 
 
 def _two(rng: np.random.Generator, n: int, _: int | None) -> dict[str, np.ndarray]:
-    return {"image": rng.random((n, 16, 16, 3), dtype=np.float32), "features": rng.normal(size=(n, 5)).astype(np.float32)}
+    return {"image": _scenes(rng, n, (16, 16, 3)), "features": rng.normal(size=(n, 5)).astype(np.float32)}
 
 
 ZOO = {
@@ -184,7 +201,7 @@ ZOO = {
 }
 
 
-def write_data(entry: ZooModel, folder: Path, *, calib: int = 128, evaluation: int = 512, seed: int = 0) -> dict[str, int]:
+def write_data(entry: ZooModel, folder: Path, *, calib: int = 200, evaluation: int = 1024, seed: int = 0) -> dict[str, int]:
     """Write ``calib.npz`` and ``eval.npz`` (labels = the Keras model's own top-1) for ``entry``
     into ``folder``; sequence models get length buckets. Returns samples per length."""
     from pipeline.stages.savedmodel import input_names
