@@ -69,7 +69,7 @@ def test_layout_from_nvidia_smi_l_and_bundle_with_uuids(tmp_path: Path, tiny_onn
     compose = yaml.safe_load((bundle / "docker-compose.yml").read_text())
     ids = [s["deploy"]["resources"]["reservations"]["devices"][0]["device_ids"][0] for s in compose["services"].values()]
     assert ids[3] == "MIG-3d4e5f6a-7b8c-5d9e-9f0a-2b3c4d5e6f7a"
-    assert sorted(p.name for p in (bundle / "k8s").iterdir()) == ["triton-mig-1g-18gb.yaml", "triton-mig-2g-35gb.yaml"]
+    assert sorted(p.name for p in (bundle / "k8s").glob("*.yaml")) == ["triton-mig-1g-18gb.yaml", "triton-mig-2g-35gb.yaml"]
     with pytest.raises(PipelineError, match="differs from the MIG devices"):
         mig_plan("--gpu", "H200-141GB", "--from-nvidia-smi", str(listing), "--onnx", str(tiny_onnx),
                  "--max-batch", "8", "--layout", "7x1g.18gb")
