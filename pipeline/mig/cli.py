@@ -10,12 +10,7 @@ from typing import Any
 from pipeline.errors import PipelineError, require
 from pipeline.mig import nvidia_smi
 from pipeline.mig.bundle import LAUNCH_SCRIPT, BundleSettings, write_bundle
-from pipeline.mig.configs import (
-    config_text,
-    profile_configs,
-    read_repository_configs,
-    write_profile_configs,
-)
+from pipeline.mig.configs import profile_configs, write_profile_configs
 from pipeline.mig.layout import Layout, layout_from_devices, parse_layout
 from pipeline.mig.memory import (
     MemoryEstimate,
@@ -25,6 +20,8 @@ from pipeline.mig.memory import (
 )
 from pipeline.mig.plan import GIB, HEURISTIC, MigPlan, plan_instances
 from pipeline.mig.profiles import BUILTIN_GPUS, GpuMig, builtin_gpu
+from pipeline.triton.config import config_text
+from pipeline.triton.repository import read_repository
 
 log = logging.getLogger(__name__)
 
@@ -82,7 +79,7 @@ def run(args: argparse.Namespace) -> int:
     gpu = _gpu(args.gpu, smi)
     devices = [d for g in smi.get("list", []) for d in g.mig_devices]
     layout = _layout(args.layout, gpu, smi)
-    repository_configs = read_repository_configs(args.repository) if args.repository else {}
+    repository_configs = {n: (m.config, m.path) for n, m in read_repository(args.repository).items()} if args.repository else {}
     memory = _memory(args, repository_configs)
     plan = plan_instances(gpu, memory, layout)
     _print_plan(console, plan)

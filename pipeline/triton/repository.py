@@ -130,20 +130,29 @@ def publish_repository(
 
 def read_repository(repository: Path) -> dict[str, PublishedModel]:
     """The models of a repository (name → versions and parsed config); PipelineError if missing, empty or broken."""
-    repository = Path(repository)
     fix = "run `python -m pipeline build` first"
-    require(repository.is_dir(), f"model repository {repository} does not exist", fix)
     models: dict[str, PublishedModel] = {}
-    for path in sorted(p for p in repository.iterdir() if p.is_dir() and not p.name.startswith(".")):
+    for path in model_dirs(repository):
         config_path = path / CONFIG
         require(config_path.is_file(), f"model directory {path} has no {CONFIG}", fix)
-        config = parse_config(config_path.read_text())
+        config = parse_config(config_path.read_text(), str(config_path))
         require(config.name in ("", path.name), f"{config_path} names model '{config.name}', not '{path.name}'", fix)
+        config.name = path.name
         versions = _versions(path)
         require(bool(versions), f"model {path.name} in {repository} has no numeric version directory", fix)
         models[path.name] = PublishedModel(path.name, path, tuple(sorted(versions)), config)
-    require(bool(models), f"model repository {repository} holds no models", fix)
     return models
+
+
+def model_dirs(repository: Path) -> list[Path]:
+    """The model directories of a repository as Triton sees them (hidden folders are not models);
+    PipelineError if the repository is missing or empty."""
+    repository = Path(repository)
+    fix = "build it first: python -m pipeline build (or pass --repository)"
+    require(repository.is_dir(), f"the model repository {repository} does not exist", fix)
+    dirs = sorted(p for p in repository.iterdir() if p.is_dir() and not p.name.startswith("."))
+    require(bool(dirs), f"the model repository {repository} has no models", fix)
+    return dirs
 
 
 def _stage_model(

@@ -6,7 +6,9 @@ import logging
 from pathlib import Path
 from typing import Any
 
-from pipeline.errors import PipelineError, require
+from pipeline.errors import require
+from pipeline.triton.config import read_model_config
+from pipeline.triton.repository import model_dirs
 
 log = logging.getLogger(__name__)
 
@@ -18,24 +20,6 @@ PLATFORM_BACKENDS = {
     "tensorflow_graphdef": "tensorflow",
     "tensorflow_savedmodel": "tensorflow",
 }
-
-
-def read_model_config(model_dir: Path, config_name: str | None = None) -> Any | None:
-    """The model's ``ModelConfig`` protobuf (``configs/<config_name>.pbtxt`` first, as Triton does), or None."""
-    from google.protobuf import text_format
-    from tritonclient.grpc import model_config_pb2
-
-    path = model_dir / "config.pbtxt"
-    if config_name and (model_dir / "configs" / f"{config_name}.pbtxt").is_file():
-        path = model_dir / "configs" / f"{config_name}.pbtxt"
-    if not path.is_file():
-        return None
-    config = model_config_pb2.ModelConfig()
-    try:
-        text_format.Parse(path.read_text(), config)
-    except text_format.ParseError as exc:
-        raise PipelineError(f"{path} is not a valid Triton model config: {exc}", "fix or regenerate the repository") from None
-    return config
 
 
 def skip_reason(config: Any | None, backends: set[str], skipped: dict[str, str]) -> str | None:
@@ -57,12 +41,7 @@ def servable_models(
     repository: Path, backends: set[str], config_name: str | None = None
 ) -> tuple[list[str], dict[str, str]]:
     """Split the repository's models into those ``backends`` can serve and ``{skipped: reason}``."""
-    require(repository.is_dir(), f"the model repository {repository} does not exist",
-            "build it first: python -m pipeline build (or pass --repository)")
-    dirs = sorted(p for p in repository.iterdir() if p.is_dir() and not p.name.startswith("."))
-    require(bool(dirs), f"the model repository {repository} has no models",
-            "build it first: python -m pipeline build (or pass --repository)")
-    configs = {d.name: read_model_config(d, config_name) for d in dirs}
+    configs = {d.name: read_model_config(d, config_name) for d in model_dirs(repository)}
     # Ensembles last, so they see which of their steps were skipped.
     order = sorted(configs, key=lambda name: getattr(configs[name], "platform", "") == "ensemble")
     skipped: dict[str, str] = {}

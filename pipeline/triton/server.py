@@ -37,6 +37,7 @@ from types import TracebackType
 
 from pipeline.errors import PipelineError, require
 from pipeline.triton.servable import servable_models
+from pipeline.triton.server_args import ServerArgs, tritonserver_args
 from pipeline.triton.server_log import last_errors, startup_error
 
 log = logging.getLogger(__name__)
@@ -318,33 +319,29 @@ class TritonServer:
 
     def _command(self, view: Path, backends: Path) -> list[str]:
         root, _ = _dist()
-        command = [
-            str(root / "bin" / "tritonserver"),
-            f"--model-repository={view}",
-            f"--backend-directory={backends}",
-            f"--cache-directory={root / 'caches'}",
-            "--model-control-mode=none",
-            "--strict-readiness=true",
-            "--exit-on-error=true",
-            # Our backend has no auto_complete_config: the pass would only launch an idle stub per model (~1.5 s).
-            "--disable-auto-complete-config",
-            f"--http-address={self.host}",
-            f"--http-port={self.http_port}",
-            f"--grpc-address={self.host}",
-            f"--grpc-port={self.grpc_port}",
-            f"--metrics-address={self.host}",
-            f"--metrics-port={self.metrics_port}",
-            "--allow-gpu-metrics=false",
+        server = ServerArgs(
+            repository=str(view),
+            http_port=self.http_port,
+            grpc_port=self.grpc_port,
+            metrics_port=self.metrics_port,
+            host=self.host,
+            # The view holds exactly the loadable models, so loading everything at start is right.
+            model_control="none",
+            config_name=self.model_config_name,
+            # Local and loopback by default; a non-loopback --host is warned about in start().
+            admin_key=None,
+            binary=str(root / "bin" / "tritonserver"),
+            backend_directory=str(backends),
+            cache_directory=str(root / "caches"),
+            log_file=str(self.log_path),
             # Idle keep-alive client connections hold a SIGTERMed server for the whole exit timeout
             # (30 s by default); in-flight requests of these small models finish well within 5 s.
-            f"--exit-timeout-secs={EXIT_TIMEOUT_S}",
-            f"--log-file={self.log_path}",
+            exit_timeout_s=EXIT_TIMEOUT_S,
+            gpu_metrics=False,
             # Unique per server: several servers (MIG rehearsal) must not share segment names.
-            f"--backend-config=python,shm-region-prefix-name={self._shm_prefix}",
-        ]
-        if self.model_config_name:
-            command.append(f"--model-config-name={self.model_config_name}")
-        return command + self.extra_args
+            backend_config=(f"python,shm-region-prefix-name={self._shm_prefix}",),
+        )
+        return tritonserver_args(server) + self.extra_args
 
     def _launch(self, view: Path, backends: Path) -> None:
         if self.log_path is None:

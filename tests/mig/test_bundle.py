@@ -28,16 +28,13 @@ from pipeline.mig.bundle import (
     launch_script,
     mig_resource,
 )
-from pipeline.mig.configs import (
-    config_text,
-    mig_configs_for_repository,
-    write_profile_configs,
-)
+from pipeline.mig.configs import mig_configs_for_repository, write_profile_configs
 from pipeline.mig.layout import parse_layout
 from pipeline.mig.memory import MemoryEstimate, memory_from_onnx
 from pipeline.mig.nvidia_smi import parse_list_gpus
 from pipeline.mig.plan import GIB, MigPlan, plan_instances
 from pipeline.mig.profiles import builtin_gpu
+from pipeline.triton.config import config_text
 
 from .conftest import NVIDIA_SMI_L_H200
 

@@ -14,7 +14,7 @@ from tritonclient.grpc.model_config_pb2 import DataType, ModelConfig
 
 from pipeline.errors import PipelineError
 from pipeline.mig.cli import register
-from pipeline.mig.configs import config_text
+from pipeline.triton.config import config_text
 
 from .conftest import NVIDIA_SMI_L_H200
 

@@ -192,7 +192,7 @@ def test_default_image_refuses_models_it_cannot_load(repository: Path, tmp_path:
 def test_bad_ports_and_missing_repository(repository: Path, tmp_path: Path) -> None:
     with pytest.raises(PipelineError, match="must be distinct"):
         write_deploy_bundle(repository, tmp_path / "out", http_port=8000, grpc_port=8000)
-    with pytest.raises(PipelineError, match=r"run `python -m pipeline build` first"):
+    with pytest.raises(PipelineError, match=r"model repository .*nothing does not exist"):
         write_deploy_bundle(tmp_path / "nothing", tmp_path / "out")
 
 

@@ -169,7 +169,7 @@ def test_extra_files_cannot_create_versions_or_escape(onnx_file: Path, tmp_path:
             publish_repository([artifact], model="digits", repository=tmp_path / "r", configs={"digits_fp32": cfg}, extra_files={"digits_fp32": {rel: b"x"}})
     with pytest.raises(PipelineError, match="a100.pbtxt of 'digits_fp32' names model 'other'"):
         publish_repository([artifact], model="digits", repository=tmp_path / "r", configs={"digits_fp32": cfg}, extra_files={"digits_fp32": {"configs/a100.pbtxt": b'name: "other"'}})
-    with pytest.raises(PipelineError, match="invalid Triton model config"):
+    with pytest.raises(PipelineError, match="is not a valid Triton model config"):
         publish_repository([artifact], model="digits", repository=tmp_path / "r", configs={"digits_fp32": cfg}, extra_files={"digits_fp32": {"configs/a100.pbtxt": b"max_batch_size: many"}})
     with pytest.raises(PipelineError, match="no config for Triton model 'digits_fp32'"):
         publish_repository([artifact], model="digits", repository=tmp_path / "r", configs={})
@@ -179,11 +179,11 @@ def test_extra_files_cannot_create_versions_or_escape(onnx_file: Path, tmp_path:
 
 
 def test_read_repository_explains_a_missing_or_empty_repository(tmp_path: Path) -> None:
-    with pytest.raises(PipelineError, match=r"does not exist — run `python -m pipeline build` first"):
+    with pytest.raises(PipelineError, match=r"nope does not exist — build it first: python -m pipeline build"):
         read_repository(tmp_path / "nope")
     (tmp_path / "empty").mkdir()
     (tmp_path / "empty" / "README.md").write_text("models go here")
-    with pytest.raises(PipelineError, match=r"holds no models — run `python -m pipeline build` first"):
+    with pytest.raises(PipelineError, match=r"empty has no models — build it first: python -m pipeline build"):
         read_repository(tmp_path / "empty")
 
 
