@@ -1,4 +1,12 @@
-"""Which models of a Triton repository the CPU-only embedded tritonserver can serve, and why not the others."""
+"""Which models of a Triton repository the CPU-only embedded tritonserver can serve, why not the others,
+and the private *view* of the repository it is started on.
+
+The view holds one symlink per servable model, so the on-disk repository stays untouched. On a
+machine without a GPU, a model whose config asks for ``KIND_GPU`` instances (a per-MIG-profile config,
+``--model-config-name 1g.5gb``) would fail to load; in the view it gets a rewritten copy of that one
+config file with ``KIND_CPU`` instances (same counts), everything else still symlinked — a CPU
+rehearsal of the GPU config, said in one log line.
+"""
 
 from __future__ import annotations
 
@@ -7,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from pipeline.errors import require
-from pipeline.triton.config import read_model_config
+from pipeline.triton.config import config_text, model_config_path, read_model_config
 from pipeline.triton.repository import model_dirs
 
 log = logging.getLogger(__name__)
@@ -58,3 +66,39 @@ def servable_models(
         "build ONNX variants too; the onnxruntime backend serves them here",
     )
     return served, skipped
+
+
+def has_gpu() -> bool:
+    """Whether the NVIDIA kernel driver lists a GPU on this machine (``/proc/driver/nvidia/gpus/*``)."""
+    gpus = Path("/proc/driver/nvidia/gpus")
+    return gpus.is_dir() and any(gpus.iterdir())
+
+
+def write_view(repository: Path, models: list[str], view: Path, config_name: str | None = None, *, cpu_only: bool) -> list[str]:
+    """Fill ``view`` with ``models`` of ``repository``; return the models whose KIND_GPU instance
+    groups were switched to KIND_CPU (only when ``cpu_only``)."""
+    switched = []
+    for name in models:
+        source = (Path(repository) / name).resolve()
+        config = read_model_config(source, config_name)
+        gpu_groups = [g for g in config.instance_group if g.kind == g.KIND_GPU] if config is not None else []
+        if not (cpu_only and gpu_groups):
+            (view / name).symlink_to(source, target_is_directory=True)
+            continue
+        for group in gpu_groups:
+            group.kind = group.KIND_CPU
+            del group.gpus[:]
+        used = model_config_path(source, config_name).relative_to(source)
+        target = view / name
+        target.mkdir()
+        for entry in source.iterdir():
+            if entry.name != used.parts[0]:
+                (target / entry.name).symlink_to(entry, target_is_directory=entry.is_dir())
+        (target / used).parent.mkdir(parents=True, exist_ok=True)  # configs/ holds only the config in use
+        (target / used).write_text(config_text(config))
+        switched.append(name)
+    if switched:
+        which = f"configs/{config_name}.pbtxt where present" if config_name else "config.pbtxt"
+        log.info("no GPU here: serving the KIND_GPU instances of %s (%s) as KIND_CPU, same counts",
+                 ", ".join(switched), which)
+    return switched

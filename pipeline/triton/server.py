@@ -8,7 +8,9 @@ load unchanged. The stub embeds Python and finds the project's venv through ``PA
 
 Models that cannot run here (TensorRT plans, other missing backends) are skipped: the server is started
 on a private *view* of the repository (one symlink per loadable model), so the on-disk repository stays
-untouched and ``--model-control-mode none`` still loads everything in the view.
+untouched and ``--model-control-mode none`` still loads everything in the view. Without a GPU, models
+whose config asks for ``KIND_GPU`` instances are served as ``KIND_CPU`` (``servable.write_view``).
+The command line comes from :mod:`pipeline.triton.server_args`, shared with the deploy bundles.
 """
 
 from __future__ import annotations
@@ -36,7 +38,7 @@ from pathlib import Path
 from types import TracebackType
 
 from pipeline.errors import PipelineError, require
-from pipeline.triton.servable import servable_models
+from pipeline.triton.servable import has_gpu, servable_models, write_view
 from pipeline.triton.server_args import ServerArgs, tritonserver_args
 from pipeline.triton.server_log import last_errors, startup_error
 
@@ -120,7 +122,7 @@ class TritonServer:
     """The embedded ``tritonserver`` serving a model repository on CPU; use as a context manager.
 
     Ports 0 pick free ports. ``cpus`` pins the server (and its backend stubs) to those cores.
-    ``log_path`` defaults to ``build/triton/tritonserver-<http port>.log``; it is emptied at start and
+    ``log_path`` defaults to ``<workdir>/triton/tritonserver-<http port>.log``; it is emptied at start and
     also gets the server's stdout/stderr. ``extra_args`` are appended to the tritonserver command line.
     The server gets SIGTERM when the *thread* that called :meth:`start` exits (PR_SET_PDEATHSIG, so a
     killed Python leaves no server behind): start it from a thread that outlives it.
@@ -135,6 +137,7 @@ class TritonServer:
         grpc_port: int = 0,
         metrics_port: int = 0,
         log_path: Path | None = None,
+        workdir: Path = Path("build"),
         cpus: Sequence[int] | None = None,
         model_config_name: str | None = None,
         extra_args: Sequence[str] = (),
@@ -143,11 +146,13 @@ class TritonServer:
         self.host = host
         self.http_port, self.grpc_port, self.metrics_port = http_port, grpc_port, metrics_port
         self.log_path = log_path
+        self.log_dir = Path(workdir) / "triton"
         self.cpus = list(cpus) if cpus is not None else None
         self.model_config_name = model_config_name
         self.extra_args = list(extra_args)
         self.ready_models: list[str] = []
         self.skipped_models: dict[str, str] = {}
+        self.cpu_models: list[str] = []  # KIND_GPU configs served as KIND_CPU (no GPU here)
         self.startup_seconds: float | None = None
         self._process: subprocess.Popen[bytes] | None = None
         self._workdir: Path | None = None
@@ -198,8 +203,7 @@ class TritonServer:
             backends = self._prepare_backends(self._workdir / "backends")
             view = self._workdir / "repository"
             view.mkdir()
-            for name in models:
-                (view / name).symlink_to((self.repository / name).resolve(), target_is_directory=True)
+            self.cpu_models = write_view(self.repository, models, view, self.model_config_name, cpu_only=not has_gpu())
             self._launch(view, backends)
             self._wait_ready(models, began + timeout)
         except BaseException:
@@ -345,7 +349,7 @@ class TritonServer:
 
     def _launch(self, view: Path, backends: Path) -> None:
         if self.log_path is None:
-            self.log_path = Path("build") / "triton" / f"tritonserver-{self.http_port}.log"
+            self.log_path = self.log_dir / f"tritonserver-{self.http_port}.log"
         self.log_path = self.log_path.resolve()
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         self.log_path.write_text("")  # Triton appends; start each run with an empty log
