@@ -149,7 +149,7 @@ def test_served_outputs_equal_in_process_over_http_grpc_and_kserve_json(built: B
 
         ginp = grpcclient.InferInput("image", list(images.shape), "FP32")
         ginp.set_data_from_numpy(images)
-        with closing(grpcclient.InferenceServerClient(served.grpc_url)) as grpc:
+        with closing(grpcclient.InferenceServerClient(served.grpc_url, channel_args=[("grpc.enable_http_proxy", 0)])) as grpc:
             got = grpc.infer(name, [ginp]).as_numpy("probs")
             np.testing.assert_allclose(got, expected, rtol=0, atol=ATOL, err_msg=f"{name} over gRPC")
 
