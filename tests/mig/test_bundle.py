@@ -10,6 +10,7 @@ import shutil
 import signal
 import socket
 import subprocess
+import sys
 import time
 import urllib.error
 import urllib.request
@@ -235,7 +236,10 @@ def test_launch_script_starts_real_tritonservers_with_profile_configs(tmp_path: 
         pytest.skip(f"no tritonserver binary at {binary}")
     backends = tmp_path / "backends"
     shutil.copytree(pytriton / "tritonserver" / "backends", backends)
-    stub = pytriton / "tritonserver" / "python_backend_stubs" / "3.11" / "triton_python_backend_stub"
+    # The stub embeds Python: the one built for this interpreter's version, as TritonServer picks it.
+    version = f"{sys.version_info.major}.{sys.version_info.minor}"
+    stub = pytriton / "tritonserver" / "python_backend_stubs" / version / "triton_python_backend_stub"
+    assert stub.is_file(), f"nvidia-pytriton ships no Python backend stub for Python {version}"
     shutil.copy(stub, backends / "python" / "triton_python_backend_stub")
 
     repo = tmp_path / "repo"
