@@ -54,3 +54,8 @@ def write_bytes_atomic(dst: Path, data: Any, *, mode: int = 0o644) -> Path:
     with atomic_path(dst, mode=mode) as tmp, open(tmp, "wb") as fh:
         fh.write(data)
     return Path(dst)
+
+
+def write_text_atomic(dst: Path, text: str) -> Path:
+    """Write ``text`` to ``dst`` atomically (see :func:`write_bytes_atomic`)."""
+    return write_bytes_atomic(dst, text.encode())

@@ -11,7 +11,7 @@ from pathlib import Path
 
 from pipeline.atomic import atomic_path
 from pipeline.errors import PipelineError
-from pipeline.stages.savedmodel import SIGNATURE
+from pipeline.tensors import SIGNATURE
 
 log = logging.getLogger(__name__)
 
