@@ -24,6 +24,7 @@ from pathlib import Path
 import numpy as np
 
 from pipeline.atomic import clear_leftovers
+from pipeline.waitpoints import wait_point
 from pipeline.errors import PipelineError, require
 from pipeline.stages.calibration import CalibrationData
 from pipeline.tensors import ModelSignature, signature_from_onnx
@@ -89,6 +90,7 @@ def qdq_onnx_from_onnx(
         prepared = _prepared_model(src, tmp / "prepared.onnx")
         cache = tmp / "calibration.json"
         started = time.perf_counter()
+        wait_point("int8:calibrating")  # tests kill the build here (pipeline/waitpoints.py)
         _calibrate(prepared, calibration, method, percentile, batch, drop_last, tmp, cache)
         log.info("calibrated %s ranges in %.1f s", method, time.perf_counter() - started)
 

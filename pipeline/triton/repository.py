@@ -40,6 +40,7 @@ from pipeline.triton.config import (
     parse_config,
     warmup_input_bytes,
 )
+from pipeline.waitpoints import wait_point
 
 if TYPE_CHECKING:
     from tritonclient.grpc.model_config_pb2 import ModelConfig
@@ -127,7 +128,10 @@ def publish_repository(
                     published[name] = repository / name / str(kept)
                     continue
                 staged.append(_stage_model(artifact, name, repository, staging_root, configs[name], extra_files.get(name, {}), version_policy, report, reproduce))
-            for item in staged:
+            wait_point("publish:staged")  # tests kill the build at these points (pipeline/waitpoints.py)
+            for index, item in enumerate(staged):
+                if index == 1:
+                    wait_point("publish:swapped-one")
                 _swap_in(item, repository / item.name)
                 published[item.name] = repository / item.name / str(item.version)
                 log.info("published %s version %d", item.name, item.version)

@@ -116,10 +116,13 @@ def test_every_config_parses_and_matches_its_onnx_model(built: Built) -> None:
 
 
 def test_deploy_bundle_is_written_beside_the_repository(built: Built) -> None:
-    assert built.deploy == built.repository.parent / "deploy"
-    compose = yaml.safe_load((built.deploy / "compose.yaml").read_text())
-    assert isinstance(compose, dict) and compose.get("services"), compose
-    script = built.deploy / "docker-run.sh"
+    """The build (not the fixture) put the bundle in deploy/ beside the repository, pointing at it."""
+    bundle = built.repository.parent / "deploy"
+    assert sorted(p.name for p in bundle.iterdir()) == [".pipeline-bundle.json", "README.md", "compose.yaml", "docker-run.sh"]
+    compose = yaml.safe_load((bundle / "compose.yaml").read_text())
+    [service] = compose["services"].values()
+    assert (bundle / service["volumes"][0]["source"]).resolve() == built.repository.resolve()
+    script = bundle / "docker-run.sh"
     check = subprocess.run(["bash", "-n", str(script)], capture_output=True, text=True, check=False)
     assert check.returncode == 0, check.stderr
     assert "tritonserver" in script.read_text()
@@ -195,12 +198,13 @@ def serve_one_sample_each(repository: Path, log_path: Path) -> None:
 
 
 def test_build_killed_midway_leaves_the_previous_repository_servable(built: Built, tmp_path: Path) -> None:
-    """SIGKILL a `build --fp16 --int8 --version-policy new` at several moments; the repository stays servable.
+    """SIGKILL a `build --fp16 --int8 --version-policy new` at fixed moments; the repository stays servable.
 
     The workdir starts as a copy of the shared build's FP32 stages, so those are cached and each killed
-    build reaches the INT8 and publish stages within seconds. Moments: during start-up (a delay), while
-    INT8 calibrates (its temp dir exists), while publish stages the new model dirs (the staging folder
-    beside the repository exists), and between the swaps of two model dirs (a new version has appeared).
+    build reaches the INT8 and publish stages within seconds. The moments do not depend on timing:
+    the build is asked to wait at a named point (``PIPELINE_WAIT_AT``, pipeline/waitpoints.py) and is
+    killed once it is there — while INT8 calibrates (its temporaries exist), when every new model dir
+    is staged beside the repository, and between the swaps of two model dirs. Plus one during start-up.
     """
     workdir, repository = tmp_path / "build", tmp_path / "model_repository"
     shutil.copytree(built.workdir / "digits", workdir / "digits", symlinks=True,
@@ -213,37 +217,41 @@ def test_build_killed_midway_leaves_the_previous_repository_servable(built: Buil
 
     ws = workdir / "digits"
     staging = repository.parent / f".{repository.name}.pipeline-staging"
-    moments: list[tuple[str, Callable[[float, dict[str, list[int]]], bool]]] = [
-        ("start-up (0.5 s)", lambda elapsed, before: elapsed > 0.5),
-        ("INT8 calibration", lambda elapsed, before: any(ws.glob(".model.int8.onnx.*"))),
-        ("publish staging", lambda elapsed, before: staging.is_dir()),
-        ("between model swaps", lambda elapsed, before: model_versions(repository) != before),
-    ]
-    env = dict(os.environ, PYTHONPATH=str(ROOT), TF_CPP_MIN_LOG_LEVEL="3")
-    for index, (label, due) in enumerate(moments):
+    moments = [None, "int8:calibrating", "publish:staged", "publish:swapped-one"]
+    for index, point in enumerate(moments):
         before = model_versions(repository)
-        log_path = tmp_path / f"killed-build-{index}.log"
+        log_path, marker = tmp_path / f"killed-build-{index}.log", tmp_path / f"at-{index}"
+        env = dict(os.environ, PYTHONPATH=str(ROOT), TF_CPP_MIN_LOG_LEVEL="3")
+        if point:
+            env.update(PIPELINE_WAIT_AT=point, PIPELINE_WAIT_MARKER=str(marker))
         with open(log_path, "wb") as log:
             proc = subprocess.Popen(
                 [sys.executable, "-m", "pipeline", *base, "--fp16", "--int8", "--version-policy", "new"],
                 cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT,
             )
-            started = time.monotonic()
             try:
-                while proc.poll() is None and not due(time.monotonic() - started, before):
-                    assert time.monotonic() - started < 300, f"{label}: never reached"
-                    time.sleep(0.001)
-                proc.send_signal(signal.SIGKILL)  # only if still running: poll() may have reaped it
+                started = time.monotonic()
+                # start-up: 0.5 s in (a build takes seconds); otherwise: once the build waits at its point
+                while proc.poll() is None and not (marker.exists() if point else time.monotonic() - started > 0.5):
+                    assert time.monotonic() - started < 600, f"{point}: never reached"
+                    time.sleep(0.01)
+                assert proc.poll() is None, f"the build ended before {point or 'start-up'}: {log_path.read_text()[-2000:]}"
+                proc.send_signal(signal.SIGKILL)
             finally:
                 if proc.poll() is None:
                     proc.kill()
                 proc.wait()
-        assert proc.returncode == -signal.SIGKILL, f"the build finished before it was killed at {label}: {log_path.read_text()[-2000:]}"
+        assert proc.returncode == -signal.SIGKILL
 
-        if label in ("start-up (0.5 s)", "INT8 calibration"):
-            assert model_versions(repository) == before, label  # killed before publish: nothing changed
-        if label == "between model swaps":
-            assert model_versions(repository) != before, label  # killed with some model dirs new, others old
+        if point in (None, "int8:calibrating", "publish:staged"):
+            assert model_versions(repository) == before, point  # killed before any swap: nothing changed
+        if point == "int8:calibrating":
+            assert any(ws.glob(".model.int8.onnx.*")), "the INT8 stage's temporaries should exist at this point"
+        if point == "publish:staged":
+            assert staging.is_dir() and any(staging.iterdir())  # left behind, removed by the next publish
+        if point == "publish:swapped-one":
+            changed = [name for name in model_versions(repository) if model_versions(repository)[name] != before.get(name)]
+            assert len(changed) == 1, (before, model_versions(repository))  # one model dir new, the others old
         assert_complete(repository)
         assert {p.relative_to(repository): p.read_bytes() for p in (repository / "digits_fp32" / "1").rglob("*") if p.is_file()} == original
         serve_one_sample_each(repository, tmp_path / "server.log")
@@ -252,14 +260,18 @@ def test_build_killed_midway_leaves_the_previous_repository_servable(built: Buil
     final = cli(*base, "--fp16", "--int8", "--version-policy", "new")
     assert final.returncode == 0, final.stdout[-3000:] + final.stderr[-3000:]
     after = model_versions(repository)
-    assert after["digits_fp32"] == before["digits_fp32"] + [before["digits_fp32"][-1] + 1]
     assert set(after) == set(MODELS)
+    assert after["digits_fp32"] == before["digits_fp32"] == [1]  # unchanged FP32: never republished
     for name in ("digits_fp16", "digits_int8"):
-        assert after[name] == before.get(name, []) + [max(before.get(name, [0])) + 1]
+        # published once, by the killed build that got that far or by this one, with the built file
+        assert len(after[name]) == 1, after
+        variant = name.split("_")[1]
+        assert (repository / name / str(after[name][0]) / "model.onnx").read_bytes() == (ws / f"model.{variant}.onnx").read_bytes()
     assert_complete(repository)
     serve_one_sample_each(repository, tmp_path / "server.log")
     leftovers = [p.name for p in (workdir / "digits").iterdir() if p.name.startswith(".model.")]
     assert not leftovers, f"killed stages' temporaries were not cleared: {leftovers}"
+    assert not staging.exists()
 
 
 # -- bad inputs to `python -m pipeline serve` ---------------------------------------------------------
