@@ -6,6 +6,7 @@ import argparse
 import contextlib
 import datetime as _dt
 import logging
+import math
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -199,7 +200,7 @@ def _verdict(result: RunResult, slo_p99_ms: float | None, console: object) -> in
         console.print(f"[red]{total} failed requests in {len(errored)} point(s): "  # type: ignore[attr-defined]
                       f"{', '.join(f'{k} ×{v}' for k, v in sorted(kinds.items()))}[/]")
         status = EXIT_FAILED
-    cpu = [p.client_cpu_us_per_request for p in result.points if p.client_cpu_us_per_request == p.client_cpu_us_per_request]
+    cpu = [p.client_cpu_us_per_request for p in result.points if not math.isnan(p.client_cpu_us_per_request)]
     if cpu:
         console.print(f"client CPU per request: {min(cpu):.1f}-{max(cpu):.1f} µs ({result.generator['engine']})")  # type: ignore[attr-defined]
     if slo_p99_ms is not None:
