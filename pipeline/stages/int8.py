@@ -24,6 +24,7 @@ from pathlib import Path
 import numpy as np
 
 from pipeline.atomic import clear_leftovers
+from pipeline.budget import DEFAULT_MAX_MEMORY_GIB, batch_for_budget, memory_estimate
 from pipeline.errors import PipelineError, require
 from pipeline.stages.calibration import CalibrationData
 from pipeline.tensors import ModelSignature, signature_from_onnx
@@ -32,7 +33,7 @@ log = logging.getLogger(__name__)
 
 CALIBRATION_METHODS = ("minmax", "entropy", "percentile")
 QUANTIZED_OP_TYPES = ("Conv", "ConvTranspose", "Gemm", "MatMul")
-DEFAULT_BATCH_SIZE = 32
+MAX_CALIBRATION_BATCH = 64  # beyond this a bigger batch is no faster on CPU
 # quantize_static cannot set histogram sizes and ORT's entropy default (128 bins, 128 quantized
 # bins) leaves a single candidate threshold; use TensorRT's legacy entropy calibrator sizes.
 HISTOGRAM_BINS = 2048
@@ -46,15 +47,19 @@ def qdq_onnx_from_onnx(
     *,
     method: str = "minmax",
     percentile: float = 99.999,
-    batch_size: int = DEFAULT_BATCH_SIZE,
+    batch_size: int | None = None,
+    max_memory_gib: float = DEFAULT_MAX_MEMORY_GIB,
 ) -> Path:
     """Write an INT8 Q/DQ variant of the FP32 ONNX model ``src`` to ``dst`` and return ``dst``.
 
     ``method`` picks how activation ranges are calibrated: ``minmax`` (largest magnitude seen),
     ``entropy`` (threshold minimising KL divergence, as TensorRT's entropy calibrator) or
-    ``percentile`` (``percentile`` of magnitudes, clipping outliers). ``batch_size`` bounds the
-    memory used by calibration (a model with a fixed batch dim uses that instead). The result is
-    checked with ``onnx.checker`` and :func:`check_qdq_int8_symmetric`.
+    ``percentile`` (``percentile`` of magnitudes, clipping outliers). Calibration batches are
+    sized so the estimated memory (weights plus every activation of a batch, see
+    :mod:`pipeline.budget`) stays within ``max_memory_gib``, at most
+    :data:`MAX_CALIBRATION_BATCH`; ``batch_size`` overrides that, and a model with a fixed batch
+    dim uses its own. The result is checked with ``onnx.checker`` and
+    :func:`check_qdq_int8_symmetric`.
     """
     import onnx
     from onnxruntime.quantization import QuantFormat, QuantType, quantize_static
@@ -80,13 +85,18 @@ def qdq_onnx_from_onnx(
         f"the calibration data has inputs {list(calibration.input_names)}, the model '{src}' has {list(expected)}",
         "load the calibration data with this model's signature",
     )
-    batch, drop_last = _calibration_batch(signature, batch_size, calibration.num_samples)
+    require(batch_size is None or batch_size >= 1, f"batch size must be at least 1, got {batch_size}", "pass a positive batch size")
 
     dst.parent.mkdir(parents=True, exist_ok=True)
     clear_leftovers(dst)
     with tempfile.TemporaryDirectory(prefix=f".{dst.name}.", dir=dst.parent) as tmp_dir:
         tmp = Path(tmp_dir)
         prepared = _prepared_model(src, tmp / "prepared.onnx")
+        if batch_size is None:
+            estimate = memory_estimate(prepared, calibration.largest_shapes())
+            budgeted = batch_for_budget(estimate, max_memory_gib, max_batch=MAX_CALIBRATION_BATCH)
+            log.info("calibration batches of %d samples for a %g GiB budget (%s)", budgeted, max_memory_gib, estimate.describe())
+        batch, drop_last = _calibration_batch(signature, batch_size or budgeted, calibration.num_samples)
         cache = tmp / "calibration.json"
         started = time.perf_counter()
         _calibrate(prepared, calibration, method, percentile, batch, drop_last, tmp, cache)
