@@ -27,6 +27,7 @@ from pipeline.atomic import clear_leftovers
 from pipeline.budget import DEFAULT_MAX_MEMORY_GIB, batch_for_budget, memory_estimate
 from pipeline.errors import PipelineError, require
 from pipeline.stages.calibration import CalibrationData
+from pipeline.stages.qdq_placement import CALIBRATED_OP_TYPES, place_qdq
 from pipeline.tensors import ModelSignature, signature_from_onnx
 
 log = logging.getLogger(__name__)
@@ -129,6 +130,7 @@ def qdq_onnx_from_onnx(
                     "AddQDQPairToWeight": True,
                 },
             )
+        _place_for_tensorrt(out, cache)
         try:
             onnx.checker.check_model(str(out), full_check=True)
         except (onnx.checker.ValidationError, onnx.shape_inference.InferenceError) as exc:
@@ -141,6 +143,17 @@ def qdq_onnx_from_onnx(
         os.replace(out, dst)
     log.info("wrote INT8 Q/DQ model %s (%s calibration, %d samples)", dst, method, calibration.num_samples)
     return dst
+
+
+def _place_for_tensorrt(path: Path, cache: Path) -> None:
+    """Residual Adds, pooling and Concat inputs quantized as TensorRT fuses them (see qdq_placement)."""
+    import onnx
+    from onnxruntime.quantization.calibrate import load_tensors_data
+
+    ranges = {name: data.range_value for name, data in load_tensors_data(cache).items()}
+    model = onnx.load(str(path))
+    place_qdq(model, ranges)
+    onnx.save(model, str(path))
 
 
 def check_qdq_int8_symmetric(path: Path) -> None:
@@ -282,7 +295,7 @@ def _calibrate(
         options.update(num_bins=HISTOGRAM_BINS, percentile=percentile)
     calibrator = create_calibrator(
         model,
-        list(QUANTIZED_OP_TYPES),
+        list(CALIBRATED_OP_TYPES),
         augmented_model_path=str(tmp / "augmented.onnx"),
         calibrate_method=_ort_method(method),
         extra_options=options,
