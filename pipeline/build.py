@@ -21,7 +21,7 @@ from pipeline.evaldata import EvalData, eval_data_from_npz, synthetic_eval_data
 from pipeline.publish import LABELS_FILE, PublishSettings, repository_from_artifacts
 from pipeline.stagecache import Manifest, run_stage
 from pipeline.stages.accuracy import accuracy_report_from_variants, classifier_output
-from pipeline.stages.calibration import calibration_from_path
+from pipeline.stages.calibration import calibration_from_path, shape_bounds
 from pipeline.stages.engine import engine_from_onnx, metadata_path
 from pipeline.stages.fp16 import DEFAULT_FP32_OPS, fp16_onnx_from_onnx
 from pipeline.stages.int8 import check_qdq_int8_symmetric, qdq_onnx_from_onnx
@@ -143,8 +143,9 @@ def _precision_stage(
         )
         return Artifact("fp16", "onnx", dst)
     calib_path = cfg.calibration or cfg.calibration_root / name
-    hints = {n: r[1][1:] for n, r in profiles[0].shapes.items()} if profiles else {}
-    calib = calibration_from_path(calib_path, signature, preprocess=cfg.preprocess, shape_hint=hints)
+    hints = {n: r[1][1:] for n, r in profiles[0].shapes.items()} if profiles else {}  # image size for dynamic H×W
+    bounds = shape_bounds(p.shapes for p in profiles)  # array samples of any size inside the profiles
+    calib = calibration_from_path(calib_path, signature, preprocess=cfg.preprocess, shape_hint=hints, shape_bounds=bounds)
     run_stage(
         manifest, "int8",
         inputs={"onnx": onnx_fp32, "calibration": calib.fingerprint()},

@@ -21,7 +21,7 @@ from __future__ import annotations
 import logging
 import math
 from collections import Counter
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -191,6 +191,22 @@ def calibration_from_path(
         else:
             raise _nothing_usable(path, signature)
     return _array_calibration(origin, arrays, signature, min_samples, max_samples, shape_bounds or {})
+
+
+def shape_bounds(profiles: Iterable[Mapping[str, tuple[tuple[int, ...], tuple[int, ...], tuple[int, ...]]]]) -> dict[str, tuple[PerSample, PerSample]]:
+    """Per input, the per-sample (min, max) shapes that the union of shape profiles (each
+    ``{input: (min, opt, max)}`` with the batch axis first) covers: what ``shape_bounds`` of
+    :func:`calibration_from_path` takes."""
+    bounds: dict[str, tuple[PerSample, PerSample]] = {}
+    for profile in profiles:
+        for name, (low, _opt, high) in profile.items():
+            lo, hi = tuple(low[1:]), tuple(high[1:])
+            if name in bounds:
+                old_lo, old_hi = bounds[name]
+                lo = tuple(min(a, b) for a, b in zip(old_lo, lo, strict=True))
+                hi = tuple(max(a, b) for a, b in zip(old_hi, hi, strict=True))
+            bounds[name] = (lo, hi)
+    return bounds
 
 
 # ----------------------------------------------------------------------------- arrays
