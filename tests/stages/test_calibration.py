@@ -320,3 +320,10 @@ def test_crop_and_pad_fit_the_aspect_ratio(tmp_path: Path) -> None:
     assert crop[:, :4].min() == 1.0 and crop[:, 6:].max() == 0.0  # centre 20×20: half white, half black, full height
     assert pad[0].max() == 0.0 and pad[-1].max() == 0.0 and pad[4, 1] == 1.0  # black bars above and below
     assert stretch[0, 1] == 1.0 and stretch[0, 8] == 0.0  # whole image squeezed, no bars
+
+
+def test_shape_bounds_are_the_union_of_the_profiles() -> None:
+    from pipeline.stages.calibration import shape_bounds
+
+    profiles = [{"tokens": ((1, 8), (32, 16), (64, 32))}, {"tokens": ((1, 4), (8, 64), (8, 128))}]
+    assert shape_bounds(profiles) == {"tokens": ((4,), (128,))}
