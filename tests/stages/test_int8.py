@@ -349,3 +349,33 @@ def test_minmax_result_does_not_depend_on_the_calibration_batch(digits_convnet: 
     assert budgeted.keys() == fixed.keys()
     for name, value in budgeted.items():
         np.testing.assert_array_equal(value, fixed[name], err_msg=name)
+
+
+def test_calibration_buckets_of_different_lengths(tmp_path: Path, onnx_file: Any, caplog: pytest.LogCaptureFixture) -> None:
+    """A dynamic sequence axis: calibration sees every length, in batches of one length each."""
+    rng = np.random.default_rng(0)
+    src = onnx_file(
+        tmp_path / "seq.onnx",
+        [
+            helper.make_node("Gather", ["table", "ids"], ["emb"]),
+            helper.make_node("MatMul", ["emb", "w1"], ["h"]),
+            helper.make_node("Relu", ["h"], ["hr"]),
+            helper.make_node("ReduceMean", ["hr"], ["pooled"], axes=[1], keepdims=0),
+            helper.make_node("MatMul", ["pooled", "w2"], ["logits"]),
+            helper.make_node("Softmax", ["logits"], ["probs"], axis=-1),
+        ],
+        [vi("ids", TensorProto.INT64, ["batch", "seq"])],
+        [vi("probs", TensorProto.FLOAT, ["batch", 3])],
+        {"table": rng.standard_normal((50, 6)).astype(np.float32), "w1": _w(rng, 6, 8), "w2": _w(rng, 8, 3)},
+    )
+    np.savez(tmp_path / "calib.npz", ids__len5=rng.integers(0, 50, (70, 5)), ids__len9=rng.integers(0, 50, (50, 9)))
+    data = calibration_from_path(tmp_path / "calib.npz", signature_from_onnx(src))
+    caplog.set_level(logging.INFO, logger="pipeline.stages.int8")
+    out = qdq_onnx_from_onnx(src, tmp_path / "int8.onnx", data, batch_size=32)
+    assert sum("calibration batch" in r.getMessage() for r in caplog.records) == 3 + 2
+    check_qdq_int8_symmetric(out)
+    for length in (5, 9, 14):
+        feed = {"ids": rng.integers(0, 50, (8, length))}
+        fp32 = session_from_onnx(src).run(None, feed)[0]
+        int8 = session_from_onnx(out, exact_qdq=True).run(None, feed)[0]
+        assert np.abs(int8 - fp32).max() < 0.05
