@@ -22,7 +22,7 @@ import logging
 import math
 from collections import Counter
 from collections.abc import Callable, Iterable, Iterator, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import numpy as np
@@ -41,10 +41,11 @@ from pipeline.stages.calibration_images import (  # noqa: F401 - PREPROCESS_MODE
     scan_images,
 )
 from pipeline.tensors import ModelSignature
+from pipeline.workspace import ModelData
 
 log = logging.getLogger(__name__)
 
-CALIB_FILE = "calib.npz"
+CALIB_FILE = ModelData.CALIB
 MIN_SAMPLES = 100
 
 Take = Callable[[int, int], dict[str, np.ndarray]]
@@ -83,7 +84,11 @@ class CalibrationData:
         offset = 0
         for group in self.groups:
             if start < offset + group.count:
-                require(stop <= offset + group.count, f"sample range {start}:{stop} spans two sample groups of different shapes")
+                require(
+                    stop <= offset + group.count,
+                    f"calibration samples {start}:{stop} span groups of different sizes ({', '.join(g.label for g in self.groups)}), which one array cannot hold",
+                    "pass labeled evaluation data (--eval-data) for a model whose calibration data comes in buckets of different sizes",
+                )
                 return group.take(start - offset, stop - offset)
             offset += group.count
         raise AssertionError("unreachable: the range was checked")
@@ -115,6 +120,17 @@ class CalibrationData:
                     break
                 yield group.take(start, stop)
 
+    def first(self, count: int) -> CalibrationData:
+        """Only the first ``count`` samples, group by group (the rest held out, e.g. as an unlabeled comparison set)."""
+        require(1 <= count <= self.num_samples, f"cannot keep {count} of {self.num_samples} calibration samples")
+        groups, left = [], count
+        for group in self.groups:
+            if left <= 0:
+                break
+            groups.append(replace(group, count=min(group.count, left)))
+            left -= group.count
+        return replace(self, num_samples=count, settings={**self.settings, "samples": count}, groups=tuple(groups))
+
     def largest_shapes(self) -> dict[str, PerSample]:
         """Per input, the elementwise largest per-sample shape of any group (for memory estimates)."""
         largest: dict[str, PerSample] = {}
@@ -123,6 +139,11 @@ class CalibrationData:
                 old = largest.get(name)
                 largest[name] = shape if old is None else tuple(max(a, b) for a, b in zip(old, shape, strict=True))
         return largest
+
+    def first(self, count: int) -> CalibrationData:
+        """Only the first ``count`` samples (the rest held out, e.g. as an unlabeled comparison set)."""
+        require(1 <= count <= self.num_samples, f"cannot keep {count} of {self.num_samples} calibration samples")
+        return replace(self, num_samples=count, settings={**self.settings, "samples": count})
 
     def fingerprint(self) -> str:
         """sha256 of the source files and the settings that shaped the samples."""

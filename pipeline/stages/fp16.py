@@ -44,7 +44,7 @@ def fp16_onnx_from_onnx(
     *,
     keep_op_types: Sequence[str] = (),
     keep_nodes: Sequence[str] = (),
-) -> Path:
+) -> Path:  # each item of keep_op_types / keep_nodes may itself be a comma-separated list
     """Write an FP16 variant of the ONNX model ``src`` to ``dst`` and return ``dst``.
 
     Float initializers and activations become float16; graph inputs/outputs keep their FP32
@@ -160,7 +160,7 @@ def _invalid(src: Path, problem: str) -> PipelineError:
 def _checked_op_types(op_types: Sequence[str]) -> list[str]:
     from onnx import defs
 
-    cleaned = [t.strip() for t in op_types if t.strip()]
+    cleaned = [t.strip() for item in op_types for t in item.split(",") if t.strip()]
     unknown = [t for t in cleaned if not defs.has(t)]
     if unknown:
         known = sorted({s.name for s in defs.get_all_schemas()})
@@ -174,7 +174,7 @@ def _checked_op_types(op_types: Sequence[str]) -> list[str]:
 
 
 def _checked_node_names(model, names: Sequence[str], src: Path) -> set[str]:
-    wanted = [n.strip() for n in names if n.strip()]
+    wanted = [n.strip() for item in names for n in item.split(",") if n.strip()]
     existing = {node.name for _, node in _walk(model.graph, lambda _n: False)}
     missing = [n for n in wanted if n not in existing]
     if missing:
