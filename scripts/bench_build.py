@@ -74,12 +74,13 @@ def _worker(stage: str, model: str, workdir: Path, samples: int, budget: float, 
         p["keras"].parent.mkdir(parents=True, exist_ok=True)
         net.save(p["keras"])
         savedmodel_from_keras(net, p["savedmodel"])
-        rng = np.random.default_rng(0)
-        np.savez(p["calib"], **{net.inputs[0].name: rng.random((samples, *shape), dtype=np.float32)})
     elif stage == "onnx":
         from pipeline.stages.onnx_export import onnx_from_savedmodel
 
         onnx_from_savedmodel(p["savedmodel"], p["fp32"], 17)
+        spec = signature_from_onnx(p["fp32"]).inputs[0]  # calibration data named after the ONNX input
+        rng = np.random.default_rng(0)
+        np.savez(p["calib"], **{spec.name: rng.random((samples, *MODELS[model][1]), dtype=np.float32)})
     elif stage == "parity":
         from pipeline.stages.parity import parity_report_from_models
 
@@ -147,6 +148,9 @@ def main() -> int:
     parser.add_argument("--worker", choices=STAGES, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.worker:
+        import logging
+
+        logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
         _worker(args.worker, args.models[0], args.workdir, args.samples, args.max_memory_gib, args.calibration_batch)
         return 0
 

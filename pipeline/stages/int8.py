@@ -286,20 +286,9 @@ def _calibrate(
     cache: Path,
 ) -> None:
     """Collect activation ranges one batch at a time and save them as ORT's calibration cache."""
-    from onnxruntime.quantization import create_calibrator, save_tensors_data
+    from onnxruntime.quantization import save_tensors_data
 
-    options: dict[str, object] = {"symmetric": True}
-    if method == "entropy":
-        options.update(num_bins=HISTOGRAM_BINS, num_quantized_bins=ENTROPY_QUANTIZED_BINS)
-    elif method == "percentile":
-        options.update(num_bins=HISTOGRAM_BINS, percentile=percentile)
-    calibrator = create_calibrator(
-        model,
-        list(CALIBRATED_OP_TYPES),
-        augmented_model_path=str(tmp / "augmented.onnx"),
-        calibrate_method=_ort_method(method),
-        extra_options=options,
-    )
+    calibrator = _lean_calibrator(model, method, percentile, tmp / "augmented.onnx")
     total = data.num_batches(batch_size, drop_last=drop_last)
     started = time.perf_counter()
     for index, feed in enumerate(data.batches(batch_size, drop_last=drop_last)):
@@ -313,6 +302,42 @@ def _calibrate(
         ranges = calibrator.compute_data()
     save_tensors_data(ranges, cache)
     del calibrator  # drops the augmented session before its folder is deleted
+
+
+def _lean_calibrator(model: Path, method: str, percentile: float, augmented: Path):
+    """ORT's calibrator for ``method`` (as ``create_calibrator`` builds it), whose session does not
+    plan a memory pattern: ORT would otherwise allocate the planned block on the second batch
+    while the arena still holds the first batch's buffers, doubling peak memory (3.0 GB instead
+    of 1.5 GB for ResNet50 at 13 samples per batch)."""
+    from onnxruntime.quantization.calibrate import MinMaxCalibrater, PercentileCalibrater
+    from onnxruntime.quantization.calibrate import EntropyCalibrater
+
+    common = {"op_types_to_calibrate": list(CALIBRATED_OP_TYPES), "augmented_model_path": str(augmented), "symmetric": True}
+    if method == "minmax":
+        calibrator = _lean(MinMaxCalibrater)(str(model), **common)
+    elif method == "entropy":
+        calibrator = _lean(EntropyCalibrater)(str(model), **common, num_bins=HISTOGRAM_BINS, num_quantized_bins=ENTROPY_QUANTIZED_BINS)
+    else:
+        calibrator = _lean(PercentileCalibrater)(str(model), **common, num_bins=HISTOGRAM_BINS, percentile=percentile)
+    calibrator.augment_graph()
+    calibrator.create_inference_session()
+    return calibrator
+
+
+def _lean(base: type) -> type:
+    """``base`` with a session that has graph optimizations (as ORT's calibrators) and memory patterns off."""
+
+    class Lean(base):  # type: ignore[misc, valid-type]
+        def create_inference_session(self) -> None:
+            import onnxruntime as ort
+
+            options = ort.SessionOptions()
+            options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+            options.enable_mem_pattern = False
+            self.infer_session = ort.InferenceSession(self.augmented_model_path, sess_options=options, providers=self.execution_providers)
+
+    Lean.__name__ = f"Lean{base.__name__}"
+    return Lean
 
 
 class _OneBatch:
