@@ -24,7 +24,7 @@ from pipeline.gates import classifier_output
 from pipeline.publish import PublishSettings, published_configs, published_from_artifacts
 from pipeline.stagecache import Manifest, Stage, run_stage
 from pipeline.stages.accuracy import accuracy_report_from_variants
-from pipeline.stages.calibration import CalibrationData, calibration_from_path
+from pipeline.stages.calibration import CalibrationData, calibration_from_path, shape_bounds
 from pipeline.stages.engine import engine_from_onnx, metadata_path
 from pipeline.stages.fp16 import DEFAULT_FP32_OPS, fp16_onnx_from_onnx
 from pipeline.stages.int8 import check_qdq_int8_symmetric, qdq_onnx_from_onnx
@@ -142,20 +142,25 @@ def _parity_stage(saved: Path, onnx_path: Path, data: EvalData, ctx: BuildContex
 
 def _fp16_stage(onnx_fp32: Path, ctx: BuildContext) -> Artifact:
     dst = ctx.ws.onnx("fp16")
-    ctx.run(Stage("fp16", fp16_onnx_from_onnx, inputs={"src": onnx_fp32}, settings={"keep_fp32_ops": tuple(DEFAULT_FP32_OPS)}, outputs={"dst": dst}))
+    cfg = ctx.cfg
+    ctx.run(Stage("fp16", fp16_onnx_from_onnx, inputs={"src": onnx_fp32},
+                  settings={"keep_op_types": cfg.fp16_keep_op_types, "keep_nodes": cfg.fp16_keep_nodes}, outputs={"dst": dst},
+                  environment={"always_fp32": DEFAULT_FP32_OPS}))
     return Artifact("fp16", "onnx", dst)
 
 
 def _calibration_data(signature: ModelSignature, profiles: list[ShapeProfile], ctx: BuildContext) -> CalibrationData:
     cfg = ctx.cfg
-    hints = {n: r[1][1:] for n, r in profiles[0].shapes.items()} if profiles else {}
-    return calibration_from_path(cfg.calibration or ctx.data_dir.folder, signature, preprocess=cfg.preprocess, shape_hint=hints)
+    hints = {n: r[1][1:] for n, r in profiles[0].shapes.items()} if profiles else {}  # image size for dynamic H×W
+    bounds = shape_bounds(p.shapes for p in profiles)  # array samples of any size inside the profiles
+    return calibration_from_path(cfg.calibration or ctx.data_dir.folder, signature, preprocess=cfg.preprocess, shape_hint=hints,
+                                 shape_bounds=bounds, resize=cfg.resize)
 
 
 def _int8_stage(onnx_fp32: Path, calib: CalibrationData, ctx: BuildContext) -> Artifact:
     dst = ctx.ws.onnx("int8")
     ctx.run(Stage("int8", qdq_onnx_from_onnx, inputs={"src": onnx_fp32, "calibration": calib},
-                  settings={"method": ctx.cfg.calibration_method}, outputs={"dst": dst}))
+                  settings={"method": ctx.cfg.calibration_method, "max_memory_gib": ctx.cfg.max_memory_gib}, outputs={"dst": dst}))
     check_qdq_int8_symmetric(dst)  # also on a cache hit: what is published must be symmetric int8
     return Artifact("int8", "onnx", dst)
 
