@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from pipeline.argtypes import number
-from pipeline.errors import PipelineError
+from pipeline.errors import EXIT_INTERRUPTED, PipelineError
 
 EXIT_USER_ERROR = 2
 
@@ -177,9 +177,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     _setup_logging(args.verbose)
     try:
         return int(args.handler(args))
-    except PipelineError as exc:
+    except PipelineError as exc:  # CheckFailed: 1 (a measured check said no); any other: 2 (usage or input)
         sys.stderr.write(f"error: {exc}\n")
-        return EXIT_USER_ERROR
+        return exc.exit_code
     except KeyboardInterrupt:
         sys.stderr.write("interrupted\n")
-        return 130
+        return EXIT_INTERRUPTED

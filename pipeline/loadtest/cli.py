@@ -9,7 +9,7 @@ import logging
 from collections.abc import Iterator
 from pathlib import Path
 
-from pipeline.errors import PipelineError, require
+from pipeline.errors import EXIT_CHECK_FAILED, PipelineError, require
 from pipeline.loadtest.client import Endpoint, endpoint_from_url
 from pipeline.loadtest.measure import WindowSettings
 from pipeline.loadtest.payload import ENCODINGS
@@ -18,8 +18,6 @@ from pipeline.loadtest.results import RunResult, best_point
 from pipeline.loadtest.runner import PROTOCOLS, LoadTestSettings, run_loadtest
 
 log = logging.getLogger(__name__)
-
-EXIT_FAILED = 1
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -187,7 +185,7 @@ def _verdict(result: RunResult, slo_p99_ms: float | None, console: object) -> in
         console.print(f"[yellow]skipped {model}: {reason}[/]")  # type: ignore[attr-defined]
     for failure in result.failures:
         console.print(f"[red]failed: {failure}[/]")  # type: ignore[attr-defined]
-        status = EXIT_FAILED
+        status = EXIT_CHECK_FAILED
     errored = [p for p in result.points if p.aggregate.error_count]
     if errored:
         total = sum(p.aggregate.error_count for p in errored)
@@ -197,7 +195,7 @@ def _verdict(result: RunResult, slo_p99_ms: float | None, console: object) -> in
                 kinds[kind] = kinds.get(kind, 0) + n
         console.print(f"[red]{total} failed requests in {len(errored)} point(s): "  # type: ignore[attr-defined]
                       f"{', '.join(f'{k} ×{v}' for k, v in sorted(kinds.items()))}[/]")
-        status = EXIT_FAILED
+        status = EXIT_CHECK_FAILED
     cpu = [p.client_cpu_us_per_request for p in result.points if p.client_cpu_us_per_request == p.client_cpu_us_per_request]
     if cpu:
         console.print(f"client CPU per request: {min(cpu):.1f}-{max(cpu):.1f} µs ({result.generator['engine']})")  # type: ignore[attr-defined]
@@ -205,7 +203,7 @@ def _verdict(result: RunResult, slo_p99_ms: float | None, console: object) -> in
         best = best_point(result.points, slo_p99_ms)
         if best is None:
             console.print(f"[red]SLO p99 ≤ {slo_p99_ms:g} ms: no point meets it[/]")  # type: ignore[attr-defined]
-            status = EXIT_FAILED
+            status = EXIT_CHECK_FAILED
         else:
             console.print(  # type: ignore[attr-defined]
                 f"[green]SLO p99 ≤ {slo_p99_ms:g} ms: best point {best.model} {best.label} — "

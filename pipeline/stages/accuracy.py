@@ -18,7 +18,7 @@ from polygraphy.backend.base import BaseRunner
 from pipeline.artifacts import Artifact
 from pipeline.compare import Comparison, compare_runners
 from pipeline.config import Gates
-from pipeline.errors import PipelineError
+from pipeline.errors import CheckFailed
 from pipeline.evaldata import EvalData
 from pipeline.runners import runner_for_onnx
 from pipeline.tensors import ModelSignature
@@ -84,7 +84,7 @@ def accuracy_report_from_variants(
     batch_size: int,
 ) -> list[VariantResult]:
     """Compare every candidate with the FP32 ONNX model on ``data``; write ``dst`` (JSON);
-    raise PipelineError naming each variant that fails its gate and by how much."""
+    raise CheckFailed naming each variant that fails its gate and by how much."""
     output = classifier_output(signature)
     reference = runner_for_onnx(fp32_onnx, name="fp32-onnx")
     comparisons = compare_runners(
@@ -111,7 +111,7 @@ def accuracy_report_from_variants(
             fixes.append("for INT8 try --calibration-method entropy or percentile or more calibration data, or loosen --int8-max-drop")
         if any(r.precision != "int8" for r in failed):
             fixes.append("for FP16 loosen --fp16-atol / --fp16-max-drop if the error is acceptable, or build without --fp16")
-        raise PipelineError(
+        raise CheckFailed(
             "accuracy gate failed: " + "; ".join(f"{r.variant}: {', '.join(r.failures)}" for r in failed) + f" (report: {dst})",
             "; ".join(fixes),
         )

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import numpy as np
 
-from pipeline.errors import PipelineError
+from pipeline.errors import CheckFailed, PipelineError
 from pipeline.evaldata import EvalData
 from pipeline.tensors import ModelSignature
 
@@ -137,7 +137,7 @@ def verify_repository(
     show: Callable[[list[dict]], None] | None = None,
 ) -> dict:
     """Verify the pipeline's ONNX variants in ``repository`` through Triton at ``url`` (None: the
-    embedded server on ``repository``); write ``report_path``; raise PipelineError on any failure."""
+    embedded server on ``repository``); write ``report_path``; raise CheckFailed when a served check fails."""
     from pipeline.evaldata import eval_data_from_npz
     from pipeline.stages.accuracy import classifier_output
     from pipeline.tensors import signature_from_onnx
@@ -182,7 +182,7 @@ def verify_repository(
         show(report["models"])
     failed = [r for r in results if r.failures]
     if failed:
-        raise PipelineError(
+        raise CheckFailed(
             "served accuracy check failed: " + "; ".join(f"{r.model}: {', '.join(r.failures)}" for r in failed) + f" (report: {report_path})",
             "for INT8, make sure the server keeps Q/DQ exact (optimization graph level 2 in config.pbtxt)",
         )
