@@ -153,20 +153,34 @@ def make_parser() -> argparse.ArgumentParser:
 
 
 def _setup_logging(verbose: bool) -> None:
-    from rich.console import Console
     from rich.logging import RichHandler
 
-    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
-    logging.basicConfig(
-        level=logging.DEBUG if verbose else logging.INFO,
-        format="%(message)s",
-        handlers=[RichHandler(console=Console(stderr=True), show_path=False, show_time=True, markup=False, rich_tracebacks=False)],
-    )
+    from pipeline.console import err_console
+
+    if not verbose:
+        # TensorFlow's C++ banners (oneDNN, cpu_feature_guard, absl's "InitializeLog" preamble) and
+        # gRPC's core logging go straight to fd 2; they are read at import, so set them before any import.
+        os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+        os.environ.setdefault("GRPC_VERBOSITY", "ERROR")
+    console = err_console()
+    if console.is_terminal:
+        handler: logging.Handler = RichHandler(console=console, show_path=False, show_time=True, markup=False, rich_tracebacks=False)
+        handler.setFormatter(logging.Formatter("%(message)s"))
+    else:  # a pipe or a CI log: whole lines, no wrapping, the level only where it matters
+        handler = logging.StreamHandler(sys.stderr)
+        handler.setFormatter(_PlainFormatter())
+    logging.basicConfig(level=logging.DEBUG if verbose else logging.INFO, handlers=[handler], force=True)
     from polygraphy.logger import G_LOGGER
 
     G_LOGGER.module_severity = G_LOGGER.INFO if verbose else G_LOGGER.WARNING
     for noisy in ("tensorflow", "absl", "tf2onnx", "h5py", "matplotlib", "PIL", "urllib3", "polygraphy"):
-        logging.getLogger(noisy).setLevel(logging.WARNING)
+        logging.getLogger(noisy).setLevel(logging.DEBUG if verbose and noisy in ("tensorflow", "absl", "tf2onnx") else logging.WARNING)
+
+
+class _PlainFormatter(logging.Formatter):
+    def format(self, record: logging.LogRecord) -> str:
+        message = super().format(record)
+        return message if record.levelno == logging.INFO else f"{record.levelname}: {message}"
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -12,6 +12,7 @@ from pathlib import Path
 from pipeline.errors import EXIT_CHECK_FAILED, PipelineError, require
 from pipeline.loadtest.client import Endpoint, endpoint_from_url
 from pipeline.loadtest.measure import WindowSettings
+from pipeline.loadtest.metrics import default_metrics_endpoint
 from pipeline.loadtest.payload import ENCODINGS
 from pipeline.loadtest.policy import ARRIVALS, policies_from_options
 from pipeline.loadtest.results import RunResult, best_point
@@ -60,6 +61,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                              "Default: start the embedded server on --repository")
     target.add_argument("--grpc-url", action="append", default=[], metavar="HOST:PORT",
                         help="with --url and --protocol grpc: the gRPC address of each --url, in the same order")
+    target.add_argument("--metrics-url", action="append", default=[], metavar="HOST:PORT",
+                        help="with --url: Triton's Prometheus metrics address of each --url, in the same order "
+                             "(default: the --url host at its port + 2, Triton's 8000/8002 layout)")
     target.add_argument("--repository", type=Path, default=Path("model_repository"),
                         help="model repository for the embedded server (default: %(default)s)")
     target.add_argument("--model", action="append", default=[], metavar="NAME",
@@ -99,7 +103,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.set_defaults(handler=run)
 
 
-def settings_from_args(args: argparse.Namespace, endpoints: list[Endpoint], grpc_endpoints: list[Endpoint], models: list[str]) -> LoadTestSettings:
+def settings_from_args(
+    args: argparse.Namespace, endpoints: list[Endpoint], grpc_endpoints: list[Endpoint], models: list[str], metrics: list[Endpoint] | None = None
+) -> LoadTestSettings:
     """Validate the options and gather them."""
     require(args.batch_size >= 1, f"--batch-size must be at least 1, got {args.batch_size}", "e.g. --batch-size 8")
     require(args.window_ms >= 10, f"--window-ms {args.window_ms:g} is too short to measure anything", "use 500 or more")
@@ -131,11 +137,12 @@ def settings_from_args(args: argparse.Namespace, endpoints: list[Endpoint], grpc
         max_connections=args.max_connections,
         data=args.data,
         calibration_dir=args.calibration_root,
+        metrics_endpoints=tuple(metrics or ()),
     )
 
 
 @contextlib.contextmanager
-def _servers(args: argparse.Namespace) -> Iterator[tuple[list[Endpoint], list[Endpoint], list[str], dict[str, str]]]:
+def _servers(args: argparse.Namespace) -> Iterator[tuple[list[Endpoint], list[Endpoint], list[str], dict[str, str], list[Endpoint]]]:
     """The endpoints to load: the given URLs, or an embedded server started (and stopped) here."""
     if args.url:
         endpoints = [endpoint_from_url(u) for u in args.url]
@@ -143,7 +150,10 @@ def _servers(args: argparse.Namespace) -> Iterator[tuple[list[Endpoint], list[En
         if args.protocol == "grpc":
             require(len(grpc) == len(endpoints), "--protocol grpc with --url needs a --grpc-url for every --url",
                     "e.g. --url 127.0.0.1:8000 --grpc-url 127.0.0.1:8001")
-        yield endpoints, grpc, list(args.model), {}
+        metrics = [endpoint_from_url(u) for u in args.metrics_url] or [default_metrics_endpoint(e) for e in endpoints]
+        require(len(metrics) == len(endpoints), "--metrics-url must be given once for every --url (or not at all)",
+                "e.g. --url 127.0.0.1:8000 --metrics-url 127.0.0.1:8002")
+        yield endpoints, grpc, list(args.model), {}, metrics
         return
     from pipeline.triton.server import TritonServer
 
@@ -154,7 +164,8 @@ def _servers(args: argparse.Namespace) -> Iterator[tuple[list[Endpoint], list[En
         require(not missing, f"model(s) {', '.join(missing)} are not served from {args.repository} "
                 f"(served: {', '.join(server.ready_models)}; skipped: {server.skipped_models or 'none'})",
                 "pass a served --model, or build the model first (python -m pipeline build)")
-        yield [endpoint_from_url(server.http_url)], [endpoint_from_url(server.grpc_url)], models, dict(server.skipped_models)
+        yield ([endpoint_from_url(server.http_url)], [endpoint_from_url(server.grpc_url)], models, dict(server.skipped_models),
+               [endpoint_from_url(server.metrics_url)])
 
 
 def run(args: argparse.Namespace) -> int:
@@ -165,15 +176,16 @@ def run(args: argparse.Namespace) -> int:
     # Options are checked before any server starts, so a typo costs no startup time.
     settings_from_args(args, [Endpoint("127.0.0.1", 1)], [Endpoint("127.0.0.1", 1)], [])
     report_dir = args.report_dir or Path("reports") / _dt.datetime.now().strftime("%Y%m%d-%H%M%S")
-    with _servers(args) as (endpoints, grpc, models, skipped):
-        settings = settings_from_args(args, endpoints, grpc, models)
+    with _servers(args) as (endpoints, grpc, models, skipped, metrics):
+        settings = settings_from_args(args, endpoints, grpc, models, metrics)
         result = run_loadtest(settings)
         result.skipped_models = skipped
     if not result.points:
         raise PipelineError("no load point was measured", "check the server and the --model names")
-    from pipeline.loadtest.report import table, write_reports
+    from pipeline.loadtest.report import metrics_table, table, write_reports
 
     console.print(table(result, args.slo_p99_ms))
+    console.print(metrics_table(result))
     written = write_reports(result, report_dir, args.slo_p99_ms)
     console.print(f"reports: {', '.join(str(p) for p in written)}")
     return _verdict(result, args.slo_p99_ms, console)

@@ -18,6 +18,8 @@ CSV_FIELDS = (
     "server_request_us", "server_queue_us", "server_compute_input_us", "server_compute_infer_us",
     "server_compute_output_us", "server_avg_batch_size", "client_successes_total", "server_successes_total",
     "client_cpu_us_per_request",
+    "metrics_inferences", "metrics_executions", "metrics_failure", "metrics_request_us", "metrics_queue_us",
+    "metrics_compute_infer_us", "metrics_cpu_utilization", "metrics_gpu_utilization", "metrics_gpu_memory_used_bytes", "metrics_note",
 )  # fmt: skip
 
 
@@ -62,6 +64,67 @@ def _num(value: Any, digits: int) -> str:
     return f"{value:,.{digits}f}"
 
 
+def metrics_rows(result: RunResult) -> tuple[list[str], list[list[str]], list[str]]:
+    """Triton's Prometheus metrics per point: column names, rows (aggregate per point), and the notes
+    (why metrics or GPU figures are missing) — for the screen and the HTML report."""
+    columns = ["model", "load", "inferences", "executions", "batch", "failures", "request µs", "queue µs", "infer µs", "CPU util", "GPU util", "GPU memory"]
+    rows, notes = [], []
+    for point in result.points:
+        m = point.aggregate.metrics
+        if m is None:
+            notes.append(point.aggregate.metrics_note)
+            rows.append([point.model, point.label] + ["—"] * (len(columns) - 2))
+            continue
+        gpus = m.get("gpus") or []
+        if not gpus:
+            notes.append(str(m.get("gpu_note", "")))
+        util = [g["utilization"] for g in gpus if g.get("utilization") is not None]
+        used = sum(g["memory_used_bytes"] or 0 for g in gpus)
+        total = sum(g["memory_total_bytes"] or 0 for g in gpus)
+        rows.append([
+            point.model, point.label, _num(m["inferences"], 0), _num(m["executions"], 0), _num(m["avg_batch_size"], 2),
+            _num(m["failure"], 0), _num(m["request_us"], 0), _num(m["queue_us"], 0), _num(m["compute_infer_us"], 0),
+            "—" if m.get("cpu_utilization") is None else f"{m['cpu_utilization']:.0%}",
+            f"{sum(util) / len(util):.0%}" if util else "—",
+            f"{used / 2**30:.1f}/{total / 2**30:.1f} GiB" if total else "—",
+        ])  # fmt: skip
+    return columns, rows, list(dict.fromkeys(n for n in notes if n))
+
+
+def metrics_table(result: RunResult) -> Any:
+    """A ``rich.table.Table`` of :func:`metrics_rows`, the notes as its caption."""
+    from rich.markup import escape
+    from rich.table import Table
+
+    columns, rows, notes = metrics_rows(result)
+    t = Table(title="Triton Prometheus metrics over each point (/metrics deltas, gauges at the end)",
+              caption=escape("; ".join(notes)) if notes else None)  # fmt: skip
+    for name in columns:
+        t.add_column(name, justify="left" if name == "model" else "right")
+    for row in rows:
+        t.add_row(*row)
+    return t
+
+
+def _metrics_cells(r: EndpointResult) -> dict[str, Any]:
+    m = r.metrics or {}
+    gpus = m.get("gpus") or []
+    util = [g["utilization"] for g in gpus if g.get("utilization") is not None]
+    return {
+        "metrics_inferences": m.get("inferences", ""), "metrics_executions": m.get("executions", ""),
+        "metrics_failure": m.get("failure", ""), "metrics_request_us": _blank(m.get("request_us")),
+        "metrics_queue_us": _blank(m.get("queue_us")), "metrics_compute_infer_us": _blank(m.get("compute_infer_us")),
+        "metrics_cpu_utilization": _blank(m.get("cpu_utilization")),
+        "metrics_gpu_utilization": sum(util) / len(util) if util else "",
+        "metrics_gpu_memory_used_bytes": sum(g.get("memory_used_bytes") or 0 for g in gpus) if gpus else "",
+        "metrics_note": r.metrics_note or m.get("gpu_note", ""),
+    }  # fmt: skip
+
+
+def _blank(value: Any) -> Any:
+    return "" if value is None else value
+
+
 def csv_rows(result: RunResult) -> list[dict[str, Any]]:
     """One row per point and endpoint (the aggregate row has endpoint ``all``)."""
     rows = []
@@ -90,6 +153,7 @@ def csv_rows(result: RunResult) -> list[dict[str, Any]]:
                 "server_successes_total": "" if r.server_successes_total is None else r.server_successes_total,
                 "client_cpu_us_per_request": round(p.client_cpu_us_per_request, 2)
                 if math.isfinite(p.client_cpu_us_per_request) else "",
+                **_metrics_cells(r),
             })  # fmt: skip
     return rows
 

@@ -27,6 +27,8 @@ class EndpointResult:
     server_successes_total: int | None = None  # Triton's success count over the whole point
     unsent: int = 0  # open loop: scheduled requests that never went out before the point ended
     abandoned: int = 0  # in flight when the point ended, after the drain period (not counted as errors)
+    metrics: dict[str, Any] | None = None  # Triton's Prometheus metrics over the whole point (counter deltas, end gauges)
+    metrics_note: str = ""  # why ``metrics`` is missing, if it is
 
     @property
     def throughput_rps(self) -> float:

@@ -20,6 +20,7 @@ from pipeline.compare import Comparison, compare_runners
 from pipeline.config import Gates
 from pipeline.errors import CheckFailed
 from pipeline.evaldata import EvalData
+from pipeline.progress import progress
 from pipeline.runners import runner_for_onnx
 from pipeline.tensors import ModelSignature
 
@@ -87,9 +88,10 @@ def accuracy_report_from_variants(
     raise CheckFailed naming each variant that fails its gate and by how much."""
     output = classifier_output(signature)
     reference = runner_for_onnx(fp32_onnx, name="fp32-onnx")
-    comparisons = compare_runners(
-        reference, [runner_for_artifact(a) for a in candidates], data.batches(batch_size), labels=data.labels, classifier_output=output
-    )
+    with progress("accuracy gates", -(-data.num_samples // batch_size), unit="batches") as bar:
+        comparisons = compare_runners(
+            reference, [runner_for_artifact(a) for a in candidates], bar.track(data.batches(batch_size)), labels=data.labels, classifier_output=output
+        )
     results = [_judge(a, c, gate_for(a, gates)) for a, c in zip(candidates, comparisons)]
     report = {
         "reference": "fp32-onnx (ONNX Runtime CPU)",

@@ -36,6 +36,7 @@ from pathlib import Path
 from types import TracebackType
 
 from pipeline.errors import PipelineError, require
+from pipeline.progress import progress
 from pipeline.triton.servable import servable_models
 from pipeline.triton.server_log import last_errors, startup_error
 
@@ -199,8 +200,9 @@ class TritonServer:
             view.mkdir()
             for name in models:
                 (view / name).symlink_to((self.repository / name).resolve(), target_is_directory=True)
-            self._launch(view, backends)
-            self._wait_ready(models, began + timeout)
+            with progress(f"starting tritonserver ({len(models)} models)", summary=False):  # it logs its own ready line
+                self._launch(view, backends)
+                self._wait_ready(models, began + timeout)
         except BaseException:
             self.stop()
             raise

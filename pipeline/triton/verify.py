@@ -21,6 +21,7 @@ import numpy as np
 
 from pipeline.errors import CheckFailed, PipelineError
 from pipeline.evaldata import EvalData
+from pipeline.progress import progress
 from pipeline.tensors import ModelSignature
 
 log = logging.getLogger(__name__)
@@ -158,9 +159,9 @@ def verify_repository(
 
     server = None if url else TritonServer(repository)
     results = []
-    with server if server else contextlib.nullcontext():
+    with server if server else contextlib.nullcontext(), progress("served verification", len(chosen), unit="models") as bar:
         endpoint = url or server.http_url  # type: ignore[union-attr]
-        for name, model in chosen.items():
+        for name, model in bar.track(chosen.items()):
             base, _ = parse_variant(name)  # type: ignore[misc]
             version = max(model.versions)
             model_file = model.path / str(version) / (model.config.default_model_filename or "model.onnx")
@@ -171,7 +172,8 @@ def verify_repository(
             data = eval_data_from_npz(eval_path, signature)
             output = classifier_output(signature) or signature.outputs[0].name
             batch = min(batch_size, model.config.max_batch_size or batch_size)
-            log.info("verifying %s v%d through %s (%d samples)", name, version, endpoint, data.num_samples)
+            log.debug("verifying %s v%d through %s (%d samples)", name, version, endpoint, data.num_samples)
+            bar.note(name)
             results.append(verify_served_model(endpoint, name, model_file, data, signature, output, batch_size=batch, atol=atol))
     gate_against_fp32(results, max_drop)
 
