@@ -13,7 +13,7 @@ from pipeline.errors import EXIT_CHECK_FAILED, PipelineError, require
 from pipeline.loadtest.client import Endpoint, endpoint_from_url
 from pipeline.loadtest.measure import WindowSettings
 from pipeline.loadtest.metrics import default_metrics_endpoint
-from pipeline.loadtest.payload import ENCODINGS
+from pipeline.loadtest.payload import ENCODINGS, eval_data_path
 from pipeline.loadtest.policy import ARRIVALS, policies_from_options
 from pipeline.loadtest.results import RunResult, best_point
 from pipeline.loadtest.runner import PROTOCOLS, LoadTestSettings, run_loadtest
@@ -157,6 +157,7 @@ def _servers(args: argparse.Namespace) -> Iterator[tuple[list[Endpoint], list[En
         return
     from pipeline.triton.server import TritonServer
 
+    _check_before_start(args)
     log.info("starting the embedded tritonserver on %s", args.repository)
     with TritonServer(args.repository) as server:
         models = list(args.model) or list(server.ready_models)
@@ -166,6 +167,19 @@ def _servers(args: argparse.Namespace) -> Iterator[tuple[list[Endpoint], list[En
                 "pass a served --model, or build the model first (python -m pipeline build)")
         yield ([endpoint_from_url(server.http_url)], [endpoint_from_url(server.grpc_url)], models, dict(server.skipped_models),
                [endpoint_from_url(server.metrics_url)])
+
+
+def _check_before_start(args: argparse.Namespace) -> None:
+    """Named models must be in the repository and have samples, before a server takes seconds to start."""
+    if not args.model or not args.repository.is_dir():
+        return  # the server's own start reports a missing or empty repository
+    present = sorted(p.name for p in args.repository.iterdir() if (p / "config.pbtxt").is_file())
+    missing = [m for m in args.model if m not in present]
+    require(not missing, f"model(s) {', '.join(missing)} are not in {args.repository} (it has: {', '.join(present) or 'no models'})",
+            "pass --model with one of those names, or --repository with the one that holds the model")
+    if args.data is None:
+        for model in args.model:
+            eval_data_path(model, args.calibration_root)
 
 
 def run(args: argparse.Namespace) -> int:

@@ -70,7 +70,8 @@ def eval_data_path(model: str, calibration_dir: Path) -> Path:
     base = _VARIANT_SUFFIX.sub("", model)
     raise PipelineError(
         f"no evaluation samples for model '{model}' (looked for {calibration_dir / base / 'eval.npz'})",
-        "run `python -m pipeline build` to write them, or pass --data PATH.npz with one array per input name",
+        "pass --data PATH.npz (one array per input name) or --calibration-root DIR holding <model>/eval.npz "
+        "(`python -m pipeline build` writes it only for the bundled digits model)",
     )
 
 

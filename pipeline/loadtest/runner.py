@@ -35,7 +35,7 @@ from pipeline.loadtest.targets import (
     require_ready,
     server_metadata,
 )
-from pipeline.loadtest.verify import check_request
+from pipeline.loadtest.request_check import check_request
 from pipeline.progress import progress
 
 log = logging.getLogger(__name__)
