@@ -138,6 +138,7 @@ def settings_from_args(
         data=args.data,
         calibration_dir=args.calibration_root,
         metrics_endpoints=tuple(metrics or ()),
+        repository=None if args.url else args.repository,
     )
 
 
