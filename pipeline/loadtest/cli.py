@@ -180,7 +180,7 @@ def _check_before_start(args: argparse.Namespace) -> None:
             "pass --model with one of those names, or --repository with the one that holds the model")
     if args.data is None:
         for model in args.model:
-            eval_data_path(model, args.calibration_root)
+            eval_data_path(model, args.calibration_root, args.repository)
 
 
 def run(args: argparse.Namespace) -> int:

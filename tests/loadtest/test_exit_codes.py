@@ -45,10 +45,10 @@ def test_a_misspelled_model_fails_before_the_server_starts(workspace: Path) -> N
 
 
 def test_missing_samples_name_the_file_and_the_flags_that_give_them(workspace: Path, tmp_path: Path) -> None:
-    with pytest.raises(PipelineError, match=r"no evaluation samples for model 'add' \(looked for .*nowhere/add/eval\.npz\)") as err:
+    with pytest.raises(PipelineError, match=r"no evaluation samples for model 'add' \(none recorded by its build, no .*nowhere/add/eval\.npz\)") as err:
         run_inprocess("--repository", str(workspace / "model_repository"), "--model", "add",
                       "--calibration-root", str(tmp_path / "nowhere"), *FAST)  # fmt: skip
-    assert err.value.fix and "--data" in err.value.fix and "--calibration-root" in err.value.fix
+    assert err.value.fix and "--data" in err.value.fix and "--eval-data" in err.value.fix
 
 
 @pytest.mark.slow
