@@ -30,6 +30,7 @@ def make_parser() -> argparse.ArgumentParser:
     from pipeline.build_cli import register as register_build
     from pipeline.loadtest.cli import register as register_loadtest
     from pipeline.mig.cli import register as register_mig_plan
+    from pipeline.report_cli import register as register_report
     from pipeline.triton.deploy import register as register_deploy
     from pipeline.triton.serve_cli import register as register_serve
     from pipeline.triton.verify_cli import register as register_verify
@@ -40,6 +41,7 @@ def make_parser() -> argparse.ArgumentParser:
     register_deploy(sub)
     register_loadtest(sub)
     register_mig_plan(sub)
+    register_report(sub)
     return parser
 
 

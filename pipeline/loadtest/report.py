@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from pipeline.loadtest.results import EndpointResult, PointResult, RunResult, best_point
+from pipeline.tables import TableData, to_rich
 
 CSV_FIELDS = (
     "model", "endpoint", "protocol", "encoding", "policy", "load", "arrivals", "batch_size", "stable", "overloaded", "aborted",
@@ -23,27 +24,25 @@ CSV_FIELDS = (
 )  # fmt: skip
 
 
-def table(result: RunResult, slo_p99_ms: float | None = None) -> Any:
-    """A ``rich.table.Table`` of every point (aggregate rows, then one row per endpoint if several)."""
-    from rich.table import Table
-
+def points_data(result: RunResult, slo_p99_ms: float | None = None) -> TableData:
+    """Every point (aggregate rows, then one row per endpoint if several); the best point meeting the SLO marked."""
     several = len(result.settings.get("endpoints", [])) > 1
-    t = Table(title=f"Triton load test — {result.settings['protocol']} ({result.points[0].encoding if result.points else ''})")
-    for name, justify in [
-        ("model", "left"), ("load", "right"), ("infer/s", "right"), ("p50 ms", "right"), ("p90", "right"),
-        ("p95", "right"), ("p99", "right"), ("max", "right"), ("errors", "right"), ("queue µs", "right"),
-        ("in µs", "right"), ("infer µs", "right"), ("out µs", "right"), ("batch", "right"),
-        ("client µs/req", "right"), ("stable", "center"),
-    ]:  # fmt: skip
-        t.add_column(name, justify=justify)  # type: ignore[arg-type]
+    t = TableData(f"Triton load test — {result.settings['protocol']} ({result.points[0].encoding if result.points else ''})", [
+        "model", "load", "infer/s", "p50 ms", "p90", "p95", "p99", "max", "errors", "queue µs",
+        "in µs", "infer µs", "out µs", "batch", "client µs/req", "stable",
+    ])  # fmt: skip
     best = best_point(result.points, slo_p99_ms) if slo_p99_ms is not None else None
     for point in result.points:
-        style = "bold green" if point is best else ("red" if point.aborted or point.aggregate.error_count else None)
-        t.add_row(*_cells(point, point.aggregate, point.model), style=style)
+        t.add(_cells(point, point.aggregate, point.model), "best" if point is best else ("bad" if point.aborted or point.aggregate.error_count else ""))
         if several:
             for e in point.endpoints:
-                t.add_row(*_cells(point, e, f"  └ {e.endpoint}"), style="dim")
+                t.add(_cells(point, e, f"  └ {e.endpoint}"), "dim")
     return t
+
+
+def table(result: RunResult, slo_p99_ms: float | None = None) -> Any:
+    """:func:`points_data` as a ``rich.table.Table``."""
+    return to_rich(points_data(result, slo_p99_ms))
 
 
 def _cells(point: PointResult, r: EndpointResult, name: str) -> list[str]:
@@ -64,16 +63,18 @@ def _num(value: Any, digits: int) -> str:
     return f"{value:,.{digits}f}"
 
 
-def metrics_rows(result: RunResult) -> tuple[list[str], list[list[str]], list[str]]:
-    """Triton's Prometheus metrics per point: column names, rows (aggregate per point), and the notes
-    (why metrics or GPU figures are missing) — for the screen and the HTML report."""
-    columns = ["model", "load", "inferences", "executions", "batch", "failures", "request µs", "queue µs", "infer µs", "CPU util", "GPU util", "GPU memory"]
-    rows, notes = [], []
+def metrics_data(result: RunResult) -> TableData:
+    """Triton's Prometheus metrics per point (aggregate rows); the caption says why figures are missing."""
+    t = TableData("Triton Prometheus metrics over each point (/metrics deltas, gauges at the end)", [
+        "model", "load", "inferences", "executions", "batch", "failures", "request µs", "queue µs", "infer µs",
+        "CPU util", "GPU util", "GPU memory",
+    ])  # fmt: skip
+    notes = []
     for point in result.points:
         m = point.aggregate.metrics
         if m is None:
             notes.append(point.aggregate.metrics_note)
-            rows.append([point.model, point.label] + ["—"] * (len(columns) - 2))
+            t.add([point.model, point.label] + ["—"] * (len(t.columns) - 2))
             continue
         gpus = m.get("gpus") or []
         if not gpus:
@@ -81,29 +82,20 @@ def metrics_rows(result: RunResult) -> tuple[list[str], list[list[str]], list[st
         util = [g["utilization"] for g in gpus if g.get("utilization") is not None]
         used = sum(g["memory_used_bytes"] or 0 for g in gpus)
         total = sum(g["memory_total_bytes"] or 0 for g in gpus)
-        rows.append([
+        t.add([
             point.model, point.label, _num(m["inferences"], 0), _num(m["executions"], 0), _num(m["avg_batch_size"], 2),
             _num(m["failure"], 0), _num(m["request_us"], 0), _num(m["queue_us"], 0), _num(m["compute_infer_us"], 0),
             "—" if m.get("cpu_utilization") is None else f"{m['cpu_utilization']:.0%}",
             f"{sum(util) / len(util):.0%}" if util else "—",
             f"{used / 2**30:.1f}/{total / 2**30:.1f} GiB" if total else "—",
         ])  # fmt: skip
-    return columns, rows, list(dict.fromkeys(n for n in notes if n))
+    t.caption = "; ".join(dict.fromkeys(n for n in notes if n))
+    return t
 
 
 def metrics_table(result: RunResult) -> Any:
-    """A ``rich.table.Table`` of :func:`metrics_rows`, the notes as its caption."""
-    from rich.markup import escape
-    from rich.table import Table
-
-    columns, rows, notes = metrics_rows(result)
-    t = Table(title="Triton Prometheus metrics over each point (/metrics deltas, gauges at the end)",
-              caption=escape("; ".join(notes)) if notes else None)  # fmt: skip
-    for name in columns:
-        t.add_column(name, justify="left" if name == "model" else "right")
-    for row in rows:
-        t.add_row(*row)
-    return t
+    """:func:`metrics_data` as a ``rich.table.Table``."""
+    return to_rich(metrics_data(result))
 
 
 def _metrics_cells(r: EndpointResult) -> dict[str, Any]:
