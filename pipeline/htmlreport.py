@@ -194,7 +194,7 @@ def tune_sections(reports: Path) -> list[Section]:
     if not runs:
         return []
     run_dir = runs[0]
-    section = Section("tune", f"tune {run_dir.name}")
+    section = Section("tune", f"tune {run_dir.name.removeprefix('tune-')}")
     section.body.append(f'<p class="meta"><code>{_e(str(run_dir))}</code>' + (f" · {len(runs) - 1} older run(s) not shown" if len(runs) > 1 else "") + "</p>")
     doc = _read_json(run_dir / "tune.json")
     trials_csv = run_dir / "trials.csv"
@@ -218,7 +218,7 @@ def json_html(value: dict[str, Any], title: str, depth: int = 0, skip: set[str] 
             continue
         if isinstance(item, list) and item and all(isinstance(x, dict) for x in item):
             out.append(table_html(_records_data(f"{title} › {key}", item)))
-        elif isinstance(item, dict) and depth < 2:
+        elif isinstance(item, dict) and depth < 3:
             out.append(f"<h{min(3 + depth, 6)}>{_e(key)}</h{min(3 + depth, 6)}>")
             out.extend(json_html(item, key, depth + 1, skip))
         elif isinstance(item, (dict, list)):
