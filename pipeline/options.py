@@ -128,8 +128,11 @@ class _Field:
 
     @property
     def key(self) -> str:
-        """The config-file key: the flag without dashes (``--no-engine`` → ``engine``)."""
-        return self.name.replace("_", "-")
+        """The config-file key: the flag without its dashes (``--shape`` → ``shape``); a negated switch
+        (``--no-engine``) is keyed by what it switches (``engine = false``)."""
+        if self.type is bool and self.default is True:
+            return self.name.replace("_", "-")
+        return self.flag.lstrip("-")
 
 
 def _resolved(cls: type) -> dict[str, Any]:
@@ -241,7 +244,7 @@ def values_from_mapping(cls: type, mapping: Mapping[str, Any], where: str) -> di
 
     Unknown keys and values of the wrong type raise PipelineError naming the key and the fix.
     """
-    by_key = {f.key: f for f in fields_of(cls)}
+    by_key = {f.name.replace("_", "-"): f for f in fields_of(cls)} | {f.key: f for f in fields_of(cls)}
     values = {}
     for key, value in mapping.items():
         fld = by_key.get(key.replace("_", "-"))

@@ -38,7 +38,7 @@ def stage_data(manifest: dict[str, Any], title: str) -> TableData:
 def accuracy_data(report: dict[str, Any]) -> TableData:
     """Each variant against FP32 ONNX: accuracy, the drop with its confidence bounds, agreement, errors, verdict."""
     table = TableData(f"accuracy vs FP32 ONNX on {report['samples']} samples ({report['data']})",
-                      ["variant", "acc", "FP32 acc", "drop [bounds] / max", "top-1 agree", "max abs", "min cos", "gate"])  # fmt: skip
+                      ["variant", "acc", "FP32 acc", "drop (bounds) / max", "top-1 agree", "max abs", "min cos", "gate"])  # fmt: skip
     for v in report["variants"]:
         d = v.get("drop")
         label = "" if not d or d.get("paired", True) else "disagree "

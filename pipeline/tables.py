@@ -45,7 +45,7 @@ def to_rich(table: TableData) -> Any:
 
     out = Table(title=escape(table.title), caption=escape(table.caption) if table.caption else None)
     for i, name in enumerate(table.columns):
-        out.add_column(name, justify="right" if table.right_aligned(i) else "left")
+        out.add_column(escape(name), justify="right" if table.right_aligned(i) else "left")
     for cells, style in zip(table.rows, table.styles):
         out.add_row(*(f"[{VERDICT_STYLES[c]}]{c}[/]" if c in VERDICT_STYLES else escape(c) for c in cells), style=_RICH_ROW[style])
     return out
