@@ -30,6 +30,7 @@ def make_parser() -> argparse.ArgumentParser:
     from pipeline.build_cli import register as register_build
     from pipeline.loadtest.cli import register as register_loadtest
     from pipeline.mig.cli import register as register_mig_plan
+    from pipeline.configfile import add_config_options
     from pipeline.report_cli import register as register_report
     from pipeline.triton.deploy import register as register_deploy
     from pipeline.triton.serve_cli import register as register_serve
@@ -42,6 +43,7 @@ def make_parser() -> argparse.ArgumentParser:
     register_loadtest(sub)
     register_mig_plan(sub)
     register_report(sub)
+    add_config_options(sub)  # --config FILE and --print-config on every command
     return parser
 
 
@@ -76,11 +78,27 @@ class _PlainFormatter(logging.Formatter):
         return message if record.levelno == logging.INFO else f"{record.levelname}: {message}"
 
 
+def _commands(parser: argparse.ArgumentParser) -> argparse._SubParsersAction:
+    return next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point; returns the exit status."""
+    from pipeline import configfile
+
     argv = list(sys.argv[1:] if argv is None else argv)
-    args = make_parser().parse_args(argv)
+    parser = make_parser()
+    try:
+        configfile.load_config_defaults(_commands(parser), argv)  # the file's values become defaults; flags override
+    except PipelineError as exc:
+        sys.stderr.write(f"error: {exc}\n")
+        return exc.exit_code
+    args = parser.parse_args(argv)
+    configfile.finish(parser, args, argv)
     args.argv = argv
+    if getattr(args, "print_config", False):
+        sys.stdout.write(configfile.effective_config(parser, args))
+        return 0
     _setup_logging(args.verbose)
     try:
         return int(args.handler(args))
