@@ -68,6 +68,15 @@ def write_html_report(workdir: Path, reports: Path, output: Path | None = None) 
     return page
 
 
+def refresh_html_report(workdir: Path, reports: Path) -> Path | None:
+    """Rewrite ``<reports>/index.html`` after a command; a problem is logged, never fatal to the command."""
+    try:
+        return write_html_report(workdir, reports)
+    except (PipelineError, OSError) as exc:
+        log.warning("HTML report not written: %s", exc)
+        return None
+
+
 def render_page(sections: list[Section], sources: list[Path]) -> str:
     """The whole page: title, table of contents, sections."""
     when = _dt.datetime.now().astimezone().isoformat(timespec="seconds")

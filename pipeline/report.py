@@ -98,7 +98,7 @@ def print_build_summary(
     if repository:
         console.print(f"  repository   {escape(str(repository))}")
     if html_reports is not None:
-        from pipeline.report_cli import refresh_html_report
+        from pipeline.htmlreport import refresh_html_report
 
         page = refresh_html_report(manifest_path.parent.parent, html_reports)
         if page:

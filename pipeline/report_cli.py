@@ -3,12 +3,7 @@
 from __future__ import annotations
 
 import argparse
-import logging
 from pathlib import Path
-
-from pipeline.errors import PipelineError
-
-log = logging.getLogger(__name__)
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -41,14 +36,3 @@ def run(args: argparse.Namespace) -> int:
     path = write_html_report(args.workdir, args.reports, args.output)
     console().print(f"report: {path}")
     return 0
-
-
-def refresh_html_report(workdir: Path, reports: Path) -> Path | None:
-    """Rewrite ``<reports>/index.html`` after a command; a problem is logged, never fatal to the command."""
-    from pipeline.htmlreport import write_html_report
-
-    try:
-        return write_html_report(workdir, reports)
-    except (PipelineError, OSError) as exc:
-        log.warning("HTML report not written: %s", exc)
-        return None

@@ -203,7 +203,7 @@ def run(args: argparse.Namespace) -> int:
     console.print(metrics_table(result))
     written = write_reports(result, report_dir, args.slo_p99_ms)
     console.print(f"reports: {', '.join(str(p) for p in written)}")
-    from pipeline.report_cli import refresh_html_report
+    from pipeline.htmlreport import refresh_html_report
 
     page = refresh_html_report(Path("build"), report_dir.parent)
     if page:
