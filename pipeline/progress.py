@@ -91,14 +91,14 @@ def progress(description: str, total: int | None = None, *, unit: str = "", summ
                 _live.start()
             _depth += 1
             bar = _live
-            task = bar.add_task(description, total=total)
+            task = bar.add_task(description, total=total, counted=total is not None)
     step = Step(description, total, unit, bar, task)
     try:
         yield step
     finally:
         if bar is not None:
             with _lock:
-                bar.update(task, total=step.done if total is None else total, completed=step.done if total is None else None)
+                bar.update(task, description=description, total=step.done if total is None else total, completed=step.done if total is None else None)
                 bar.stop_task(task)
                 _depth -= 1
                 if _depth == 0:
@@ -109,13 +109,20 @@ def progress(description: str, total: int | None = None, *, unit: str = "", summ
 
 
 def _new_display() -> Any:
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+    from rich.progress import BarColumn, Progress, ProgressColumn, SpinnerColumn, TextColumn, TimeElapsedColumn
+    from rich.text import Text
+
+    class Count(ProgressColumn):
+        """``done/total`` for counted steps, nothing for open-ended ones (a spinner alone)."""
+
+        def render(self, task: Any) -> Text:
+            return Text(f"{task.completed:.0f}/{task.total:.0f}" if task.fields.get("counted") else "", style="progress.download")
 
     return Progress(
         SpinnerColumn(finished_text="✓"),
         TextColumn("{task.description}"),
         BarColumn(),
-        MofNCompleteColumn(),
+        Count(),
         TimeElapsedColumn(),
         console=err_console(),
         transient=False,
