@@ -34,6 +34,7 @@ from typing import TYPE_CHECKING, Any
 from pipeline.artifacts import Artifact
 from pipeline.errors import PipelineError, require
 from pipeline.fingerprint import hash_path
+from pipeline.pausepoints import pause_point
 from pipeline.triton.config import (
     WARMUP_DIR,
     config_text,
@@ -121,6 +122,7 @@ def publish_repository(
                 for artifact, name in zip(artifacts, names)
             ]
             for item in staged:
+                pause_point("publish.swap")
                 _swap_in(item, repository / item.name)
                 log.info("published %s version %d", item.name, item.version)
         finally:
