@@ -132,3 +132,19 @@ def _subparsers() -> argparse._SubParsersAction:
 
     parser = make_parser()
     return next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+
+
+def test_the_readme_example_is_a_valid_config_for_every_command_it_names(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from tests.conftest import ROOT
+
+    readme = (ROOT / "README.md").read_text()
+    example = readme.split("```toml\n", 1)[1].split("```", 1)[0]
+    config = tmp_path / "pipeline.toml"
+    config.write_text(example)
+    tables = tomllib.loads(example)
+    assert {"build", "loadtest"} <= set(tables)
+    for command, table in tables.items():
+        shown = effective(capsys, command, "--config", str(config))
+        for key, value in table.items():
+            expected = not value if key.startswith("no-") else value
+            assert shown[key.removeprefix("no-")] == expected, (command, key)

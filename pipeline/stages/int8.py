@@ -25,11 +25,8 @@ import numpy as np
 
 from pipeline.atomic import clear_leftovers
 from pipeline.errors import PipelineError, require
-<<<<<<< HEAD
-from pipeline.progress import progress
-=======
 from pipeline.pausepoints import pause_point
->>>>>>> main
+from pipeline.progress import progress
 from pipeline.stages.calibration import CalibrationData
 from pipeline.tensors import ModelSignature, signature_from_onnx
 
@@ -284,7 +281,6 @@ def _calibrate(
     )
     total = data.num_batches(batch_size, drop_last=drop_last)
     started = time.perf_counter()
-<<<<<<< HEAD
     with progress(f"INT8 calibration ({method})", total, unit="batches") as bar:
         for index, feed in enumerate(bar.track(data.batches(batch_size, drop_last=drop_last))):
             # One batch per collect_data call: minmax reduces it to ranges and histogram methods add
@@ -293,16 +289,7 @@ def _calibrate(
                 calibrator.collect_data(_OneBatch(feed))
             count = len(next(iter(feed.values())))
             log.debug("calibration batch %d/%d (%d samples, %.1f s)", index + 1, total, count, time.perf_counter() - started)
-=======
-    for index, feed in enumerate(data.batches(batch_size, drop_last=drop_last)):
-        # One batch per collect_data call: minmax reduces it to ranges and histogram methods add
-        # it to their histograms before returning, so activations of one batch at most are held.
-        with _ort_prints_to_log():
-            calibrator.collect_data(_OneBatch(feed))
-        count = len(next(iter(feed.values())))
-        log.info("calibration batch %d/%d (%d samples, %.1f s)", index + 1, total, count, time.perf_counter() - started)
-        pause_point("int8.calibration-batch")
->>>>>>> main
+            pause_point("int8.calibration-batch")
     with _ort_prints_to_log():
         ranges = calibrator.compute_data()
     save_tensors_data(ranges, cache)
