@@ -38,6 +38,7 @@ from pathlib import Path
 from types import TracebackType
 
 from pipeline.errors import PipelineError, require
+from pipeline.progress import progress
 from pipeline.triton.servable import has_gpu, servable_models, write_view
 from pipeline.triton.server_args import ServerArgs, tritonserver_args
 from pipeline.triton.server_log import last_errors, startup_error
@@ -204,8 +205,9 @@ class TritonServer:
             view = self._workdir / "repository"
             view.mkdir()
             self.cpu_models = write_view(self.repository, models, view, self.model_config_name, cpu_only=not has_gpu())
-            self._launch(view, backends)
-            self._wait_ready(models, began + timeout)
+            with progress(f"starting tritonserver ({len(models)} models)", summary=False):  # it logs its own ready line
+                self._launch(view, backends)
+                self._wait_ready(models, began + timeout)
         except BaseException:
             self.stop()
             raise
