@@ -149,6 +149,7 @@ def make_parser() -> argparse.ArgumentParser:
     register_deploy(sub)
     register_loadtest(sub)
     register_mig_plan(sub)
+    from pipeline.tune.cli import register as register_tune; register_tune(sub)  # noqa: E702 (one line: tune's registration)
     return parser
 
 

@@ -36,6 +36,7 @@ from pathlib import Path
 from types import TracebackType
 
 from pipeline.errors import PipelineError, require
+from pipeline.triton.deploy import ADMIN_HEADER, ADMIN_KEY_ENV, restricted_api_args
 from pipeline.triton.servable import servable_models
 from pipeline.triton.server_log import last_errors, startup_error
 
@@ -47,6 +48,9 @@ EXIT_TIMEOUT_S = 5
 # Talk to our own server directly, whatever http_proxy says.
 _DIRECT = urllib.request.build_opener(urllib.request.ProxyHandler({}))
 _LOOPBACK = ("127.0.0.1", "localhost", "::1")
+# explicit: every model still loads at start (--load-model=*), and the repository API can load
+# others or reload one with a config override (what `tune` does per candidate).
+MODEL_CONTROL_MODES = ("none", "explicit")
 
 
 @functools.cache
@@ -119,6 +123,9 @@ class TritonServer:
     """The embedded ``tritonserver`` serving a model repository on CPU; use as a context manager.
 
     Ports 0 pick free ports. ``cpus`` pins the server (and its backend stubs) to those cores.
+    ``model_control="explicit"`` keeps the repository API's load/unload open (all models still load
+    at start); ``admin_key`` restricts the admin APIs to the ``admin-key`` header with that value, as
+    the production launch scripts do (:func:`pipeline.triton.deploy.restricted_api_args`).
     ``log_path`` defaults to ``build/triton/tritonserver-<http port>.log``; it is emptied at start and
     also gets the server's stdout/stderr. ``extra_args`` are appended to the tritonserver command line.
     The server gets SIGTERM when the *thread* that called :meth:`start` exits (PR_SET_PDEATHSIG, so a
@@ -137,6 +144,8 @@ class TritonServer:
         cpus: Sequence[int] | None = None,
         model_config_name: str | None = None,
         extra_args: Sequence[str] = (),
+        model_control: str = "none",
+        admin_key: str | None = None,
     ) -> None:
         self.repository = Path(repository)
         self.host = host
@@ -145,6 +154,11 @@ class TritonServer:
         self.cpus = list(cpus) if cpus is not None else None
         self.model_config_name = model_config_name
         self.extra_args = list(extra_args)
+        require(model_control in MODEL_CONTROL_MODES, f"unknown model control mode '{model_control}'",
+                f"use one of: {', '.join(MODEL_CONTROL_MODES)}")
+        require(admin_key is None or bool(admin_key.strip()), "the admin key is empty", f"set ${ADMIN_KEY_ENV} to a secret")
+        self.model_control = model_control
+        self.admin_key = admin_key
         self.ready_models: list[str] = []
         self.skipped_models: dict[str, str] = {}
         self.startup_seconds: float | None = None
@@ -323,7 +337,7 @@ class TritonServer:
             f"--model-repository={view}",
             f"--backend-directory={backends}",
             f"--cache-directory={root / 'caches'}",
-            "--model-control-mode=none",
+            f"--model-control-mode={self.model_control}",
             "--strict-readiness=true",
             "--exit-on-error=true",
             # Our backend has no auto_complete_config: the pass would only launch an idle stub per model (~1.5 s).
@@ -344,6 +358,10 @@ class TritonServer:
         ]
         if self.model_config_name:
             command.append(f"--model-config-name={self.model_config_name}")
+        if self.model_control == "explicit":
+            command.append("--load-model=*")
+        if self.admin_key is not None:
+            command += restricted_api_args(self.admin_key)
         return command + self.extra_args
 
     def _launch(self, view: Path, backends: Path) -> None:
@@ -373,7 +391,8 @@ class TritonServer:
     # -- readiness -------------------------------------------------------------------------------
 
     def _get(self, path: str, data: bytes | None = None) -> tuple[int, bytes]:
-        request = urllib.request.Request(f"http://{self.http_url}{path}", data=data)
+        headers = {ADMIN_HEADER: self.admin_key} if self.admin_key is not None else {}
+        request = urllib.request.Request(f"http://{self.http_url}{path}", data=data, headers=headers)
         try:
             with _DIRECT.open(request, timeout=2.0) as response:
                 return response.status, response.read()
