@@ -172,9 +172,9 @@ def _finish(console: Any, args: argparse.Namespace, settings: TuneSettings, jobs
     from pipeline.tune.apply import apply_best, config_diff
     from pipeline.tune.results import pareto, pareto_table, table, write_reports
 
-    console.print(table(jobs, settings.slo_p99_ms))
+    console.print(table(jobs, settings.trial.slo_p99_ms))
     meta = {
-        "slo_p99_ms": settings.slo_p99_ms,
+        "slo_p99_ms": settings.trial.slo_p99_ms,
         "profile": settings.profile,
         "target": target.identity,
         "search": settings.search,
@@ -187,7 +187,7 @@ def _finish(console: Any, args: argparse.Namespace, settings: TuneSettings, jobs
         "command": "python -m pipeline " + shlex.join(getattr(args, "argv", [])),
     }
     if len(jobs) > 1:
-        console.print(pareto_table(pareto(jobs, args.workdir), settings.slo_p99_ms))
+        console.print(pareto_table(pareto(jobs, args.workdir), settings.trial.slo_p99_ms))
     written = write_reports(jobs, meta, report_dir, args.workdir)
     console.print(f"reports: {', '.join(str(p) for p in written)}", highlight=False)
     status = 0
@@ -195,7 +195,7 @@ def _finish(console: Any, args: argparse.Namespace, settings: TuneSettings, jobs
         best, base = job.best, job.baseline
         if not best.meets_slo:
             d = best.to_dict()
-            console.print(f"[red]{job.model}: no candidate meets p99 ≤ {settings.slo_p99_ms:g} ms; closest: "
+            console.print(f"[red]{job.model}: no candidate meets p99 ≤ {settings.trial.slo_p99_ms:g} ms; closest: "
                           f"{best.candidate.label} with p99 {d['p99_ms']} ms at {_load(d)}[/]", highlight=False)
             status = EXIT_SLO_MISSED
             continue
@@ -211,7 +211,7 @@ def _finish(console: Any, args: argparse.Namespace, settings: TuneSettings, jobs
             console.print(diff, highlight=False, markup=False, end="")
             console.print(f"{job.model}: repository unchanged (pass --apply to publish this config)", highlight=False)
             continue
-        summary = {"slo_p99_ms": settings.slo_p99_ms, "best": best.to_dict(), "baseline": base.to_dict(), "report": str(report_dir)}
+        summary = {"slo_p99_ms": settings.trial.slo_p99_ms, "best": best.to_dict(), "baseline": base.to_dict(), "report": str(report_dir)}
         path = apply_best(job, settings.repository, settings.profile, summary, meta["command"])
         console.print(f"[green]{job.model}: applied → {path}[/]", highlight=False)
     console.print(f"tune took {seconds:.1f} s ({meta['measured_trials']} trials measured, {meta['cached_trials']} from the cache)",

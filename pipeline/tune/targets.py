@@ -148,8 +148,9 @@ def remote_target(url: str) -> Target:
 
 
 class EmbeddedTarget(Target):
-    """The embedded tritonserver in explicit mode, pinned to ``cores`` CPUs; this thread (the load
-    generator) moves to the other CPUs while it runs, and back on :meth:`close`."""
+    """The embedded tritonserver in explicit mode, pinned to ``cores`` CPUs, started on first use
+    (a tune answered from the cache never starts it). This thread (the load generator) moves to
+    the other CPUs while the server runs, and back on :meth:`close`."""
 
     def __init__(self, repository: Path, cores: int, log_path: Path | None = None) -> None:
         from pipeline.triton.server import TritonServer
@@ -159,21 +160,37 @@ class EmbeddedTarget(Target):
                 f"use --cores 1 to {len(allowed)}")
         self.server_cpus = allowed[:cores]
         self.client_cpus = allowed[cores:] or allowed
-        if not allowed[cores:]:
-            log.warning("--cores %d leaves no CPU for the load generator: it shares the server's, which lowers the "
-                        "measured throughput", cores)
         self._previous = allowed
         self.server = TritonServer(repository, cpus=self.server_cpus, model_control="explicit", log_path=log_path)
-        self.server.start()
-        os.sched_setaffinity(0, self.client_cpus)
-        meta_identity = {"kind": "embedded", "cores": cores, "cpu": _cpu_model(), "machine": platform.machine()}
-        super().__init__(endpoint_from_url(self.server.http_url), None, meta_identity)
-        _, meta = self.call("GET", "/v2", timeout=5)
-        self.identity["version"] = meta.get("version") if isinstance(meta, dict) else None
+        self._started = False
+        identity = {"kind": "embedded", "cores": cores, "cpu": _cpu_model(), "machine": platform.machine(),
+                    "tritonserver": _pytriton_version()}
+        super().__init__(Endpoint("127.0.0.1", 0), None, identity)
+
+    def call(self, method: str, path: str, body: object | None = None, timeout: float = 120.0) -> tuple[int, Any]:
+        if not self._started:
+            if not self.client_cpus or self.client_cpus == self.server_cpus:
+                log.warning("--cores %d leaves no CPU for the load generator: it shares the server's, which lowers "
+                            "the measured throughput", len(self.server_cpus))
+            self._started = True
+            self.server.start()
+            self.endpoint = endpoint_from_url(self.server.http_url)
+            os.sched_setaffinity(0, self.client_cpus)
+        return super().call(method, path, body, timeout)
 
     def close(self) -> None:
-        os.sched_setaffinity(0, self._previous)
-        self.server.stop()
+        if self._started:
+            os.sched_setaffinity(0, self._previous)
+            self.server.stop()
+
+
+def _pytriton_version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("nvidia-pytriton")
+    except PackageNotFoundError:
+        return "unknown"
 
 
 def _cpu_model() -> str:
