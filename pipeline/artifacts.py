@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -25,3 +26,18 @@ class Artifact:
         """The Triton model name: ``<model>_<precision>`` for ONNX, ``<model>_<precision>_trt`` for plans."""
         suffix = "" if self.kind == "onnx" else "_trt"
         return f"{model}_{self.precision}{suffix}"
+
+    def fingerprint(self) -> str:
+        """The content hash of the model file (what the stage cache keys on)."""
+        from pipeline.fingerprint import hash_path
+
+        return hash_path(self.path)
+
+
+_VARIANT = re.compile(r"^(?P<base>.+)_(?P<precision>fp32|fp16|int8)(?P<trt>_trt)?$")
+
+
+def parse_variant(triton_name: str) -> tuple[str, str] | None:
+    """The inverse of :meth:`Artifact.triton_name`: ``digits_int8_trt`` → (``digits``, ``int8``); None for other names."""
+    match = _VARIANT.match(triton_name)
+    return (match["base"], match["precision"]) if match else None

@@ -17,3 +17,20 @@ def clear_leftovers(dst: Path) -> None:
             shutil.rmtree(stale, ignore_errors=True)
         else:
             stale.unlink(missing_ok=True)
+
+
+def write_text_atomic(dst: Path, text: str) -> Path:
+    """Write ``text`` to a hidden ``.<name>.<random>`` temporary beside ``dst`` and rename it into place."""
+    import os
+    import tempfile
+
+    dst = Path(dst)
+    fd, tmp = tempfile.mkstemp(prefix=f".{dst.name}.", dir=dst.parent)
+    try:
+        with os.fdopen(fd, "w") as fh:
+            fh.write(text)
+        os.replace(tmp, dst)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    return dst

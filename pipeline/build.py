@@ -1,7 +1,8 @@
 """The build orchestrator: its body is the data flow from a Keras model to a Triton repository.
 
-Each ``_stage`` helper below binds one stage (a path in, a path out) to the stage cache, so a
-stage runs only when the hash of its inputs and settings changed, and records it in the manifest.
+Each stage is one :class:`~pipeline.stagecache.Stage` value (function, inputs, settings, outputs)
+that the stage cache hashes and calls, so a stage runs only when the hash of its inputs and
+settings changed, and every run or skip is recorded in the manifest.
 """
 
 from __future__ import annotations
@@ -10,39 +11,40 @@ import json
 import logging
 import platform
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from importlib import metadata
 from pathlib import Path
 
 from pipeline.artifacts import Artifact
-from pipeline.config import BuildConfig, Workspace
+from pipeline.config import BuildConfig
 from pipeline.errors import PipelineError
+from pipeline.fingerprint import hash_path
 from pipeline.evaldata import EvalData, eval_data_from_npz, synthetic_eval_data
-from pipeline.publish import LABELS_FILE, PublishSettings, repository_from_artifacts
-from pipeline.stagecache import Manifest, run_stage
-from pipeline.stages.accuracy import accuracy_report_from_variants, classifier_output
-from pipeline.stages.calibration import calibration_from_path
+from pipeline.gates import classifier_output
+from pipeline.publish import PublishSettings, published_configs, published_from_artifacts
+from pipeline.stagecache import Manifest, Stage, run_stage
+from pipeline.stages.accuracy import accuracy_report_from_variants
+from pipeline.stages.calibration import CalibrationData, calibration_from_path
 from pipeline.stages.engine import engine_from_onnx, metadata_path
 from pipeline.stages.fp16 import DEFAULT_FP32_OPS, fp16_onnx_from_onnx
 from pipeline.stages.int8 import check_qdq_int8_symmetric, qdq_onnx_from_onnx
 from pipeline.stages.onnx_export import onnx_from_savedmodel, tf2onnx_command
 from pipeline.stages.parity import parity_report_from_models
-from pipeline.stages.savedmodel import savedmodel_from_keras
+from pipeline.stages.savedmodel import savedmodel_from_source
 from pipeline.stages.shapes import ShapeProfile, profiles_from_args, profiles_to_json
-from pipeline.stages.source import (
-    DEFAULT_MODEL,
-    ModelSource,
-    keras_model_from_source,
-    model_source,
-)
+from pipeline.stages.source import DEFAULT_MODEL, ModelSource, model_source
 from pipeline.stages.tensorrt_env import tensorrt_status
 from pipeline.tensors import ModelSignature, signature_from_onnx
 from pipeline.triton.verify import verify_repository
+from pipeline.workspace import ModelData, Workspace
 
 log = logging.getLogger(__name__)
 
 TOOLS = ("tensorflow-cpu", "tensorflow", "keras", "tf2onnx", "onnx", "onnxruntime", "onnxconverter-common", "polygraphy", "tritonclient", "nvidia-pytriton", "numpy", "tensorrt")
 EVAL_BATCH = 64
+SYNTHETIC_SAMPLES = 128
+HOLDOUT_MIN = 300  # unlabeled held-out samples wanted: a perfect result then passes a 1-point limit at 95%
+CALIBRATION_MIN = 100  # fewer calibration samples than this is an error (calibration.py)
 
 
 @dataclass
@@ -56,219 +58,231 @@ class BuildResult:
     repository: Path | None
 
 
+@dataclass(frozen=True)
+class BuildContext:
+    """What every stage of one build shares: the settings, the model's name, its workspace and data, the manifest."""
+
+    cfg: BuildConfig
+    name: str
+    ws: Workspace
+    data_dir: ModelData
+    manifest: Manifest
+
+    def run(self, stage: Stage, reproduce: str | None = None) -> bool:
+        """Run ``stage`` through the stage cache (see pipeline.stagecache)."""
+        return run_stage(self.manifest, stage, reproduce or self.cfg.command)
+
+
 def build(cfg: BuildConfig) -> BuildResult:
     """Keras model → SavedModel → ONNX (parity-checked against TF) → … (see README)."""
     cfg.validate()
     source = model_source(cfg.model)
     name = cfg.model_name(source)
     ws = Workspace(cfg.workdir / name)
+    ctx = BuildContext(cfg, name, ws, ModelData.of(cfg.calibration_root, name), Manifest(ws.manifest, cfg.command, tool_versions()))
     ws.root.mkdir(parents=True, exist_ok=True)
-    manifest = Manifest(ws.manifest, cfg.command, tool_versions())
 
     if source.spec == DEFAULT_MODEL:
-        ensure_default_data(cfg.calibration_root / name)
+        ensure_default_data(ctx.data_dir)
+    artifacts: list[Artifact] = []
     try:
-        saved = _savedmodel_stage(source, ws, cfg, manifest)
-        onnx_fp32 = _onnx_stage(saved, ws, cfg, manifest)
+        saved = _savedmodel_stage(source, ctx)
+        onnx_fp32 = _onnx_stage(saved, ctx)
         signature = signature_from_onnx(onnx_fp32)
-        data = eval_data_for(cfg, name, signature)
-        _parity_stage(saved, onnx_fp32, data, ws, cfg, manifest)
         profiles = profiles_from_args(cfg.shapes, signature, max_batch=cfg.max_batch)
+        calib = _calibration_data(signature, profiles, ctx) if cfg.int8 else None
+        data, calib = eval_data_for(cfg, ctx.data_dir, signature, calib)
+        _parity_stage(saved, onnx_fp32, data, ctx)
         variants = [Artifact("fp32", "onnx", onnx_fp32)]
-        variants += [_precision_stage(onnx_fp32, p, signature, profiles, name, ws, cfg, manifest) for p in cfg.precisions[1:]]
-        engines = _engine_stages(variants, profiles, ws, cfg, manifest)
-        _accuracy_stage(onnx_fp32, variants[1:] + engines, data, signature, ws, cfg, manifest)
+        if cfg.fp16:
+            variants.append(_fp16_stage(onnx_fp32, ctx))
+        if calib is not None:
+            variants.append(_int8_stage(onnx_fp32, calib, ctx))
+        engines = _engine_stages(variants, profiles, ctx)
+        _accuracy_stage(onnx_fp32, variants[1:] + engines, data, signature, ctx)
         artifacts = variants + engines
-        manifest.artifacts = {f"{a.precision}.{a.kind}": str(a.path) for a in artifacts}
-        repository = _publish_stage(artifacts, variants, data, signature, name, ws, cfg, manifest)
+        ctx.manifest.artifacts = {f"{a.precision}.{a.kind}": str(a.path) for a in artifacts}
+        repository = _publish_stage(artifacts, variants, data, signature, ctx)
         if cfg.verify_served or cfg.verify_url:
-            _served_stage(artifacts, name, ws, cfg, manifest)
+            _served_stage(artifacts, data, ctx)
     finally:
-        manifest.write()  # also for a failed build: which stage failed, and why
-    return BuildResult(name, ws, artifacts, ws.manifest, repository)
+        ctx.manifest.write()  # also for a failed build: which stage failed, and why
+    return BuildResult(name, ctx.ws, artifacts, ctx.ws.manifest, repository)
 
 
-def _savedmodel_stage(source: ModelSource, ws: Workspace, cfg: BuildConfig, manifest: Manifest) -> Path:
+def _savedmodel_stage(source: ModelSource, ctx: BuildContext) -> Path:
     if source.kind == "savedmodel":
-        manifest.not_run("savedmodel", f"input is already a SavedModel: {source.path}")
+        ctx.manifest.not_run("savedmodel", f"input is already a SavedModel: {source.path}")
         return Path(source.path)  # type: ignore[arg-type]
-    run_stage(
-        manifest, "savedmodel",
-        inputs={"model": source.fingerprint()},
-        settings={"model": source.spec},
-        outputs=[ws.savedmodel],
-        produce=lambda: savedmodel_from_keras(keras_model_from_source(source), ws.savedmodel),
-        reproduce=cfg.command,
-    )
-    return ws.savedmodel
+    ctx.run(Stage("savedmodel", savedmodel_from_source, inputs={"source": source}, environment={"model": source.spec},
+                  outputs={"dst": ctx.ws.savedmodel}))
+    return ctx.ws.savedmodel
 
 
-def _onnx_stage(saved: Path, ws: Workspace, cfg: BuildConfig, manifest: Manifest) -> Path:
-    dst = ws.onnx("fp32")
-    run_stage(
-        manifest, "onnx",
-        inputs={"savedmodel": saved},
-        settings={"opset": cfg.opset},
-        outputs=[dst],
-        produce=lambda: onnx_from_savedmodel(saved, dst, cfg.opset),
-        reproduce=" ".join(tf2onnx_command(saved, dst, cfg.opset)),
-    )
+def _onnx_stage(saved: Path, ctx: BuildContext) -> Path:
+    dst = ctx.ws.onnx("fp32")
+    ctx.run(Stage("onnx", onnx_from_savedmodel, inputs={"saved": saved}, settings={"opset": ctx.cfg.opset}, outputs={"dst": dst}),
+            reproduce=" ".join(tf2onnx_command(saved, dst, ctx.cfg.opset)))
     return dst
 
 
-def _parity_stage(saved: Path, onnx_path: Path, data: EvalData, ws: Workspace, cfg: BuildConfig, manifest: Manifest) -> None:
-    gates = cfg.gates
-    run_stage(
-        manifest, "parity",
-        inputs={"savedmodel": saved, "onnx": onnx_path, "data": data.fingerprint},
-        settings={"atol": gates.parity_atol, "rtol": gates.parity_rtol},
-        outputs=[ws.parity],
-        produce=lambda: parity_report_from_models(saved, onnx_path, data, ws.parity, atol=gates.parity_atol, rtol=gates.parity_rtol, batch_size=EVAL_BATCH),
-        reproduce=cfg.command,
-    )
+def _parity_stage(saved: Path, onnx_path: Path, data: EvalData, ctx: BuildContext) -> None:
+    gates = ctx.cfg.gates
+    ctx.run(Stage("parity", parity_report_from_models, inputs={"saved": saved, "onnx_path": onnx_path, "data": data},
+                  settings={"atol": gates.parity_atol, "rtol": gates.parity_rtol, "batch_size": EVAL_BATCH}, outputs={"dst": ctx.ws.parity}))
 
 
-def _precision_stage(
-    onnx_fp32: Path, precision: str, signature: ModelSignature, profiles: list[ShapeProfile], name: str, ws: Workspace, cfg: BuildConfig, manifest: Manifest
-) -> Artifact:
-    dst = ws.onnx(precision)
-    if precision == "fp16":
-        run_stage(
-            manifest, "fp16",
-            inputs={"onnx": onnx_fp32},
-            settings={"keep_fp32_ops": list(DEFAULT_FP32_OPS)},
-            outputs=[dst],
-            produce=lambda: fp16_onnx_from_onnx(onnx_fp32, dst),
-            reproduce=cfg.command,
-        )
-        return Artifact("fp16", "onnx", dst)
-    calib_path = cfg.calibration or cfg.calibration_root / name
+def _fp16_stage(onnx_fp32: Path, ctx: BuildContext) -> Artifact:
+    dst = ctx.ws.onnx("fp16")
+    ctx.run(Stage("fp16", fp16_onnx_from_onnx, inputs={"src": onnx_fp32}, settings={"keep_fp32_ops": tuple(DEFAULT_FP32_OPS)}, outputs={"dst": dst}))
+    return Artifact("fp16", "onnx", dst)
+
+
+def _calibration_data(signature: ModelSignature, profiles: list[ShapeProfile], ctx: BuildContext) -> CalibrationData:
+    cfg = ctx.cfg
     hints = {n: r[1][1:] for n, r in profiles[0].shapes.items()} if profiles else {}
-    calib = calibration_from_path(calib_path, signature, preprocess=cfg.preprocess, shape_hint=hints)
-    run_stage(
-        manifest, "int8",
-        inputs={"onnx": onnx_fp32, "calibration": calib.fingerprint()},
-        settings={"method": cfg.calibration_method},
-        outputs=[dst],
-        produce=lambda: qdq_onnx_from_onnx(onnx_fp32, dst, calib, method=cfg.calibration_method),
-        reproduce=cfg.command,
-    )
+    return calibration_from_path(cfg.calibration or ctx.data_dir.folder, signature, preprocess=cfg.preprocess, shape_hint=hints)
+
+
+def _int8_stage(onnx_fp32: Path, calib: CalibrationData, ctx: BuildContext) -> Artifact:
+    dst = ctx.ws.onnx("int8")
+    ctx.run(Stage("int8", qdq_onnx_from_onnx, inputs={"src": onnx_fp32, "calibration": calib},
+                  settings={"method": ctx.cfg.calibration_method}, outputs={"dst": dst}))
     check_qdq_int8_symmetric(dst)  # also on a cache hit: what is published must be symmetric int8
     return Artifact("int8", "onnx", dst)
 
 
-def _engine_stages(variants: list[Artifact], profiles: list[ShapeProfile], ws: Workspace, cfg: BuildConfig, manifest: Manifest) -> list[Artifact]:
-    if not cfg.engine:
-        manifest.not_run("engine", "disabled with --no-engine")
+def _engine_stages(variants: list[Artifact], profiles: list[ShapeProfile], ctx: BuildContext) -> list[Artifact]:
+    if not ctx.cfg.engine:
+        ctx.manifest.not_run("engine", "disabled with --no-engine")
         return []
     available, reason = tensorrt_status()
     if not available:
         log.warning("%s", reason)
-        manifest.not_run("engine", reason)
+        ctx.manifest.not_run("engine", reason)
         return []
     log.info("%s", reason)
     engines = []
     for variant in variants:
-        plan = ws.plan(variant.precision)
+        plan = ctx.ws.plan(variant.precision)
         plan.parent.mkdir(parents=True, exist_ok=True)
-        run_stage(
-            manifest, f"engine-{variant.precision}",
-            inputs={"onnx": variant.path},
-            settings={"profiles": profiles_to_json(profiles), "optimization_level": cfg.optimization_level, "device": reason},
-            outputs=[plan, metadata_path(plan)],
-            produce=lambda v=variant, p=plan: engine_from_onnx(
-                v.path, p, precision=v.precision, profiles=profiles, timing_cache=ws.timing_cache, optimization_level=cfg.optimization_level
-            ),
-            reproduce=cfg.command,
-        )
+        ctx.run(Stage(
+            f"engine-{variant.precision}", engine_from_onnx,
+            inputs={"onnx_path": variant.path},
+            settings={"precision": variant.precision, "profiles": profiles_to_json(profiles), "optimization_level": ctx.cfg.optimization_level},
+            outputs={"plan_path": plan},
+            context={"timing_cache": ctx.ws.timing_cache},
+            environment={"device": reason},
+            also_writes=[metadata_path(plan)],
+        ))
         engines.append(Artifact(variant.precision, "plan", plan, metadata=metadata_path(plan)))
     return engines
 
 
-def _accuracy_stage(
-    onnx_fp32: Path, candidates: list[Artifact], data: EvalData, signature: ModelSignature, ws: Workspace, cfg: BuildConfig, manifest: Manifest
-) -> None:
+def _accuracy_stage(onnx_fp32: Path, candidates: list[Artifact], data: EvalData, signature: ModelSignature, ctx: BuildContext) -> None:
     if not candidates:
-        manifest.not_run("accuracy", "no variant besides FP32 ONNX (add --fp16 or --int8)")
+        ctx.manifest.not_run("accuracy", "no variant besides FP32 ONNX (add --fp16 or --int8)")
         return
-    run_stage(
-        manifest, "accuracy",
-        inputs={"fp32": onnx_fp32, **{f"{a.precision}-{a.kind}": a.path for a in candidates}, "data": data.fingerprint},
-        settings={"gates": asdict(cfg.gates)},
-        outputs=[ws.accuracy],
-        produce=lambda: accuracy_report_from_variants(
-            onnx_fp32, candidates, data, ws.accuracy, gates=cfg.gates, signature=signature, batch_size=EVAL_BATCH
-        ),
-        reproduce=cfg.command,
-    )
-    manifest.results["accuracy"] = json.loads(ws.accuracy.read_text())
+    ctx.run(Stage("accuracy", accuracy_report_from_variants,
+                  inputs={"fp32_onnx": onnx_fp32, "candidates": candidates, "data": data},
+                  settings={"gates": ctx.cfg.gates, "batch_size": EVAL_BATCH},
+                  outputs={"dst": ctx.ws.accuracy},
+                  context={"signature": signature}))
+    ctx.manifest.results["accuracy"] = json.loads(ctx.ws.accuracy.read_text())
 
 
-def _publish_stage(
-    artifacts: list[Artifact], variants: list[Artifact], data: EvalData, signature: ModelSignature, name: str, ws: Workspace, cfg: BuildConfig, manifest: Manifest
-) -> Path:
-    labels = cfg.calibration_root / name / LABELS_FILE
+def _publish_stage(artifacts: list[Artifact], variants: list[Artifact], data: EvalData, signature: ModelSignature, ctx: BuildContext) -> Path:
+    cfg = ctx.cfg
+    labels = ctx.data_dir.labels
     settings = PublishSettings(
-        model=name,
+        model=ctx.name,
         repository=cfg.repository,
         max_batch=cfg.max_batch,
         version_policy=cfg.version_policy,
-        reproduce=cfg.command,
         labels=labels if labels.exists() else None,
         classifier_output=classifier_output(signature),
         mig=cfg.mig,
         image=cfg.triton_image,
     )
-    published = [cfg.repository / a.triton_name(name) / "config.pbtxt" for a in artifacts]
-    report = {"manifest": str(ws.manifest), "accuracy": manifest.results.get("accuracy"), "versions": manifest.versions}
-    run_stage(
-        manifest, "publish",
-        inputs={**{a.triton_name(name): a.path for a in artifacts}, "data": data.fingerprint, **({"labels": labels} if settings.labels else {})},
-        settings={k: str(v) for k, v in asdict(settings).items() if k != "reproduce"},  # the command is recorded, not keyed
-        outputs=[ws.published, *published],
-        produce=lambda: ws.published.write_text(
-            json.dumps([str(p) for p in repository_from_artifacts(artifacts, {v.precision: v.path for v in variants}, data.head(1), settings, report)]) + "\n"
-        ),
-        reproduce=cfg.command,
-    )
+    # Later commands (verify, loadtest) find the evaluation data the build used through this report.
+    eval_path = cfg.eval_data or ctx.data_dir.eval
+    report = {"manifest": str(ctx.ws.manifest.absolute()), "eval_data": str(eval_path.absolute()) if eval_path.is_file() else None, "accuracy": ctx.manifest.results.get("accuracy"),
+              "versions": ctx.manifest.versions}
+    ctx.run(Stage("publish", published_from_artifacts,
+                  inputs={"artifacts": artifacts, "data": data},
+                  settings={"settings": settings},
+                  outputs={"dst": ctx.ws.published},
+                  # the command is recorded beside the artifacts, not keyed: a reordered command line republishes nothing
+                  context={"onnx_of": {v.precision: v.path for v in variants}, "report": report, "reproduce": cfg.command},
+                  environment={"labels": hash_path(labels) if settings.labels else None},
+                  also_writes=published_configs(artifacts, settings)))
     return cfg.repository
 
 
-def _served_stage(artifacts: list[Artifact], name: str, ws: Workspace, cfg: BuildConfig, manifest: Manifest) -> None:
+def _served_stage(artifacts: list[Artifact], data: EvalData, ctx: BuildContext) -> None:
+    cfg = ctx.cfg
     started = time.perf_counter()
     report = verify_repository(
         cfg.repository,
         url=cfg.verify_url,
-        models=[a.triton_name(name) for a in artifacts if a.kind == "onnx"],
+        models=[a.triton_name(ctx.name) for a in artifacts if a.kind == "onnx"],
         calibration_root=cfg.calibration_root,
+        eval_data={ctx.name: data},
         batch_size=EVAL_BATCH,
         atol=1e-3,
-        max_drop={"fp16": cfg.gates.fp16_max_drop, "int8": cfg.gates.int8_max_drop},
-        report_path=ws.served,
+        gates=cfg.gates,
+        report_path=ctx.ws.served,
     )
-    manifest.results["served"] = report
-    manifest.ran("served", time.perf_counter() - started, f"through {cfg.verify_url or 'the embedded tritonserver'}")
+    ctx.manifest.results["served"] = report
+    ctx.manifest.ran("served", time.perf_counter() - started, f"through {cfg.verify_url or 'the embedded tritonserver'}")
 
 
-def ensure_default_data(folder: Path) -> None:
+def ensure_default_data(data_dir: ModelData) -> None:
     """The bundled model's eval/calibration data, regenerated (deterministically, offline) where missing,
     e.g. when building outside the source tree."""
     from pipeline.models import digits
 
-    if not all((folder / f).is_file() for f in ("eval.npz", "calib.npz", "labels.txt")):
-        log.info("writing the bundled model's evaluation and calibration data to %s", folder)
-        digits.write_data(folder)
+    if not data_dir.complete():
+        log.info("writing the bundled model's evaluation and calibration data to %s", data_dir.folder)
+        digits.write_data(data_dir.folder)
 
 
-def eval_data_for(cfg: BuildConfig, name: str, signature: ModelSignature) -> EvalData:
-    """``--eval-data``, else ``<calibration>/<name>/eval.npz``, else seeded synthetic samples."""
-    path = cfg.eval_data or cfg.calibration_root / name / "eval.npz"
+def eval_data_for(cfg: BuildConfig, data_dir: ModelData, signature: ModelSignature,
+                  calib: CalibrationData | None) -> tuple[EvalData, CalibrationData | None]:
+    """The evaluation data of a build, and the calibration data left for INT8.
+
+    ``--eval-data``, else ``<calibration-root>/<name>/eval.npz``; without either, part of the
+    calibration data is held out (not calibrated on) as an unlabeled comparison set; seeded
+    synthetic samples only when there is no data at all.
+    """
+    path = cfg.eval_data or data_dir.eval
     if path.exists():
-        return eval_data_from_npz(path, signature)
+        return eval_data_from_npz(path, signature), calib
     if cfg.eval_data is not None:
         raise PipelineError(f"evaluation data '{path}' does not exist", "pass an .npz with one array per input (and labels) to --eval-data")
-    log.warning("no evaluation data at %s: parity runs on synthetic samples and accuracy gates have no labels", path)
-    return synthetic_eval_data(signature, samples=128)
+    if calib is None and (cfg.calibration or data_dir.folder).exists():
+        try:
+            calib = calibration_from_path(cfg.calibration or data_dir.folder, signature, preprocess=cfg.preprocess, min_samples=1)
+        except PipelineError:
+            calib = None
+        if calib is not None:
+            held = EvalData(calib.samples(0, calib.num_samples), None, f"{calib.origin} (calibration data, unlabeled)", calib.fingerprint())
+            log.warning("no labeled evaluation data (%s): parity and accuracy gates compare with FP32 on all %d calibration samples, "
+                        "unlabeled", path, calib.num_samples)
+            return held, None
+    if calib is not None:
+        holdout = min(calib.num_samples - CALIBRATION_MIN, max(calib.num_samples // 2, HOLDOUT_MIN))
+        if holdout > 0:
+            kept = calib.num_samples - holdout
+            held = EvalData(calib.samples(kept, calib.num_samples), None,
+                            f"{calib.origin} samples {kept}:{calib.num_samples} (held out of calibration, unlabeled)", f"{calib.fingerprint()}:{kept}")
+            log.warning("no labeled evaluation data (%s): %d of %d calibration samples are held out (not calibrated on) as the unlabeled "
+                        "comparison set; gates judge top-1 agreement with FP32", path, holdout, calib.num_samples)
+            return held, calib.first(kept)
+    data = synthetic_eval_data(signature, samples=SYNTHETIC_SAMPLES)
+    log.warning("no evaluation or calibration data (%s): parity and gates run on %d synthetic samples (%s); give --eval-data for real numbers",
+                path, SYNTHETIC_SAMPLES, data.source)
+    return data, calib
 
 
 def tool_versions() -> dict[str, str]:

@@ -28,6 +28,12 @@ class OutputStats:
     max_rel: float = 0.0
     mean_abs: float = 0.0
     elements: int = 0
+    mean_cosine: float = 1.0  # per sample, flattened: what non-classifier outputs are gated on
+    min_cosine: float = 1.0
+    rel_l2: float = 0.0  # ||out − ref|| / ||ref|| over all samples
+    samples: int = 0
+    _sq_diff: float = 0.0
+    _sq_ref: float = 0.0
 
     def add(self, ref: np.ndarray, out: np.ndarray) -> None:
         ref64, out64 = ref.astype(np.float64), out.astype(np.float64)
@@ -39,6 +45,22 @@ class OutputStats:
             self.max_abs = max(self.max_abs, float(diff.max()))
             self.max_rel = max(self.max_rel, float(rel.max()))
             self.elements += n
+            self._sq_diff += float((diff**2).sum())
+            self._sq_ref += float((ref64**2).sum())
+            self.rel_l2 = (self._sq_diff / self._sq_ref) ** 0.5 if self._sq_ref > 0 else float(self._sq_diff > 0)
+        if ref64.ndim >= 1 and len(ref64):
+            a, b = ref64.reshape(len(ref64), -1), out64.reshape(len(out64), -1)
+            norms = np.linalg.norm(a, axis=1) * np.linalg.norm(b, axis=1)
+            same = np.all(a == b, axis=1)
+            cosine = np.where(same, 1.0, (a * b).sum(axis=1) / np.where(norms > 0, norms, 1.0))
+            count = len(cosine)
+            self.mean_cosine = (self.mean_cosine * self.samples + float(cosine.sum())) / (self.samples + count)
+            self.min_cosine = min(self.min_cosine, float(cosine.min()))
+            self.samples += count
+
+    def as_dict(self) -> dict:
+        """JSON form (running sums left out)."""
+        return {k: v for k, v in asdict(self).items() if not k.startswith("_")}
 
 
 @dataclass
@@ -51,14 +73,17 @@ class Comparison:
     top1_agreement: float | None = None
     accuracy: float | None = None
     reference_accuracy: float | None = None
+    worse: int = 0  # reference right, candidate wrong (labels needed)
+    better: int = 0  # reference wrong, candidate right
+    disagree: int = 0  # top-1 differs from the reference
     _agree: int = 0
     _correct: int = 0
     _ref_correct: int = 0
 
     def as_dict(self) -> dict:
-        data = asdict(self)
-        for key in ("_agree", "_correct", "_ref_correct"):
-            data.pop(key)
+        """JSON form (running counters left out)."""
+        data = {k: v for k, v in asdict(self).items() if not k.startswith("_")}
+        data["outputs"] = {k: v.as_dict() for k, v in self.outputs.items()}
         return data
 
 
@@ -107,10 +132,14 @@ def _accumulate(per_runner: dict, reference: str, results: dict[str, Comparison]
         if ref_top1 is not None:
             top1 = np.argmax(out[classifier_output], axis=-1)
             comparison._agree += int((top1 == ref_top1).sum())
+            comparison.disagree = comparison.samples - comparison._agree
             comparison.top1_agreement = comparison._agree / comparison.samples
             if truth is not None:
-                comparison._correct += int((top1 == truth).sum())
-                comparison._ref_correct += int((ref_top1 == truth).sum())
+                right, ref_right = top1 == truth, ref_top1 == truth
+                comparison.worse += int((ref_right & ~right).sum())
+                comparison.better += int((~ref_right & right).sum())
+                comparison._correct += int(right.sum())
+                comparison._ref_correct += int(ref_right.sum())
                 comparison.accuracy = comparison._correct / comparison.samples
                 comparison.reference_accuracy = comparison._ref_correct / comparison.samples
     return batch

@@ -1,4 +1,8 @@
-"""Typed settings of a build: what the CLI parses into, and what the orchestrator reads."""
+"""Typed settings of a build: the one source of every build option (flag, default, help, check).
+
+``python -m pipeline build --help`` is generated from :class:`BuildConfig` (pipeline/build_cli.py);
+adding an option is adding a field here and using it in its stage (see pipeline/options.py).
+"""
 
 from __future__ import annotations
 
@@ -7,92 +11,70 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from pipeline.errors import PipelineError
+from pipeline.gates import Gates
+from pipeline.options import (
+    calibration_root_option,
+    check_options,
+    eval_data_option,
+    in_range,
+    option,
+    repository_option,
+)
+from pipeline.stages.calibration import PREPROCESS_MODES
 from pipeline.stages.int8 import CALIBRATION_METHODS
 from pipeline.stages.shapes import SHAPE_SYNTAX, well_formed
 from pipeline.stages.source import DEFAULT_MODEL, ModelSource
+from pipeline.workspace import Workspace
+
+__all__ = ["BuildConfig", "Gates", "Workspace"]
 
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_\-]{0,63}$")
 
-
-@dataclass(frozen=True)
-class Gates:
-    """Accuracy tolerances. Accuracy drops are in percentage points of top-1 accuracy."""
-
-    parity_atol: float = 1e-4
-    parity_rtol: float = 0.0
-    fp16_max_drop: float = 0.2
-    int8_max_drop: float = 1.0
-    fp16_atol: float = 1e-2
-    int8_atol: float | None = None  # INT8 is gated on accuracy; its elementwise error is reported
-
-
-@dataclass(frozen=True)
-class Workspace:
-    """Where one model's build artifacts live: ``<workdir>/<name>/``."""
-
-    root: Path
-
-    @property
-    def savedmodel(self) -> Path:
-        return self.root / "savedmodel"
-
-    def onnx(self, precision: str) -> Path:
-        return self.root / f"model.{precision}.onnx"
-
-    def plan(self, precision: str) -> Path:
-        return self.root / "engines" / f"model.{precision}.plan"
-
-    @property
-    def timing_cache(self) -> Path:
-        return self.root / "engines" / "timing.cache"
-
-    @property
-    def parity(self) -> Path:
-        return self.root / "parity.json"
-
-    @property
-    def accuracy(self) -> Path:
-        return self.root / "accuracy.json"
-
-    @property
-    def published(self) -> Path:
-        return self.root / "published.json"
-
-    @property
-    def served(self) -> Path:
-        return self.root / "served.json"
-
-    @property
-    def manifest(self) -> Path:
-        return self.root / "manifest.json"
+MODEL = "model"
+OUTPUTS = "outputs"
+CONVERSION = "conversion"
+PRECISION = "precision (the precision lives in the ONNX graph; engines are strongly typed)"
+ENGINES = "TensorRT engines (need the 'tensorrt' extra and an NVIDIA GPU; skipped with one line otherwise)"
+SERVED = "served check"
 
 
 @dataclass(frozen=True)
 class BuildConfig:
-    """Everything a build needs; see ``python -m pipeline build --help`` for each option."""
+    """Everything a build needs; each field is one ``python -m pipeline build`` option."""
 
-    model: str = DEFAULT_MODEL
-    name: str | None = None
-    workdir: Path = Path("build")
-    repository: Path = Path("model_repository")
-    calibration_root: Path = Path("calibration")
-    eval_data: Path | None = None
-    opset: int = 17
-    max_batch: int = 64
-    fp16: bool = False
-    int8: bool = False
-    calibration: Path | None = None
-    calibration_method: str = "minmax"
-    preprocess: str = "unit"
-    shapes: tuple[str, ...] = ()
-    engine: bool = True
-    optimization_level: int = 3
-    version_policy: str = "new"
-    mig: str | None = None
-    triton_image: str | None = None
-    verify_served: bool = False
-    verify_url: str | None = None
+    model: str = option(DEFAULT_MODEL, "a .keras file, a SavedModel folder, or module:function returning a Keras model "
+                                       "(default: the bundled digits CNN)", metavar="PATH|MODULE:FUNC", group=MODEL)
+    name: str | None = option(None, "model name in the workdir and Triton (default: file stem, folder name, or module name)", group=MODEL)
+    eval_data: Path | None = eval_data_option(MODEL)
+    workdir: Path = option(Path("build"), "build artifacts, manifest and reports", metavar="DIR", group=OUTPUTS)
+    repository: Path = repository_option(OUTPUTS)
+    version_policy: str = option("new", "add a new numbered version, or replace the pipeline's versions", choices=("new", "replace"), group=OUTPUTS)
+    triton_image: str | None = option(None, "NGC tritonserver image for the deploy bundle (default: nvcr.io/nvidia/tritonserver:24.10-py3, "
+                                            "Triton 2.51 as served here)", metavar="IMAGE", group=OUTPUTS)
+    mig: str | None = option(None, "add per-MIG-profile configs and a launch bundle, e.g. H200-141GB or A100-80GB:3x2g.20gb,1x1g.10gb "
+                                   "(see mig-plan)", metavar="GPU[:LAYOUT]", group=OUTPUTS)
+    opset: int = option(17, "ONNX opset, 17 or newer", check=lambda v: None if v >= 17 else "is too old", fix="use --opset 17 or newer",
+                        group=CONVERSION)
+    max_batch: int = option(64, "largest batch the deployment serves", check=in_range(1, 4096), fix="use a value from 1 to 4096", group=CONVERSION)
+    fp16: bool = option(False, "add an FP16 ONNX variant (FP32 inputs/outputs; Softmax and other sensitive ops kept FP32)", group=PRECISION)
+    int8: bool = option(False, "add an INT8 variant: explicit Q/DQ, symmetric int8, zero point 0, per-channel weights", group=PRECISION)
+    calibration: Path | None = option(None, "INT8 calibration data: an .npz (one array per input), a folder with calib.npz or <input>.npy "
+                                            "files, or a folder of JPEG/PNG images (default: <calibration-root>/<name>/)",
+                                      metavar="PATH", group=PRECISION)
+    calibration_root: Path = calibration_root_option(PRECISION)
+    calibration_method: str = option("minmax", "how activation ranges are chosen (see README for the measurements behind the default)",
+                                     choices=CALIBRATION_METHODS, group=PRECISION)
+    preprocess: str = option("unit", "image calibration only: unit = 0..1, symmetric = -1..1, imagenet = RGB mean/std, raw = 0..255",
+                             choices=PREPROCESS_MODES, group=PRECISION)
+    shapes: tuple[str, ...] = option((), "dynamic-shape profile of an input, dims joined by x, e.g. image:1x8x8x1/64x8x8x1/64x8x8x1; "
+                                         "repeat for more inputs; naming an input again starts the next profile (default: batch 1/max/max)",
+                                     flag="--shape", metavar="INPUT:MIN/OPT/MAX", group=ENGINES)
+    engine: bool = option(True, "do not build TensorRT engines even where possible", flag="--no-engine", group=ENGINES)
+    optimization_level: int = option(3, "TensorRT builder optimization level", check=in_range(0, 5), metavar="0-5", group=ENGINES)
+    verify_served: bool = option(False, "after publishing, start the embedded tritonserver and run `verify` on the new variants", group=SERVED)
+    verify_url: str | None = option(None, "after publishing, verify through this running Triton (HTTP) instead", metavar="HOST:PORT", group=SERVED)
     gates: Gates = field(default_factory=Gates)
+    # How this build was asked for: recorded in the manifest and beside artifacts; not an option.
     command: str = "python -m pipeline build"
 
     @property
@@ -115,15 +97,8 @@ class BuildConfig:
         return name
 
     def validate(self) -> None:
-        """Check option values that need no files; raise PipelineError on the first bad one."""
-        if not 1 <= self.max_batch <= 4096:
-            raise PipelineError(f"--max-batch {self.max_batch} is out of range", "use a value from 1 to 4096")
-        if self.opset < 17:
-            raise PipelineError(f"--opset {self.opset} is too old", "use --opset 17 or newer")
-        if self.calibration_method not in CALIBRATION_METHODS:
-            raise PipelineError(f"unknown --calibration-method '{self.calibration_method}'", f"use one of: {', '.join(CALIBRATION_METHODS)}")
-        if self.version_policy not in ("new", "replace"):
-            raise PipelineError(f"unknown --version-policy '{self.version_policy}'", "use new or replace")
+        """Check option values that need no model; raise PipelineError on the first bad one."""
+        check_options(self)
         for text in self.shapes:
             if not well_formed(text):
                 raise PipelineError(f"malformed --shape '{text}': expected {SHAPE_SYNTAX}", "write e.g. --shape image:1x8x8x1/32x8x8x1/64x8x8x1")
@@ -131,6 +106,3 @@ class BuildConfig:
             raise PipelineError(f"evaluation data '{self.eval_data}' does not exist", "pass an .npz with one array per input (and labels) to --eval-data")
         if self.int8 and self.calibration is not None and not self.calibration.exists():
             raise PipelineError(f"calibration data '{self.calibration}' does not exist", "pass an .npz file or a folder of .npy files or images to --calibration")
-        for value, flag in ((self.gates.parity_atol, "--parity-atol"), (self.gates.fp16_max_drop, "--fp16-max-drop"), (self.gates.int8_max_drop, "--int8-max-drop")):
-            if value < 0:
-                raise PipelineError(f"{flag} {value} is negative", f"pass a non-negative {flag}")

@@ -12,11 +12,13 @@ from typing import Any
 import numpy as np
 
 from pipeline.artifacts import Artifact
+from pipeline.evaldata import EvalData
 from pipeline.tensors import signature_from_onnx
+from pipeline.workspace import ModelData
 
 log = logging.getLogger(__name__)
 
-LABELS_FILE = "labels.txt"
+LABELS_FILE = ModelData.LABELS  # the labels file keeps its name in the Triton model directory
 
 
 @dataclass(frozen=True)
@@ -27,7 +29,6 @@ class PublishSettings:
     repository: Path
     max_batch: int
     version_policy: str
-    reproduce: str
     labels: Path | None  # a labels.txt for the classifier output, if any
     classifier_output: str | None
     mig: str | None  # "GPU[:LAYOUT]", e.g. "H200-141GB:3x2g.35gb,1x1g.18gb"
@@ -45,6 +46,7 @@ def repository_from_artifacts(
     warmup: Mapping[str, np.ndarray],
     settings: PublishSettings,
     report: Mapping[str, Any],
+    reproduce: str,
 ) -> list[Path]:
     """Publish one Triton model per artifact; return the new version folders.
 
@@ -83,7 +85,7 @@ def repository_from_artifacts(
         extra_files=extra,
         version_policy=settings.version_policy,
         report=report,
-        reproduce=settings.reproduce,
+        reproduce=reproduce,
     )
     if settings.image is None and any(a.kind == "plan" for a in artifacts):
         # A plan loads only on the TensorRT that built it, and which NGC tag ships that TensorRT is the user's call.
@@ -93,6 +95,31 @@ def repository_from_artifacts(
         bundle = write_deploy_bundle(settings.repository, deploy_dir(settings.repository), **kwargs)
         log.info("deploy bundle for the NGC tritonserver image: %s", bundle[0].parent)
     return published
+
+
+def published_from_artifacts(
+    artifacts: Sequence[Artifact],
+    data: EvalData,
+    dst: Path,
+    *,
+    settings: PublishSettings,
+    onnx_of: Mapping[str, Path],
+    report: Mapping[str, Any],
+    reproduce: str,
+) -> Path:
+    """The publish stage: :func:`repository_from_artifacts` with the first evaluation sample as warmup,
+    then the list of new version folders to ``dst`` (JSON)."""
+    import json
+
+    from pipeline.atomic import write_text_atomic
+
+    published = repository_from_artifacts(artifacts, onnx_of, data.head(1), settings, report, reproduce)
+    return write_text_atomic(dst, json.dumps([str(p) for p in published]) + "\n")
+
+
+def published_configs(artifacts: Sequence[Artifact], settings: PublishSettings) -> list[Path]:
+    """The ``config.pbtxt`` of every model a publish writes (they must exist for the stage to be skipped)."""
+    return [Path(settings.repository) / a.triton_name(settings.model) / "config.pbtxt" for a in artifacts]
 
 
 def deploy_dir(repository: Path) -> Path:

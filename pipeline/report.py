@@ -3,16 +3,14 @@
 from __future__ import annotations
 
 import json
-from typing import TYPE_CHECKING, Any
+from pathlib import Path
+from typing import Any
 
 from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
 from pipeline.console import console as make_console
-
-if TYPE_CHECKING:
-    from pipeline.build import BuildResult
 
 
 def _pct(value: float | None) -> str:
@@ -30,21 +28,24 @@ def stage_table(manifest: dict[str, Any], title: str) -> Table:
 
 
 def accuracy_table(report: dict[str, Any]) -> Table:
-    """Each variant against FP32 ONNX: accuracy, drop, top-1 agreement, max/mean abs error, verdict."""
+    """Each variant against FP32 ONNX: accuracy, the drop with its confidence bounds, agreement, errors, verdict."""
     table = Table(title=f"accuracy vs FP32 ONNX on {report['samples']} samples ({escape(report['data'])})")
-    for column in ("variant", "acc", "FP32 acc", "drop/max", "top-1 agree", "max abs", "mean abs", "gate"):
+    for column in ("variant", "acc", "FP32 acc", "drop (bounds) / max", "top-1 agree", "max abs", "min cos", "gate"):
         table.add_column(column, justify="right" if column != "variant" else "left")
     for v in report["variants"]:
-        drop = None if v["accuracy"] is None else (v["reference_accuracy"] - v["accuracy"]) * 100
-        worst = max(v["outputs"].values(), key=lambda o: o["max_abs"])
+        d = v.get("drop")
+        label = "" if not d or d.get("paired", True) else "disagree "
+        drop = "—" if not d else f"{label}{d['drop_points']:.2f} [{d['low_points']:.2f}, {d['high_points']:.2f}] / {v['gate']['max_drop_points']:g}"
+        outputs = v["outputs"].values()
+        worst = max(outputs, key=lambda o: o["max_abs"])
         table.add_row(
             v["variant"],
             _pct(v["accuracy"]),
             _pct(v["reference_accuracy"]),
-            "—" if drop is None else f"{drop:.2f}/{v['gate']['max_drop_points']:g}",
+            drop,
             _pct(v["top1_agreement"]),
             f"{worst['max_abs']:.1e}",
-            f"{worst['mean_abs']:.1e}",
+            f"{min(o.get('min_cosine', 1.0) for o in outputs):.4f}",
             "[green]pass[/]" if v["passed"] else "[red]FAIL[/]",
         )
     return table
@@ -63,17 +64,17 @@ def served_table(rows: list[dict[str, Any]]) -> Table:
     return table
 
 
-def print_build_summary(result: "BuildResult", console: Console | None = None) -> None:
-    """Print the stage table, the accuracy table (when variants were gated) and the artifacts."""
+def print_build_summary(name: str, manifest_path: Path, repository: Path | None, console: Console | None = None) -> None:
+    """Print the stage table, the accuracy table (when variants were gated) and the artifacts of a build."""
     console = console or make_console()
-    manifest = json.loads(result.manifest.read_text())
-    console.print(stage_table(manifest, f"build '{result.name}'"))
+    manifest = json.loads(manifest_path.read_text())
+    console.print(stage_table(manifest, f"build '{name}'"))
     if "accuracy" in manifest["results"]:
         console.print(accuracy_table(manifest["results"]["accuracy"]))
     if "served" in manifest["results"]:
         console.print(served_table(manifest["results"]["served"]["models"]))
     for key, path in manifest["artifacts"].items():
         console.print(f"  {key:12} {escape(path)}")
-    console.print(f"  manifest     {escape(str(result.manifest))}")
-    if result.repository:
-        console.print(f"  repository   {escape(str(result.repository))}")
+    console.print(f"  manifest     {escape(str(manifest_path))}")
+    if repository:
+        console.print(f"  repository   {escape(str(repository))}")

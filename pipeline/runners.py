@@ -17,7 +17,7 @@ from polygraphy.backend.base import BaseRunner
 from polygraphy.common import TensorMetadata
 
 from pipeline._lazy import import_tensorflow
-from pipeline.stages.savedmodel import SIGNATURE
+from pipeline.tensors import SIGNATURE
 
 
 class SavedModelRunner(BaseRunner):

@@ -7,11 +7,12 @@ import json
 import logging
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, is_dataclass
 from pathlib import Path
 from typing import Any
 
 from pipeline import __version__
+from pipeline.atomic import write_text_atomic
 from pipeline.fingerprint import hash_path, hash_settings
 
 log = logging.getLogger(__name__)
@@ -51,9 +52,7 @@ class Manifest:
             "artifacts": self.artifacts,
             "results": self.results,
         }
-        tmp = self.path.with_name(self.path.name + ".tmp")
-        tmp.write_text(json.dumps(data, indent=2, default=str) + "\n")
-        tmp.replace(self.path)
+        write_text_atomic(self.path, json.dumps(data, indent=2, default=str) + "\n")
         return self.path
 
     def ran(self, name: str, seconds: float, note: str = "") -> None:
@@ -69,26 +68,70 @@ def _sidecar(output: Path) -> Path:
     return output.with_name(output.name + ".stage.json")
 
 
-def run_stage(
-    manifest: Manifest,
-    name: str,
-    *,
-    inputs: Mapping[str, Path | str],
-    settings: Mapping[str, Any],
-    outputs: Sequence[Path],
-    produce: Callable[[], Any],
-    reproduce: str,
-) -> bool:
-    """Run ``produce`` unless every output exists and its recorded key equals the hash of
-    ``inputs`` (files/folders are hashed; strings are taken as hashes already) and ``settings``.
+@dataclass(frozen=True)
+class Stage:
+    """One stage call, described once: the function and its keyword arguments, split by how the
+    cache treats them. The same mappings are hashed for the key and passed to ``fn``, so the key
+    cannot go stale against the call.
+
+    - ``inputs``: files/folders (hashed by content), objects with a ``fingerprint`` (attribute or
+      method, e.g. evaluation data), strings (taken as hashes), or lists of those;
+    - ``settings``: values hashed as they are (dataclasses by their fields);
+    - ``outputs``: where it writes; the first gets the ``<output>.stage.json`` sidecar;
+    - ``context``: passed but not keyed, because it is derived from the inputs (e.g. the model's
+      signature) or only speeds the stage up (e.g. a timing cache);
+    - ``environment``: keyed but not passed (e.g. the GPU an engine is built for);
+    - ``also_writes``: further outputs that must exist for a skip (not passed).
+    """
+
+    name: str
+    fn: Callable[..., Any]
+    inputs: Mapping[str, Any] = field(default_factory=dict)
+    settings: Mapping[str, Any] = field(default_factory=dict)
+    outputs: Mapping[str, Path] = field(default_factory=dict)
+    context: Mapping[str, Any] = field(default_factory=dict)
+    environment: Mapping[str, Any] = field(default_factory=dict)
+    also_writes: Sequence[Path] = ()
+
+    def output_paths(self) -> list[Path]:
+        return [*self.outputs.values(), *self.also_writes]
+
+    def call(self) -> Any:
+        return self.fn(**self.inputs, **self.outputs, **self.settings, **self.context)
+
+
+def input_hash(value: Any) -> str:
+    """The content hash of one stage input (see :class:`Stage`)."""
+    if isinstance(value, Path):
+        return hash_path(value)
+    if isinstance(value, str):
+        return value
+    if isinstance(value, (list, tuple)):
+        return hash_settings([input_hash(v) for v in value])
+    fingerprint = getattr(value, "fingerprint", None)
+    if fingerprint is None:
+        raise TypeError(f"stage input of type {type(value).__name__} has no fingerprint")
+    return str(fingerprint() if callable(fingerprint) else fingerprint)
+
+
+def _settings_json(settings: Mapping[str, Any]) -> dict[str, Any]:
+    return {k: asdict(v) if is_dataclass(v) and not isinstance(v, type) else v for k, v in settings.items()}
+
+
+def run_stage(manifest: Manifest, stage: Stage, reproduce: str) -> bool:
+    """Run ``stage`` unless every output exists and its recorded key equals the hash of its
+    inputs, settings and environment (with the tool versions and the pipeline version).
 
     Beside the first output a ``<output>.stage.json`` holds the key, the settings, the input
     hashes and the command that reproduces it. Returns True when the stage ran.
     """
     started = time.perf_counter()
-    input_hashes = {k: (v if isinstance(v, str) else hash_path(v)) for k, v in inputs.items()}
+    name = stage.name
+    input_hashes = {k: input_hash(v) for k, v in stage.inputs.items()}
+    settings = {**_settings_json(stage.settings), **_settings_json(stage.environment)}
     # Tool versions are part of the key: a new tf2onnx or ONNX Runtime must not reuse old artifacts.
     key = hash_settings({"stage": name, "version": __version__, "tools": manifest.versions, "inputs": input_hashes, "settings": settings})
+    outputs = stage.output_paths()
     sidecar = _sidecar(outputs[0])
     if all(p.exists() for p in outputs) and sidecar.exists():
         try:
@@ -103,19 +146,13 @@ def run_stage(
     sidecar.unlink(missing_ok=True)  # a stage killed midway must not look finished
     log.info("%-10s running…", name)
     try:
-        produce()
+        stage.call()
     except Exception as exc:
         manifest.stages.append(StageRecord(name, "failed", time.perf_counter() - started, key, input_hashes, note=str(exc)))
         raise
     seconds = time.perf_counter() - started
-    sidecar.write_text(
-        json.dumps(
-            {"stage": name, "key": key, "inputs": input_hashes, "settings": settings, "reproduce": reproduce, "seconds": round(seconds, 3)},
-            indent=2,
-            default=str,
-        )
-        + "\n"
-    )
+    record = {"stage": name, "key": key, "inputs": input_hashes, "settings": settings, "reproduce": reproduce, "seconds": round(seconds, 3)}
+    write_text_atomic(sidecar, json.dumps(record, indent=2, default=str) + "\n")
     manifest.stages.append(StageRecord(name, "ran", seconds, key, input_hashes, [str(p) for p in outputs]))
     log.info("%-10s done in %.1f s", name, seconds)
     return True

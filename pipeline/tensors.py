@@ -12,6 +12,9 @@ from pipeline.errors import PipelineError
 Dim = int | str  # a fixed size, or the name of a dynamic axis
 
 
+SIGNATURE = "serving_default"  # the SavedModel signature the pipeline exports and converts
+
+
 @dataclass(frozen=True)
 class TensorSpec:
     """One graph input or output: name, numpy dtype, and dims (int, or a named dynamic axis)."""

@@ -133,6 +133,7 @@ def settings_from_args(args: argparse.Namespace, endpoints: list[Endpoint], grpc
         max_connections=args.max_connections,
         data=args.data,
         calibration_dir=args.calibration_root,
+        repository=None if args.url else args.repository,
     )
 
 

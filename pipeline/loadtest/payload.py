@@ -13,7 +13,6 @@ sample). Two encodings of the KServe v2 inference request:
 from __future__ import annotations
 
 import json
-import re
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -38,7 +37,6 @@ NUMPY_OF = {
     "FP64": np.float64,
 }
 
-_VARIANT_SUFFIX = re.compile(r"_(fp32|fp16|int8)(_trt)?$")
 
 
 @dataclass(frozen=True)
@@ -61,17 +59,18 @@ class ModelIO:
     max_batch_size: int
 
 
-def eval_data_path(model: str, calibration_dir: Path) -> Path:
-    """``calibration/<model>/eval.npz``; a variant ``digits_int8[_trt]`` reads ``digits``'s samples."""
-    for name in (model, _VARIANT_SUFFIX.sub("", model)):
-        path = calibration_dir / name / "eval.npz"
-        if path.is_file():
-            return path
-    base = _VARIANT_SUFFIX.sub("", model)
-    raise PipelineError(
-        f"no evaluation samples for model '{model}' (looked for {calibration_dir / base / 'eval.npz'})",
-        "run `python -m pipeline build` to write them, or pass --data PATH.npz with one array per input name",
-    )
+def eval_data_path(model: str, calibration_dir: Path, repository: Path | None = None) -> Path:
+    """The samples for ``model``: what its build recorded in ``repository`` (``--eval-data``), else
+    ``<calibration_dir>/<model or its base model>/eval.npz`` (``digits_int8[_trt]`` reads ``digits``'s)."""
+    from pipeline.workspace import eval_data_of_served
+
+    found = eval_data_of_served(Path(repository or ".") / model, calibration_dir)
+    if found is None:
+        raise PipelineError(
+            f"no evaluation samples for model '{model}' (none recorded by its build, no {calibration_dir}/<model>/eval.npz)",
+            "pass --data PATH.npz with one array per input name (a build given --eval-data records it for later commands)",
+        )
+    return found
 
 
 def load_samples(path: Path) -> dict[str, np.ndarray]:

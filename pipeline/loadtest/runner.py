@@ -57,6 +57,7 @@ class LoadTestSettings:
     max_connections: int = 256
     data: Path | None = None
     calibration_dir: Path = Path("calibration")
+    repository: Path | None = None  # where the builds recorded their evaluation data (embedded server's repository)
     distinct_requests: int = 16
 
 
@@ -89,7 +90,7 @@ def run_loadtest(settings: LoadTestSettings) -> RunResult:
 def _run_model(settings: LoadTestSettings, model: str, result: RunResult) -> bool:
     """Run the sweep of one model; False when the run must stop (a server is gone)."""
     io = model_io(settings.endpoints[0], model)
-    samples = pl.load_samples(settings.data or pl.eval_data_path(model, settings.calibration_dir))
+    samples = pl.load_samples(settings.data or pl.eval_data_path(model, settings.calibration_dir, settings.repository))
     batches = pl.request_batches(samples, io, settings.batch_size, settings.distinct_requests)
     targets = _targets(settings, io, batches)
     log.info("%s: %d distinct requests of batch %d, %s/%s", model, len(batches), settings.batch_size, settings.protocol,

@@ -74,14 +74,17 @@ def trained_model(epochs: int = 30) -> "keras.Model":
 
 def write_data(folder: Path) -> list[Path]:
     """Write ``eval.npz`` (image + labels) and ``calib.npz`` (image) and ``labels.txt`` to ``folder``."""
+    from pipeline.workspace import ModelData
+
+    data = ModelData(folder)
     folder.mkdir(parents=True, exist_ok=True)
     parts = splits()
     eval_x, eval_y = parts["eval"]
     calib_x, _ = parts["calib"]
-    np.savez_compressed(folder / "eval.npz", **{INPUT: eval_x, "labels": eval_y})
-    np.savez_compressed(folder / "calib.npz", **{INPUT: calib_x})
-    (folder / "labels.txt").write_text("\n".join(LABELS) + "\n")
-    return [folder / "eval.npz", folder / "calib.npz", folder / "labels.txt"]
+    np.savez_compressed(data.eval, **{INPUT: eval_x, "labels": eval_y})
+    np.savez_compressed(data.calib, **{INPUT: calib_x})
+    data.labels.write_text("\n".join(LABELS) + "\n")
+    return [data.eval, data.calib, data.labels]
 
 
 if __name__ == "__main__":

@@ -1,9 +1,10 @@
-"""Accuracy gates: every precision variant against the FP32 ONNX model, on labeled data.
+"""Accuracy gates: every precision variant against the FP32 ONNX model, on the evaluation data.
 
 INT8 Q/DQ models are evaluated with Q/DQ semantics (quantize → dequantize in float around FP32
 kernels, what TensorRT computes), never through ONNX Runtime's fused integer CPU kernels, so
 the gate predicts the engine and not a quirk of this CPU. Engines, where built, run through
-Polygraphy's TrtRunner against the same reference and gates.
+Polygraphy's TrtRunner against the same reference and gates. How a variant is judged (the drop
+with its confidence bounds, cosine similarity for non-classifier outputs) is pipeline.gates.
 """
 
 from __future__ import annotations
@@ -17,48 +18,29 @@ from polygraphy.backend.base import BaseRunner
 
 from pipeline.artifacts import Artifact
 from pipeline.compare import Comparison, compare_runners
-from pipeline.config import Gates
 from pipeline.errors import PipelineError
 from pipeline.evaldata import EvalData
+from pipeline.gates import Gates, Tolerance, classifier_output, disagreement, judge_cosine, judge_drop, paired_drop, tolerance_for
 from pipeline.runners import runner_for_onnx
 from pipeline.tensors import ModelSignature
 
 
 @dataclass
-class Gate:
-    """The tolerances one variant is held to."""
-
-    max_drop_points: float
-    atol: float | None
-
-
-@dataclass
 class VariantResult:
+    """One variant's comparison with FP32 and the verdict of its tolerance."""
+
     variant: str
     precision: str
     kind: str
-    gate: Gate
+    tolerance: Tolerance
     comparison: dict
+    drop: dict | None = None
     failures: list[str] = field(default_factory=list)
+    undecided: list[str] = field(default_factory=list)
 
     @property
     def passed(self) -> bool:
-        return not self.failures
-
-
-def gate_for(artifact: Artifact, gates: Gates) -> Gate:
-    """INT8 has its own gate; FP16 and FP32 engines (TF32 may be used) share the FP16 gate."""
-    if artifact.precision == "int8":
-        return Gate(gates.int8_max_drop, gates.int8_atol)
-    return Gate(gates.fp16_max_drop, gates.fp16_atol)
-
-
-def classifier_output(signature: ModelSignature) -> str | None:
-    """The first output shaped [batch, classes] (classes > 1): its argmax is the predicted class."""
-    for spec in signature.outputs:
-        if len(spec.shape) == 2 and isinstance(spec.shape[1], int) and spec.shape[1] > 1 and spec.dtype.kind == "f":
-            return spec.name
-    return None
+        return not self.failures and not self.undecided
 
 
 def runner_for_artifact(artifact: Artifact) -> BaseRunner:
@@ -84,13 +66,13 @@ def accuracy_report_from_variants(
     batch_size: int,
 ) -> list[VariantResult]:
     """Compare every candidate with the FP32 ONNX model on ``data``; write ``dst`` (JSON);
-    raise PipelineError naming each variant that fails its gate and by how much."""
+    raise PipelineError naming each variant that fails its gate (or that the data cannot judge)."""
     output = classifier_output(signature)
     reference = runner_for_onnx(fp32_onnx, name="fp32-onnx")
     comparisons = compare_runners(
         reference, [runner_for_artifact(a) for a in candidates], data.batches(batch_size), labels=data.labels, classifier_output=output
     )
-    results = [_judge(a, c, gate_for(a, gates)) for a, c in zip(candidates, comparisons)]
+    results = [judge_variant(a, c, tolerance_for(a.precision, gates), output) for a, c in zip(candidates, comparisons)]
     report = {
         "reference": "fp32-onnx (ONNX Runtime CPU)",
         "data": data.source,
@@ -99,42 +81,55 @@ def accuracy_report_from_variants(
         "classifier_output": output,
         "int8_semantics": "Q/DQ evaluated exactly (ONNX Runtime with graph optimizations off), as TensorRT computes them",
         "variants": [
-            {"variant": r.variant, "precision": r.precision, "kind": r.kind, "passed": r.passed, "failures": r.failures, "gate": vars(r.gate), **r.comparison}
+            {"variant": r.variant, "precision": r.precision, "kind": r.kind, "passed": r.passed, "failures": r.failures + r.undecided,
+             "gate": vars(r.tolerance), "drop": r.drop, **r.comparison}
             for r in results
         ],
     }
     dst.write_text(json.dumps(report, indent=2) + "\n")
-    failed = [r for r in results if not r.passed]
-    if failed:
-        fixes = []
-        if any(r.precision == "int8" for r in failed):
-            fixes.append("for INT8 try --calibration-method entropy or percentile or more calibration data, or loosen --int8-max-drop")
-        if any(r.precision != "int8" for r in failed):
-            fixes.append("for FP16 loosen --fp16-atol / --fp16-max-drop if the error is acceptable, or build without --fp16")
-        raise PipelineError(
-            "accuracy gate failed: " + "; ".join(f"{r.variant}: {', '.join(r.failures)}" for r in failed) + f" (report: {dst})",
-            "; ".join(fixes),
-        )
+    raise_for_failures(results, dst)
     return results
 
 
-def _judge(artifact: Artifact, comparison: Comparison, gate: Gate) -> VariantResult:
-    name = f"{artifact.precision}-{artifact.kind}"
-    failures = []
-    if comparison.accuracy is not None and comparison.reference_accuracy is not None:
-        drop = (comparison.reference_accuracy - comparison.accuracy) * 100
-        if drop > gate.max_drop_points:
-            failures.append(
-                f"top-1 accuracy {comparison.accuracy:.2%} vs FP32 {comparison.reference_accuracy:.2%}, "
-                f"drop {drop:.2f} points > {gate.max_drop_points:g} allowed"
-            )
+def judge_variant(artifact: Artifact, comparison: Comparison, tolerance: Tolerance, classifier: str | None) -> VariantResult:
+    """Judge one comparison: the top-1 drop (or disagreement) with its bounds, atol, cosine of other outputs."""
+    result = VariantResult(f"{artifact.precision}-{artifact.kind}", artifact.precision, artifact.kind, tolerance, comparison.as_dict())
+    estimate = None
+    if comparison.accuracy is not None:
+        estimate = paired_drop(comparison.worse, comparison.better, comparison.samples, tolerance.confidence)
     elif comparison.top1_agreement is not None:
-        # Without labels, disagreement with FP32 stands in for the accuracy drop (an upper bound on it).
-        disagreement = (1 - comparison.top1_agreement) * 100
-        if disagreement > gate.max_drop_points:
-            failures.append(f"top-1 disagrees with FP32 on {disagreement:.2f}% of samples > {gate.max_drop_points:g} allowed")
-    if gate.atol is not None:
-        for out, stats in comparison.outputs.items():
-            if stats.max_abs > gate.atol:
-                failures.append(f"output '{out}' max abs error {stats.max_abs:.3g} > atol {gate.atol:g}")
-    return VariantResult(name, artifact.precision, artifact.kind, gate, comparison.as_dict(), failures)
+        estimate = disagreement(comparison.disagree, comparison.samples, tolerance.confidence)
+    if estimate is not None:
+        result.drop = estimate.as_dict()
+        verdict, why = judge_drop(estimate, tolerance.max_drop_points)
+        if verdict == "fail":
+            result.failures.append(why or "")
+        elif verdict == "undecided":
+            result.undecided.append(why or "")
+    for out, stats in comparison.outputs.items():
+        if tolerance.atol is not None and stats.max_abs > tolerance.atol:
+            result.failures.append(f"output '{out}' max abs error {stats.max_abs:.3g} > atol {tolerance.atol:g}")
+        if out != classifier:
+            why = judge_cosine(out, stats.mean_cosine, tolerance.min_cosine)
+            if why:
+                result.failures.append(why)
+    return result
+
+
+def raise_for_failures(results: Sequence[VariantResult], report: Path) -> None:
+    """One PipelineError naming every variant that failed or could not be judged, with the fixes."""
+    failed = [r for r in results if not r.passed]
+    if not failed:
+        return
+    fixes = []
+    if any(r.undecided for r in failed):
+        fixes.append("give more labeled samples with --eval-data, or a looser --fp16-max-drop/--int8-max-drop")
+    if any(r.failures and r.precision == "int8" for r in failed):
+        fixes.append("for INT8 try --calibration-method entropy or percentile or more calibration data, or loosen --int8-max-drop")
+    if any(r.failures and r.precision != "int8" for r in failed):
+        fixes.append("for FP16 keep sensitive ops in FP32 (--fp16-keep-op-types) or loosen --fp16-atol / --fp16-max-drop if the error is acceptable")
+    kind = "accuracy gate failed" if any(r.failures for r in failed) else "accuracy gate undecided"
+    raise PipelineError(
+        f"{kind}: " + "; ".join(f"{r.variant}: {', '.join(r.failures + r.undecided)}" for r in failed) + f" (report: {report})",
+        "; ".join(fixes),
+    )

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Iterator, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import numpy as np
@@ -23,12 +23,13 @@ from pipeline.arrays import checked_inputs, fmt_shape, load_npy, load_npz
 from pipeline.errors import PipelineError, require
 from pipeline.fingerprint import hash_path, hash_settings
 from pipeline.tensors import ModelSignature, TensorSpec
+from pipeline.workspace import ModelData
 
 log = logging.getLogger(__name__)
 
 PREPROCESS_MODES = ("unit", "symmetric", "imagenet", "raw")
 IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png")
-CALIB_FILE = "calib.npz"
+CALIB_FILE = ModelData.CALIB
 IMAGENET_MEAN = np.array([0.485, 0.456, 0.406], dtype=np.float32)
 IMAGENET_STD = np.array([0.229, 0.224, 0.225], dtype=np.float32)
 
@@ -70,6 +71,11 @@ class CalibrationData:
         (for models whose batch dimension is fixed)."""
         for index in range(self.num_batches(batch_size, drop_last=drop_last)):
             yield self.batch(index, batch_size)
+
+    def first(self, count: int) -> CalibrationData:
+        """Only the first ``count`` samples (the rest held out, e.g. as an unlabeled comparison set)."""
+        require(1 <= count <= self.num_samples, f"cannot keep {count} of {self.num_samples} calibration samples")
+        return replace(self, num_samples=count, settings={**self.settings, "samples": count})
 
     def fingerprint(self) -> str:
         """sha256 of the source files and the settings that shaped the samples."""

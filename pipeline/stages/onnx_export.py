@@ -10,7 +10,7 @@ import sys
 from pathlib import Path
 
 from pipeline.errors import PipelineError
-from pipeline.stages.savedmodel import SIGNATURE
+from pipeline.tensors import SIGNATURE
 
 log = logging.getLogger(__name__)
 

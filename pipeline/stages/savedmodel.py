@@ -7,12 +7,14 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from pipeline._lazy import import_tensorflow
+from pipeline.tensors import SIGNATURE
 from pipeline.errors import PipelineError
 
 if TYPE_CHECKING:
     import keras
 
-SIGNATURE = "serving_default"
+    from pipeline.stages.source import ModelSource
+
 
 
 def output_names(model: "keras.Model") -> list[str]:
@@ -78,3 +80,10 @@ def savedmodel_from_keras(model: "keras.Model", dst: Path) -> Path:
     shutil.rmtree(dst, ignore_errors=True)
     tmp.rename(dst)
     return dst
+
+
+def savedmodel_from_source(source: "ModelSource", dst: Path) -> Path:
+    """Load the model ``source`` names (a .keras file or module:function) and export it to ``dst``."""
+    from pipeline.stages.source import keras_model_from_source
+
+    return savedmodel_from_keras(keras_model_from_source(source), dst)

@@ -11,21 +11,20 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
-import re
 import time
-from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import numpy as np
 
+from pipeline.artifacts import parse_variant
 from pipeline.errors import PipelineError
 from pipeline.evaldata import EvalData
+from pipeline.gates import Gates, judge_drop, paired_drop, tolerance_for
 from pipeline.tensors import ModelSignature
 
 log = logging.getLogger(__name__)
-
-_VARIANT = re.compile(r"^(?P<base>.+)_(?P<precision>fp32|fp16|int8)(?P<trt>_trt)?$")
 
 
 @dataclass
@@ -42,12 +41,9 @@ class ServedResult:
     top1_agreement: float
     max_abs_diff: float
     failures: list[str]
-
-
-def parse_variant(name: str) -> tuple[str, str] | None:
-    """``digits_int8`` → (``digits``, ``int8``); None for models the pipeline did not name."""
-    match = _VARIANT.match(name)
-    return (match["base"], match["precision"]) if match else None
+    notes: list[str] = field(default_factory=list)
+    drop_vs_fp32: dict | None = None
+    served_right: np.ndarray | None = field(default=None, repr=False)  # per sample, for the paired comparison with FP32
 
 
 def served_outputs(url: str, model: str, data: EvalData, output: str, batch_size: int) -> np.ndarray:
@@ -104,24 +100,33 @@ def verify_served_model(
         top1_agreement=float((served_top1 == local_top1).mean()),
         max_abs_diff=stats.max_abs,
         failures=failures,
+        served_right=None if labels is None else served_top1 == labels,
     )
 
 
-def gate_against_fp32(results: Sequence[ServedResult], max_drop: dict[str, float]) -> None:
-    """Each served variant's accuracy must stay within ``max_drop[precision]`` points of served FP32."""
+def gate_against_fp32(results: Sequence[ServedResult], gates: Gates) -> None:
+    """Each served variant's accuracy against served FP32 on the same samples, judged as the build's gate
+    (pipeline.gates): a drop beyond the limit fails; a set too small to decide is noted (the build judged it)."""
     fp32 = {r.base: r for r in results if r.precision == "fp32"}
     for result in results:
         ref = fp32.get(result.base)
-        if ref is None or result is ref or result.served_accuracy is None or ref.served_accuracy is None:
+        if ref is None or result is ref or result.served_right is None or ref.served_right is None:
             continue
-        drop = (ref.served_accuracy - result.served_accuracy) * 100
-        allowed = max_drop.get(result.precision, 0.0)
-        if drop > allowed:
-            result.failures.append(f"served accuracy {result.served_accuracy:.2%} is {drop:.2f} points below served FP32 (> {allowed:g})")
+        tolerance = tolerance_for(result.precision, gates)
+        worse = int((ref.served_right & ~result.served_right).sum())
+        better = int((~ref.served_right & result.served_right).sum())
+        estimate = paired_drop(worse, better, result.samples, tolerance.confidence)
+        result.drop_vs_fp32 = estimate.as_dict()
+        verdict, why = judge_drop(estimate, tolerance.max_drop_points)
+        if verdict == "fail":
+            result.failures.append(f"served vs served FP32: {why}")
+        elif verdict == "undecided":
+            result.notes.append(f"served vs served FP32: {why}")
 
 
 def results_as_json(results: Sequence[ServedResult]) -> list[dict]:
-    return [asdict(r) | {"passed": not r.failures} for r in results]
+    """The report rows (per-sample arrays left out)."""
+    return [{k: v for k, v in asdict(r).items() if k != "served_right"} | {"passed": not r.failures} for r in results]
 
 
 def verify_repository(
@@ -132,17 +137,23 @@ def verify_repository(
     calibration_root: Path,
     batch_size: int,
     atol: float,
-    max_drop: dict[str, float],
+    gates: Gates,
     report_path: Path,
+    eval_data: Mapping[str, EvalData | Path] | None = None,
     show: Callable[[list[dict]], None] | None = None,
 ) -> dict:
     """Verify the pipeline's ONNX variants in ``repository`` through Triton at ``url`` (None: the
-    embedded server on ``repository``); write ``report_path``; raise PipelineError on any failure."""
+    embedded server on ``repository``); write ``report_path``; raise PipelineError on any failure.
+
+    Each model's data: ``eval_data[base model]`` (an EvalData or an .npz), else what its build
+    recorded, else ``<calibration-root>/<base>/eval.npz``. A model without any is reported and skipped.
+    """
     from pipeline.evaldata import eval_data_from_npz
-    from pipeline.stages.accuracy import classifier_output
+    from pipeline.gates import classifier_output
     from pipeline.tensors import signature_from_onnx
     from pipeline.triton.repository import read_repository
     from pipeline.triton.server import TritonServer
+    from pipeline.workspace import eval_data_of_served
 
     chosen = {}
     for name, model in sorted(read_repository(repository).items()):
@@ -156,26 +167,36 @@ def verify_repository(
     if missing or not chosen:
         raise PipelineError(f"no servable pipeline ONNX model named {missing or 'any'} in {repository}", "run `python -m pipeline build` or check --model")
 
+    planned: dict[str, tuple] = {}
+    skipped: dict[str, str] = {}
+    for name, model in chosen.items():
+        base, _ = parse_variant(name)  # type: ignore[misc]
+        version = max(model.versions)
+        model_file = model.path / str(version) / (model.config.default_model_filename or "model.onnx")
+        signature = signature_from_onnx(model_file)
+        given = (eval_data or {}).get(base)
+        source = given if given is not None else eval_data_of_served(model.path, calibration_root)
+        if source is None:
+            skipped[name] = f"no evaluation data (none recorded by its build, no {calibration_root / base / 'eval.npz'}): pass --eval-data"
+            log.warning("%s: skipped, %s", name, skipped[name])
+            continue
+        data = source if isinstance(source, EvalData) else eval_data_from_npz(Path(source), signature)
+        planned[name] = (version, model_file, signature, data, min(batch_size, model.config.max_batch_size or batch_size))
+    if not planned:
+        raise PipelineError(f"no evaluation data for any of {sorted(chosen)}", "pass --eval-data PATH.npz (one array per input name, plus labels)")
+
     server = None if url else TritonServer(repository)
     results = []
     with server if server else contextlib.nullcontext():
         endpoint = url or server.http_url  # type: ignore[union-attr]
-        for name, model in chosen.items():
-            base, _ = parse_variant(name)  # type: ignore[misc]
-            version = max(model.versions)
-            model_file = model.path / str(version) / (model.config.default_model_filename or "model.onnx")
-            signature = signature_from_onnx(model_file)
-            eval_path = calibration_root / base / "eval.npz"
-            if not eval_path.exists():
-                raise PipelineError(f"no evaluation data for '{base}' at {eval_path}", "pass --calibration-root with <model>/eval.npz")
-            data = eval_data_from_npz(eval_path, signature)
+        for name, (version, model_file, signature, data, batch) in planned.items():
             output = classifier_output(signature) or signature.outputs[0].name
-            batch = min(batch_size, model.config.max_batch_size or batch_size)
-            log.info("verifying %s v%d through %s (%d samples)", name, version, endpoint, data.num_samples)
+            log.info("verifying %s v%d through %s (%d samples from %s)", name, version, endpoint, data.num_samples, data.source)
             results.append(verify_served_model(endpoint, name, model_file, data, signature, output, batch_size=batch, atol=atol))
-    gate_against_fp32(results, max_drop)
+    gate_against_fp32(results, gates)
 
-    report = {"url": url or "embedded", "repository": str(repository), "time": time.strftime("%Y-%m-%dT%H:%M:%S"), "models": results_as_json(results)}
+    report = {"url": url or "embedded", "repository": str(repository), "time": time.strftime("%Y-%m-%dT%H:%M:%S"),
+              "models": results_as_json(results), "skipped": skipped}
     report_path.parent.mkdir(parents=True, exist_ok=True)
     report_path.write_text(json.dumps(report, indent=2) + "\n")
     if show:

@@ -4,13 +4,47 @@ from __future__ import annotations
 
 import argparse
 import logging
+from dataclasses import dataclass
 from pathlib import Path
 
 from pipeline.console import console
-from pipeline.errors import PipelineError
+from pipeline.gates import Gates, confidence_option, fp16_max_drop_option, int8_max_drop_option
+from pipeline.options import (
+    add_options,
+    calibration_root_option,
+    check_options,
+    config_from_values,
+    eval_data_option,
+    in_range,
+    non_negative,
+    option,
+    repository_option,
+    values_from_namespace,
+)
 from pipeline.report import served_table
 
 log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class VerifyConfig:
+    """Every ``verify`` option."""
+
+    repository: Path = repository_option()
+    url: str | None = option(None, "HTTP endpoint of a running Triton (host:port); default: start the embedded server", metavar="HOST:PORT")
+    models: tuple[str, ...] = option((), "only these Triton models (repeatable; default: every pipeline variant)", flag="--model", metavar="NAME")
+    eval_data: Path | None = eval_data_option()
+    calibration_root: Path = calibration_root_option()
+    batch_size: int = option(32, "samples per request", check=in_range(1, 1 << 20), fix="pass a positive batch size")
+    atol: float = option(1e-3, "max abs difference served vs in-process", check=non_negative)
+    fp16_max_drop: float = fp16_max_drop_option()
+    int8_max_drop: float = int8_max_drop_option()
+    gate_confidence: float = confidence_option()
+    report: Path = option(Path("build") / "verify.json", "JSON report")
+
+    def gates(self) -> Gates:
+        """The build's gate type with this command's limits."""
+        return Gates(fp16_max_drop=self.fp16_max_drop, int8_max_drop=self.int8_max_drop, gate_confidence=self.gate_confidence)
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -25,36 +59,39 @@ def register(subparsers: argparse._SubParsersAction) -> None:
             "ones, or when a served variant's accuracy drops more than its gate below served FP32."
         ),
         epilog="example:\n  python -m pipeline verify                 # embedded server on model_repository/\n"
-        "  python -m pipeline verify --url 127.0.0.1:8000 --model digits_int8",
+        "  python -m pipeline verify --url 127.0.0.1:8000 --model digits_int8 --eval-data data/eval.npz",
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    p.add_argument("--repository", type=Path, default=Path("model_repository"), help="Triton model repository (default: %(default)s)")
-    p.add_argument("--url", help="HTTP endpoint of a running Triton (host:port); default: start the embedded server")
-    p.add_argument("--model", action="append", default=[], help="only these Triton models (repeatable; default: every pipeline variant)")
-    p.add_argument("--calibration-root", type=Path, default=Path("calibration"), help="where <model>/eval.npz lives (default: %(default)s)")
-    p.add_argument("--batch-size", type=int, default=32, help="samples per request (default: %(default)s)")
-    p.add_argument("--atol", type=float, default=1e-3, help="max abs difference served vs in-process (default: %(default)g)")
-    p.add_argument("--fp16-max-drop", type=float, default=0.2, help="points of served accuracy FP16 may lose vs served FP32 (default: %(default)g)")
-    p.add_argument("--int8-max-drop", type=float, default=1.0, help="points of served accuracy INT8 may lose vs served FP32 (default: %(default)g)")
-    p.add_argument("--report", type=Path, default=Path("build") / "verify.json", help="JSON report (default: %(default)s)")
+    add_options(p, VerifyConfig)
     p.set_defaults(handler=run)
 
 
 def run(args: argparse.Namespace) -> int:
     """Verify every served variant; raise PipelineError naming the failures."""
+    from pipeline.artifacts import parse_variant
     from pipeline.triton.verify import verify_repository
 
-    if args.batch_size < 1:
-        raise PipelineError(f"--batch-size {args.batch_size} must be at least 1", "pass a positive batch size")
+    cfg = config_from_values(VerifyConfig, values_from_namespace(VerifyConfig, args))
+    check_options(cfg)
+    given = {}
+    if cfg.eval_data is not None:
+        from pipeline.errors import require
+
+        require(cfg.eval_data.is_file(), f"evaluation data '{cfg.eval_data}' does not exist", "pass an .npz with one array per input (and labels)")
+        from pipeline.triton.repository import read_repository
+
+        bases = {(parse_variant(m) or (m, ""))[0] for m in (cfg.models or read_repository(cfg.repository))}
+        given = {base: cfg.eval_data for base in bases}
     verify_repository(
-        args.repository,
-        url=args.url,
-        models=args.model,
-        calibration_root=args.calibration_root,
-        batch_size=args.batch_size,
-        atol=args.atol,
-        max_drop={"fp16": args.fp16_max_drop, "int8": args.int8_max_drop},
-        report_path=args.report,
+        cfg.repository,
+        url=cfg.url,
+        models=cfg.models,
+        calibration_root=cfg.calibration_root,
+        eval_data=given,
+        batch_size=cfg.batch_size,
+        atol=cfg.atol,
+        gates=cfg.gates(),
+        report_path=cfg.report,
         show=lambda rows: console().print(served_table(rows)),
     )
     return 0

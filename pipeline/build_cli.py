@@ -1,0 +1,56 @@
+"""``python -m pipeline build``: the command line generated from :class:`pipeline.config.BuildConfig`."""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import shlex
+
+from pipeline.options import add_options, config_from_values, values_from_namespace
+
+DESCRIPTION = (
+    "Build deployable variants of a Keras model. Stages: export a SavedModel, convert it to ONNX with "
+    "tf2onnx and check it against TensorFlow on real samples (parity gate), make FP16/INT8 variants, "
+    "build TensorRT engines where TensorRT and a GPU exist, gate accuracy with Polygraphy, publish a "
+    "Triton model repository. Stages whose inputs and settings are unchanged are skipped."
+)
+EXAMPLES = (
+    "examples:\n"
+    "  python -m pipeline build                          # bundled digits CNN, FP32\n"
+    "  python -m pipeline build --int8                   # + INT8 (explicit Q/DQ) from calibration/digits\n"
+    "  python -m pipeline build --model my.keras --fp16 --int8 --calibration data/calib.npz\n"
+    "  python -m pipeline build --model pkg.models:make_model --shape tokens:1x16/8x64/32x128\n"
+)
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    """Add ``build`` with one flag per BuildConfig option."""
+    from pipeline.config import BuildConfig
+
+    p = subparsers.add_parser(
+        "build",
+        help="Keras model → ONNX (parity-checked) → FP16/INT8 → TensorRT → Triton repository",
+        description=DESCRIPTION,
+        epilog=EXAMPLES,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    add_options(p, BuildConfig)
+    p.set_defaults(handler=run)
+
+
+def config_from_args(args: argparse.Namespace) -> "BuildConfig":  # noqa: F821
+    """The BuildConfig of a parsed command line, with the command recorded for reproduction."""
+    from pipeline.config import BuildConfig
+
+    cfg = config_from_values(BuildConfig, values_from_namespace(BuildConfig, args))
+    return dataclasses.replace(cfg, command="python -m pipeline " + shlex.join(args.argv))
+
+
+def run(args: argparse.Namespace) -> int:
+    """Run the build and print its summary."""
+    from pipeline.build import build
+    from pipeline.report import print_build_summary
+
+    result = build(config_from_args(args))
+    print_build_summary(result.name, result.manifest, result.repository)
+    return 0

@@ -1,0 +1,169 @@
+"""Accuracy gates: the tolerances (one typed source of their defaults) and how a variant is judged.
+
+The build's accuracy stage and ``verify`` (served accuracy) judge with the same functions.
+
+**Accuracy drop with its uncertainty.** A variant is compared with FP32 on the *same* samples, so
+the comparison is paired: ``b`` samples FP32 gets right and the variant wrong, ``c`` the reverse;
+the drop is ``(b − c) / n``. Its bounds come from exact (Clopper–Pearson) bounds on the two
+discordant rates, each at ``(1 − confidence) / 2`` (Bonferroni), so ``low ≤ drop ≤ high`` holds with
+at least ``confidence`` whatever the data. The gate **passes** when ``high ≤ limit``, **fails** when
+``low > limit`` (the drop exceeds the limit with that confidence), and otherwise the evaluation set
+cannot decide: the build stops with "not enough evaluation data to judge a L-point limit". Even a
+perfect result (no sample flips) needs ``n ≥ ln((1 − confidence)/2) / ln(1 − L)`` samples: 368 for
+1 point, 736 for 0.5, 1843 for 0.2 at 95%.
+
+Without labels, top-1 disagreement with FP32 (an upper bound on the drop) is judged the same way.
+Outputs that are not class scores (regression heads, embeddings) are never judged on top-1: they
+are gated on the mean cosine similarity to FP32 per sample and reported with relative L2 error.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from pipeline.options import in_range, non_negative, option
+
+if TYPE_CHECKING:
+    from pipeline.tensors import ModelSignature
+
+GATE_GROUP = "accuracy gates (each variant against FP32 ONNX on the evaluation data)"
+
+
+def fp16_max_drop_option() -> Any:
+    """``--fp16-max-drop`` (shared by build and verify)."""
+    return option(1.0, "max top-1 accuracy drop of FP16 (and FP32 engines) vs FP32, in points, judged with its confidence bounds",
+                  check=non_negative, group=GATE_GROUP)
+
+
+def int8_max_drop_option() -> Any:
+    """``--int8-max-drop`` (shared by build and verify)."""
+    return option(1.0, "max top-1 accuracy drop of INT8 vs FP32, in points, judged with its confidence bounds", check=non_negative, group=GATE_GROUP)
+
+
+def confidence_option() -> Any:
+    """``--gate-confidence`` (shared by build and verify)."""
+    return option(0.95, "confidence of the accuracy-drop bounds", check=in_range(0.5, 0.999), group=GATE_GROUP)
+
+
+@dataclass(frozen=True)
+class Gates:
+    """Every accuracy tolerance of a build (and of ``verify``). Drops are in points of top-1 accuracy."""
+
+    parity_atol: float = option(1e-4, "max abs difference ONNX vs TensorFlow per output", check=non_negative, group="conversion")
+    parity_rtol: float = option(0.0, "alternatively, max relative difference ONNX vs TensorFlow (0 = off)", check=non_negative, group="conversion")
+    fp16_max_drop: float = fp16_max_drop_option()
+    fp16_atol: float | None = option(1e-2, "max abs error of FP16 outputs", check=non_negative, group=GATE_GROUP)
+    int8_max_drop: float = int8_max_drop_option()
+    int8_atol: float | None = option(None, "max abs error of INT8 outputs (default: reported, not gated)", check=non_negative, group=GATE_GROUP)
+    fp16_min_cosine: float = option(0.999, "non-classifier outputs: min mean cosine similarity of FP16 to FP32 per sample",
+                                    check=in_range(-1, 1), group=GATE_GROUP)
+    int8_min_cosine: float = option(0.99, "non-classifier outputs: min mean cosine similarity of INT8 to FP32 per sample",
+                                    check=in_range(-1, 1), group=GATE_GROUP)
+    gate_confidence: float = confidence_option()
+
+
+@dataclass(frozen=True)
+class Tolerance:
+    """What one variant is held to (picked from :class:`Gates` by precision)."""
+
+    max_drop_points: float
+    atol: float | None
+    min_cosine: float
+    confidence: float
+
+
+def tolerance_for(precision: str, gates: Gates) -> Tolerance:
+    """INT8 has its own tolerance; FP16 and FP32 engines (TF32 may be used) share FP16's."""
+    if precision == "int8":
+        return Tolerance(gates.int8_max_drop, gates.int8_atol, gates.int8_min_cosine, gates.gate_confidence)
+    return Tolerance(gates.fp16_max_drop, gates.fp16_atol, gates.fp16_min_cosine, gates.gate_confidence)
+
+
+def _cp_upper(k: int, n: int, alpha: float) -> float:
+    """One-sided exact upper bound on a rate with ``k`` events in ``n`` trials."""
+    from scipy.stats import beta
+
+    return 1.0 if k >= n else float(beta.ppf(1 - alpha, k + 1, n - k))
+
+
+def _cp_lower(k: int, n: int, alpha: float) -> float:
+    from scipy.stats import beta
+
+    return 0.0 if k <= 0 else float(beta.ppf(alpha, k, n - k + 1))
+
+
+@dataclass(frozen=True)
+class DropEstimate:
+    """An accuracy drop in points with its bounds, from ``worse``/``better`` discordant samples of ``n``."""
+
+    drop: float
+    low: float
+    high: float
+    worse: int  # reference right, variant wrong (or, without labels, top-1 disagreements)
+    better: int  # reference wrong, variant right
+    samples: int
+    confidence: float
+    paired: bool  # False: an unlabeled disagreement rate
+
+    def as_dict(self) -> dict[str, float | int | bool]:
+        """JSON form, in points."""
+        return {"drop_points": round(self.drop, 4), "low_points": round(self.low, 4), "high_points": round(self.high, 4),
+                "worse": self.worse, "better": self.better, "samples": self.samples, "confidence": self.confidence, "paired": self.paired}
+
+
+def paired_drop(worse: int, better: int, samples: int, confidence: float) -> DropEstimate:
+    """The drop ``(worse − better)/samples`` in points, with bounds holding at ``confidence``."""
+    alpha = (1 - confidence) / 2
+    n = max(samples, 1)
+    low = _cp_lower(worse, n, alpha) - _cp_upper(better, n, alpha)
+    high = _cp_upper(worse, n, alpha) - _cp_lower(better, n, alpha)
+    return DropEstimate((worse - better) / n * 100, low * 100, high * 100, worse, better, samples, confidence, True)
+
+
+def disagreement(disagree: int, samples: int, confidence: float) -> DropEstimate:
+    """Without labels: the rate of top-1 disagreement with FP32 (an upper bound on the drop), with bounds."""
+    alpha = 1 - confidence
+    n = max(samples, 1)
+    return DropEstimate(disagree / n * 100, _cp_lower(disagree, n, alpha) * 100, _cp_upper(disagree, n, alpha) * 100,
+                        disagree, 0, samples, confidence, False)
+
+
+def min_samples(limit_points: float, confidence: float, paired: bool = True) -> int:
+    """The smallest evaluation set on which a perfect result (no flips) passes ``limit_points``."""
+    alpha = (1 - confidence) / 2 if paired else 1 - confidence
+    rate = limit_points / 100
+    if rate <= 0:
+        return math.inf  # type: ignore[return-value]
+    if rate >= 1:
+        return 1
+    return math.ceil(math.log(alpha) / math.log(1 - rate))
+
+
+def judge_drop(estimate: DropEstimate, limit_points: float) -> tuple[str, str | None]:
+    """``("pass" | "fail" | "undecided", why)`` for an estimated drop against a limit in points."""
+    what = "top-1 accuracy drop" if estimate.paired else "top-1 disagreement with FP32"
+    shown = f"{what} {estimate.drop:.2f} points [{estimate.low:.2f}, {estimate.high:.2f}] ({estimate.confidence:.0%} bounds, {estimate.samples} samples)"
+    if estimate.high <= limit_points:
+        return "pass", None
+    if estimate.low > limit_points:
+        return "fail", f"{shown} > {limit_points:g} allowed"
+    needed = min_samples(limit_points, estimate.confidence, estimate.paired)
+    return "undecided", (f"not enough evaluation data to judge a {limit_points:g}-point limit: {shown}"
+                         + (f"; even a perfect result needs ≥ {needed} samples" if estimate.samples < needed else ""))
+
+
+def judge_cosine(output: str, mean_cosine: float, minimum: float) -> str | None:
+    """Why a non-classifier output fails its cosine-similarity gate, or None."""
+    if mean_cosine < minimum:
+        return f"output '{output}' mean cosine similarity to FP32 {mean_cosine:.6f} < {minimum:g}"
+    return None
+
+
+def classifier_output(signature: "ModelSignature") -> str | None:
+    """The first output shaped [batch, classes] (classes > 1) of floats: its argmax is the predicted class."""
+    for spec in signature.outputs:
+        if len(spec.shape) == 2 and isinstance(spec.shape[1], int) and spec.shape[1] > 1 and spec.dtype.kind == "f":
+            return spec.name
+    return None

@@ -1,0 +1,114 @@
+"""Where things live on disk: a model's build workspace and its data folder (one place for each layout)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+
+@dataclass(frozen=True)
+class Workspace:
+    """Where one model's build artifacts live: ``<workdir>/<name>/``."""
+
+    root: Path
+
+    @property
+    def savedmodel(self) -> Path:
+        return self.root / "savedmodel"
+
+    def onnx(self, precision: str) -> Path:
+        return self.root / f"model.{precision}.onnx"
+
+    def plan(self, precision: str) -> Path:
+        return self.root / "engines" / f"model.{precision}.plan"
+
+    @property
+    def timing_cache(self) -> Path:
+        return self.root / "engines" / "timing.cache"
+
+    @property
+    def parity(self) -> Path:
+        return self.root / "parity.json"
+
+    @property
+    def accuracy(self) -> Path:
+        return self.root / "accuracy.json"
+
+    @property
+    def published(self) -> Path:
+        return self.root / "published.json"
+
+    @property
+    def served(self) -> Path:
+        return self.root / "served.json"
+
+    @property
+    def manifest(self) -> Path:
+        return self.root / "manifest.json"
+
+
+@dataclass(frozen=True)
+class ModelData:
+    """One model's data folder, ``<calibration-root>/<name>/``.
+
+    | file | what |
+    | --- | --- |
+    | ``eval.npz`` | labeled evaluation split: one array per input name (first axis = sample) + ``labels`` |
+    | ``calib.npz`` | calibration split: one array per input name (or ``<input>.npy`` files, or images) |
+    | ``labels.txt`` | class names, one per line, for Triton's classification extension |
+    """
+
+    folder: Path
+
+    EVAL = "eval.npz"
+    CALIB = "calib.npz"
+    LABELS = "labels.txt"
+
+    @classmethod
+    def of(cls, calibration_root: Path, model: str) -> ModelData:
+        """The data folder of ``model`` under ``calibration_root``."""
+        return cls(Path(calibration_root) / model)
+
+    @property
+    def eval(self) -> Path:
+        return self.folder / self.EVAL
+
+    @property
+    def calib(self) -> Path:
+        return self.folder / self.CALIB
+
+    @property
+    def labels(self) -> Path:
+        return self.folder / self.LABELS
+
+    def complete(self) -> bool:
+        """All three files are there."""
+        return all(p.is_file() for p in (self.eval, self.calib, self.labels))
+
+
+BUILD_REPORT = ".pipeline-report.json"  # beside each published model: per version, the build that made it
+
+
+def eval_data_of_served(model_dir: Path, calibration_root: Path) -> Path | None:
+    """The evaluation data for a served model: what its newest build recorded
+    (``<model>/.pipeline-report.json``), else ``<calibration-root>/<base model>/eval.npz``; None if neither exists."""
+    import json
+
+    from pipeline.artifacts import parse_variant
+
+    report = Path(model_dir) / BUILD_REPORT
+    if report.is_file():
+        try:
+            versions = json.loads(report.read_text()).get("versions", {})
+            newest = versions[max(versions, key=int)] if versions else {}
+            recorded = (newest.get("build") or {}).get("eval_data")
+        except (ValueError, AttributeError, TypeError):
+            recorded = None
+        if recorded and Path(recorded).is_file():
+            return Path(recorded)
+    name = Path(model_dir).name
+    base = (parse_variant(name) or (name, ""))[0]
+    for candidate in (ModelData.of(calibration_root, name).eval, ModelData.of(calibration_root, base).eval):
+        if candidate.is_file():
+            return candidate
+    return None

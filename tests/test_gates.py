@@ -1,0 +1,67 @@
+"""The accuracy gate judges a drop with its uncertainty: pass, fail, or 'not enough data to judge'."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from pipeline.compare import OutputStats
+from pipeline.gates import disagreement, judge_cosine, judge_drop, min_samples, paired_drop
+
+
+def test_one_flipped_sample_on_a_small_set_is_not_a_failure_but_undecided() -> None:
+    # 512 samples, one sample flipped: 0.2 points, exactly a 0.2-point limit. Noise, not a measured drop.
+    verdict, why = judge_drop(paired_drop(1, 0, 512, 0.95), 0.2)
+    assert verdict == "undecided"
+    assert "not enough evaluation data to judge a 0.2-point limit" in (why or "")
+    assert "needs ≥ 1843 samples" in (why or "")
+
+
+def test_a_real_drop_on_a_small_set_fails_when_its_lower_bound_is_past_the_limit() -> None:
+    # 5 points down on 400 samples (20 more wrong, none better): clearly past a 1-point limit.
+    estimate = paired_drop(20, 0, 400, 0.95)
+    assert estimate.drop == pytest.approx(5.0)
+    assert estimate.low > 1.0
+    assert judge_drop(estimate, 1.0)[0] == "fail"
+
+
+def test_a_half_point_drop_on_a_small_set_does_not_pass_a_point_two_limit() -> None:
+    # The old gate passed this only if the observed drop happened to be small; now it cannot pass.
+    assert judge_drop(paired_drop(2, 0, 400, 0.95), 0.2)[0] != "pass"
+
+
+def test_no_flips_on_enough_samples_passes_and_the_bounds_contain_the_drop() -> None:
+    n = min_samples(1.0, 0.95)
+    assert n == 368
+    assert judge_drop(paired_drop(0, 0, n, 0.95), 1.0)[0] == "pass"
+    assert judge_drop(paired_drop(0, 0, n - 1, 0.95), 1.0)[0] == "undecided"
+    e = paired_drop(7, 3, 2000, 0.95)
+    assert e.drop == pytest.approx(0.2) and e.low < e.drop < e.high
+
+
+def test_bounds_cover_the_true_drop_at_the_stated_confidence() -> None:
+    # Monte Carlo: discordant rates 2% worse, 1% better → true drop 1 point; bounds must cover ≥ 95%.
+    rng = np.random.default_rng(0)
+    covered = 0
+    for _ in range(400):
+        draws = rng.multinomial(500, [0.02, 0.01, 0.97])
+        e = paired_drop(int(draws[0]), int(draws[1]), 500, 0.95)
+        covered += e.low <= 1.0 <= e.high
+    assert covered / 400 >= 0.95
+
+
+def test_unlabeled_disagreement_is_judged_the_same_way() -> None:
+    assert judge_drop(disagreement(0, 400, 0.95), 1.0)[0] == "pass"
+    verdict, why = judge_drop(disagreement(2, 128, 0.95), 1.0)
+    assert verdict == "undecided" and "top-1 disagreement with FP32" in (why or "")
+
+
+def test_cosine_similarity_gates_non_classifier_outputs() -> None:
+    stats = OutputStats()
+    ref = np.array([[1.0, 2.0, 3.0], [0.5, 0.1, -1.0]], dtype=np.float32)
+    stats.add(ref, ref * 1.001)
+    assert stats.mean_cosine == pytest.approx(1.0) and stats.rel_l2 == pytest.approx(1e-3, rel=1e-3)
+    stats.add(ref, -ref)
+    assert stats.min_cosine == pytest.approx(-1.0)
+    assert judge_cosine("value", stats.mean_cosine, 0.999) == f"output 'value' mean cosine similarity to FP32 {stats.mean_cosine:.6f} < 0.999"
+    assert judge_cosine("value", 0.9995, 0.999) is None
