@@ -151,11 +151,11 @@ def print_measured_plan(console: Any, measured: list[Measured], gpu: GpuMig | No
     t = Table(title=f"Per profile, from tune runs — {where}, p99 ≤ {slo:g} ms")
     for col in ("profile", "model", "numbers", "instances", "max batch", "preferred", "delay µs", "infer/s under SLO", "p99 ms", "at load"):
         t.add_column(col, justify="left" if col in ("profile", "model", "numbers", "preferred") else "right")
-    for r in profile_rows(measured, gpu):
-        load = ", ".join(f"{k} {v:g}" for k, v in r["load"].items()) if r["load"] else "—"
-        t.add_row(r["profile"], r["model"], r["source"], str(r["instances"]), _cell(r["max_batch"]),
-                  ",".join(map(str, r["preferred"])) if r["preferred"] else "—", _cell(r["delay_us"]),
-                  f"{r['infer_per_s']:,.0f}" if r["infer_per_s"] is not None else "—", _cell(r["p99_ms"]), load)
+    for row in profile_rows(measured, gpu):
+        load = ", ".join(f"{k} {v:g}" for k, v in row["load"].items()) if row["load"] else "—"
+        t.add_row(row["profile"], row["model"], row["source"], str(row["instances"]), _cell(row["max_batch"]),
+                  ",".join(map(str, row["preferred"])) if row["preferred"] else "—", _cell(row["delay_us"]),
+                  f"{row['infer_per_s']:,.0f}" if row["infer_per_s"] is not None else "—", _cell(row["p99_ms"]), load)
     console.print(t)
     ranked = rank_layouts(measured, gpu)
     lt = Table(title="Layouts of measured profiles, ranked by total throughput under the SLO (measured)")

@@ -64,14 +64,14 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.set_defaults(handler=run)
 
 
-def _server_options(args: argparse.Namespace) -> dict[str, object]:
-    """Model control and the admin key, the same for every slice."""
-    key = None
-    if args.restricted_api:
-        key = os.environ.get(ADMIN_KEY_ENV, "")
-        require(bool(key.strip()), f"--restricted-api needs the admin key in ${ADMIN_KEY_ENV}",
-                f"export {ADMIN_KEY_ENV}=$(openssl rand -hex 32)")
-    return {"model_control": args.model_control, "admin_key": key}
+def _admin_key(args: argparse.Namespace) -> str | None:
+    """The admin key of --restricted-api (from the environment, never the command line)."""
+    if not args.restricted_api:
+        return None
+    key = os.environ.get(ADMIN_KEY_ENV, "")
+    require(bool(key.strip()), f"--restricted-api needs the admin key in ${ADMIN_KEY_ENV}",
+            f"export {ADMIN_KEY_ENV}=$(openssl rand -hex 32)")
+    return key
 
 
 def cpu_shares(cpus: list[int], slices: int) -> list[list[int]]:
@@ -96,7 +96,8 @@ def _servers(args: argparse.Namespace) -> list[TritonServer]:
     if args.slices == 1:
         return [TritonServer(args.repository, host=args.host, http_port=args.http_port, grpc_port=args.grpc_port,
                              metrics_port=args.metrics_port, log_path=args.log_file,
-                             model_config_name=args.model_config_name, **_server_options(args))]
+                             model_config_name=args.model_config_name,
+                             model_control=args.model_control, admin_key=_admin_key(args))]
     cpus = sorted(os.sched_getaffinity(0))
     if args.slices > len(cpus):
         log.warning("%d slices on %d cores: slices share cores, so throughput per slice is not representative",
@@ -107,7 +108,8 @@ def _servers(args: argparse.Namespace) -> list[TritonServer]:
         servers.append(TritonServer(
             args.repository, host=args.host, http_port=_slice_port(args.http_port, i),
             grpc_port=_slice_port(args.grpc_port, i), metrics_port=_slice_port(args.metrics_port, i),
-            log_path=log_path, cpus=share, model_config_name=args.model_config_name, **_server_options(args),
+            log_path=log_path, cpus=share, model_config_name=args.model_config_name,
+            model_control=args.model_control, admin_key=_admin_key(args),
         ))
     return servers
 

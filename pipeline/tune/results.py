@@ -96,7 +96,7 @@ def accuracy_of(model: str, model_dir: Path | None, workdir: Path = Path("build"
 def pareto(jobs: list[ModelTune], workdir: Path = Path("build")) -> list[dict[str, Any]]:
     """One point per variant: accuracy and best throughput under the SLO; ``dominated`` when another
     variant is at least as accurate and at least as fast (and better in one)."""
-    points = []
+    points: list[dict[str, Any]] = []
     for job in jobs:
         accuracy = accuracy_of(job.model, job.model_dir, workdir)
         best = job.best
@@ -105,12 +105,16 @@ def pareto(jobs: list[ModelTune], workdir: Path = Path("build")) -> list[dict[st
                        "infer_per_s": best.to_dict()["infer_per_s"] if best.meets_slo else 0.0,
                        "config": best.candidate.to_dict()})
     for p in points:
-        p["dominated"] = p["top1"] is not None and any(
-            q is not p and q["top1"] is not None and q["top1"] >= p["top1"] and q["infer_per_s"] >= p["infer_per_s"]
-            and (q["top1"] > p["top1"] or q["infer_per_s"] > p["infer_per_s"])
-            for q in points
-        )
+        p["dominated"] = p["top1"] is not None and any(q is not p and _dominates(q, p) for q in points)
     return points
+
+
+def _dominates(q: dict[str, Any], p: dict[str, Any]) -> bool:
+    """At least as accurate and as fast, and better in one of the two."""
+    if q["top1"] is None:
+        return False
+    a, b = (float(q["top1"]), float(q["infer_per_s"])), (float(p["top1"]), float(p["infer_per_s"]))
+    return a[0] >= b[0] and a[1] >= b[1] and a != b
 
 
 def pareto_table(points: list[dict[str, Any]], slo_p99_ms: float) -> Any:
