@@ -91,7 +91,7 @@ def main() -> None:
     parser.add_argument("--slo-p99-ms", type=float, default=10.0)
     parser.add_argument("--max-trials", type=int, default=8)
     parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--cores", type=int, default=max(1, len(os.sched_getaffinity(0)) - 1))
+    parser.add_argument("--cores", type=int, default=len(os.sched_getaffinity(0)))
     args = parser.parse_args()
     ensure_repository(args.repository)
 

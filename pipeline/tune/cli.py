@@ -25,7 +25,8 @@ EXIT_SLO_MISSED = 1
 
 
 def _default_cores() -> int:
-    return max(1, len(os.sched_getaffinity(0)) - 1)
+    # Like `serve` and `loadtest`: the whole machine. Fewer cores rehearse a slice (the generator gets the rest).
+    return len(os.sched_getaffinity(0))
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -64,7 +65,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     target.add_argument("--repository", type=Path, default=Path("model_repository"), help="model repository (default: %(default)s)")
     target.add_argument("--cores", type=int, default=_default_cores(),
                         help="embedded server: pin it to this many CPUs (a slice rehearsal); the load generator runs on "
-                             "the others (default: all but one, %(default)s)")
+                             "the others (default: every CPU, %(default)s, shared with the load generator)")
     target.add_argument("--url", metavar="HOST:PORT",
                         help="tune on a running Triton in explicit model-control mode instead (HTTP address); the admin "
                              "key comes from $TRITON_ADMIN_KEY when its repository API is restricted")

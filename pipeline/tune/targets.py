@@ -169,9 +169,9 @@ class EmbeddedTarget(Target):
 
     def call(self, method: str, path: str, body: object | None = None, timeout: float = 120.0) -> tuple[int, Any]:
         if not self._started:
-            if not self.client_cpus or self.client_cpus == self.server_cpus:
-                log.warning("--cores %d leaves no CPU for the load generator: it shares the server's, which lowers "
-                            "the measured throughput", len(self.server_cpus))
+            if self.client_cpus == self.server_cpus:
+                log.info("the server and the load generator share CPUs %s (pass --cores N below that to give the "
+                         "generator its own)", self.server_cpus)
             self._started = True
             self.server.start()
             self.endpoint = endpoint_from_url(self.server.http_url)
