@@ -56,6 +56,7 @@ class RankedLayout:
 
     @property
     def label(self) -> str:
+        """``2x1g.18gb,1x3g.71gb`` style."""
         return ",".join(f"{n}x{p}" for p, n in self.counts.items())
 
 

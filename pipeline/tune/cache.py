@@ -48,6 +48,7 @@ class TrialCache:
         return entries
 
     def get(self, key: str) -> dict[str, Any] | None:
+        """The cached trial under ``key``, if any."""
         return self.entries.get(key)
 
     def put(self, key: str, trial: dict[str, Any]) -> None:

@@ -52,6 +52,7 @@ class QuickSearch:
         return out
 
     def propose(self, scores: Mapping[Candidate, float]) -> Candidate | None:
+        """The next candidate to measure, or None when the search is done."""
         current = self.start
         visited = {current}
         while True:
@@ -79,6 +80,7 @@ class GridSearch:
         self.order = list(dict.fromkeys(order))
 
     def propose(self, scores: Mapping[Candidate, float]) -> Candidate | None:
+        """The next candidate to measure, or None when the search is done."""
         return next((c for c in self.order if c not in scores), None)
 
 

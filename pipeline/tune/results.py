@@ -118,6 +118,7 @@ def _dominates(q: dict[str, Any], p: dict[str, Any]) -> bool:
 
 
 def pareto_table(points: list[dict[str, Any]], slo_p99_ms: float) -> Any:
+    """The Pareto points as a rich table."""
     from rich.table import Table
 
     t = Table(title=f"accuracy vs throughput under p99 ≤ {slo_p99_ms:g} ms (one point per variant)")

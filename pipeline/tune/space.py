@@ -41,6 +41,7 @@ class Candidate:
     max_queue_delay_us: int
 
     def to_dict(self) -> dict[str, Any]:
+        """JSON form (the ``config`` of a tune.json entry)."""
         return {
             "instance_count": self.instance_count,
             "max_batch_size": self.max_batch_size,
@@ -50,11 +51,13 @@ class Candidate:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> Candidate:
+        """The candidate of a tune.json ``config``."""
         return cls(int(data["instance_count"]), int(data["max_batch_size"]),
                    tuple(int(b) for b in data["preferred_batch_sizes"]), int(data["max_queue_delay_us"]))
 
     @property
     def label(self) -> str:
+        """A short human-readable form for tables and logs."""
         if self.max_batch_size == 0:
             return f"{self.instance_count} inst, no batching"
         preferred = ",".join(map(str, self.preferred_batch_sizes)) or "-"
@@ -98,6 +101,7 @@ class SearchSpace:
 
     @property
     def axes(self) -> tuple[tuple[Any, ...], ...]:
+        """The knob values, in the order of :data:`KNOBS`."""
         return (self.instances, self.max_batch, self.preferred, self.queue_delay_us)
 
     @property
@@ -106,11 +110,13 @@ class SearchSpace:
         return len({self.candidate(i) for i in self.all_indices()})
 
     def all_indices(self) -> list[tuple[int, ...]]:
+        """Every point of the space as a tuple of indices into :attr:`axes`."""
         import itertools
 
         return list(itertools.product(*(range(len(a)) for a in self.axes)))
 
     def candidate(self, index: Sequence[int]) -> Candidate:
+        """The candidate at ``index`` (preferred rules resolved for its max batch)."""
         i, b, p, q = index
         max_batch = self.max_batch[b]
         batching = max_batch > 0
@@ -129,6 +135,7 @@ class SearchSpace:
                 self.preferred.index(rule) if rule in self.preferred else 0, self.queue_delay_us.index(delay))
 
     def to_dict(self) -> dict[str, Any]:
+        """JSON form (the ``config`` of a tune.json entry)."""
         return {"instance_count": list(self.instances), "max_batch_size": list(self.max_batch),
                 "preferred_batch_sizes": list(self.preferred), "max_queue_delay_us": list(self.queue_delay_us),
                 "batch_limit": self.batch_limit}

@@ -168,6 +168,7 @@ class EmbeddedTarget(Target):
         super().__init__(Endpoint("127.0.0.1", 0), None, identity)
 
     def call(self, method: str, path: str, body: object | None = None, timeout: float = 120.0) -> tuple[int, Any]:
+        """Start the server on first use, then as :meth:`Target.call`."""
         if not self._started:
             if self.client_cpus == self.server_cpus:
                 log.info("the server and the load generator share CPUs %s (pass --cores N below that to give the "
@@ -179,6 +180,7 @@ class EmbeddedTarget(Target):
         return super().call(method, path, body, timeout)
 
     def close(self) -> None:
+        """Stop the server and give this thread its CPUs back."""
         if self._started:
             os.sched_setaffinity(0, self._previous)
             self.server.stop()

@@ -32,6 +32,8 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
+RECOMMEND_GAIN = 0.05  # run-to-run spread of one trial on a quiet machine is a few percent
+
 
 @dataclass(frozen=True)
 class SpaceOptions:
@@ -76,15 +78,22 @@ class ModelTune:
 
     @property
     def baseline(self) -> Trial:
+        """The trial of the published config (always the first)."""
         return next(t for t in self.trials if t.baseline)
 
     @property
     def best(self) -> Trial:
-        """The highest throughput under the SLO (the closest candidate when none met it); the
-        published config wins ties, so a tune never recommends a change for nothing."""
-        return max(self.trials, key=lambda t: (t.score, t.baseline))
+        """The highest throughput under the SLO (the closest candidate when none met it). A
+        candidate must beat a published config that meets the SLO by more than RECOMMEND_GAIN,
+        so measurement noise never recommends a change."""
+        top = max(self.trials, key=lambda t: (t.score, t.baseline))
+        base = next((t for t in self.trials if t.baseline), None)
+        if base is not None and base.meets_slo and top.score <= base.score * (1 + RECOMMEND_GAIN):
+            return base
+        return top
 
     def config_of(self, candidate: Candidate) -> ModelConfig:
+        """The full config a candidate is loaded with (the published one itself for the published candidate)."""
         return self.published if candidate == self.base else config_for_candidate(self.published, candidate)
 
 
@@ -124,6 +133,10 @@ def prepare(settings: TuneSettings, remote: Target | None, model: str) -> ModelT
     limit = batch_limit(model_dir, cfg) if model_dir is not None and remote is None else cfg.max_batch_size
     space = search_space(base, limit, instances=settings.space.instances, max_batch=settings.space.max_batch,
                          preferred=settings.space.preferred, queue_delay_us=settings.space.queue_delay_us, model=model)
+    if remote is None:
+        require(cfg.platform != "tensorrt_plan" and cfg.backend != "tensorrt",
+                f"model '{model}' is a TensorRT plan, which the embedded CPU server cannot load",
+                "tune it on a GPU server: start Triton there in explicit mode and pass --url HOST:PORT")
     return ModelTune(model, cfg, base, space, model_dir)
 
 

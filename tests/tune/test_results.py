@@ -32,10 +32,15 @@ def test_best_is_the_highest_throughput_under_the_slo() -> None:
     assert missed["meets_slo"] is False and missed["p99_ms"] == 11  # the closest it came
 
 
-def test_published_config_wins_a_tie() -> None:
-    job = model_tune("m_fp32", [trial(Candidate(1, 64, (32, 64), 100), [point(1, 500, 3)], baseline=True),
-                                trial(Candidate(2, 64, (32, 64), 100), [point(1, 500, 3)])])
-    assert job.best.baseline
+def test_a_candidate_must_beat_the_published_config_by_more_than_noise() -> None:
+    published = trial(Candidate(1, 64, (32, 64), 100), [point(1, 500, 3)], baseline=True)
+    for gain, wins in ((0, False), (1.03, False), (1.10, True)):
+        other = trial(Candidate(2, 64, (32, 64), 100), [point(1, 500 * gain, 3)])
+        assert model_tune("m_fp32", [published, other]).best is (other if wins else published)
+    # A published config that misses the SLO is beaten by any candidate that meets it.
+    missing = trial(Candidate(1, 64, (32, 64), 100), [point(1, 500, 30)], baseline=True)
+    meets = trial(Candidate(2, 64, (32, 64), 100), [point(1, 100, 3)])
+    assert model_tune("m_fp32", [missing, meets]).best is meets
 
 
 def test_document_has_the_issue_schema_for_one_model(tmp_path: Path) -> None:

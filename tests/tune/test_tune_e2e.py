@@ -213,6 +213,7 @@ def test_bad_input_is_one_line_and_changes_nothing(built: Built, tmp_path: Path)
     cases = {
         "is not in the repository": tune(tmp_path, *base, "--model", "nope"),
         "above what digits_fp32_trt admits (batch ≤ 16": tune(tmp_path, *base, "--model", "digits_fp32_trt", "--max-batch", "8,64"),
+        "is a TensorRT plan, which the embedded CPU server cannot load": tune(tmp_path, *base, "--model", "digits_fp32_trt"),
         "--instances ',' is not a comma-separated list": tune(tmp_path, *base, "--model", "digits_fp32", "--instances", ","),
         "cannot reach Triton at 127.0.0.1:": tune(tmp_path, *base, "--model", "digits_fp32", "--url", f"127.0.0.1:{_free_port()}"),
         "--slo-p99-ms -1 is not a latency": tune(tmp_path, "--repository", str(repo), "--slo-p99-ms", "-1", "--model", "digits_fp32"),
