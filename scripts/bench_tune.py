@@ -90,7 +90,7 @@ def main() -> None:
     parser.add_argument("--calibration-root", type=Path, default=ROOT / "calibration")
     parser.add_argument("--slo-p99-ms", type=float, default=10.0)
     parser.add_argument("--max-trials", type=int, default=8)
-    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--cores", type=int, default=len(os.sched_getaffinity(0)))
     args = parser.parse_args()
     ensure_repository(args.repository)
