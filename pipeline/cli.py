@@ -46,6 +46,9 @@ def make_parser() -> argparse.ArgumentParser:
     register_inspect(sub)
     register_report(sub)
     add_config_options(sub)  # --config FILE and --print-config on every command
+    from pipeline.tune.cli import register as register_tune
+
+    register_tune(sub)
     return parser
 
 
