@@ -146,7 +146,10 @@ def _parity_stage(saved: Path, onnx_path: Path, data: EvalData, ctx: BuildContex
 
 def _fp16_stage(onnx_fp32: Path, ctx: BuildContext) -> Artifact:
     dst = ctx.ws.onnx("fp16")
-    ctx.run(Stage("fp16", fp16_onnx_from_onnx, inputs={"src": onnx_fp32}, settings={"keep_fp32_ops": tuple(DEFAULT_FP32_OPS)}, outputs={"dst": dst}))
+    cfg = ctx.cfg
+    ctx.run(Stage("fp16", fp16_onnx_from_onnx, inputs={"src": onnx_fp32},
+                  settings={"keep_op_types": cfg.fp16_keep_op_types, "keep_nodes": cfg.fp16_keep_nodes}, outputs={"dst": dst},
+                  environment={"always_fp32": DEFAULT_FP32_OPS}))
     return Artifact("fp16", "onnx", dst)
 
 
@@ -154,13 +157,13 @@ def _calibration_data(signature: ModelSignature, ctx: BuildContext) -> Calibrati
     cfg, path = ctx.cfg, ctx.cfg.calibration or ctx.data_dir.folder
     # Arrays keep their own sizes; only images of a dynamic H×W need a size to be resized to.
     hints = {} if seen_in_files(path, signature) else calibration_hints(cfg.shapes, signature, max_batch=cfg.max_batch)
-    return calibration_from_path(path, signature, preprocess=cfg.preprocess, shape_hint=hints)
+    return calibration_from_path(path, signature, preprocess=cfg.preprocess, shape_hint=hints, resize=cfg.resize)
 
 
 def _int8_stage(onnx_fp32: Path, calib: CalibrationData, ctx: BuildContext) -> Artifact:
     dst = ctx.ws.onnx("int8")
     ctx.run(Stage("int8", qdq_onnx_from_onnx, inputs={"src": onnx_fp32, "calibration": calib},
-                  settings={"method": ctx.cfg.calibration_method}, outputs={"dst": dst}))
+                  settings={"method": ctx.cfg.calibration_method, "max_memory_gib": ctx.cfg.max_memory_gib}, outputs={"dst": dst}))
     check_qdq_int8_symmetric(dst)  # also on a cache hit: what is published must be symmetric int8
     return Artifact("int8", "onnx", dst)
 

@@ -62,12 +62,14 @@ class ModelIO:
 def eval_data_path(model: str, calibration_dir: Path, repository: Path | None = None) -> Path:
     """The samples for ``model``: what its build recorded in ``repository`` (``--eval-data``), else
     ``<calibration_dir>/<model or its base model>/eval.npz`` (``digits_int8[_trt]`` reads ``digits``'s)."""
-    from pipeline.workspace import eval_data_of_served
+    from pipeline.artifacts import parse_variant
+    from pipeline.workspace import ModelData, eval_data_of_served
 
     found = eval_data_of_served(Path(repository or ".") / model, calibration_dir)
     if found is None:
+        looked = ModelData.of(calibration_dir, (parse_variant(model) or (model, ""))[0]).eval
         raise PipelineError(
-            f"no evaluation samples for model '{model}' (none recorded by its build, no {calibration_dir}/<model>/eval.npz)",
+            f"no evaluation samples for model '{model}' (none recorded by its build, no {looked})",
             "pass --data PATH.npz with one array per input name (a build given --eval-data records it for later commands)",
         )
     return found

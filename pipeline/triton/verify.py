@@ -19,8 +19,9 @@ from pathlib import Path
 import numpy as np
 
 from pipeline.artifacts import parse_variant
-from pipeline.errors import PipelineError
+from pipeline.errors import CheckFailed, PipelineError
 from pipeline.evaldata import EvalData
+from pipeline.progress import progress
 from pipeline.gates import Gates, judge_drop, paired_drop, tolerance_for
 from pipeline.tensors import ModelSignature
 
@@ -149,7 +150,7 @@ def verify_repository(
     show: Callable[[list[dict]], None] | None = None,
 ) -> dict:
     """Verify the pipeline's ONNX variants in ``repository`` through Triton at ``url`` (None: the
-    embedded server on ``repository``); write ``report_path``; raise PipelineError on any failure.
+    embedded server on ``repository``); write ``report_path``; raise CheckFailed when a served check fails.
 
     Each model's data: ``eval_data[base model]`` (an EvalData or an .npz), else what its build
     recorded, else ``<calibration-root>/<base>/eval.npz``. A model without any is reported and skipped.
@@ -193,9 +194,10 @@ def verify_repository(
 
     server = None if url else TritonServer(repository)
     results = []
-    with server if server else contextlib.nullcontext():
+    with server if server else contextlib.nullcontext(), progress("served verification", len(planned), unit="models") as bar:
         endpoint = url or server.http_url  # type: ignore[union-attr]
-        for name, (version, model_file, signature, data, batch) in planned.items():
+        for name, (version, model_file, signature, data, batch) in bar.track(planned.items()):
+            bar.note(name)
             output = classifier_output(signature) or signature.outputs[0].name
             log.info("verifying %s v%d through %s (%d samples from %s)", name, version, endpoint, data.num_samples, data.source)
             results.append(verify_served_model(endpoint, name, model_file, data, signature, output, batch_size=batch, atol=atol))
@@ -209,7 +211,7 @@ def verify_repository(
         show(report["models"])
     failed = [r for r in results if r.failures]
     if failed:
-        raise PipelineError(
+        raise CheckFailed(
             "served accuracy check failed: " + "; ".join(f"{r.model}: {', '.join(r.failures)}" for r in failed) + f" (report: {report_path})",
             "for INT8, make sure the server keeps Q/DQ exact (optimization graph level 2 in config.pbtxt)",
         )
