@@ -148,8 +148,7 @@ def served_per_length(url: str, repository: Path, model: str, eval_npz: Path) ->
     import tritonclient.http as http
     from tritonclient.utils import np_to_triton_dtype
 
-    from pipeline.arrays import load_npz
-    from pipeline.buckets import split_buckets
+    from pipeline.arrays import load_npz, split_buckets
     from pipeline.onnxrt import session_from_onnx
     from pipeline.tensors import signature_from_onnx
 
@@ -160,7 +159,7 @@ def served_per_length(url: str, repository: Path, model: str, eval_npz: Path) ->
     client = http.InferenceServerClient(url)
     diffs = {}
     try:
-        for label, bucket in split_buckets(eval_npz, load_npz(eval_npz), [s.name for s in signature.inputs]).items():
+        for label, bucket in split_buckets(eval_npz, load_npz(eval_npz), signature, what="evaluation data").items():
             feed = {s.name: np.ascontiguousarray(bucket[s.name][:8], dtype=s.dtype) for s in signature.inputs}
             inputs = []
             for name, array in feed.items():
