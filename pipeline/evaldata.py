@@ -74,6 +74,10 @@ class EvalData:
             )
         return self.buckets[0].inputs
 
+    def num_batches(self, batch_size: int) -> int:
+        """How many feed dicts :meth:`batches` yields (batches never span buckets)."""
+        return sum(-(-b.num_samples // batch_size) for b in self.buckets)
+
     def batches(self, batch_size: int) -> Iterator[dict[str, np.ndarray]]:
         """Yield feed dicts of at most ``batch_size`` samples of one bucket, bucket by bucket, in order."""
         for bucket in self.buckets:
