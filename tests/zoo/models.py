@@ -48,10 +48,26 @@ def spread_head(model: keras.Model, x: np.ndarray, scale: float = 3.0) -> keras.
     return model
 
 
+def batchnorm_from_data(model: keras.Model, x: np.ndarray) -> keras.Model:
+    """Set every BatchNormalization's moving mean/variance to the statistics of ``x`` (one forward
+    pass in training mode with momentum 0: each layer sees the previous ones already normalized).
+    At initialization they are 0/1, which leaves a random backbone's activations collapsing or
+    exploding with depth; after this they are as well scaled as in a trained network."""
+    norms = [layer for layer in model.layers if isinstance(layer, keras.layers.BatchNormalization)]
+    momenta = [layer.momentum for layer in norms]
+    for layer in norms:
+        layer.momentum = 0.0
+    model(x, training=True)
+    for layer, momentum in zip(norms, momenta):
+        layer.momentum = momentum
+    return model
+
+
 def _image_app(app: Callable[..., keras.Model], seed: int, draw: Callable[[np.random.Generator, int], np.ndarray]) -> keras.Model:
     keras.utils.set_random_seed(seed)
     model = app(weights=None, input_tensor=keras.Input(IMAGE, name="image"), classes=CLASSES)
-    return spread_head(model, draw(np.random.default_rng(seed), 256))
+    x = draw(np.random.default_rng(seed), 256)
+    return spread_head(batchnorm_from_data(model, x), x)
 
 
 def _scenes(rng: np.random.Generator, n: int, shape: tuple[int, ...], colour: np.ndarray | None = None) -> np.ndarray:
