@@ -28,7 +28,7 @@ from pipeline.loadtest.client import Endpoint
 from pipeline.loadtest.payload import ModelIO
 from pipeline.loadtest.policy import ClosedLoop, OpenLoop, Policy
 from pipeline.loadtest.recorder import Recorder
-from pipeline.loadtest.verify import compare_with_tritonclient
+from pipeline.loadtest.request_check import compare_with_tritonclient
 
 _METHOD = "/inference.GRPCInferenceService/ModelInfer"
 _BACKOFF_NS = (10_000_000, 20_000_000, 50_000_000, 100_000_000, 200_000_000, 500_000_000)
@@ -39,7 +39,7 @@ _DIRECT = [("grpc.enable_http_proxy", 0)]
 
 def grpc_request_bytes(io: ModelIO, tensors: dict[str, np.ndarray]) -> bytes:
     """A serialized ``ModelInferRequest`` with the tensors as raw little-endian contents."""
-    service_pb2 = import_optional("tritonclient.grpc.service_pb2", "all", "gRPC load")
+    service_pb2 = import_optional("tritonclient.grpc.service_pb2", None, "gRPC load")
     request = service_pb2.ModelInferRequest(model_name=io.name)
     for t in io.inputs:
         array = tensors[t.name]
@@ -52,9 +52,9 @@ def grpc_request_bytes(io: ModelIO, tensors: dict[str, np.ndarray]) -> bytes:
 
 def check_grpc_request(endpoint: Endpoint, io: ModelIO, request: bytes, tensors: dict[str, np.ndarray]) -> None:
     """Raise unless the pre-serialized request gives the outputs tritonclient's gRPC client gets."""
-    grpc = import_optional("grpc", "all", "gRPC load")
-    grpcclient = import_optional("tritonclient.grpc", "all", "gRPC load")
-    service_pb2 = import_optional("tritonclient.grpc.service_pb2", "all", "gRPC load")
+    grpc = import_optional("grpc", None, "gRPC load")
+    grpcclient = import_optional("tritonclient.grpc", None, "gRPC load")
+    service_pb2 = import_optional("tritonclient.grpc.service_pb2", None, "gRPC load")
     with grpc.insecure_channel(endpoint.address, options=_DIRECT) as channel:
         try:
             raw = channel.unary_unary(_METHOD)(request, timeout=30.0)
@@ -91,7 +91,7 @@ class GrpcEngine:
     """Closed or open loop over one channel per endpoint; same interface as the HTTP engine."""
 
     def __init__(self, targets: list[tuple[Endpoint, list[bytes]]], policy: Policy, *, timeout_s: float, max_in_flight: int = 256) -> None:
-        self._grpc = import_optional("grpc", "all", "gRPC load")
+        self._grpc = import_optional("grpc", None, "gRPC load")
         self._targets = [_Target(e, p) for e, p in targets]
         self.recorders = [t.recorder for t in self._targets]
         self._policy = policy
