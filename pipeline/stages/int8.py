@@ -24,8 +24,8 @@ from pathlib import Path
 import numpy as np
 
 from pipeline.atomic import clear_leftovers
-from pipeline.waitpoints import wait_point
 from pipeline.errors import PipelineError, require
+from pipeline.pausepoints import pause_point
 from pipeline.stages.calibration import CalibrationData
 from pipeline.tensors import ModelSignature, signature_from_onnx
 
@@ -90,7 +90,6 @@ def qdq_onnx_from_onnx(
         prepared = _prepared_model(src, tmp / "prepared.onnx")
         cache = tmp / "calibration.json"
         started = time.perf_counter()
-        wait_point("int8:calibrating")  # tests kill the build here (pipeline/waitpoints.py)
         _calibrate(prepared, calibration, method, percentile, batch, drop_last, tmp, cache)
         log.info("calibrated %s ranges in %.1f s", method, time.perf_counter() - started)
 
@@ -288,6 +287,7 @@ def _calibrate(
             calibrator.collect_data(_OneBatch(feed))
         count = len(next(iter(feed.values())))
         log.info("calibration batch %d/%d (%d samples, %.1f s)", index + 1, total, count, time.perf_counter() - started)
+        pause_point("int8.calibration-batch")
     with _ort_prints_to_log():
         ranges = calibrator.compute_data()
     save_tensors_data(ranges, cache)

@@ -34,13 +34,13 @@ from typing import TYPE_CHECKING, Any
 from pipeline.artifacts import Artifact
 from pipeline.errors import PipelineError, require
 from pipeline.fingerprint import hash_path
+from pipeline.pausepoints import pause_point
 from pipeline.triton.config import (
     WARMUP_DIR,
     config_text,
     parse_config,
     warmup_input_bytes,
 )
-from pipeline.waitpoints import wait_point
 
 if TYPE_CHECKING:
     from tritonclient.grpc.model_config_pb2 import ModelConfig
@@ -128,10 +128,8 @@ def publish_repository(
                     published[name] = repository / name / str(kept)
                     continue
                 staged.append(_stage_model(artifact, name, repository, staging_root, configs[name], extra_files.get(name, {}), version_policy, report, reproduce))
-            wait_point("publish:staged")  # tests kill the build at these points (pipeline/waitpoints.py)
-            for index, item in enumerate(staged):
-                if index == 1:
-                    wait_point("publish:swapped-one")
+            for item in staged:
+                pause_point("publish.swap")
                 _swap_in(item, repository / item.name)
                 published[item.name] = repository / item.name / str(item.version)
                 log.info("published %s version %d", item.name, item.version)

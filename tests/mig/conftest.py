@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
-# Recorded nvidia-smi outputs of a real H200, kept in the repository (see tests/fixtures/README.md).
+# Recorded on a real H200 (see tests/fixtures/README.md); part of the repository, so no test skips for want of them.
 FIXTURES = REPO_ROOT / "tests" / "fixtures"
 
 # Hand-written from the documented `nvidia-smi -L` format (NVIDIA MIG User Guide, "Getting
@@ -24,6 +24,7 @@ GPU 0: NVIDIA H200 (UUID: GPU-1b2c3d4e-5f60-7182-93a4-b5c6d7e8f901)
 
 @pytest.fixture
 def fixtures_dir() -> Path:
+    """tests/fixtures: the recorded nvidia-smi outputs."""
     return FIXTURES
 
 
