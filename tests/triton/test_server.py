@@ -175,3 +175,23 @@ def test_pinned_server_killed_hard_still_leaves_nothing_after_stop(repository: P
     assert child_pids() == before_pids
     assert not [pid for pid in stubs if alive(pid)]
     assert shm_entries() == before_shm
+
+
+@pytest.mark.slow
+def test_loopback_traffic_ignores_an_unreachable_proxy(repository: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """With http_proxy pointing nowhere, the server still starts (its readiness polls go direct) and
+    serves; a client that honoured the proxy would fail, which shows the proxy setting is live."""
+    import tritonclient.grpc as grpcclient
+
+    for name in ("http_proxy", "HTTP_PROXY", "grpc_proxy", "https_proxy"):
+        monkeypatch.setenv(name, "http://127.0.0.1:9")  # discard port: nothing answers
+    for name in ("no_proxy", "NO_PROXY"):
+        monkeypatch.delenv(name, raising=False)
+    write_model(tmp_path / "repo", softmax_config("tiny"), (repository / "tiny" / "1" / "model.onnx").read_bytes())
+    with TritonServer(tmp_path / "repo", log_path=tmp_path / "t.log") as server:
+        assert server.ready_models == ["tiny"]
+        with pytest.raises(urllib.error.URLError):
+            urllib.request.build_opener().open(f"http://{server.http_url}/v2/health/ready", timeout=5)  # via the proxy
+        assert _DIRECT.open(f"http://{server.http_url}/v2/health/ready", timeout=5).status == 200
+        with closing(grpcclient.InferenceServerClient(server.grpc_url, channel_args=NO_PROXY_GRPC)) as grpc:
+            assert grpc.is_server_ready()
