@@ -30,7 +30,7 @@ def make_parser() -> argparse.ArgumentParser:
     from pipeline.build_cli import register as register_build
     from pipeline.loadtest.cli import register as register_loadtest
     from pipeline.mig.cli import register as register_mig_plan
-    from pipeline.triton.deploy import register as register_deploy
+    from pipeline.triton.deploy_cli import register as register_deploy
     from pipeline.triton.serve_cli import register as register_serve
     from pipeline.triton.verify_cli import register as register_verify
 
