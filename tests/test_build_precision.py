@@ -93,7 +93,8 @@ def test_engine_step_says_why_it_did_not_run(own_build: Path) -> None:
 
 def test_gate_failure_names_variant_and_publishes_nothing(own_copy: Path, tmp_path: Path) -> None:
     repo = tmp_path / "repo"
-    line = one_line_error(cli("build", "--fp16", "--fp16-atol", "1e-9", "--workdir", str(own_copy / "build"), "--repository", str(repo)))
+    build = cli("build", "--fp16", "--fp16-atol", "1e-9", "--workdir", str(own_copy / "build"), "--repository", str(repo))
+    line = one_line_error(build, status=1)  # the build ran and a measured check failed: 1, not a usage error
     assert "accuracy gate failed: fp16-onnx: output 'probs' max abs error" in line and "> atol 1e-09" in line
     assert "--fp16-atol" in line.split(" — ", 1)[1]  # the fix speaks of the precision that failed
     assert not repo.exists() or not any(repo.iterdir())

@@ -116,10 +116,10 @@ def test_new_policy_adds_a_version_and_replace_keeps_one(tmp_path: Path, build) 
     artifacts, onnx_of, warmup = build
     s = settings(tmp_path)
     repository_from_artifacts(artifacts[:1], onnx_of, warmup, s, {}, REPRODUCE)
-    # byte-identical files: no new version, the model keeps serving version 1
+    # the same files again: nothing changed, so no new version
     assert repository_from_artifacts(artifacts[:1], onnx_of, warmup, s, {}, REPRODUCE) == [s.repository.absolute() / "tiny_fp32" / "1"]
-    other_warmup = {name: array * 0.5 for name, array in warmup.items()}  # a changed file: a new version
-    assert repository_from_artifacts(artifacts[:1], onnx_of, other_warmup, s, {}, REPRODUCE) == [s.repository.absolute() / "tiny_fp32" / "2"]
+    other = {k: v + 1 for k, v in warmup.items()}  # another warmup sample changes the model's files
+    assert repository_from_artifacts(artifacts[:1], onnx_of, other, s, {}, REPRODUCE) == [s.repository.absolute() / "tiny_fp32" / "2"]
     assert sorted(p.name for p in (s.repository / "tiny_fp32").iterdir() if p.name.isdigit()) == ["1", "2"]
     replaced = settings(tmp_path, version_policy="replace")
     assert repository_from_artifacts(artifacts[:1], onnx_of, warmup, replaced, {}, REPRODUCE) == [s.repository.absolute() / "tiny_fp32" / "1"]

@@ -28,7 +28,7 @@ from pipeline.loadtest.client import Endpoint
 from pipeline.loadtest.payload import ModelIO
 from pipeline.loadtest.policy import ClosedLoop, OpenLoop, Policy
 from pipeline.loadtest.recorder import Recorder
-from pipeline.loadtest.verify import compare_with_tritonclient
+from pipeline.loadtest.request_check import compare_with_tritonclient
 
 _METHOD = "/inference.GRPCInferenceService/ModelInfer"
 _BACKOFF_NS = (10_000_000, 20_000_000, 50_000_000, 100_000_000, 200_000_000, 500_000_000)

@@ -70,6 +70,9 @@ def register(subparsers: Any) -> None:
     p.add_argument("--image", default=BundleSettings.image, help="tritonserver image for compose and Kubernetes")
     p.add_argument("--max-gpus", type=int, default=BundleSettings.max_gpus, metavar="N",
                    help="Kubernetes autoscaling: grow each profile up to N GPUs' worth of MIG devices (default: %(default)s)")
+    p.add_argument("--from-tune", metavar="DIR", action="append", type=Path, default=[],
+                   help="report dirs of `tune --profile P` runs (one per slice type): instances, batching and layout "
+                        "ranking from those measurements instead of the heuristic; profiles cpu-N rehearse on this CPU")
     p.set_defaults(handler=run)
 
 
@@ -78,6 +81,12 @@ def run(args: argparse.Namespace) -> int:
     from pipeline.console import console as make_console
 
     console = make_console()
+    if args.from_tune:
+        from pipeline.mig.measured import is_cpu_rehearsal, print_measured_plan, read_tune_runs
+
+        measured = read_tune_runs(args.from_tune)
+        print_measured_plan(console, measured, None if is_cpu_rehearsal(measured) else _gpu(args.gpu, _read_nvidia_smi(args.from_nvidia_smi)))
+        return 0
     smi = _read_nvidia_smi(args.from_nvidia_smi)
     gpu = _gpu(args.gpu, smi)
     devices = [d for g in smi.get("list", []) for d in g.mig_devices]

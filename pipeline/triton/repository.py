@@ -132,7 +132,7 @@ def publish_repository(
                     continue
                 staged.append(_stage_model(artifact, name, repository, staging_root, configs[name], extra_files.get(name, {}), version_policy, report, reproduce))
             for item in staged:
-                pause_point("publish.swap")
+                pause_point("publish.swap")  # tests hold the publish here to kill it (pipeline/pausepoints.py)
                 _swap_in(item, repository / item.name)
                 published[item.name] = repository / item.name / str(item.version)
                 log.info("published %s version %d", item.name, item.version)

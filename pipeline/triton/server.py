@@ -38,8 +38,9 @@ from pathlib import Path
 from types import TracebackType
 
 from pipeline.errors import PipelineError, require
+from pipeline.progress import progress
 from pipeline.triton.servable import has_gpu, servable_models, write_view
-from pipeline.triton.server_args import ServerArgs, tritonserver_args
+from pipeline.triton.server_args import ADMIN_KEY_ENV, ServerArgs, tritonserver_args
 from pipeline.triton.server_log import last_errors, startup_error
 
 log = logging.getLogger(__name__)
@@ -50,6 +51,9 @@ EXIT_TIMEOUT_S = 5
 # Talk to our own server directly, whatever http_proxy says.
 _DIRECT = urllib.request.build_opener(urllib.request.ProxyHandler({}))
 _LOOPBACK = ("127.0.0.1", "localhost", "::1")
+# explicit: every model still loads at start (--load-model=*), and the repository API can load
+# others or reload one with a config override (what `tune` does per candidate).
+MODEL_CONTROL_MODES = ("none", "explicit")  # what the embedded server offers (no polling of a live repository)
 
 
 @functools.cache
@@ -122,6 +126,9 @@ class TritonServer:
     """The embedded ``tritonserver`` serving a model repository on CPU; use as a context manager.
 
     Ports 0 pick free ports. ``cpus`` pins the server (and its backend stubs) to those cores.
+    ``model_control="explicit"`` keeps the repository API's load/unload open (all models still load
+    at start); ``admin_key`` restricts the admin APIs to the ``admin-key`` header with that value, as
+    the production launch scripts do (:func:`pipeline.triton.server_args.restricted_api_args`).
     ``log_path`` defaults to ``<workdir>/triton/tritonserver-<http port>.log``; it is emptied at start and
     also gets the server's stdout/stderr. ``extra_args`` are appended to the tritonserver command line.
     The server gets SIGTERM when the *thread* that called :meth:`start` exits (PR_SET_PDEATHSIG, so a
@@ -141,6 +148,8 @@ class TritonServer:
         cpus: Sequence[int] | None = None,
         model_config_name: str | None = None,
         extra_args: Sequence[str] = (),
+        model_control: str = "none",
+        admin_key: str | None = None,
     ) -> None:
         self.repository = Path(repository)
         self.host = host
@@ -150,6 +159,11 @@ class TritonServer:
         self.cpus = list(cpus) if cpus is not None else None
         self.model_config_name = model_config_name
         self.extra_args = list(extra_args)
+        require(model_control in MODEL_CONTROL_MODES, f"unknown model control mode '{model_control}'",
+                f"use one of: {', '.join(MODEL_CONTROL_MODES)}")
+        require(admin_key is None or bool(admin_key.strip()), "the admin key is empty", f"set ${ADMIN_KEY_ENV} to a secret")
+        self.model_control = model_control
+        self.admin_key = admin_key
         self.ready_models: list[str] = []
         self.skipped_models: dict[str, str] = {}
         self.cpu_models: list[str] = []  # KIND_GPU configs served as KIND_CPU (no GPU here)
@@ -204,8 +218,9 @@ class TritonServer:
             view = self._workdir / "repository"
             view.mkdir()
             self.cpu_models = write_view(self.repository, models, view, self.model_config_name, cpu_only=not has_gpu())
-            self._launch(view, backends)
-            self._wait_ready(models, began + timeout)
+            with progress(f"starting tritonserver ({len(models)} models)", summary=False):  # it logs its own ready line
+                self._launch(view, backends)
+                self._wait_ready(models, began + timeout)
         except BaseException:
             self.stop()
             raise
@@ -330,10 +345,11 @@ class TritonServer:
             metrics_port=self.metrics_port,
             host=self.host,
             # The view holds exactly the loadable models, so loading everything at start is right.
-            model_control="none",
+            model_control=self.model_control,
+            load_models=tuple(sorted(p.name for p in view.iterdir())) if self.model_control == "explicit" else (),
             config_name=self.model_config_name,
-            # Local and loopback by default; a non-loopback --host is warned about in start().
-            admin_key=None,
+            # Open on loopback unless a key is given (tune and its tests restrict it as production does).
+            admin_key=self.admin_key,
             binary=str(root / "bin" / "tritonserver"),
             backend_directory=str(backends),
             cache_directory=str(root / "caches"),
@@ -374,7 +390,8 @@ class TritonServer:
     # -- readiness -------------------------------------------------------------------------------
 
     def _get(self, path: str, data: bytes | None = None) -> tuple[int, bytes]:
-        request = urllib.request.Request(f"http://{self.http_url}{path}", data=data)
+        headers = {ADMIN_HEADER: self.admin_key} if self.admin_key is not None else {}
+        request = urllib.request.Request(f"http://{self.http_url}{path}", data=data, headers=headers)
         try:
             with _DIRECT.open(request, timeout=2.0) as response:
                 return response.status, response.read()

@@ -116,13 +116,13 @@ def test_every_config_parses_and_matches_its_onnx_model(built: Built) -> None:
 
 
 def test_deploy_bundle_is_written_beside_the_repository(built: Built) -> None:
-    deploy = built.repository.parent / "deploy"  # the build was given only --repository: it chose this folder
-    compose = yaml.safe_load((deploy / "compose.yaml").read_text())
-    assert isinstance(compose, dict) and compose.get("services"), compose
-    # the bundle mounts the repository this build published, named relative to the bundle
-    sources = [volume["source"] for service in compose["services"].values() for volume in service["volumes"]]
-    assert [(deploy / source).resolve() for source in sources] == [built.repository.resolve()], sources
-    script = deploy / "docker-run.sh"
+    """The build (not the fixture) put the bundle in deploy/ beside the repository, pointing at it."""
+    bundle = built.repository.parent / "deploy"
+    assert sorted(p.name for p in bundle.iterdir()) == [".pipeline-bundle.json", "README.md", "compose.yaml", "docker-run.sh"]
+    compose = yaml.safe_load((bundle / "compose.yaml").read_text())
+    [service] = compose["services"].values()
+    assert (bundle / service["volumes"][0]["source"]).resolve() == built.repository.resolve()
+    script = bundle / "docker-run.sh"
     check = subprocess.run(["bash", "-n", str(script)], capture_output=True, text=True, check=False)
     assert check.returncode == 0, check.stderr
     assert "tritonserver" in script.read_text()
