@@ -195,3 +195,18 @@ def test_loopback_traffic_ignores_an_unreachable_proxy(repository: Path, tmp_pat
         assert _DIRECT.open(f"http://{server.http_url}/v2/health/ready", timeout=5).status == 200
         with closing(grpcclient.InferenceServerClient(server.grpc_url, channel_args=NO_PROXY_GRPC)) as grpc:
             assert grpc.is_server_ready()
+
+
+@pytest.mark.slow
+def test_admin_key_restricts_the_repository_api_and_readiness_still_works(repository: Path, tmp_path: Path) -> None:
+    """With an admin key (serve --restricted-api), the server's own readiness checks send the key:
+    it starts, and the repository API answers only requests that carry it."""
+    write_model(tmp_path / "repo", softmax_config("tiny"), (repository / "tiny" / "1" / "model.onnx").read_bytes())
+    with TritonServer(tmp_path / "repo", log_path=tmp_path / "t.log", model_control="explicit", admin_key="s3cret") as server:
+        assert server.ready_models == ["tiny"]
+        index = f"http://{server.http_url}/v2/repository/index"
+        with pytest.raises(urllib.error.HTTPError) as denied:
+            _DIRECT.open(urllib.request.Request(index, data=b"{}"), timeout=10)
+        assert denied.value.code == 403
+        with _DIRECT.open(urllib.request.Request(index, data=b"{}", headers={"admin-key": "s3cret"}), timeout=10) as ok:
+            assert [m["name"] for m in json.load(ok)] == ["tiny"]
