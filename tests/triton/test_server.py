@@ -210,3 +210,18 @@ def test_admin_key_restricts_the_repository_api_and_readiness_still_works(reposi
         assert denied.value.code == 403
         with _DIRECT.open(urllib.request.Request(index, data=b"{}", headers={"admin-key": "s3cret"}), timeout=10) as ok:
             assert [m["name"] for m in json.load(ok)] == ["tiny"]
+
+
+def test_a_gpu_config_that_cannot_load_gets_gpu_advice_not_rebuild_advice(tmp_path: Path) -> None:
+    """The line Triton 2.51 logs for a KIND_GPU instance group on a server that sees no GPU."""
+    from pipeline.triton.server_log import startup_error
+
+    log = tmp_path / "t.log"
+    log.write_text(
+        "E1130 10:00:00.000000 1 model_lifecycle.cc:654] \"failed to load 'tiny' version 1: Invalid argument: "
+        "instance group tiny_0 of model tiny specifies invalid or unsupported gpu id 0. GPUs with at least the "
+        "minimum required CUDA compute compatibility of 6.000000 are: KIND_GPU but no GPUs are available\"\n"
+    )
+    error = startup_error(log, 1, {})
+    assert "model 'tiny' failed to load" in error.problem
+    assert "GPU is visible" in (error.fix or "") and "rebuild" not in (error.fix or "")
