@@ -8,7 +8,12 @@ tests/loadtest/test_exit_codes.py, report's 2 in tests/test_report_html.py.
 from __future__ import annotations
 
 import json
+import os
 import shutil
+import signal
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -16,7 +21,7 @@ from google.protobuf import text_format
 from tritonclient.grpc import model_config_pb2 as mc
 
 from pipeline.errors import EXIT_CHECK_FAILED, EXIT_INTERRUPTED, EXIT_USER_ERROR, CheckFailed, PipelineError
-from tests.conftest import Built, cli, one_line_error
+from tests.conftest import ROOT, Built, cli, one_line_error
 
 
 def test_the_codes_and_which_error_carries_which() -> None:
@@ -58,3 +63,35 @@ def test_verify_served_drift_is_1(built: Built, tmp_path: Path) -> None:
     assert "served accuracy check failed: digits_int8: served outputs differ from in-process" in line
     [row] = json.loads((tmp_path / "drift.json").read_text())["models"]
     assert row["passed"] is False and row["max_abs_diff"] > 1e-3
+
+
+@pytest.mark.slow
+def test_ctrl_c_during_a_build_exits_130_and_leaves_nothing_half_written(built: Built, tmp_path: Path) -> None:
+    # A copy of the shared build (its stages stay cached); a new calibration method reruns only INT8,
+    # which the pause-point hook (pipeline/pausepoints.py) holds after its second batch: no race.
+    workdir, repo, marker = tmp_path / "build", tmp_path / "repo", tmp_path / "paused"
+    shutil.copytree(built.workdir, workdir, symlinks=True)
+    int8 = workdir / "digits" / "model.int8.onnx"
+    before = int8.read_bytes()
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]),
+               PIPELINE_PAUSE_AT="int8.calibration-batch#2", PIPELINE_PAUSE_FILE=str(marker))  # fmt: skip
+    command = [sys.executable, "-m", "pipeline", "build", "--int8", "--calibration-method", "percentile",
+               "--workdir", str(workdir), "--repository", str(repo)]  # fmt: skip
+    process = subprocess.Popen(command, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 600
+        while not marker.exists():
+            assert process.poll() is None, process.communicate()
+            assert time.monotonic() < deadline, "the build never reached the second calibration batch"
+            time.sleep(0.1)
+        process.send_signal(signal.SIGINT)
+        _, err = process.communicate(timeout=120)
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait()
+    assert process.returncode == 130, err[-2000:]
+    assert err.strip().splitlines()[-1] == "interrupted" and "Traceback" not in err
+    assert int8.read_bytes() == before  # the old INT8 model, not a half-calibrated one
+    assert not list(int8.parent.glob(".model.int8.onnx.*"))  # no temporaries left behind
+    assert not repo.exists() or not any(repo.iterdir())  # nothing published
