@@ -112,7 +112,7 @@ class BuildConfig:
         for text in self.shapes:
             if not well_formed(text):
                 raise PipelineError(f"malformed --shape '{text}': expected {SHAPE_SYNTAX}", "write e.g. --shape image:1x8x8x1/32x8x8x1/64x8x8x1")
-        if self.eval_data is not None and not self.eval_data.is_file():
-            raise PipelineError(f"evaluation data '{self.eval_data}' does not exist", "pass an .npz with one array per input (and labels) to --eval-data")
+        if self.eval_data is not None and not self.eval_data.exists():
+            raise PipelineError(f"evaluation data '{self.eval_data}' does not exist", "pass an .npz (or a folder of .npy files) with one array per input (and labels) to --eval-data")
         if self.int8 and self.calibration is not None and not self.calibration.exists():
             raise PipelineError(f"calibration data '{self.calibration}' does not exist", "pass an .npz file or a folder of .npy files or images to --calibration")

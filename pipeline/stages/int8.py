@@ -26,6 +26,8 @@ import numpy as np
 from pipeline.atomic import clear_leftovers
 from pipeline.budget import DEFAULT_MAX_MEMORY_GIB, batch_for_budget, memory_estimate
 from pipeline.errors import PipelineError, require
+from pipeline.pausepoints import pause_point
+from pipeline.progress import progress
 from pipeline.stages.calibration import CalibrationData
 from pipeline.stages.qdq_placement import CALIBRATED_OP_TYPES, place_qdq
 from pipeline.tensors import ModelSignature, signature_from_onnx
@@ -291,13 +293,15 @@ def _calibrate(
     calibrator = _lean_calibrator(model, method, percentile, tmp / "augmented.onnx")
     total = data.num_batches(batch_size, drop_last=drop_last)
     started = time.perf_counter()
-    for index, feed in enumerate(data.batches(batch_size, drop_last=drop_last)):
-        # One batch per collect_data call: minmax reduces it to ranges and histogram methods add
-        # it to their histograms before returning, so activations of one batch at most are held.
-        with _ort_prints_to_log():
-            calibrator.collect_data(_OneBatch(feed))
-        count = len(next(iter(feed.values())))
-        log.info("calibration batch %d/%d (%d samples, %.1f s)", index + 1, total, count, time.perf_counter() - started)
+    with progress(f"INT8 calibration ({method})", total, unit="batches") as bar:
+        for index, feed in enumerate(bar.track(data.batches(batch_size, drop_last=drop_last))):
+            # One batch per collect_data call: minmax reduces it to ranges and histogram methods add
+            # it to their histograms before returning, so activations of one batch at most are held.
+            with _ort_prints_to_log():
+                calibrator.collect_data(_OneBatch(feed))
+            count = len(next(iter(feed.values())))
+            log.debug("calibration batch %d/%d (%d samples, %.1f s)", index + 1, total, count, time.perf_counter() - started)
+            pause_point("int8.calibration-batch")
     with _ort_prints_to_log():
         ranges = calibrator.compute_data()
     save_tensors_data(ranges, cache)

@@ -1,0 +1,182 @@
+"""MIG plans from measurements: `mig-plan --from-tune DIR...`.
+
+Each `tune` run labelled with ``--profile`` measured, on one slice of that profile, the best
+serving config of each model and its throughput under the p99 SLO. From those runs this module
+gives, per profile, the measured instance count and batching (instead of the ``SMs // 8``
+heuristic of :mod:`pipeline.mig.plan`, which stays only for profiles nothing was measured on, and
+says so), and ranks the GPU layouts that can be built from the measured profiles (valid
+placements of the profile table, :func:`pipeline.mig.layout.layout_of`) by their total
+throughput under the SLO: the sum over the layout's slices of each profile's measured capacity.
+
+CPU rehearsal: profiles ``cpu-<N>`` are N pinned cores (``tune --cores N --profile cpu-N``); the
+layouts are the ways to split this machine's cores into such servers, which answers questions
+like "one server on 2 cores, or two servers on 1 core each?" from measurements.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import os
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from pipeline.errors import PipelineError, require
+from pipeline.mig.layout import layout_of
+from pipeline.mig.plan import SMS_PER_INSTANCE, compute_limit
+from pipeline.mig.profiles import GpuMig
+
+_CPU_PROFILE = re.compile(r"^cpu-(?P<cores>\d+)$")
+
+
+@dataclass(frozen=True)
+class Measured:
+    """The best config of one model on one profile, from one tune run."""
+
+    profile: str
+    model: str
+    infer_per_s: float
+    p99_ms: float | None
+    load: dict[str, float] | None
+    config: dict[str, Any]
+    meets_slo: bool
+    slo_p99_ms: float
+    source: Path
+
+
+@dataclass(frozen=True)
+class RankedLayout:
+    """A layout (profile → devices) and its total measured throughput for one model."""
+
+    model: str
+    counts: dict[str, int]
+    total_infer_per_s: float
+
+    @property
+    def label(self) -> str:
+        """``2x1g.18gb,1x3g.71gb`` style."""
+        return ",".join(f"{n}x{p}" for p, n in self.counts.items())
+
+
+def read_tune_runs(paths: list[Path]) -> list[Measured]:
+    """The best of each model of each ``tune.json`` (a run directory or the file itself)."""
+    out: list[Measured] = []
+    slos = set()
+    for path in paths:
+        file = path / "tune.json" if path.is_dir() else path
+        require(file.is_file(), f"{path} holds no tune.json", "pass the --report-dir of a `tune --profile ...` run")
+        try:
+            doc = json.loads(file.read_text())
+        except ValueError as exc:
+            raise PipelineError(f"{file} is not valid JSON ({exc})", "run the tune again") from None
+        profile = doc.get("profile")
+        require(bool(profile), f"{file} was not labelled with a profile", "tune each slice type with --profile NAME")
+        slos.add(doc.get("slo_p99_ms"))
+        for model, entry in doc.get("models", {}).items():
+            best = entry["best"]
+            out.append(Measured(profile, model, float(best["infer_per_s"]) if best["meets_slo"] else 0.0, best.get("p99_ms"),
+                                best.get("load"), best["config"], bool(best["meets_slo"]), float(doc["slo_p99_ms"]), file))
+    require(len(slos) == 1, f"the tune runs used different SLOs ({', '.join(str(s) for s in sorted(slos, key=str))} ms)",
+            "compare runs tuned for the same --slo-p99-ms")
+    seen: dict[tuple[str, str], Path] = {}
+    for m in out:
+        key = (m.profile, m.model)
+        require(key not in seen, f"{m.model} on {m.profile} was tuned twice ({seen.get(key)} and {m.source})",
+                "pass one tune run per profile")
+        seen[key] = m.source
+    return out
+
+
+def is_cpu_rehearsal(measured: list[Measured]) -> bool:
+    """Whether every run is a CPU rehearsal profile (``cpu-<cores>``)."""
+    return bool(measured) and all(_CPU_PROFILE.match(m.profile) for m in measured)
+
+
+def rank_layouts(measured: list[Measured], gpu: GpuMig | None, cores: int | None = None) -> list[RankedLayout]:
+    """Every layout made only of measured profiles, best total throughput first (per model).
+
+    ``gpu`` None means the CPU rehearsal: a layout is any set of ``cpu-N`` servers whose cores add
+    up to at most ``cores`` (default: the CPUs this process may use)."""
+    ranked: list[RankedLayout] = []
+    for model in dict.fromkeys(m.model for m in measured):
+        capacity = {m.profile: m.infer_per_s for m in measured if m.model == model}
+        profiles = list(capacity)
+        if gpu is None:
+            budget = cores or len(os.sched_getaffinity(0))
+            size = {p: int(_CPU_PROFILE.match(p)["cores"]) for p in profiles}  # type: ignore[index]
+            limits = [budget // size[p] for p in profiles]
+        else:
+            limits = [gpu.profile(p).max_instances for p in profiles]
+        for counts in itertools.product(*(range(n + 1) for n in limits)):
+            if not any(counts):
+                continue
+            chosen = {p: n for p, n in zip(profiles, counts) if n}
+            if gpu is None:
+                if sum(size[p] * n for p, n in chosen.items()) > budget:
+                    continue
+            else:
+                try:
+                    layout_of([gpu.profile(p) for p, n in chosen.items() for _ in range(n)], gpu)
+                except PipelineError:
+                    continue
+            ranked.append(RankedLayout(model, chosen, sum(capacity[p] * n for p, n in chosen.items())))
+    ranked.sort(key=lambda r: (r.model, -r.total_infer_per_s, sum(r.counts.values())))
+    return ranked
+
+
+def profile_rows(measured: list[Measured], gpu: GpuMig | None) -> list[dict[str, Any]]:
+    """Per profile and model: the measured config and capacity; for the GPU's other profiles, the
+    heuristic's instance count, marked as not measured."""
+    rows = [{"profile": m.profile, "model": m.model, "source": "measured", "instances": m.config["instance_count"],
+             "max_batch": m.config["max_batch_size"], "preferred": m.config["preferred_batch_sizes"],
+             "delay_us": m.config["max_queue_delay_us"], "infer_per_s": m.infer_per_s if m.meets_slo else None,
+             "p99_ms": m.p99_ms, "load": m.load} for m in measured]
+    if gpu is not None:
+        done = {m.profile for m in measured}
+        for p in gpu.profiles:
+            if p.name not in done:
+                rows.append({"profile": p.name, "model": "*", "source": f"heuristic (SMs // {SMS_PER_INSTANCE}), not measured",
+                             "instances": compute_limit(p), "max_batch": None, "preferred": None, "delay_us": None,
+                             "infer_per_s": None, "p99_ms": None, "load": None})
+    return rows
+
+
+def print_measured_plan(console: Any, measured: list[Measured], gpu: GpuMig | None, top: int = 10) -> list[RankedLayout]:
+    """The per-profile table and the ranked layouts; returns the ranking."""
+    from rich.table import Table
+
+    slo = measured[0].slo_p99_ms
+    where = "this CPU (cpu-N = a server pinned to N cores)" if gpu is None else gpu.name
+    t = Table(title=f"Per profile, from tune runs — {where}, p99 ≤ {slo:g} ms")
+    for col in ("profile", "model", "numbers", "instances", "max batch", "preferred", "delay µs", "infer/s under SLO", "p99 ms", "at load"):
+        t.add_column(col, justify="left" if col in ("profile", "model", "numbers", "preferred") else "right")
+    for row in profile_rows(measured, gpu):
+        load = ", ".join(f"{k} {v:g}" for k, v in row["load"].items()) if row["load"] else "—"
+        t.add_row(row["profile"], row["model"], row["source"], str(row["instances"]), _cell(row["max_batch"]),
+                  ",".join(map(str, row["preferred"])) if row["preferred"] else "—", _cell(row["delay_us"]),
+                  f"{row['infer_per_s']:,.0f}" if row["infer_per_s"] is not None else "—", _cell(row["p99_ms"]), load)
+    console.print(t)
+    ranked = rank_layouts(measured, gpu)
+    lt = Table(title="Layouts of measured profiles, ranked by total throughput under the SLO (measured)")
+    for col in ("model", "rank", "layout", "total infer/s", "vs best"):
+        lt.add_column(col, justify="left" if col in ("model", "layout") else "right")
+    for model in dict.fromkeys(r.model for r in ranked):
+        mine = [r for r in ranked if r.model == model]
+        for i, r in enumerate(mine[:top], 1):
+            lt.add_row(model, str(i), r.label, f"{r.total_infer_per_s:,.0f}",
+                       f"{r.total_infer_per_s / mine[0].total_infer_per_s:.2f}×" if mine[0].total_infer_per_s else "—")
+    console.print(lt)
+    for model in dict.fromkeys(r.model for r in ranked):
+        best = next(r for r in ranked if r.model == model)
+        console.print(f"[green]{model}: best measured layout {best.label} — {best.total_infer_per_s:,.0f} infer/s "
+                      f"under p99 ≤ {slo:g} ms[/]", highlight=False)
+    if gpu is not None and any(r["source"] != "measured" for r in profile_rows(measured, gpu)):
+        console.print("Profiles marked 'not measured' use the SMs // 8 heuristic and are left out of the ranking: "
+                      "tune one slice of each to rank layouts with them.", highlight=False)
+    return ranked
+
+
+def _cell(value: Any) -> str:
+    return "—" if value is None else (f"{value:g}" if isinstance(value, float) else str(value))

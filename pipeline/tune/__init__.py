@@ -1,0 +1,1 @@
+"""`python -m pipeline tune`: serving configurations chosen by measurement (see space, policy, trial, results, apply)."""
