@@ -8,15 +8,17 @@ from types import ModuleType
 from pipeline.errors import PipelineError
 
 
-def import_optional(module: str, extra: str, purpose: str) -> ModuleType:
-    """Import ``module`` or raise a PipelineError naming the pip extra that provides it (``pip install '.[extra]'``)."""
+def import_optional(module: str, extra: str | None, purpose: str) -> ModuleType:
+    """Import ``module`` or raise a PipelineError naming the pip extra that provides it (``pip install '.[extra]'``);
+    ``extra`` None: the module comes with the project's own dependencies (``pip install -e .``)."""
     try:
         return importlib.import_module(module)
     except ImportError as exc:
-        raise PipelineError(
-            f"{purpose} needs the Python module '{module}', which is not importable ({exc})",
-            f"install it with: pip install '.[{extra}]'" + (" (or '.[gpu]' on a CUDA machine)" if extra == "cpu" else ""),
-        ) from None
+        if extra is None:
+            fix = "reinstall the project's dependencies: pip install -e ."
+        else:
+            fix = f"install it with: pip install '.[{extra}]'" + (" (or '.[gpu]' on a CUDA machine)" if extra == "cpu" else "")
+        raise PipelineError(f"{purpose} needs the Python module '{module}', which is not importable ({exc})", fix) from None
 
 
 def import_tensorflow(purpose: str) -> ModuleType:

@@ -1,9 +1,18 @@
 """Arrays of model inputs from .npz/.npy files: read safely (never unpickled) and checked against
-the model's inputs. Calibration data and evaluation data both come through here."""
+the model's inputs. Calibration data and evaluation data both come through here.
+
+Inputs with dynamic non-batch axes (token sequences, audio frames) may come in *buckets* of
+different sizes: arrays named ``<input>__<bucket>`` (``tokens__len16``, ``tokens__len20``; in an
+``.npz`` or as ``<input>__<bucket>.npy`` files) form one bucket per suffix, every bucket holds one
+array per input, and within a bucket all samples share their sizes. A plain ``<input>`` array is
+the bucket ``""``. Buckets with the same per-sample shapes are batched together.
+"""
 
 from __future__ import annotations
 
+import logging
 import zipfile
+from collections import Counter
 from collections.abc import Callable, Mapping
 from pathlib import Path
 
@@ -12,7 +21,11 @@ import numpy as np
 from pipeline.errors import PipelineError, require
 from pipeline.tensors import Dim, ModelSignature, TensorSpec
 
+log = logging.getLogger(__name__)
+
 IGNORED_KEYS = ("labels",)  # eval.npz keeps labels beside the inputs
+BUCKET_SEP = "__"
+PerSample = tuple[int, ...]
 _SCAN_CHUNK = 256  # samples per chunk when scanning (possibly memory-mapped) arrays for NaN/range
 
 
@@ -56,6 +69,59 @@ def _pickle_error(path: Path, exc: ValueError) -> PipelineError:
     return PipelineError(f"cannot read '{path}': {text}", "write it again with numpy.savez / numpy.save")
 
 
+def split_buckets(origin: Path, arrays: Mapping[str, np.ndarray], signature: ModelSignature, *, what: str = "calibration data") -> dict[str, dict[str, np.ndarray]]:
+    """Group ``<input>`` / ``<input>__<bucket>`` arrays into buckets (``labels`` aside); each bucket
+    must hold one array per model input."""
+    expected = [spec.name for spec in signature.inputs]
+    buckets: dict[str, dict[str, np.ndarray]] = {}
+    unknown = []
+    for key, arr in arrays.items():
+        if key in IGNORED_KEYS or (BUCKET_SEP in key and key.split(BUCKET_SEP, 1)[0] in IGNORED_KEYS):
+            continue
+        if key in expected:
+            buckets.setdefault("", {})[key] = arr
+            continue
+        name, sep, bucket = key.rpartition(BUCKET_SEP)
+        if sep and name in expected and bucket:
+            buckets.setdefault(bucket, {})[name] = arr
+        else:
+            unknown.append(key)
+    require(
+        not unknown,
+        f"{what} '{origin}' has arrays {sorted(unknown)} that are not model inputs",
+        f"name the arrays after the model inputs: {', '.join(expected)} (or <input>{BUCKET_SEP}<bucket> for samples of another size)",
+    )
+    require(
+        bool(buckets),
+        f"{what} '{origin}' has no array for model input(s) {expected}",
+        f"add one array per model input: {', '.join(expected)}",
+    )
+    for bucket, group in buckets.items():
+        missing = [name for name in expected if name not in group]
+        label = f"bucket '{bucket}' of " if bucket else ""
+        require(
+            not missing,
+            f"{what} {label}'{origin}' has no array for model input(s) {missing}",
+            f"add one array per model input: {', '.join(expected)}"
+            + (f" (named <input>{BUCKET_SEP}{bucket})" if bucket else ""),
+        )
+    return dict(sorted(buckets.items()))
+
+
+def sizes_seen(buckets: Mapping[str, Mapping[str, np.ndarray]], signature: ModelSignature) -> dict[str, dict[int, Counter]]:
+    """For every dynamic non-batch axis: ``{input: {axis: Counter(size → samples)}}``, counted over
+    all buckets (what a shape profile must cover; the most common size is a good OPT)."""
+    seen: dict[str, dict[int, Counter]] = {}
+    for group in buckets.values():
+        for spec in signature.inputs:
+            arr = group[spec.name]
+            for axis in spec.dynamic_axes:
+                if axis == 0 or axis >= arr.ndim:
+                    continue
+                seen.setdefault(spec.name, {}).setdefault(axis, Counter())[int(arr.shape[axis])] += len(arr)
+    return seen
+
+
 def checked_inputs(
     origin: Path,
     arrays: Mapping[str, np.ndarray],
@@ -63,9 +129,15 @@ def checked_inputs(
     *,
     what: str = "calibration data",
     hints: Mapping[str, tuple[int, ...]] | None = None,
+    bounds: Mapping[str, tuple[PerSample, PerSample]] | None = None,
 ) -> dict[str, np.ndarray]:
     """Check arrays against the model inputs: names (``labels`` aside), rank, fixed dims, dtype
-    kind, value range, NaN/Inf and equal sample counts. ``what`` names the data in messages."""
+    kind, value range, NaN/Inf and equal sample counts. ``what`` names the data in messages.
+
+    ``hints`` fixes the per-sample size of dynamic axes exactly; ``bounds`` gives a per-sample
+    (min, max) shape those sizes must lie in (a shape profile). Dynamic axes that share a name
+    across inputs (``seq`` of tokens and mask) must agree. Float arrays wider than the model's
+    float type (float64 for float32) are accepted and cast, with one line saying so."""
     expected = [spec.name for spec in signature.inputs]
     unknown = sorted(set(arrays) - set(expected) - set(IGNORED_KEYS))
     require(
@@ -87,7 +159,44 @@ def checked_inputs(
         f"{what} inputs in '{origin}' have different sample counts: {counts}",
         "give every input the same number of samples (first axis)",
     )
+    _check_shared_axes(origin, checked, signature, what)
+    for spec in signature.inputs:
+        if spec.name in (bounds or {}):
+            _check_bounds(origin, checked[spec.name], spec, bounds[spec.name], what)  # type: ignore[index]
+        arr = checked[spec.name]
+        if arr.dtype.kind == "f" and spec.dtype.kind == "f" and arr.dtype.itemsize > spec.dtype.itemsize:
+            log.info("%s '%s': input '%s' is %s, cast to the model's %s", what, origin, spec.name, arr.dtype, spec.dtype)
     return checked
+
+
+def _check_shared_axes(origin: Path, checked: Mapping[str, np.ndarray], signature: ModelSignature, what: str) -> None:
+    """Inputs whose dynamic axes carry the same name (one sequence length) must agree on their size."""
+    seen: dict[str, tuple[str, int, int]] = {}
+    for spec in signature.inputs:
+        for axis, dim in enumerate(spec.shape):
+            if axis == 0 or not isinstance(dim, str) or dim in ("batch", "?", ""):
+                continue
+            size = int(checked[spec.name].shape[axis])
+            if dim in seen and seen[dim][2] != size:
+                other, other_axis, other_size = seen[dim]
+                raise PipelineError(
+                    f"{what} '{origin}': input '{spec.name}' has dim {axis} = {size} but '{other}' has dim {other_axis} = {other_size}, "
+                    f"and the model says both are the same axis '{dim}'",
+                    "give the inputs of each sample (or bucket) the same size on that axis",
+                )
+            seen.setdefault(dim, (spec.name, axis, size))
+
+
+def _check_bounds(origin: Path, arr: np.ndarray, spec: TensorSpec, bounds: tuple[PerSample, PerSample], what: str) -> None:
+    low, high = bounds
+    for axis in range(1, arr.ndim):
+        size = int(arr.shape[axis])
+        lo, hi = low[axis - 1], high[axis - 1]
+        require(
+            lo <= size <= hi,
+            f"{what} '{origin}': input '{spec.name}' has dim {axis} = {size}, outside the shape profile's {lo}..{hi}",
+            f"widen the profile with --shape {spec.name}:MIN/OPT/MAX to cover {size}, or drop those samples",
+        )
 
 
 def fmt_shape(dims: tuple[Dim, ...] | list[Dim]) -> str:

@@ -1,10 +1,16 @@
-"""Leftovers of killed stages: stages write to hidden temporaries beside their output
-(``.<name>.*``) and rename into place; a killed run leaves those behind, the next run clears them."""
+"""Atomic file writes: hidden temporaries beside the destination (``.<name>.<random>.tmp``), renamed
+into place, so a killed run never leaves a half-written file under the real name. A killed run
+leaves only the hidden temporaries; :func:`clear_leftovers` removes them on the next run."""
 
 from __future__ import annotations
 
+import contextlib
+import os
 import shutil
+import tempfile
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 
 def clear_leftovers(dst: Path) -> None:
@@ -19,18 +25,37 @@ def clear_leftovers(dst: Path) -> None:
             stale.unlink(missing_ok=True)
 
 
-def write_text_atomic(dst: Path, text: str) -> Path:
-    """Write ``text`` to a hidden ``.<name>.<random>`` temporary beside ``dst`` and rename it into place."""
-    import os
-    import tempfile
+@contextlib.contextmanager
+def atomic_path(dst: Path, *, mode: int = 0o644) -> Iterator[Path]:
+    """Yield a hidden temporary path beside ``dst`` to write to; on success it replaces ``dst``.
 
+    The temporary exists (empty) when yielded, so tools that write by path can use it; it keeps
+    ``dst``'s suffix (``.<name>.<random>.tmp<suffix>``) for tools that infer a format from it. On
+    an exception it is removed and ``dst`` is untouched. Leftovers of earlier killed runs go first.
+    """
     dst = Path(dst)
-    fd, tmp = tempfile.mkstemp(prefix=f".{dst.name}.", dir=dst.parent)
+    dst.parent.mkdir(parents=True, exist_ok=True)
+    clear_leftovers(dst)
+    fd, name = tempfile.mkstemp(dir=dst.parent, prefix=f".{dst.name}.", suffix=".tmp" + dst.suffix)
+    os.close(fd)
+    tmp = Path(name)
     try:
-        with os.fdopen(fd, "w") as fh:
-            fh.write(text)
+        os.chmod(tmp, mode)  # mkstemp makes 0600; outputs are ordinary files
+        yield tmp
+        with open(tmp, "rb") as fh:
+            os.fsync(fh.fileno())
         os.replace(tmp, dst)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    return dst
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
+def write_bytes_atomic(dst: Path, data: Any, *, mode: int = 0o644) -> Path:
+    """Write ``data`` (bytes or any buffer, e.g. a TensorRT ``IHostMemory``) to ``dst`` atomically."""
+    with atomic_path(dst, mode=mode) as tmp, open(tmp, "wb") as fh:
+        fh.write(data)
+    return Path(dst)
+
+
+def write_text_atomic(dst: Path, text: str) -> Path:
+    """Write ``text`` to ``dst`` atomically (see :func:`write_bytes_atomic`)."""
+    return write_bytes_atomic(dst, text.encode())

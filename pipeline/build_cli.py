@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import shlex
+import time
 
 from pipeline.options import add_options, config_from_values, values_from_namespace
 
@@ -48,9 +49,19 @@ def config_from_args(args: argparse.Namespace) -> "BuildConfig":  # noqa: F821
 
 def run(args: argparse.Namespace) -> int:
     """Run the build and print its summary."""
-    from pipeline.build import build
+    from pipeline.build import build, workspace_of
+    from pipeline.errors import PipelineError
     from pipeline.report import print_build_summary
 
-    result = build(config_from_args(args))
+    cfg = config_from_args(args)
+    started = time.time()
+    try:
+        result = build(cfg)
+    except PipelineError:
+        # A build that failed late (a gate, the served check) still shows what it did before the error line.
+        ws = workspace_of(cfg)
+        if ws is not None and ws.manifest.is_file() and ws.manifest.stat().st_mtime >= started:
+            print_build_summary(ws.root.name, ws.manifest, None)
+        raise
     print_build_summary(result.name, result.manifest, result.repository)
     return 0

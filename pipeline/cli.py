@@ -1,6 +1,6 @@
 """The command line: `python -m pipeline {build,serve,verify,loadtest,mig-plan}`.
 
-User errors (PipelineError) are printed as one line and exit with status 2, without a traceback.
+User errors (PipelineError) print one line and exit 2, failed checks (CheckFailed) exit 1, Ctrl-C exits 130; no traceback.
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from pipeline.errors import PipelineError
+from pipeline.errors import EXIT_INTERRUPTED, PipelineError
 
 EXIT_USER_ERROR = 2
 
@@ -28,8 +28,11 @@ def make_parser() -> argparse.ArgumentParser:
     parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND", parser_class=_Parser)
     from pipeline.build_cli import register as register_build
+    from pipeline.inspect_cli import register as register_inspect
     from pipeline.loadtest.cli import register as register_loadtest
     from pipeline.mig.cli import register as register_mig_plan
+    from pipeline.configfile import add_config_options
+    from pipeline.report_cli import register as register_report
     from pipeline.triton.deploy import register as register_deploy
     from pipeline.triton.serve_cli import register as register_serve
     from pipeline.triton.verify_cli import register as register_verify
@@ -40,38 +43,73 @@ def make_parser() -> argparse.ArgumentParser:
     register_deploy(sub)
     register_loadtest(sub)
     register_mig_plan(sub)
-    from pipeline.tune.cli import register as register_tune; register_tune(sub)  # noqa: E702 (one line: tune's registration)
+    register_inspect(sub)
+    register_report(sub)
+    add_config_options(sub)  # --config FILE and --print-config on every command
+    from pipeline.tune.cli import register as register_tune
+
+    register_tune(sub)
     return parser
 
 
 def _setup_logging(verbose: bool) -> None:
-    from rich.console import Console
     from rich.logging import RichHandler
 
-    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
-    logging.basicConfig(
-        level=logging.DEBUG if verbose else logging.INFO,
-        format="%(message)s",
-        handlers=[RichHandler(console=Console(stderr=True), show_path=False, show_time=True, markup=False, rich_tracebacks=False)],
-    )
+    from pipeline.console import err_console
+
+    if not verbose:
+        # TensorFlow's C++ banners (oneDNN, cpu_feature_guard, absl's "InitializeLog" preamble) and
+        # gRPC's core logging go straight to fd 2; they are read at import, so set them before any import.
+        os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+        os.environ.setdefault("GRPC_VERBOSITY", "ERROR")
+    console = err_console()
+    if console.is_terminal:
+        handler: logging.Handler = RichHandler(console=console, show_path=False, show_time=True, markup=False, rich_tracebacks=False)
+        handler.setFormatter(logging.Formatter("%(message)s"))
+    else:  # a pipe or a CI log: whole lines, no wrapping, the level only where it matters
+        handler = logging.StreamHandler(sys.stderr)
+        handler.setFormatter(_PlainFormatter())
+    logging.basicConfig(level=logging.DEBUG if verbose else logging.INFO, handlers=[handler], force=True)
     from polygraphy.logger import G_LOGGER
 
     G_LOGGER.module_severity = G_LOGGER.INFO if verbose else G_LOGGER.WARNING
     for noisy in ("tensorflow", "absl", "tf2onnx", "h5py", "matplotlib", "PIL", "urllib3", "polygraphy"):
-        logging.getLogger(noisy).setLevel(logging.WARNING)
+        logging.getLogger(noisy).setLevel(logging.DEBUG if verbose and noisy in ("tensorflow", "absl", "tf2onnx") else logging.WARNING)
+
+
+class _PlainFormatter(logging.Formatter):
+    def format(self, record: logging.LogRecord) -> str:
+        message = super().format(record)
+        return message if record.levelno == logging.INFO else f"{record.levelname}: {message}"
+
+
+def _commands(parser: argparse.ArgumentParser) -> argparse._SubParsersAction:
+    return next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point; returns the exit status."""
+    from pipeline import configfile
+
     argv = list(sys.argv[1:] if argv is None else argv)
-    args = make_parser().parse_args(argv)
+    parser = make_parser()
+    try:
+        configfile.load_config_defaults(_commands(parser), argv)  # the file's values become defaults; flags override
+    except PipelineError as exc:
+        sys.stderr.write(f"error: {exc}\n")
+        return exc.exit_code
+    args = parser.parse_args(argv)
+    configfile.finish(parser, args, argv)
     args.argv = argv
+    if getattr(args, "print_config", False):
+        sys.stdout.write(configfile.effective_config(parser, args))
+        return 0
     _setup_logging(args.verbose)
     try:
         return int(args.handler(args))
-    except PipelineError as exc:
+    except PipelineError as exc:  # CheckFailed: 1 (a measured check said no); any other: 2 (usage or input)
         sys.stderr.write(f"error: {exc}\n")
-        return EXIT_USER_ERROR
+        return exc.exit_code
     except KeyboardInterrupt:
         sys.stderr.write("interrupted\n")
-        return 130
+        return EXIT_INTERRUPTED

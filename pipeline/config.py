@@ -20,7 +20,8 @@ from pipeline.options import (
     option,
     repository_option,
 )
-from pipeline.stages.calibration import PREPROCESS_MODES
+from pipeline.budget import DEFAULT_MAX_MEMORY_GIB
+from pipeline.stages.calibration import ASPECT_TOLERANCE, PREPROCESS_MODES, RESIZE_MODES
 from pipeline.stages.int8 import CALIBRATION_METHODS
 from pipeline.stages.shapes import SHAPE_SYNTAX, well_formed
 from pipeline.stages.source import DEFAULT_MODEL, ModelSource
@@ -57,6 +58,10 @@ class BuildConfig:
                         group=CONVERSION)
     max_batch: int = option(64, "largest batch the deployment serves", check=in_range(1, 4096), fix="use a value from 1 to 4096", group=CONVERSION)
     fp16: bool = option(False, "add an FP16 ONNX variant (FP32 inputs/outputs; Softmax and other sensitive ops kept FP32)", group=PRECISION)
+    fp16_keep_op_types: tuple[str, ...] = option((), "FP16: also keep these ONNX op types in FP32, comma-separated or repeated, "
+                                                     "e.g. Softmax,LayerNormalization", metavar="TYPE,...", group=PRECISION)
+    fp16_keep_nodes: tuple[str, ...] = option((), "FP16: keep these nodes of model.fp32.onnx in FP32 (node names, comma-separated or repeated)",
+                                              metavar="NAME,...", group=PRECISION)
     int8: bool = option(False, "add an INT8 variant: explicit Q/DQ, symmetric int8, zero point 0, per-channel weights", group=PRECISION)
     calibration: Path | None = option(None, "INT8 calibration data: an .npz (one array per input), a folder with calib.npz or <input>.npy "
                                             "files, or a folder of JPEG/PNG images (default: <calibration-root>/<name>/)",
@@ -66,6 +71,11 @@ class BuildConfig:
                                      choices=CALIBRATION_METHODS, group=PRECISION)
     preprocess: str = option("unit", "image calibration only: unit = 0..1, symmetric = -1..1, imagenet = RGB mean/std, raw = 0..255",
                              choices=PREPROCESS_MODES, group=PRECISION)
+    resize: str | None = option(None, f"image calibration only: how images whose aspect ratio differs from the input's by more than "
+                                      f"{ASPECT_TOLERANCE:g}x are fitted: stretch, crop (centre) or pad (black borders); without it they are refused",
+                                choices=RESIZE_MODES, group=PRECISION)
+    max_memory_gib: float = option(DEFAULT_MAX_MEMORY_GIB, "memory budget that sizes calibration batches from the model's activations "
+                                                           "(see README, Memory)", check=in_range(0.25, 4096), metavar="GIB", group=PRECISION)
     shapes: tuple[str, ...] = option((), "dynamic-shape profile of an input, dims joined by x, e.g. image:1x8x8x1/64x8x8x1/64x8x8x1; "
                                          "repeat for more inputs; naming an input again starts the next profile (default: batch 1/max/max)",
                                      flag="--shape", metavar="INPUT:MIN/OPT/MAX", group=ENGINES)
@@ -102,7 +112,7 @@ class BuildConfig:
         for text in self.shapes:
             if not well_formed(text):
                 raise PipelineError(f"malformed --shape '{text}': expected {SHAPE_SYNTAX}", "write e.g. --shape image:1x8x8x1/32x8x8x1/64x8x8x1")
-        if self.eval_data is not None and not self.eval_data.is_file():
-            raise PipelineError(f"evaluation data '{self.eval_data}' does not exist", "pass an .npz with one array per input (and labels) to --eval-data")
+        if self.eval_data is not None and not self.eval_data.exists():
+            raise PipelineError(f"evaluation data '{self.eval_data}' does not exist", "pass an .npz (or a folder of .npy files) with one array per input (and labels) to --eval-data")
         if self.int8 and self.calibration is not None and not self.calibration.exists():
             raise PipelineError(f"calibration data '{self.calibration}' does not exist", "pass an .npz file or a folder of .npy files or images to --calibration")

@@ -1,4 +1,10 @@
-"""Labeled evaluation data: `eval.npz` (one array per model input name, plus ``labels``).
+"""Labeled evaluation data: `eval.npz` (one array per model input name, plus ``labels``), or a
+folder of ``.npy`` files with the same names.
+
+Samples of different sizes on a dynamic axis (token sequences of length 16 and 20, say) come in
+length buckets, as calibration data does: ``tokens__16``, ``labels__16``, ``tokens__20``,
+``labels__20`` (see :mod:`pipeline.buckets`). Batches never mix buckets, so no sample is ever
+padded; labels are kept in bucket order.
 
 When a model has no evaluation data, parity runs on seeded synthetic samples (floats in
 [0, 1), integer ids in [0, 2) so any embedding accepts them); accuracy gates then compare
@@ -13,45 +19,105 @@ from pathlib import Path
 
 import numpy as np
 
-from pipeline.arrays import checked_inputs, load_npz
+from pipeline.buckets import BUCKET_SEP, checked_buckets, read_arrays
 from pipeline.errors import PipelineError
 from pipeline.fingerprint import hash_path
 from pipeline.tensors import ModelSignature
 
 
 @dataclass(frozen=True)
-class EvalData:
-    """Samples for every model input (first axis = sample) and optional int labels."""
+class EvalBucket:
+    """Samples of one size: every input (first axis = sample) and optional int labels."""
 
+    name: str  # the bucket label after '__' ("" when the data has no buckets)
     inputs: dict[str, np.ndarray]
     labels: np.ndarray | None
-    source: str
-    fingerprint: str  # what the stage cache keys on
 
     @property
     def num_samples(self) -> int:
         return len(next(iter(self.inputs.values())))
 
+
+@dataclass(frozen=True)
+class EvalData:
+    """Evaluation samples in one or more length buckets."""
+
+    buckets: tuple[EvalBucket, ...]
+    source: str
+    fingerprint: str  # what the stage cache keys on
+    synthetic: bool = False  # made up: says nothing about the sizes a deployment sees
+
+    @classmethod
+    def single(cls, inputs: dict[str, np.ndarray], labels: np.ndarray | None, source: str, fingerprint: str) -> EvalData:
+        """Evaluation data of one size (one bucket)."""
+        return cls((EvalBucket("", inputs, labels),), source, fingerprint)
+
+    @property
+    def num_samples(self) -> int:
+        return sum(b.num_samples for b in self.buckets)
+
+    @property
+    def labels(self) -> np.ndarray | None:
+        """Labels of every sample, in the order :meth:`batches` yields them (None without labels)."""
+        if any(b.labels is None for b in self.buckets):
+            return None
+        return np.concatenate([b.labels for b in self.buckets])  # type: ignore[misc]
+
+    @property
+    def inputs(self) -> dict[str, np.ndarray]:
+        """Every input's samples, for data of a single size (one bucket)."""
+        if len(self.buckets) != 1:
+            raise PipelineError(
+                f"evaluation data {self.source} holds {len(self.buckets)} length buckets, which cannot be stacked",
+                "iterate over .batches() or .buckets instead",
+            )
+        return self.buckets[0].inputs
+
     def batches(self, batch_size: int) -> Iterator[dict[str, np.ndarray]]:
-        """Yield feed dicts of at most ``batch_size`` samples, in order."""
-        for start in range(0, self.num_samples, batch_size):
-            yield {k: v[start : start + batch_size] for k, v in self.inputs.items()}
+        """Yield feed dicts of at most ``batch_size`` samples of one bucket, bucket by bucket, in order."""
+        for bucket in self.buckets:
+            for start in range(0, bucket.num_samples, batch_size):
+                yield {k: v[start : start + batch_size] for k, v in bucket.inputs.items()}
 
     def head(self, count: int) -> dict[str, np.ndarray]:
-        """The first ``count`` samples of every input."""
-        return {k: v[:count] for k, v in self.inputs.items()}
+        """The first ``count`` samples of the largest bucket (the most common size)."""
+        bucket = max(self.buckets, key=lambda b: b.num_samples)
+        return {k: v[:count] for k, v in bucket.inputs.items()}
+
+    def sample_shapes(self) -> list[tuple[str, dict[str, tuple[int, ...]], int]]:
+        """Per bucket: where it came from, each input's per-sample shape, and its sample count."""
+        return [
+            (f"{self.source}" + (f"[{b.name}]" if b.name else ""), {k: tuple(v.shape[1:]) for k, v in b.inputs.items()}, b.num_samples)
+            for b in self.buckets
+        ]
+
+
+def eval_data_from_path(path: Path, signature: ModelSignature) -> EvalData:
+    """Load and check evaluation data (an ``.npz`` or a folder of ``.npy`` files) against the
+    model's inputs (names, rank, fixed dims, dtype kind), bucket by bucket."""
+    path = Path(path)
+    buckets = []
+    for name, arrays in checked_buckets(path, read_arrays(path), signature, what="evaluation data").items():
+        inputs = {spec.name: np.ascontiguousarray(arrays[spec.name], dtype=spec.dtype) for spec in signature.inputs}
+        n = len(next(iter(inputs.values())))
+        labels = arrays.get("labels")
+        key = "labels" + (f"{BUCKET_SEP}{name}" if name else "")
+        if labels is not None and (labels.ndim != 1 or len(labels) != n or labels.dtype.kind not in "iu"):
+            raise PipelineError(f"'{key}' in '{path}' must be {n} integers (one per sample)", "store class indices as int64")
+        buckets.append(EvalBucket(name, inputs, None if labels is None else np.asarray(labels, dtype=np.int64)))
+    with_labels = [b.name for b in buckets if b.labels is not None]
+    if with_labels and len(with_labels) != len(buckets):
+        missing = [b.name for b in buckets if b.labels is None]
+        raise PipelineError(
+            f"evaluation data '{path}' has labels for buckets {with_labels} but not for {missing}",
+            f"add labels{BUCKET_SEP}<bucket> for every bucket, or none",
+        )
+    return EvalData(tuple(buckets), str(path), hash_path(path))
 
 
 def eval_data_from_npz(path: Path, signature: ModelSignature) -> EvalData:
-    """Load and check ``eval.npz`` against the model's inputs (names, rank, fixed dims, dtype kind)."""
-    arrays = load_npz(path)
-    labels = arrays.pop("labels", None)
-    checked = checked_inputs(path, arrays, signature, what="evaluation data")
-    inputs = {spec.name: np.ascontiguousarray(checked[spec.name], dtype=spec.dtype) for spec in signature.inputs}
-    n = len(next(iter(inputs.values())))
-    if labels is not None and (labels.ndim != 1 or len(labels) != n or labels.dtype.kind not in "iu"):
-        raise PipelineError(f"'labels' in '{path}' must be {n} integers (one per sample)", "store class indices as int64")
-    return EvalData(inputs, labels.astype(np.int64) if labels is not None else None, str(path), hash_path(path))
+    """:func:`eval_data_from_path` for an ``eval.npz`` (kept for callers that name the format)."""
+    return eval_data_from_path(path, signature)
 
 
 def synthetic_eval_data(signature: ModelSignature, samples: int, dynamic: Mapping[str, int] | None = None, seed: int = 0) -> EvalData:
@@ -67,4 +133,4 @@ def synthetic_eval_data(signature: ModelSignature, samples: int, dynamic: Mappin
         else:
             inputs[spec.name] = rng.integers(0, 2, dims).astype(spec.dtype)
     source = f"synthetic (seed {seed}, {samples} samples, dynamic dims {dict(dynamic or {})})"
-    return EvalData(inputs, None, source, source)
+    return EvalData((EvalBucket("", inputs, None),), source, source, synthetic=True)

@@ -4,13 +4,15 @@ The build's accuracy stage and ``verify`` (served accuracy) judge with the same 
 
 **Accuracy drop with its uncertainty.** A variant is compared with FP32 on the *same* samples, so
 the comparison is paired: ``b`` samples FP32 gets right and the variant wrong, ``c`` the reverse;
-the drop is ``(b − c) / n``. Its bounds come from exact (Clopper–Pearson) bounds on the two
-discordant rates, each at ``(1 − confidence) / 2`` (Bonferroni), so ``low ≤ drop ≤ high`` holds with
-at least ``confidence`` whatever the data. The gate **passes** when ``high ≤ limit``, **fails** when
-``low > limit`` (the drop exceeds the limit with that confidence), and otherwise the evaluation set
-cannot decide: the build stops with "not enough evaluation data to judge a L-point limit". Even a
-perfect result (no sample flips) needs ``n ≥ ln((1 − confidence)/2) / ln(1 − L)`` samples: 368 for
-1 point, 736 for 0.5, 1843 for 0.2 at 95%.
+the drop is ``(b − c) / n``. Its bounds are Tango's score bounds for a difference of paired
+proportions (the interval used for non-inferiority tests on matched pairs; it stays sensible at
+zero flips, where Wald-type intervals collapse to a point), each one-sided at ``confidence``
+(approximately: measured one-sided coverage in tests/test_gates.py is ≥ 93% at a nominal 95%). The
+gate **passes** when ``high ≤ limit`` (the drop is within the limit with that confidence),
+**fails** when ``low > limit`` (it exceeds the limit with that confidence), and otherwise the
+evaluation set cannot decide: the build stops with "not enough evaluation data to judge a L-point
+limit". Even a perfect result (no sample flips) needs ``n ≥ z²(1 − L)/L`` samples: 268 for 1 point,
+539 for 0.5, 1351 for 0.2 at 95% (z = 1.645).
 
 Without labels, top-1 disagreement with FP32 (an upper bound on the drop) is judged the same way.
 Outputs that are not class scores (regression heads, embeddings) are never judged on top-1: they
@@ -81,17 +83,42 @@ def tolerance_for(precision: str, gates: Gates) -> Tolerance:
     return Tolerance(gates.fp16_max_drop, gates.fp16_atol, gates.fp16_min_cosine, gates.gate_confidence)
 
 
-def _cp_upper(k: int, n: int, alpha: float) -> float:
-    """One-sided exact upper bound on a rate with ``k`` events in ``n`` trials."""
-    from scipy.stats import beta
+def _z(confidence: float) -> float:
+    from scipy.stats import norm
 
-    return 1.0 if k >= n else float(beta.ppf(1 - alpha, k + 1, n - k))
+    return float(norm.ppf(confidence))
 
 
-def _cp_lower(k: int, n: int, alpha: float) -> float:
-    from scipy.stats import beta
+def _tango_z(worse: int, better: int, n: int, delta: float) -> float:
+    """Tango's score statistic for H0: drop = ``delta`` in matched pairs (Tango 1998, Stat. Med. 17:891)."""
+    a = 2 * n
+    b = -worse - better + (2 * n - worse + better) * delta
+    c = -better * delta * (1 - delta)
+    p21 = (math.sqrt(max(b * b - 4 * a * c, 0.0)) - b) / (2 * a)  # restricted MLE of the 'better' rate
+    variance = n * (2 * p21 + delta * (1 - delta))
+    if variance <= 0:
+        return 0.0 if worse - better == n * delta else math.copysign(math.inf, worse - better - n * delta)
+    return (worse - better - n * delta) / math.sqrt(variance)
 
-    return 0.0 if k <= 0 else float(beta.ppf(alpha, k, n - k + 1))
+
+def _score_bound(worse: int, better: int, n: int, z: float, upper: bool) -> float:
+    """The drop at which Tango's statistic reaches ∓z: the one-sided score bound."""
+    from scipy.optimize import brentq
+
+    estimate = (worse - better) / n
+    target = -z if upper else z
+    edge = 1.0 if upper else -1.0
+    f = lambda d: _tango_z(worse, better, n, d) - target  # noqa: E731
+    if f(edge * (1 - 1e-12)) * f(estimate) > 0:
+        return edge
+    return float(brentq(f, min(estimate, edge * (1 - 1e-12)), max(estimate, edge * (1 - 1e-12)), xtol=1e-10))
+
+
+def _wilson(k: int, n: int, z: float, upper: bool) -> float:
+    p = k / n
+    centre = (p + z * z / (2 * n)) / (1 + z * z / n)
+    half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / (1 + z * z / n)
+    return min(1.0, centre + half) if upper else max(0.0, centre - half)
 
 
 @dataclass(frozen=True)
@@ -114,31 +141,31 @@ class DropEstimate:
 
 
 def paired_drop(worse: int, better: int, samples: int, confidence: float) -> DropEstimate:
-    """The drop ``(worse − better)/samples`` in points, with bounds holding at ``confidence``."""
-    alpha = (1 - confidence) / 2
+    """The drop ``(worse − better)/samples`` in points, with one-sided score bounds each holding at ``confidence``."""
     n = max(samples, 1)
-    low = _cp_lower(worse, n, alpha) - _cp_upper(better, n, alpha)
-    high = _cp_upper(worse, n, alpha) - _cp_lower(better, n, alpha)
+    z = _z(confidence)
+    low, high = _score_bound(worse, better, n, z, upper=False), _score_bound(worse, better, n, z, upper=True)
     return DropEstimate((worse - better) / n * 100, low * 100, high * 100, worse, better, samples, confidence, True)
 
 
 def disagreement(disagree: int, samples: int, confidence: float) -> DropEstimate:
-    """Without labels: the rate of top-1 disagreement with FP32 (an upper bound on the drop), with bounds."""
-    alpha = 1 - confidence
+    """Without labels: the rate of top-1 disagreement with FP32 (an upper bound on the drop), with Wilson score bounds."""
     n = max(samples, 1)
-    return DropEstimate(disagree / n * 100, _cp_lower(disagree, n, alpha) * 100, _cp_upper(disagree, n, alpha) * 100,
+    z = _z(confidence)
+    return DropEstimate(disagree / n * 100, _wilson(disagree, n, z, upper=False) * 100, _wilson(disagree, n, z, upper=True) * 100,
                         disagree, 0, samples, confidence, False)
 
 
-def min_samples(limit_points: float, confidence: float, paired: bool = True) -> int:
-    """The smallest evaluation set on which a perfect result (no flips) passes ``limit_points``."""
-    alpha = (1 - confidence) / 2 if paired else 1 - confidence
+def min_samples(limit_points: float, confidence: float) -> int:
+    """The smallest evaluation set on which a perfect result (no flips) passes ``limit_points``: both score
+    bounds reduce to ``z²/(n + z²)`` there."""
     rate = limit_points / 100
     if rate <= 0:
         return math.inf  # type: ignore[return-value]
     if rate >= 1:
         return 1
-    return math.ceil(math.log(alpha) / math.log(1 - rate))
+    z = _z(confidence)
+    return math.ceil(z * z * (1 - rate) / rate)
 
 
 def judge_drop(estimate: DropEstimate, limit_points: float) -> tuple[str, str | None]:
@@ -149,7 +176,7 @@ def judge_drop(estimate: DropEstimate, limit_points: float) -> tuple[str, str | 
         return "pass", None
     if estimate.low > limit_points:
         return "fail", f"{shown} > {limit_points:g} allowed"
-    needed = min_samples(limit_points, estimate.confidence, estimate.paired)
+    needed = min_samples(limit_points, estimate.confidence)
     return "undecided", (f"not enough evaluation data to judge a {limit_points:g}-point limit: {shown}"
                          + (f"; even a perfect result needs ≥ {needed} samples" if estimate.samples < needed else ""))
 

@@ -192,6 +192,7 @@ def add_options(parser: argparse.ArgumentParser, cls: type) -> None:
     Defaults stay out of the namespace (``SUPPRESS``) so a config file can sit between the
     dataclass defaults and the flags; the help shows the dataclass default.
     """
+    parser.set_defaults(options_class=cls)  # --config and --print-config read the options through it
     groups: dict[str, Any] = {}
     for fld in fields_of(cls):
         opt = fld.option

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -92,8 +92,7 @@ def repository_from_artifacts(
         log.warning("deploy bundle not written: TensorRT plans need --triton-image naming the NGC tag with the TensorRT that built them")
     else:
         kwargs = {"image": settings.image} if settings.image else {}
-        bundle = write_deploy_bundle(settings.repository, deploy_dir(settings.repository), **kwargs)
-        log.info("deploy bundle for the NGC tritonserver image: %s", bundle[0].parent)
+        write_deploy_bundle(settings.repository, deploy_dir(settings.repository), **kwargs)  # logs where it went
     return published
 
 
@@ -135,9 +134,8 @@ def _mig_files(artifacts: Sequence[Artifact], configs: Mapping[str, Any], settin
     gpu, _, layout = (settings.mig or "").partition(":")
     memory = {a.triton_name(settings.model): memory_for_artifact(a, settings.max_batch) for a in artifacts}
     plan, files = mig_configs_for_repository(configs, gpu, layout or None, memory)
-    bundle = BundleSettings(host_repository=str(Path(settings.repository).absolute()))
-    if settings.image:
-        bundle = replace(bundle, image=settings.image)
-    written = write_bundle(deploy_dir(settings.repository) / "mig", plan, bundle)
-    log.info("MIG plan for %s: per-profile configs and launch bundle in %s", gpu, written[0].parent)
+    bundle = BundleSettings(image=settings.image) if settings.image else BundleSettings()
+    out = deploy_dir(settings.repository) / "mig"
+    write_bundle(out, plan, bundle, repository=Path(settings.repository))
+    log.info("MIG plan for %s: per-profile configs and launch bundle in %s", gpu, out)
     return files

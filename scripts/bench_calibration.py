@@ -27,12 +27,12 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from pipeline.budget import DEFAULT_MAX_MEMORY_GIB
 from pipeline.errors import PipelineError
 from pipeline.onnxrt import session_from_onnx
 from pipeline.stages.calibration import calibration_from_path
 from pipeline.stages.int8 import (
     CALIBRATION_METHODS,
-    DEFAULT_BATCH_SIZE,
     qdq_onnx_from_onnx,
 )
 from pipeline.tensors import signature_from_onnx
@@ -47,7 +47,7 @@ def _worker(args: argparse.Namespace) -> int:
     data = calibration_from_path(args.calib, signature_from_onnx(args.model), min_samples=1, max_samples=args.max_samples)
     baseline = _peak_rss_mib()
     started = time.perf_counter()
-    qdq_onnx_from_onnx(args.model, args.out, data, method=args.worker, percentile=args.percentile, batch_size=args.batch_size)
+    qdq_onnx_from_onnx(args.model, args.out, data, method=args.worker, percentile=args.percentile, batch_size=args.batch_size, max_memory_gib=args.max_memory_gib)
     seconds = time.perf_counter() - started
     print(json.dumps({"seconds": seconds, "peak_rss_mib": _peak_rss_mib(), "baseline_rss_mib": baseline, "samples": data.num_samples}))
     return 0
@@ -61,8 +61,10 @@ def _predict(model: Path, batches: list[dict[str, np.ndarray]], output: str, exa
 def _quantize_in_subprocess(args: argparse.Namespace, method: str, out: Path) -> dict[str, float]:
     command = [
         sys.executable, __file__, "--worker", method, "--model", str(args.model), "--calib", str(args.calib),
-        "--out", str(out), "--percentile", str(args.percentile), "--batch-size", str(args.batch_size),
+        "--out", str(out), "--percentile", str(args.percentile), "--max-memory-gib", str(args.max_memory_gib),
     ]  # fmt: skip
+    if args.batch_size:
+        command += ["--batch-size", str(args.batch_size)]
     if args.max_samples:
         command += ["--max-samples", str(args.max_samples)]
     proc = subprocess.run(command, capture_output=True, text=True, check=False)
@@ -79,7 +81,8 @@ def main() -> int:
     parser.add_argument("--eval", type=Path, help="eval.npz (inputs + optional labels); required unless --worker")
     parser.add_argument("--methods", nargs="+", default=list(CALIBRATION_METHODS), choices=CALIBRATION_METHODS)
     parser.add_argument("--percentile", type=float, default=99.999, help="for the percentile method")
-    parser.add_argument("--batch-size", type=int, default=DEFAULT_BATCH_SIZE, help="calibration batch size")
+    parser.add_argument("--batch-size", type=int, help="calibration batch size (default: sized to --max-memory-gib)")
+    parser.add_argument("--max-memory-gib", type=float, default=DEFAULT_MAX_MEMORY_GIB, help="memory budget that sizes calibration batches (default: %(default)g)")
     parser.add_argument("--max-samples", type=int, help="use at most this many calibration samples")
     parser.add_argument("--output", help="model output holding probabilities (default: the first)")
     parser.add_argument("--json", type=Path, default=Path("calibration_bench.json"), help="where to write results")
@@ -125,7 +128,7 @@ def _bench(args: argparse.Namespace) -> int:
             })  # fmt: skip
 
     metric = "top-1 accuracy" if labels is not None else "top-1 agreement with FP32"
-    print(f"{args.model}: {evaluation.num_samples} eval samples, {metric}; calibration batch {args.batch_size}")
+    print(f"{args.model}: {evaluation.num_samples} eval samples, {metric}; calibration batch {args.batch_size or f'for {args.max_memory_gib:g} GiB'}")
     header = f"{'method':<11}{'top-1':>8}{'drop':>9}{'max|Δp|':>10}{'calib s':>9}{'peak RSS MiB':>14}{'(+calib)':>10}"
     print(header)
     print("-" * len(header))

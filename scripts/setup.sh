@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Set up a fresh machine: a virtualenv in .venv with the pinned stack, and wrk for the load-generator benchmark.
+# Set up a fresh machine: a virtualenv in .venv with the pinned stack, wrk for the load-generator benchmark,
+# and chromium for the HTML report's headless-browser test.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
@@ -14,6 +15,13 @@ if ! command -v wrk >/dev/null 2>&1; then
         (apt-get update -qq && apt-get install -y -qq wrk) >/dev/null 2>&1 || echo "note: could not install wrk (only scripts/bench_loadgen.py needs it)"
     else
         echo "note: wrk is not installed (only scripts/bench_loadgen.py needs it): apt-get install wrk"
+    fi
+fi
+if ! command -v chromium >/dev/null 2>&1; then
+    if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
+        (apt-get update -qq && apt-get install -y -qq chromium) >/dev/null 2>&1 || echo "note: could not install chromium (only the HTML report's browser test needs it)"
+    else
+        echo "note: chromium is not installed (only the HTML report's browser test needs it): apt-get install chromium"
     fi
 fi
 echo "setup done: activate with '. .venv/bin/activate'"

@@ -20,9 +20,10 @@ def cli(*args: str, cwd: Path = ROOT, timeout: float = 600, env: dict[str, str] 
     return subprocess.run([sys.executable, "-m", "pipeline", *args], cwd=cwd, env=full_env, capture_output=True, text=True, timeout=timeout)
 
 
-def one_line_error(proc: subprocess.CompletedProcess[str]) -> str:
-    """Assert the process failed as a user error: exit 2, no traceback, one 'error:' line; return it."""
-    assert proc.returncode == 2, (proc.returncode, proc.stderr[-2000:])
+def one_line_error(proc: subprocess.CompletedProcess[str], status: int = 2) -> str:
+    """Assert the process failed with one 'error:' line and no traceback, exit ``status`` (2: bad usage or
+    input; 1: a measured check failed); return the line."""
+    assert proc.returncode == status, (proc.returncode, proc.stderr[-2000:])
     assert "Traceback" not in proc.stderr, proc.stderr[-2000:]
     errors = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
     assert len(errors) == 1, proc.stderr[-2000:]

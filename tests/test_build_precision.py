@@ -13,18 +13,24 @@ from onnx import numpy_helper
 from PIL import Image
 
 from pipeline.stages.int8 import check_qdq_int8_symmetric
-from tests.conftest import ROOT, cli, one_line_error
+from tests.conftest import ROOT, Built, cli, one_line_error
 
 pytestmark = pytest.mark.slow
 
 
 @pytest.fixture(scope="module")
-def own_build(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The default model own_build once with --fp16 --int8; later builds in the same workdir reuse its stages."""
-    root = tmp_path_factory.mktemp("precision")
-    proc = cli("build", "--fp16", "--int8", "--workdir", str(root / "build"), "--repository", str(root / "repo"))
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    return root
+def own_build(built: Built) -> Path:
+    """The session's default-model build (``--fp16 --int8``), under ``<root>/build``: only read here."""
+    return built.workdir.parent
+
+
+@pytest.fixture
+def own_copy(own_build: Path, tmp_path: Path) -> Path:
+    """A copy of ``own_build``'s workdir (its stages stay cached) for a test that builds again.
+
+    ``own_build`` itself is never built again, so the tests reading it pass in any order."""
+    shutil.copytree(own_build / "build", tmp_path / "copy" / "build", symlinks=True)
+    return tmp_path / "copy"
 
 
 def _args(root: Path, *extra: str) -> tuple[str, ...]:
@@ -71,10 +77,10 @@ def test_accuracy_gates_and_report(own_build: Path) -> None:
     assert report["samples"] == 449 and report["labels"] is True
 
 
-def test_int8_alone_builds_fp32_and_int8(own_build: Path, tmp_path: Path) -> None:
-    proc = cli("build", "--int8", "--workdir", str(own_build / "build"), "--repository", str(tmp_path / "repo"))
+def test_int8_alone_builds_fp32_and_int8(own_copy: Path, tmp_path: Path) -> None:
+    proc = cli("build", "--int8", "--workdir", str(own_copy / "build"), "--repository", str(tmp_path / "repo"))
     assert proc.returncode == 0, proc.stderr[-3000:]
-    manifest = json.loads((own_build / "build" / "digits" / "manifest.json").read_text())
+    manifest = json.loads((own_copy / "build" / "digits" / "manifest.json").read_text())
     assert set(manifest["artifacts"]) == {"fp32.onnx", "int8.onnx"}
     assert sorted(p.name for p in (tmp_path / "repo").iterdir() if p.is_dir()) == ["digits_fp32", "digits_int8"]
 
@@ -85,13 +91,14 @@ def test_engine_step_says_why_it_did_not_run(own_build: Path) -> None:
     assert engine["status"] == "not run" and engine["note"].startswith("TensorRT engine step not run: ")
 
 
-def test_gate_failure_names_variant_and_publishes_nothing(own_build: Path, tmp_path: Path) -> None:
+def test_gate_failure_names_variant_and_publishes_nothing(own_copy: Path, tmp_path: Path) -> None:
     repo = tmp_path / "repo"
-    line = one_line_error(cli("build", "--fp16", "--fp16-atol", "1e-9", "--workdir", str(own_build / "build"), "--repository", str(repo)))
+    build = cli("build", "--fp16", "--fp16-atol", "1e-9", "--workdir", str(own_copy / "build"), "--repository", str(repo))
+    line = one_line_error(build, status=1)  # the build ran and a measured check failed: 1, not a usage error
     assert "accuracy gate failed: fp16-onnx: output 'probs' max abs error" in line and "> atol 1e-09" in line
     assert "--fp16-atol" in line.split(" — ", 1)[1]  # the fix speaks of the precision that failed
     assert not repo.exists() or not any(repo.iterdir())
-    stages = {s["name"]: s for s in json.loads((own_build / "build" / "digits" / "manifest.json").read_text())["stages"]}
+    stages = {s["name"]: s for s in json.loads((own_copy / "build" / "digits" / "manifest.json").read_text())["stages"]}
     assert stages["accuracy"]["status"] == "failed" and "publish" not in stages
 
 
@@ -125,17 +132,17 @@ BAD_CALIBRATION = {
 
 
 @pytest.mark.parametrize("case", sorted(BAD_CALIBRATION))
-def test_bad_calibration_data(own_build: Path, tmp_path: Path, case: str) -> None:
+def test_bad_calibration_data(own_copy: Path, tmp_path: Path, case: str) -> None:
     make, expected = BAD_CALIBRATION[case]
-    line = one_line_error(cli(*_args(own_build, "--int8", "--calibration", str(make(tmp_path)))))
+    line = one_line_error(cli(*_args(own_copy, "--int8", "--calibration", str(make(tmp_path)))))
     assert "calibration" in line.lower() and expected in line, line
 
 
-def test_image_folder_calibration(own_build: Path, tmp_path: Path) -> None:
+def test_image_folder_calibration(own_copy: Path, tmp_path: Path) -> None:
     folder = _images(tmp_path / "imgs", 200)
-    proc = cli(*_args(own_build, "--int8", "--calibration", str(folder), "--preprocess", "unit"))
+    proc = cli(*_args(own_copy, "--int8", "--calibration", str(folder), "--preprocess", "unit"))
     assert proc.returncode == 0, proc.stderr[-3000:]
-    report = json.loads((own_build / "build" / "digits" / "accuracy.json").read_text())
+    report = json.loads((own_copy / "build" / "digits" / "accuracy.json").read_text())
     int8 = {v["variant"]: v for v in report["variants"]}["int8-onnx"]
     assert int8["passed"] and (int8["reference_accuracy"] - int8["accuracy"]) * 100 <= 1.0
 
@@ -150,8 +157,8 @@ def test_image_folder_calibration(own_build: Path, tmp_path: Path) -> None:
         ("image:8x8x8x1/4x8x8x1/8x8x8x1", "axis 0 needs MIN <= OPT <= MAX, got 8/4/8"),
     ],
 )
-def test_invalid_shape(own_build: Path, shape: str, expected: str) -> None:
-    line = one_line_error(cli(*_args(own_build, "--shape", shape)))
+def test_invalid_shape(own_copy: Path, shape: str, expected: str) -> None:
+    line = one_line_error(cli(*_args(own_copy, "--shape", shape)))
     assert expected in line, line
 
 

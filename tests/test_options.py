@@ -25,7 +25,8 @@ def _subparser(name: str) -> argparse.ArgumentParser:
 @pytest.mark.parametrize(("command", "cls"), [("build", BuildConfig), ("verify", VerifyConfig)])
 def test_every_cli_option_has_a_config_field_with_default_and_help_and_the_reverse(command: str, cls: type) -> None:
     parser = _subparser(command)
-    flags = {a.dest: a for a in parser._actions if a.option_strings and a.dest != "help"}
+    # help, and the config-file switches every command has (pipeline/configfile.py), are not settings
+    flags = {a.dest: a for a in parser._actions if a.option_strings and a.dest not in ("help", "config", "print_config")}
     fields = {f.name: f for f in fields_of(cls)}
     assert set(flags) == set(fields), f"CLI-only: {set(flags) - set(fields)}, config-only: {set(fields) - set(flags)}"
     for name, fld in fields.items():

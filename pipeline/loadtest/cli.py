@@ -6,20 +6,20 @@ import argparse
 import contextlib
 import datetime as _dt
 import logging
+import math
 from collections.abc import Iterator
 from pathlib import Path
 
-from pipeline.errors import PipelineError, require
+from pipeline.errors import EXIT_CHECK_FAILED, PipelineError, require
 from pipeline.loadtest.client import Endpoint, endpoint_from_url
 from pipeline.loadtest.measure import WindowSettings
-from pipeline.loadtest.payload import ENCODINGS
+from pipeline.loadtest.metrics import default_metrics_endpoint
+from pipeline.loadtest.payload import ENCODINGS, eval_data_path
 from pipeline.loadtest.policy import ARRIVALS, policies_from_options
 from pipeline.loadtest.results import RunResult, best_point
 from pipeline.loadtest.runner import PROTOCOLS, LoadTestSettings, run_loadtest
 
 log = logging.getLogger(__name__)
-
-EXIT_FAILED = 1
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -62,6 +62,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                              "Default: start the embedded server on --repository")
     target.add_argument("--grpc-url", action="append", default=[], metavar="HOST:PORT",
                         help="with --url and --protocol grpc: the gRPC address of each --url, in the same order")
+    target.add_argument("--metrics-url", action="append", default=[], metavar="HOST:PORT",
+                        help="with --url: Triton's Prometheus metrics address of each --url, in the same order "
+                             "(default: the --url host at its port + 2, Triton's 8000/8002 layout)")
     target.add_argument("--repository", type=Path, default=Path("model_repository"),
                         help="model repository for the embedded server (default: %(default)s)")
     target.add_argument("--model", action="append", default=[], metavar="NAME",
@@ -101,7 +104,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.set_defaults(handler=run)
 
 
-def settings_from_args(args: argparse.Namespace, endpoints: list[Endpoint], grpc_endpoints: list[Endpoint], models: list[str]) -> LoadTestSettings:
+def settings_from_args(
+    args: argparse.Namespace, endpoints: list[Endpoint], grpc_endpoints: list[Endpoint], models: list[str], metrics: list[Endpoint] | None = None
+) -> LoadTestSettings:
     """Validate the options and gather them."""
     require(args.batch_size >= 1, f"--batch-size must be at least 1, got {args.batch_size}", "e.g. --batch-size 8")
     require(args.window_ms >= 10, f"--window-ms {args.window_ms:g} is too short to measure anything", "use 500 or more")
@@ -133,12 +138,13 @@ def settings_from_args(args: argparse.Namespace, endpoints: list[Endpoint], grpc
         max_connections=args.max_connections,
         data=args.data,
         calibration_dir=args.calibration_root,
+        metrics_endpoints=tuple(metrics or ()),
         repository=None if args.url else args.repository,
     )
 
 
 @contextlib.contextmanager
-def _servers(args: argparse.Namespace) -> Iterator[tuple[list[Endpoint], list[Endpoint], list[str], dict[str, str]]]:
+def _servers(args: argparse.Namespace) -> Iterator[tuple[list[Endpoint], list[Endpoint], list[str], dict[str, str], list[Endpoint]]]:
     """The endpoints to load: the given URLs, or an embedded server started (and stopped) here."""
     if args.url:
         endpoints = [endpoint_from_url(u) for u in args.url]
@@ -146,10 +152,14 @@ def _servers(args: argparse.Namespace) -> Iterator[tuple[list[Endpoint], list[En
         if args.protocol == "grpc":
             require(len(grpc) == len(endpoints), "--protocol grpc with --url needs a --grpc-url for every --url",
                     "e.g. --url 127.0.0.1:8000 --grpc-url 127.0.0.1:8001")
-        yield endpoints, grpc, list(args.model), {}
+        metrics = [endpoint_from_url(u) for u in args.metrics_url] or [default_metrics_endpoint(e) for e in endpoints]
+        require(len(metrics) == len(endpoints), "--metrics-url must be given once for every --url (or not at all)",
+                "e.g. --url 127.0.0.1:8000 --metrics-url 127.0.0.1:8002")
+        yield endpoints, grpc, list(args.model), {}, metrics
         return
     from pipeline.triton.server import TritonServer
 
+    _check_before_start(args)
     log.info("starting the embedded tritonserver on %s", args.repository)
     with TritonServer(args.repository) as server:
         models = list(args.model) or list(server.ready_models)
@@ -157,7 +167,21 @@ def _servers(args: argparse.Namespace) -> Iterator[tuple[list[Endpoint], list[En
         require(not missing, f"model(s) {', '.join(missing)} are not served from {args.repository} "
                 f"(served: {', '.join(server.ready_models)}; skipped: {server.skipped_models or 'none'})",
                 "pass a served --model, or build the model first (python -m pipeline build)")
-        yield [endpoint_from_url(server.http_url)], [endpoint_from_url(server.grpc_url)], models, dict(server.skipped_models)
+        yield ([endpoint_from_url(server.http_url)], [endpoint_from_url(server.grpc_url)], models, dict(server.skipped_models),
+               [endpoint_from_url(server.metrics_url)])
+
+
+def _check_before_start(args: argparse.Namespace) -> None:
+    """Named models must be in the repository and have samples, before a server takes seconds to start."""
+    if not args.model or not args.repository.is_dir():
+        return  # the server's own start reports a missing or empty repository
+    present = sorted(p.name for p in args.repository.iterdir() if (p / "config.pbtxt").is_file())
+    missing = [m for m in args.model if m not in present]
+    require(not missing, f"model(s) {', '.join(missing)} are not in {args.repository} (it has: {', '.join(present) or 'no models'})",
+            "pass --model with one of those names, or --repository with the one that holds the model")
+    if args.data is None:
+        for model in args.model:
+            eval_data_path(model, args.calibration_root, args.repository)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -168,17 +192,23 @@ def run(args: argparse.Namespace) -> int:
     # Options are checked before any server starts, so a typo costs no startup time.
     settings_from_args(args, [Endpoint("127.0.0.1", 1)], [Endpoint("127.0.0.1", 1)], [])
     report_dir = args.report_dir or Path("reports") / _dt.datetime.now().strftime("%Y%m%d-%H%M%S")
-    with _servers(args) as (endpoints, grpc, models, skipped):
-        settings = settings_from_args(args, endpoints, grpc, models)
+    with _servers(args) as (endpoints, grpc, models, skipped, metrics):
+        settings = settings_from_args(args, endpoints, grpc, models, metrics)
         result = run_loadtest(settings)
         result.skipped_models = skipped
     if not result.points:
         raise PipelineError("no load point was measured", "check the server and the --model names")
-    from pipeline.loadtest.report import table, write_reports
+    from pipeline.loadtest.report import metrics_table, table, write_reports
 
     console.print(table(result, args.slo_p99_ms))
+    console.print(metrics_table(result))
     written = write_reports(result, report_dir, args.slo_p99_ms)
     console.print(f"reports: {', '.join(str(p) for p in written)}")
+    from pipeline.htmlreport import refresh_html_report
+
+    page = refresh_html_report(Path("build"), report_dir.parent)
+    if page:
+        console.print(f"report: {page}")
     return _verdict(result, args.slo_p99_ms, console)
 
 
@@ -188,7 +218,7 @@ def _verdict(result: RunResult, slo_p99_ms: float | None, console: object) -> in
         console.print(f"[yellow]skipped {model}: {reason}[/]")  # type: ignore[attr-defined]
     for failure in result.failures:
         console.print(f"[red]failed: {failure}[/]")  # type: ignore[attr-defined]
-        status = EXIT_FAILED
+        status = EXIT_CHECK_FAILED
     errored = [p for p in result.points if p.aggregate.error_count]
     if errored:
         total = sum(p.aggregate.error_count for p in errored)
@@ -198,15 +228,15 @@ def _verdict(result: RunResult, slo_p99_ms: float | None, console: object) -> in
                 kinds[kind] = kinds.get(kind, 0) + n
         console.print(f"[red]{total} failed requests in {len(errored)} point(s): "  # type: ignore[attr-defined]
                       f"{', '.join(f'{k} ×{v}' for k, v in sorted(kinds.items()))}[/]")
-        status = EXIT_FAILED
-    cpu = [p.client_cpu_us_per_request for p in result.points if p.client_cpu_us_per_request == p.client_cpu_us_per_request]
+        status = EXIT_CHECK_FAILED
+    cpu = [p.client_cpu_us_per_request for p in result.points if not math.isnan(p.client_cpu_us_per_request)]
     if cpu:
         console.print(f"client CPU per request: {min(cpu):.1f}-{max(cpu):.1f} µs ({result.generator['engine']})")  # type: ignore[attr-defined]
     if slo_p99_ms is not None:
         best = best_point(result.points, slo_p99_ms)
         if best is None:
             console.print(f"[red]SLO p99 ≤ {slo_p99_ms:g} ms: no point meets it[/]")  # type: ignore[attr-defined]
-            status = EXIT_FAILED
+            status = EXIT_CHECK_FAILED
         else:
             console.print(  # type: ignore[attr-defined]
                 f"[green]SLO p99 ≤ {slo_p99_ms:g} ms: best point {best.model} {best.label} — "

@@ -28,16 +28,18 @@ from pipeline.loadtest.client import Endpoint
 from pipeline.loadtest.payload import ModelIO
 from pipeline.loadtest.policy import ClosedLoop, OpenLoop, Policy
 from pipeline.loadtest.recorder import Recorder
-from pipeline.loadtest.verify import compare_with_tritonclient
+from pipeline.loadtest.request_check import compare_with_tritonclient
 
 _METHOD = "/inference.GRPCInferenceService/ModelInfer"
 _BACKOFF_NS = (10_000_000, 20_000_000, 50_000_000, 100_000_000, 200_000_000, 500_000_000)
 _TICK_NS = 5_000_000  # how often the controller's thread looks at retries when nothing is due
+# gRPC core follows http_proxy/https_proxy/grpc_proxy, even for loopback; a load generator talks to Triton directly.
+_DIRECT = [("grpc.enable_http_proxy", 0)]
 
 
 def grpc_request_bytes(io: ModelIO, tensors: dict[str, np.ndarray]) -> bytes:
     """A serialized ``ModelInferRequest`` with the tensors as raw little-endian contents."""
-    service_pb2 = import_optional("tritonclient.grpc.service_pb2", "all", "gRPC load")
+    service_pb2 = import_optional("tritonclient.grpc.service_pb2", None, "gRPC load")
     request = service_pb2.ModelInferRequest(model_name=io.name)
     for t in io.inputs:
         array = tensors[t.name]
@@ -50,10 +52,10 @@ def grpc_request_bytes(io: ModelIO, tensors: dict[str, np.ndarray]) -> bytes:
 
 def check_grpc_request(endpoint: Endpoint, io: ModelIO, request: bytes, tensors: dict[str, np.ndarray]) -> None:
     """Raise unless the pre-serialized request gives the outputs tritonclient's gRPC client gets."""
-    grpc = import_optional("grpc", "all", "gRPC load")
-    grpcclient = import_optional("tritonclient.grpc", "all", "gRPC load")
-    service_pb2 = import_optional("tritonclient.grpc.service_pb2", "all", "gRPC load")
-    with grpc.insecure_channel(endpoint.address) as channel:
+    grpc = import_optional("grpc", None, "gRPC load")
+    grpcclient = import_optional("tritonclient.grpc", None, "gRPC load")
+    service_pb2 = import_optional("tritonclient.grpc.service_pb2", None, "gRPC load")
+    with grpc.insecure_channel(endpoint.address, options=_DIRECT) as channel:
         try:
             raw = channel.unary_unary(_METHOD)(request, timeout=30.0)
         except grpc.RpcError as exc:
@@ -62,7 +64,11 @@ def check_grpc_request(endpoint: Endpoint, io: ModelIO, request: bytes, tensors:
                 "check --grpc-url and that the evaluation data matches the model's inputs",
             ) from None
     ours = grpcclient.InferResult(service_pb2.ModelInferResponse.FromString(raw))
-    client = grpcclient.InferenceServerClient(endpoint.address)
+    # channel_args replaces tritonclient's own options, so its message size limits are repeated here
+    size = grpcclient.MAX_GRPC_MESSAGE_SIZE
+    client = grpcclient.InferenceServerClient(
+        endpoint.address, channel_args=[("grpc.max_send_message_length", size), ("grpc.max_receive_message_length", size), *_DIRECT]
+    )
     compare_with_tritonclient(client, grpcclient, io, tensors, ours, rtol=1e-5, what="gRPC")
 
 
@@ -85,7 +91,7 @@ class GrpcEngine:
     """Closed or open loop over one channel per endpoint; same interface as the HTTP engine."""
 
     def __init__(self, targets: list[tuple[Endpoint, list[bytes]]], policy: Policy, *, timeout_s: float, max_in_flight: int = 256) -> None:
-        self._grpc = import_optional("grpc", "all", "gRPC load")
+        self._grpc = import_optional("grpc", None, "gRPC load")
         self._targets = [_Target(e, p) for e, p in targets]
         self.recorders = [t.recorder for t in self._targets]
         self._policy = policy
@@ -104,7 +110,7 @@ class GrpcEngine:
         self._running = True
         now = time.perf_counter_ns()
         for t in self._targets:
-            t.channel = self._grpc.insecure_channel(t.endpoint.address)
+            t.channel = self._grpc.insecure_channel(t.endpoint.address, options=_DIRECT)
             t.call = t.channel.unary_unary(_METHOD)
             if isinstance(self._policy, ClosedLoop):
                 for _ in range(self._policy.concurrency):

@@ -62,12 +62,14 @@ class ModelIO:
 def eval_data_path(model: str, calibration_dir: Path, repository: Path | None = None) -> Path:
     """The samples for ``model``: what its build recorded in ``repository`` (``--eval-data``), else
     ``<calibration_dir>/<model or its base model>/eval.npz`` (``digits_int8[_trt]`` reads ``digits``'s)."""
-    from pipeline.workspace import eval_data_of_served
+    from pipeline.artifacts import parse_variant
+    from pipeline.workspace import ModelData, eval_data_of_served
 
     found = eval_data_of_served(Path(repository or ".") / model, calibration_dir)
     if found is None:
+        looked = ModelData.of(calibration_dir, (parse_variant(model) or (model, ""))[0]).eval
         raise PipelineError(
-            f"no evaluation samples for model '{model}' (none recorded by its build, no {calibration_dir}/<model>/eval.npz)",
+            f"no evaluation samples for model '{model}' (none recorded by its build, no {looked})",
             "pass --data PATH.npz with one array per input name (a build given --eval-data records it for later commands)",
         )
     return found
@@ -84,7 +86,17 @@ def load_samples(path: Path) -> dict[str, np.ndarray]:
 
 def request_batches(samples: dict[str, np.ndarray], io: ModelIO, batch_size: int, count: int) -> list[dict[str, np.ndarray]]:
     """``count`` request batches of ``batch_size`` consecutive samples (wrapping around), each
-    input cast to the dtype the model declares."""
+    input cast to the dtype the model declares. Samples in length buckets (``tokens__16``,
+    ``tokens__20``: see :mod:`pipeline.buckets`) are sent at their real sizes, the requests
+    taking the buckets in turn."""
+    from pipeline.buckets import split_buckets
+
+    buckets = list(split_buckets("the samples", samples, [t.name for t in io.inputs]).values())
+    per_bucket = [_bucket_batches(b, io, batch_size, -(-count // len(buckets))) for b in buckets]
+    return [per_bucket[k % len(buckets)][k // len(buckets)] for k in range(count)]
+
+
+def _bucket_batches(samples: dict[str, np.ndarray], io: ModelIO, batch_size: int, count: int) -> list[dict[str, np.ndarray]]:
     if io.max_batch_size > 0 and batch_size > io.max_batch_size:
         raise PipelineError(
             f"--batch-size {batch_size} exceeds model '{io.name}''s max_batch_size {io.max_batch_size}",

@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from pipeline.loadtest.results import EndpointResult, PointResult, RunResult, best_point
+from pipeline.tables import TableData, to_rich
 
 CSV_FIELDS = (
     "model", "endpoint", "protocol", "encoding", "policy", "load", "arrivals", "batch_size", "stable", "overloaded", "aborted",
@@ -18,30 +19,30 @@ CSV_FIELDS = (
     "server_request_us", "server_queue_us", "server_compute_input_us", "server_compute_infer_us",
     "server_compute_output_us", "server_avg_batch_size", "client_successes_total", "server_successes_total",
     "client_cpu_us_per_request",
+    "metrics_inferences", "metrics_executions", "metrics_failure", "metrics_request_us", "metrics_queue_us",
+    "metrics_compute_infer_us", "metrics_cpu_utilization", "metrics_gpu_utilization", "metrics_gpu_memory_used_bytes", "metrics_note",
 )  # fmt: skip
 
 
-def table(result: RunResult, slo_p99_ms: float | None = None) -> Any:
-    """A ``rich.table.Table`` of every point (aggregate rows, then one row per endpoint if several)."""
-    from rich.table import Table
-
+def points_data(result: RunResult, slo_p99_ms: float | None = None) -> TableData:
+    """Every point (aggregate rows, then one row per endpoint if several); the best point meeting the SLO marked."""
     several = len(result.settings.get("endpoints", [])) > 1
-    t = Table(title=f"Triton load test — {result.settings['protocol']} ({result.points[0].encoding if result.points else ''})")
-    for name, justify in [
-        ("model", "left"), ("load", "right"), ("infer/s", "right"), ("p50 ms", "right"), ("p90", "right"),
-        ("p95", "right"), ("p99", "right"), ("max", "right"), ("errors", "right"), ("queue µs", "right"),
-        ("in µs", "right"), ("infer µs", "right"), ("out µs", "right"), ("batch", "right"),
-        ("client µs/req", "right"), ("stable", "center"),
-    ]:  # fmt: skip
-        t.add_column(name, justify=justify)  # type: ignore[arg-type]
+    t = TableData(f"Triton load test — {result.settings['protocol']} ({result.points[0].encoding if result.points else ''})", [
+        "model", "load", "infer/s", "p50 ms", "p90", "p95", "p99", "max", "errors", "queue µs",
+        "in µs", "infer µs", "out µs", "batch", "client µs/req", "stable",
+    ])  # fmt: skip
     best = best_point(result.points, slo_p99_ms) if slo_p99_ms is not None else None
     for point in result.points:
-        style = "bold green" if point is best else ("red" if point.aborted or point.aggregate.error_count else None)
-        t.add_row(*_cells(point, point.aggregate, point.model), style=style)
+        t.add(_cells(point, point.aggregate, point.model), "best" if point is best else ("bad" if point.aborted or point.aggregate.error_count else ""))
         if several:
             for e in point.endpoints:
-                t.add_row(*_cells(point, e, f"  └ {e.endpoint}"), style="dim")
+                t.add(_cells(point, e, f"  └ {e.endpoint}"), "dim")
     return t
+
+
+def table(result: RunResult, slo_p99_ms: float | None = None) -> Any:
+    """:func:`points_data` as a ``rich.table.Table``."""
+    return to_rich(points_data(result, slo_p99_ms))
 
 
 def _cells(point: PointResult, r: EndpointResult, name: str) -> list[str]:
@@ -60,6 +61,60 @@ def _num(value: Any, digits: int) -> str:
     if value is None or (isinstance(value, float) and not math.isfinite(value)):
         return "—"
     return f"{value:,.{digits}f}"
+
+
+def metrics_data(result: RunResult) -> TableData:
+    """Triton's Prometheus metrics per point (aggregate rows); the caption says why figures are missing."""
+    t = TableData("Triton Prometheus metrics over each point (/metrics deltas, gauges at the end)", [
+        "model", "load", "inferences", "executions", "batch", "failures", "request µs", "queue µs", "infer µs",
+        "CPU util", "GPU util", "GPU memory",
+    ])  # fmt: skip
+    notes = []
+    for point in result.points:
+        m = point.aggregate.metrics
+        if m is None:
+            notes.append(point.aggregate.metrics_note)
+            t.add([point.model, point.label] + ["—"] * (len(t.columns) - 2))
+            continue
+        gpus = m.get("gpus") or []
+        if not gpus:
+            notes.append(str(m.get("gpu_note", "")))
+        util = [g["utilization"] for g in gpus if g.get("utilization") is not None]
+        used = sum(g["memory_used_bytes"] or 0 for g in gpus)
+        total = sum(g["memory_total_bytes"] or 0 for g in gpus)
+        t.add([
+            point.model, point.label, _num(m["inferences"], 0), _num(m["executions"], 0), _num(m["avg_batch_size"], 2),
+            _num(m["failure"], 0), _num(m["request_us"], 0), _num(m["queue_us"], 0), _num(m["compute_infer_us"], 0),
+            "—" if m.get("cpu_utilization") is None else f"{m['cpu_utilization']:.0%}",
+            f"{sum(util) / len(util):.0%}" if util else "—",
+            f"{used / 2**30:.1f}/{total / 2**30:.1f} GiB" if total else "—",
+        ])  # fmt: skip
+    t.caption = "; ".join(dict.fromkeys(n for n in notes if n))
+    return t
+
+
+def metrics_table(result: RunResult) -> Any:
+    """:func:`metrics_data` as a ``rich.table.Table``."""
+    return to_rich(metrics_data(result))
+
+
+def _metrics_cells(r: EndpointResult) -> dict[str, Any]:
+    m = r.metrics or {}
+    gpus = m.get("gpus") or []
+    util = [g["utilization"] for g in gpus if g.get("utilization") is not None]
+    return {
+        "metrics_inferences": m.get("inferences", ""), "metrics_executions": m.get("executions", ""),
+        "metrics_failure": m.get("failure", ""), "metrics_request_us": _blank(m.get("request_us")),
+        "metrics_queue_us": _blank(m.get("queue_us")), "metrics_compute_infer_us": _blank(m.get("compute_infer_us")),
+        "metrics_cpu_utilization": _blank(m.get("cpu_utilization")),
+        "metrics_gpu_utilization": sum(util) / len(util) if util else "",
+        "metrics_gpu_memory_used_bytes": sum(g.get("memory_used_bytes") or 0 for g in gpus) if gpus else "",
+        "metrics_note": r.metrics_note or m.get("gpu_note", ""),
+    }  # fmt: skip
+
+
+def _blank(value: Any) -> Any:
+    return "" if value is None else value
 
 
 def csv_rows(result: RunResult) -> list[dict[str, Any]]:
@@ -90,6 +145,7 @@ def csv_rows(result: RunResult) -> list[dict[str, Any]]:
                 "server_successes_total": "" if r.server_successes_total is None else r.server_successes_total,
                 "client_cpu_us_per_request": round(p.client_cpu_us_per_request, 2)
                 if math.isfinite(p.client_cpu_us_per_request) else "",
+                **_metrics_cells(r),
             })  # fmt: skip
     return rows
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
 from pipeline.loadtest.stats import LatencySummary
@@ -27,6 +27,8 @@ class EndpointResult:
     server_successes_total: int | None = None  # Triton's success count over the whole point
     unsent: int = 0  # open loop: scheduled requests that never went out before the point ended
     abandoned: int = 0  # in flight when the point ended, after the drain period (not counted as errors)
+    metrics: dict[str, Any] | None = None  # Triton's Prometheus metrics over the whole point (counter deltas, end gauges)
+    metrics_note: str = ""  # why ``metrics`` is missing, if it is
 
     @property
     def throughput_rps(self) -> float:
@@ -109,6 +111,35 @@ class RunResult:
             "skipped_models": self.skipped_models,
             "points": [p.to_dict() for p in self.points],
         }
+
+
+def _latency(value: dict[str, Any] | None) -> LatencySummary | None:
+    if value is None:
+        return None
+    return LatencySummary(**{k: (float("nan") if v is None else v) for k, v in value.items()})
+
+
+def _endpoint_from_dict(value: dict[str, Any]) -> EndpointResult:
+    known = {f.name for f in fields(EndpointResult)}
+    out = {k: v for k, v in value.items() if k in known}
+    out["latency"] = _latency(value["latency"])
+    out["send_lag"] = _latency(value.get("send_lag"))
+    return EndpointResult(**out)
+
+
+def run_from_dict(payload: dict[str, Any]) -> RunResult:
+    """A RunResult back from its ``results.json`` (None where the JSON has null for NaN)."""
+    known = {f.name for f in fields(PointResult)}
+    points = []
+    for p in payload.get("points", []):
+        point = {k: v for k, v in p.items() if k in known and k not in ("aggregate", "endpoints")}
+        if point.get("client_cpu_us_per_request") is None:
+            point["client_cpu_us_per_request"] = float("nan")
+        points.append(PointResult(**point, aggregate=_endpoint_from_dict(p["aggregate"]), endpoints=[_endpoint_from_dict(e) for e in p["endpoints"]]))
+    return RunResult(
+        started=payload["started"], settings=payload["settings"], server=payload["server"], generator=payload["generator"],
+        points=points, failures=payload.get("failures", []), skipped_models=payload.get("skipped_models", {}),
+    )
 
 
 def best_point(points: list[PointResult], slo_p99_ms: float) -> PointResult | None:

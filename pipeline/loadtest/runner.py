@@ -17,6 +17,7 @@ from pipeline.errors import PipelineError
 from pipeline.loadtest import payload as pl
 from pipeline.loadtest.client import Endpoint, post_request_bytes
 from pipeline.loadtest.engine import HttpEngine
+from pipeline.loadtest import metrics as pm
 from pipeline.loadtest.measure import (
     Measurement,
     WindowSettings,
@@ -34,7 +35,8 @@ from pipeline.loadtest.targets import (
     require_ready,
     server_metadata,
 )
-from pipeline.loadtest.verify import check_request
+from pipeline.loadtest.request_check import check_request
+from pipeline.progress import progress
 
 log = logging.getLogger(__name__)
 
@@ -59,6 +61,7 @@ class LoadTestSettings:
     calibration_dir: Path = Path("calibration")
     repository: Path | None = None  # where the builds recorded their evaluation data (embedded server's repository)
     distinct_requests: int = 16
+    metrics_endpoints: tuple[Endpoint | None, ...] = ()  # Prometheus /metrics per HTTP endpoint (None: not scraped)
 
 
 def run_loadtest(settings: LoadTestSettings) -> RunResult:
@@ -95,30 +98,82 @@ def _run_model(settings: LoadTestSettings, model: str, result: RunResult) -> boo
     targets = _targets(settings, io, batches)
     log.info("%s: %d distinct requests of batch %d, %s/%s", model, len(batches), settings.batch_size, settings.protocol,
              settings.encoding if settings.protocol == "http" else "protobuf")
-    for policy in settings.policies:
-        log.info("%s: %s", model, policy.label)
-        engine = _engine(settings, targets, policy)
-        fetchers = [functools.partial(fetch_counters, e, model) for e in settings.endpoints]
-        offered = policy.rate * len(targets) if isinstance(policy, OpenLoop) else None
-        measurement = measure(engine, settings.windows, fetchers, offered)
-        point = point_from_measurement(settings, model, policy, measurement)
-        result.points.append(point)
-        agg = point.aggregate
-        log.info(
-            "%s %s: %.1f infer/s, p50 %.2f ms, p99 %.2f ms, %d errors%s%s",
-            model, point.label, agg.infer_per_s, agg.latency.p50_ms, agg.latency.p99_ms, agg.error_count,
-            " (overloaded: below the offered rate)" if point.overloaded else ("" if point.stable else " (not stable)"), f" — aborted: {point.aborted}" if point.aborted else "",
-        )
-        if point.aborted:
-            for endpoint in settings.endpoints:
-                try:
-                    server_metadata(endpoint)
-                except PipelineError as exc:
-                    result.failures.append(f"{model} {point.label}: {point.aborted}; then {exc.problem}")
-                    return False
-            result.failures.append(f"{model} {point.label}: {point.aborted}; rest of this model's sweep skipped")
-            return True
+    with progress(f"load test {model}", len(settings.policies), unit="points", summary=False) as bar:  # each point logs its line
+        for policy in bar.track(settings.policies):
+            bar.note(policy.label)
+            point = _run_point(settings, model, policy, targets)
+            result.points.append(point)
+            if not _point_done(settings, model, point, result):
+                return False
+            if point.aborted:
+                return True
     return True
+
+
+def _run_point(settings: LoadTestSettings, model: str, policy: Policy, targets: list[tuple[Endpoint, list[bytes]]]) -> PointResult:
+    """Measure one load point, with Triton's Prometheus metrics scraped when it starts and ends."""
+    log.debug("%s: %s", model, policy.label)
+    engine = _engine(settings, targets, policy)
+    fetchers = [functools.partial(fetch_counters, e, model) for e in settings.endpoints]
+    offered = policy.rate * len(targets) if isinstance(policy, OpenLoop) else None
+    before = [_scrape(m) for m in _metrics_endpoints(settings)]
+    measurement = measure(engine, settings.windows, fetchers, offered)
+    after = [_scrape(m) for m in _metrics_endpoints(settings)]
+    point = point_from_measurement(settings, model, policy, measurement)
+    _attach_metrics(point, model, before, after)
+    return point
+
+
+def _point_done(settings: LoadTestSettings, model: str, point: PointResult, result: RunResult) -> bool:
+    """Log the point; note an aborted one. False when the run must stop (a server is gone)."""
+    agg = point.aggregate
+    log.info(
+        "%s %s: %.1f infer/s, p50 %.2f ms, p99 %.2f ms, %d errors%s%s",
+        model, point.label, agg.infer_per_s, agg.latency.p50_ms, agg.latency.p99_ms, agg.error_count,
+        " (overloaded: below the offered rate)" if point.overloaded else ("" if point.stable else " (not stable)"), f" — aborted: {point.aborted}" if point.aborted else "",
+    )
+    if point.aborted:
+        for endpoint in settings.endpoints:
+            try:
+                server_metadata(endpoint)
+            except PipelineError as exc:
+                result.failures.append(f"{model} {point.label}: {point.aborted}; then {exc.problem}")
+                return False
+        result.failures.append(f"{model} {point.label}: {point.aborted}; rest of this model's sweep skipped")
+    return True
+
+
+def _metrics_endpoints(settings: LoadTestSettings) -> list[Endpoint | None]:
+    return list(settings.metrics_endpoints) or [None] * len(settings.endpoints)
+
+
+def _scrape(endpoint: Endpoint | None) -> pm.MetricsSnapshot | str:
+    """A snapshot of ``/metrics``, or why there is none."""
+    if endpoint is None:
+        return "Prometheus metrics not scraped (no metrics address; pass --metrics-url)"
+    try:
+        return pm.scrape(endpoint)
+    except OSError as exc:
+        return f"Prometheus metrics at {endpoint.address} unavailable: {exc}"
+
+
+def _attach_metrics(point: PointResult, model: str, before: list[pm.MetricsSnapshot | str], after: list[pm.MetricsSnapshot | str]) -> None:
+    """Per endpoint and aggregated: counter deltas over the point and the gauges at its end."""
+    deltas, ends = [], []
+    for result, start, end in zip(point.endpoints, before, after):
+        if isinstance(start, str) or isinstance(end, str):
+            result.metrics_note = start if isinstance(start, str) else str(end)
+            continue
+        delta = end.models.get(model, pm.ModelCounters()) - start.models.get(model, pm.ModelCounters())
+        result.metrics = pm.summarize(delta, end)
+        deltas.append(delta)
+        ends.append(end)
+    if len(point.endpoints) == 1:
+        point.aggregate.metrics, point.aggregate.metrics_note = point.endpoints[0].metrics, point.endpoints[0].metrics_note
+    elif deltas and len(deltas) == len(point.endpoints):
+        point.aggregate.metrics = pm.summarize(sum(deltas, pm.ModelCounters()), pm.combined(ends))
+    else:
+        point.aggregate.metrics_note = "; ".join(e.metrics_note for e in point.endpoints if e.metrics_note)
 
 
 def _targets(settings: LoadTestSettings, io: pl.ModelIO, batches: list[dict[str, np.ndarray]]) -> list[tuple[Endpoint, list[bytes]]]:

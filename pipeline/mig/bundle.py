@@ -10,47 +10,54 @@ Every MIG device runs its own tritonserver with:
 - its own ports on the host (slot i: base port + i × stride) — in compose and Kubernetes each
   server has its own network namespace, so the container ports stay 8000/8001/8002.
 
-Kubernetes: one Deployment and one Service per profile, each pod requesting one
-``nvidia.com/mig-<profile>`` (GPU Operator / device plugin **mixed** strategy; the plugin spells
-``+me`` profiles with a dot: ``mig-1g.18gb.me``).
+The tritonserver flags come from :mod:`pipeline.triton.server_args` and the files are written by
+:mod:`pipeline.triton.bundle_files`, both shared with ``deploy``: the repository is found relative
+to the bundle (``MODEL_REPOSITORY`` overrides it), compose services run as the non-root user with
+init, the admin key reaches the servers only through their environment, and files the user edited
+are kept (the new version goes to ``<file>.new``). Kubernetes manifests: :mod:`pipeline.mig.k8s`.
 """
 
 from __future__ import annotations
 
-import shlex
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
-
-import yaml
 
 from pipeline.mig.configs import config_name
 from pipeline.mig.nvidia_smi import MigDevice
 from pipeline.mig.plan import MigPlan, ProfilePlan
-from pipeline.triton.deploy import ADMIN_KEY_ENV, DEFAULT_IMAGE, restricted_api_args
+from pipeline.triton.bundle_files import (
+    CONTAINER_REPOSITORY,
+    REPOSITORY_ENV,
+    compose_service,
+    compose_yaml,
+    relative_repository,
+    script_repository_lines,
+    write_bundle_files,
+)
+from pipeline.triton.deploy import DEFAULT_IMAGE
+from pipeline.triton.server_args import ADMIN_KEY_ENV, SHELL_ADMIN_KEY, ServerArgs, shell_command, tritonserver_args
 
 LAUNCH_SCRIPT = "launch-mig.sh"
 COMPOSE_FILE = "docker-compose.yml"
 
 
-class _Dumper(yaml.SafeDumper):
-    """Safe YAML without anchors/aliases: each manifest reads on its own."""
-
-    def ignore_aliases(self, data: object) -> bool:
-        return True
-
-
 @dataclass(frozen=True)
 class BundleSettings:
-    """What the bundle runs and where: image, in-container repository path, ports."""
+    """What the bundle runs and where: image, repository, ports, Kubernetes sizing."""
 
     image: str = DEFAULT_IMAGE
-    container_repository: str = "/models"
-    host_repository: str = "./model_repository"  # launch script default and compose bind mount
+    # The model repository relative to the bundle folder (relative_repository()); None: MODEL_REPOSITORY must be set.
+    repository: str | None = None
     pvc_claim: str = "triton-model-repository"  # Kubernetes volume holding the repository
     http_port: int = 8000
     grpc_port: int = 8001
     metrics_port: int = 8002
     port_stride: int = 10  # slot i listens on base + i × stride (launch script, compose host ports)
+    max_gpus: int = 4  # Kubernetes: the autoscaler grows each profile up to this many GPUs' worth of devices
+    queue_target_us: int = 10_000  # Kubernetes: scale out when the mean queue time per request exceeds this
+    cpu_request: str = "1"  # Kubernetes requests/limits beside the MIG device
+    memory_request: str = "4Gi"
+    memory_limit: str = "8Gi"
 
 
 def k8s_name(profile: str) -> str:
@@ -63,25 +70,21 @@ def mig_resource(profile: str) -> str:
     return "nvidia.com/mig-" + profile.replace("+", ".")
 
 
-# How each deployment form refers to the admin key (never written into the bundle).
-COMPOSE_ADMIN_KEY = f"${{{ADMIN_KEY_ENV}:?set {ADMIN_KEY_ENV}: the admin APIs need a key}}"
-K8S_ADMIN_KEY = f"$({ADMIN_KEY_ENV})"  # Kubernetes expands $(VAR) in args from the container's env
-K8S_ADMIN_SECRET = "triton-admin"
-
-
-def server_args(profile_plan: ProfilePlan, repository: str, ports: tuple[int, int, int], admin_key: str) -> list[str]:
-    """The tritonserver command line for one device of ``profile_plan``; the admin APIs (model
-    load/unload included: the servers run in explicit model control) need ``admin_key``."""
+def profile_server(profile_plan: ProfilePlan, repository: str | None, ports: tuple[int | str | None, ...],
+                   admin_key: str = SHELL_ADMIN_KEY, binary: str | None = "tritonserver") -> ServerArgs:
+    """How the server of one device of ``profile_plan`` runs: its profile's configs, exactly its models
+    (explicit model control, so load/unload go through the key-restricted repository API)."""
     http, grpc, metrics = ports
-    args = [
-        "tritonserver",
-        f"--model-repository={repository}",
-        f"--model-config-name={config_name(profile_plan.profile.name)}",
-        "--model-control-mode=explicit",
-    ]
-    args += [f"--load-model={m}" for m in profile_plan.loaded]
-    args += [f"--http-port={http}", f"--grpc-port={grpc}", f"--metrics-port={metrics}"]
-    return args + restricted_api_args(admin_key)
+    return ServerArgs(
+        repository=repository, http_port=http, grpc_port=grpc, metrics_port=metrics,
+        model_control="explicit", load_models=tuple(profile_plan.loaded),
+        config_name=config_name(profile_plan.profile.name), admin_key=admin_key, binary=binary,
+    )
+
+
+def server_args(profile_plan: ProfilePlan, repository: str, ports: tuple[int, int, int], admin_key: str = SHELL_ADMIN_KEY) -> list[str]:
+    """The tritonserver command line for one device of ``profile_plan``."""
+    return tritonserver_args(profile_server(profile_plan, repository, ports, admin_key))
 
 
 def _slot_ports(settings: BundleSettings, slot: int) -> tuple[int, int, int]:
@@ -96,13 +99,13 @@ def _container_ports(settings: BundleSettings) -> tuple[int, int, int]:
 def launch_script(plan: MigPlan, settings: BundleSettings = BundleSettings()) -> str:
     """A bash script that starts one tritonserver per MIG device listed by ``nvidia-smi -L``."""
     served = [p for p in plan.profiles if p.loaded]
-    config_lines = "\n".join(
-        f"  [{shlex.quote(p.profile.name)}]={shlex.quote(config_name(p.profile.name))}" for p in served
-    )
-    model_lines = "\n".join(f"  [{shlex.quote(p.profile.name)}]={shlex.quote(' '.join(p.loaded))}" for p in served)
+    cases = []
+    for p in served:
+        server = profile_server(p, f"${REPOSITORY_ENV}", ("$http", "$grpc", "$metrics"), binary="$TRITONSERVER")
+        cases.append(f'    "{p.profile.name}") args=({shell_command(tritonserver_args(server))}) ;;')
     layout = str(plan.layout) if plan.layout else "any layout of these profiles"
-    # double quotes: bash expands the key when the script runs; it is never written here
-    restricted = " ".join(f'"{a}"' for a in restricted_api_args(f"${{{ADMIN_KEY_ENV}}}"))
+    lines = "\n".join(script_repository_lines(settings.repository))
+    case_lines = "\n".join(cases)
     return f"""#!/usr/bin/env bash
 # Generated by `python -m pipeline mig-plan` for {plan.gpu.name} ({layout}).
 # Starts one tritonserver per MIG device found by `nvidia-smi -L` (in its order):
@@ -110,11 +113,11 @@ def launch_script(plan: MigPlan, settings: BundleSettings = BundleSettings()) ->
 #   --model-config-name=<the device's profile> so each model reads configs/<profile>.pbtxt.
 # Usage: launch-mig.sh [--dry-run]
 #   MIG_DEVICES_FILE=<saved `nvidia-smi -L` output>  read devices from a file instead
-#   MODEL_REPOSITORY, TRITONSERVER, HTTP_BASE, GRPC_BASE, METRICS_BASE, PORT_STRIDE  override
+#   {REPOSITORY_ENV} (default: the repository next to this bundle), TRITONSERVER, HTTP_BASE, GRPC_BASE,
+#   METRICS_BASE, PORT_STRIDE  override
 set -euo pipefail
 : "${{{ADMIN_KEY_ENV}:?set {ADMIN_KEY_ENV}: the servers restrict their admin APIs to this key}}"
-
-MODEL_REPOSITORY="${{MODEL_REPOSITORY:-{settings.host_repository}}}"
+{lines}
 TRITONSERVER="${{TRITONSERVER:-tritonserver}}"
 HTTP_BASE="${{HTTP_BASE:-{settings.http_port}}}"
 GRPC_BASE="${{GRPC_BASE:-{settings.grpc_port}}}"
@@ -122,15 +125,6 @@ METRICS_BASE="${{METRICS_BASE:-{settings.metrics_port}}}"
 PORT_STRIDE="${{PORT_STRIDE:-{settings.port_stride}}}"
 DRY_RUN=0
 if [[ "${{1:-}}" == "--dry-run" ]]; then DRY_RUN=1; fi
-
-# MIG profile -> Triton custom config name (configs/<name>.pbtxt in each model)
-declare -A CONFIG_NAME=(
-{config_lines}
-)
-# MIG profile -> models planned on it (each has configs/<name>.pbtxt)
-declare -A LOAD_MODELS=(
-{model_lines}
-)
 
 if [[ -n "${{MIG_DEVICES_FILE:-}}" ]]; then
   listing="$(cat "$MIG_DEVICES_FILE")"
@@ -145,17 +139,15 @@ while IFS= read -r line; do
   [[ $line =~ $mig_re ]] || continue
   profile="${{BASH_REMATCH[1]}}"
   uuid="${{BASH_REMATCH[3]}}"
-  if [[ -z "${{CONFIG_NAME[$profile]+set}}" ]]; then
-    echo "launch-mig.sh: skipping $uuid: no model is planned for MIG profile $profile (re-run mig-plan for this layout)" >&2
-    continue
-  fi
   http=$((HTTP_BASE + slot * PORT_STRIDE))
   grpc=$((GRPC_BASE + slot * PORT_STRIDE))
   metrics=$((METRICS_BASE + slot * PORT_STRIDE))
-  args=("$TRITONSERVER" "--model-repository=$MODEL_REPOSITORY" "--model-config-name=${{CONFIG_NAME[$profile]}}"
-        "--model-control-mode=explicit")
-  for model in ${{LOAD_MODELS[$profile]}}; do args+=("--load-model=$model"); done
-  args+=("--http-port=$http" "--grpc-port=$grpc" "--metrics-port=$metrics" {restricted})
+  # MIG profile -> the server of its devices: configs/<profile>.pbtxt and the models planned on it
+  case "$profile" in
+{case_lines}
+    *) echo "launch-mig.sh: skipping $uuid: no model is planned for MIG profile $profile (re-run mig-plan for this layout)" >&2
+       continue ;;
+  esac
   if [[ $DRY_RUN -eq 1 ]]; then
     echo "CUDA_VISIBLE_DEVICES=$uuid ${{args[*]}}"
   else
@@ -197,109 +189,39 @@ def compose_file(plan: MigPlan, settings: BundleSettings = BundleSettings(), dev
     for slot, (profile_plan, uuid) in enumerate(_slots(plan, devices)):
         name = f"triton-{slot}-{k8s_name(profile_plan.profile.name)}"
         device_id = uuid or f"${{MIG_UUID_{slot}:?set MIG_UUID_{slot} to the UUID of a {profile_plan.profile.name} device from nvidia-smi -L}}"
-        host = _slot_ports(settings, slot)
         inside = _container_ports(settings)
-        services[name] = {
-            "image": settings.image,
-            "command": server_args(profile_plan, settings.container_repository, inside, COMPOSE_ADMIN_KEY),
-            "ports": [f"{h}:{c}" for h, c in zip(host, inside)],
-            "volumes": [f"{settings.host_repository}:{settings.container_repository}:ro"],
-            "shm_size": "256m",
-            "deploy": {
-                "resources": {
-                    "reservations": {
-                        "devices": [{"driver": "nvidia", "device_ids": [device_id], "capabilities": ["gpu"]}]
-                    }
-                }
-            },
-        }
-    return yaml.dump({"services": services}, Dumper=_Dumper, sort_keys=False, width=1000)
-
-
-def k8s_manifests(plan: MigPlan, settings: BundleSettings = BundleSettings(), devices: list[MigDevice] | None = None) -> dict[str, str]:
-    """``k8s/triton-mig-<profile>.yaml`` (Deployment + Service) per profile with planned models."""
-    replicas: dict[str, int] = {}
-    for profile_plan, _ in _slots(plan, devices):
-        replicas[profile_plan.profile.name] = replicas.get(profile_plan.profile.name, 0) + 1
-    out = {}
-    http, grpc, metrics = _container_ports(settings)
-    for profile_plan in plan.profiles:
-        profile = profile_plan.profile.name
-        if profile not in replicas:
-            continue
-        name = f"triton-mig-{k8s_name(profile)}"
-        labels = {"app.kubernetes.io/name": "triton-mig", "mig-profile": k8s_name(profile)}
-        deployment = {
-            "apiVersion": "apps/v1",
-            "kind": "Deployment",
-            "metadata": {"name": name, "labels": labels},
-            "spec": {
-                "replicas": replicas[profile],
-                "selector": {"matchLabels": labels},
-                "template": {
-                    "metadata": {"labels": labels},
-                    "spec": {
-                        "containers": [
-                            {
-                                "name": "tritonserver",
-                                "image": settings.image,
-                                "command": ["tritonserver"],
-                                "args": server_args(profile_plan, settings.container_repository, (http, grpc, metrics), K8S_ADMIN_KEY)[1:],
-                                "env": [
-                                    {"name": ADMIN_KEY_ENV, "valueFrom": {"secretKeyRef": {"name": K8S_ADMIN_SECRET, "key": "admin-key"}}}
-                                ],
-                                "ports": [
-                                    {"name": "http", "containerPort": http},
-                                    {"name": "grpc", "containerPort": grpc},
-                                    {"name": "metrics", "containerPort": metrics},
-                                ],
-                                "resources": {"limits": {mig_resource(profile): 1}},
-                                "readinessProbe": {"httpGet": {"path": "/v2/health/ready", "port": "http"}},
-                                "volumeMounts": [
-                                    {"name": "model-repository", "mountPath": settings.container_repository, "readOnly": True}
-                                ],
-                            }
-                        ],
-                        "volumes": [
-                            {"name": "model-repository", "persistentVolumeClaim": {"claimName": settings.pvc_claim, "readOnly": True}}
-                        ],
-                    },
-                },
-            },
-        }
-        service = {
-            "apiVersion": "v1",
-            "kind": "Service",
-            "metadata": {"name": name, "labels": labels},
-            "spec": {
-                "selector": labels,
-                "ports": [
-                    {"name": "http", "port": http, "targetPort": "http"},
-                    {"name": "grpc", "port": grpc, "targetPort": "grpc"},
-                    {"name": "metrics", "port": metrics, "targetPort": "metrics"},
-                ],
-            },
-        }
-        out[f"k8s/{name}.yaml"] = yaml.dump_all([deployment, service], Dumper=_Dumper, sort_keys=False, width=1000)
-    return out
+        services[name] = compose_service(
+            image=settings.image,
+            server=profile_server(profile_plan, CONTAINER_REPOSITORY, inside),
+            ports=list(zip(_slot_ports(settings, slot), inside)),
+            rel_repo=settings.repository,
+            devices={"device_ids": [device_id]},
+            shm_size="256m",
+        )
+    return compose_yaml(services, f"One tritonserver per MIG device of {plan.gpu.name}: {ADMIN_KEY_ENV}=<secret> docker compose up")
 
 
 def bundle_files(plan: MigPlan, settings: BundleSettings = BundleSettings(), devices: list[MigDevice] | None = None) -> dict[str, str]:
     """Every bundle file, by path relative to the bundle folder."""
+    from pipeline.mig.k8s import k8s_manifests
+
     files = {LAUNCH_SCRIPT: launch_script(plan, settings), COMPOSE_FILE: compose_file(plan, settings, devices)}
-    files.update(k8s_manifests(plan, settings, devices))
+    files.update(k8s_manifests(plan, settings, _replicas(plan, devices)))
     return files
 
 
+def _replicas(plan: MigPlan, devices: list[MigDevice] | None) -> dict[str, int]:
+    """Devices per profile with planned models (one GPU's layout, or the listed devices)."""
+    replicas: dict[str, int] = {}
+    for profile_plan, _ in _slots(plan, devices):
+        replicas[profile_plan.profile.name] = replicas.get(profile_plan.profile.name, 0) + 1
+    return replicas
+
+
 def write_bundle(out_dir: Path, plan: MigPlan, settings: BundleSettings = BundleSettings(),
-                 devices: list[MigDevice] | None = None) -> list[Path]:
-    """Write :func:`bundle_files` under ``out_dir`` (the launch script executable); return the paths."""
-    written = []
-    for relpath, text in bundle_files(plan, settings, devices).items():
-        target = Path(out_dir) / relpath
-        target.parent.mkdir(parents=True, exist_ok=True)
-        target.write_text(text)
-        if relpath == LAUNCH_SCRIPT:
-            target.chmod(0o755)
-        written.append(target)
-    return written
+                 devices: list[MigDevice] | None = None, repository: Path | None = None) -> list[Path]:
+    """Write :func:`bundle_files` under ``out_dir``; ``repository`` (the model repository) is referenced
+    relative to ``out_dir``. Returns the paths written (``<file>.new`` for files the user edited)."""
+    if repository is not None:
+        settings = replace(settings, repository=relative_repository(repository, out_dir))
+    return write_bundle_files(out_dir, bundle_files(plan, settings, devices), executable=[LAUNCH_SCRIPT])

@@ -10,12 +10,7 @@ from typing import Any
 from pipeline.errors import PipelineError, require
 from pipeline.mig import nvidia_smi
 from pipeline.mig.bundle import LAUNCH_SCRIPT, BundleSettings, write_bundle
-from pipeline.mig.configs import (
-    config_text,
-    profile_configs,
-    read_repository_configs,
-    write_profile_configs,
-)
+from pipeline.mig.configs import profile_configs, write_profile_configs
 from pipeline.mig.layout import Layout, layout_from_devices, parse_layout
 from pipeline.mig.memory import (
     MemoryEstimate,
@@ -25,6 +20,8 @@ from pipeline.mig.memory import (
 )
 from pipeline.mig.plan import GIB, HEURISTIC, MigPlan, plan_instances
 from pipeline.mig.profiles import BUILTIN_GPUS, GpuMig, builtin_gpu
+from pipeline.triton.config import config_text
+from pipeline.triton.repository import read_repository
 
 log = logging.getLogger(__name__)
 
@@ -43,8 +40,9 @@ GPUs with built-in tables: {", ".join(BUILTIN_GPUS)}.
   nvidia-smi --query-gpu=name,mig.mode.current,memory.total --format=csv    which GPU (instead of --gpu)
 {HEURISTIC}.
 --bundle DIR writes launch-mig.sh (one tritonserver per MIG device), docker-compose.yml and
-k8s/*.yaml; with --repository it also writes <model>/configs/<profile>.pbtxt, selected on each
-server with --model-config-name=<profile>.
+k8s/ (Deployments, Services, autoscalers, monitoring, KServe); with --repository it also writes
+<model>/configs/<profile>.pbtxt, selected on each server with --model-config-name=<profile>, and the
+bundle finds that repository relative to itself (without it, set MODEL_REPOSITORY).
 """
 
 
@@ -70,6 +68,8 @@ def register(subparsers: Any) -> None:
     p.add_argument("--name", help="model name for --onnx/--engine-metadata (default: from the file name)")
     p.add_argument("--bundle", type=Path, metavar="DIR", help="write launch-mig.sh, docker-compose.yml, k8s/")
     p.add_argument("--image", default=BundleSettings.image, help="tritonserver image for compose and Kubernetes")
+    p.add_argument("--max-gpus", type=int, default=BundleSettings.max_gpus, metavar="N",
+                   help="Kubernetes autoscaling: grow each profile up to N GPUs' worth of MIG devices (default: %(default)s)")
     p.add_argument("--from-tune", metavar="DIR", action="append", type=Path, default=[],
                    help="report dirs of `tune --profile P` runs (one per slice type): instances, batching and layout "
                         "ranking from those measurements instead of the heuristic; profiles cpu-N rehearse on this CPU")
@@ -91,7 +91,7 @@ def run(args: argparse.Namespace) -> int:
     gpu = _gpu(args.gpu, smi)
     devices = [d for g in smi.get("list", []) for d in g.mig_devices]
     layout = _layout(args.layout, gpu, smi)
-    repository_configs = read_repository_configs(args.repository) if args.repository else {}
+    repository_configs = {n: (m.config, m.path) for n, m in read_repository(args.repository).items()} if args.repository else {}
     memory = _memory(args, repository_configs)
     plan = plan_instances(gpu, memory, layout)
     _print_plan(console, plan)
@@ -123,7 +123,11 @@ def _gpu(name: str | None, smi: dict[str, Any]) -> GpuMig:
         name = queried
     if "lgip" in smi:
         return nvidia_smi.gpu_from_lgip(smi["lgip"], name or "GPU from nvidia-smi -lgip")
-    require(name is not None, "no GPU given", f"pass --gpu (one of {', '.join(BUILTIN_GPUS)}) or a --query-gpu CSV")
+    if name is None and "list" in smi:
+        gpu = next((g for g in smi["list"] if g.mig_devices), smi["list"][0])
+        name = nvidia_smi.gpu_key_from_list(gpu)  # -L names the GPU
+    require(name is not None, "no GPU given",
+            f"pass --gpu (one of {', '.join(BUILTIN_GPUS)}), a --query-gpu CSV or the `nvidia-smi -L` output")
     return builtin_gpu(str(name))
 
 
@@ -171,20 +175,21 @@ def _print_plan(console: Any, plan: MigPlan) -> None:
     from rich.table import Table
 
     layout = f", layout {plan.layout}" if plan.layout else " (every profile; pass --layout for a real layout)"
-    table = Table(title=f"Instances per MIG slice — {plan.gpu.name}{layout}")
-    for column in ("profile", "devices", "SMs", "memory GiB", *plan.memory, "used / budget GiB"):
-        table.add_column(column, justify="left" if column == "profile" else "right")
+    slices = Table(title=f"MIG slices — {plan.gpu.name}{layout}")
+    for column in ("profile", "devices", "SMs", "memory GiB", "used / budget GiB"):
+        slices.add_column(column, justify="left" if column == "profile" else "right", no_wrap=True)
     for p in plan.profiles:
-        cells = [str(p.instances(m)) if p.instances(m) else "—" for m in plan.memory]
-        table.add_row(
-            p.profile.name,
-            str(p.devices) if plan.layout else "",
-            str(p.profile.sm_count),
-            f"{p.profile.memory_gib:.2f}",
-            *cells,
-            f"{p.used_bytes / GIB:.2f} / {p.budget_bytes / GIB:.2f}",
-        )
-    console.print(table)
+        slices.add_row(p.profile.name, str(p.devices) if plan.layout else "", str(p.profile.sm_count),
+                       f"{p.profile.memory_gib:.2f}", f"{p.used_bytes / GIB:.2f} / {p.budget_bytes / GIB:.2f}")
+    console.print(slices)
+    # Models are rows, so any number of them (with long names) fits; profile names are short columns.
+    instances = Table(title="Instances per MIG slice (per device)")
+    instances.add_column("model", overflow="fold")
+    for p in plan.profiles:
+        instances.add_column(p.profile.name, justify="right", no_wrap=True, min_width=len(p.profile.name))
+    for model in plan.memory:
+        instances.add_row(model, *(str(p.instances(model)) if p.instances(model) else "—" for p in plan.profiles))
+    console.print(instances)
     for name, est in plan.memory.items():
         console.print(f"[bold]{name}[/]: {est.source}: {est.detail}", highlight=False)
     console.print(f"Heuristic: {HEURISTIC}.", highlight=False)
@@ -197,8 +202,10 @@ def _write_bundle(console: Any, plan: MigPlan, args: argparse.Namespace, reposit
         raise PipelineError("no model fits any planned MIG profile, so there is nothing to launch",
                             "use larger profiles or a smaller --max-batch")
     out: Path = args.bundle
-    write_bundle(out, plan, BundleSettings(image=args.image), devices)
-    console.print(f"wrote the MIG bundle to {out}/ ({LAUNCH_SCRIPT}, docker-compose.yml, k8s/)", highlight=False)
+    require(args.max_gpus >= 1, f"--max-gpus {args.max_gpus} is below 1", "use 1 or more GPUs")
+    write_bundle(out, plan, BundleSettings(image=args.image, max_gpus=args.max_gpus), devices, repository=args.repository)
+    where = f"the repository {args.repository}" if args.repository else "$MODEL_REPOSITORY (set it: no --repository given)"
+    console.print(f"wrote the MIG bundle to {out}/ ({LAUNCH_SCRIPT}, docker-compose.yml, k8s/), serving {where}", highlight=False)
     if not repository_configs:
         console.print("no --repository: write configs/<profile>.pbtxt with the build (build --mig)", highlight=False)
         return

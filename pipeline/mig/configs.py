@@ -18,11 +18,13 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from pipeline.atomic import write_bytes_atomic
 from pipeline.errors import PipelineError, require
 from pipeline.mig.layout import parse_layout
 from pipeline.mig.memory import MemoryEstimate
 from pipeline.mig.plan import MigPlan, plan_instances
 from pipeline.mig.profiles import GpuMig, builtin_gpu
+from pipeline.triton.config import config_text
 
 if TYPE_CHECKING:
     from tritonclient.grpc.model_config_pb2 import ModelConfig
@@ -68,13 +70,6 @@ def profile_configs(base: ModelConfig, plan: MigPlan, model: str | None = None) 
     return out
 
 
-def config_text(config: ModelConfig) -> str:
-    """The ``.pbtxt`` text of a config (protobuf text format)."""
-    from google.protobuf import text_format
-
-    return text_format.MessageToString(config)
-
-
 def mig_configs_for_repository(
     base_configs: Mapping[str, ModelConfig],
     gpu: str | GpuMig,
@@ -107,35 +102,11 @@ def mig_configs_for_repository(
     return plan, files
 
 
-def read_repository_configs(repository: Path) -> dict[str, tuple[ModelConfig, Path]]:
-    """Every model of a Triton repository: its parsed ``config.pbtxt`` and its directory."""
-    from google.protobuf import text_format
-    from tritonclient.grpc.model_config_pb2 import ModelConfig
-
-    root = Path(repository)
-    require(root.is_dir(), f"model repository {root} does not exist", "build it first: python -m pipeline build")
-    out: dict[str, tuple[ModelConfig, Path]] = {}
-    for config_file in sorted(root.glob("*/config.pbtxt")):
-        config = ModelConfig()
-        try:
-            text_format.Parse(config_file.read_text(), config)
-        except text_format.ParseError as exc:
-            raise PipelineError(f"{config_file} is not a valid Triton config: {exc}") from None
-        if not config.name:
-            config.name = config_file.parent.name
-        out[config.name] = (config, config_file.parent)
-    require(bool(out), f"model repository {root} has no <model>/config.pbtxt", "build it first: python -m pipeline build")
-    return out
-
-
 def write_profile_configs(model_dir: Path, files: Mapping[str, str | bytes]) -> list[Path]:
     """Write ``configs/<profile>.pbtxt`` files into an existing model directory."""
     require((Path(model_dir) / "config.pbtxt").is_file(), f"{model_dir} has no config.pbtxt",
             "write the model file and config.pbtxt before the per-profile configs")
     written = []
     for relpath, text in files.items():
-        target = Path(model_dir) / relpath
-        target.parent.mkdir(parents=True, exist_ok=True)
-        target.write_bytes(text.encode() if isinstance(text, str) else text)
-        written.append(target)
+        written.append(write_bytes_atomic(Path(model_dir) / relpath, text.encode() if isinstance(text, str) else text))
     return written

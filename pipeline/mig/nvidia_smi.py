@@ -218,15 +218,35 @@ def parse_query_csv(text: str) -> list[GpuQuery]:
 
 def gpu_key_from_query(query: GpuQuery) -> str:
     """The built-in table name for a queried GPU: ``NVIDIA H200`` with 143771 MiB → ``H200-141GB``."""
-    name, mib = query.name.upper(), query.memory_total_mib
-    if "H200" in name:
+    return gpu_key(query.name, query.memory_total_mib)
+
+
+def gpu_key_from_list(gpu: GpuDevice) -> str:
+    """The built-in table name for a GPU line of ``nvidia-smi -L`` (``NVIDIA A100-SXM4-40GB`` → ``A100-40GB``).
+
+    ``-L`` prints no memory size; the name carries it for A100 and H100, and its MIG profiles do too
+    (A100 40GB slices are ``1g.5gb``, 80GB ones ``1g.10gb``).
+    """
+    mib = None
+    size = re.search(r"(\d+)\s*GB", gpu.name, re.IGNORECASE)
+    if size:
+        mib = int(size.group(1)) * 1024
+    elif "A100" in gpu.name.upper() and gpu.mig_devices:
+        mib = 40 * 1024 if any(d.profile.startswith("1g.5gb") for d in gpu.mig_devices) else 80 * 1024
+    return gpu_key(gpu.name, mib)
+
+
+def gpu_key(name: str, mib: int | None) -> str:
+    """The built-in table name for a GPU model name and (if known) its memory in MiB."""
+    upper = name.upper()
+    if "H200" in upper:
         return "H200-141GB"
-    if "H100" in name and mib < 90_000:
+    if "H100" in upper and mib is not None and mib < 90_000:
         return "H100-80GB"
-    if "A100" in name:
+    if "A100" in upper and mib is not None:
         return "A100-40GB" if mib < 50_000 else "A100-80GB"
     raise PipelineError(
-        f"no built-in MIG table for '{query.name}' with {mib} MiB",
+        f"no built-in MIG table for '{name}'" + (f" with {mib} MiB" if mib is not None else ""),
         "pass the GPU's `nvidia-smi mig -lgip` output with --from-nvidia-smi and name it with --gpu",
     )
 

@@ -18,8 +18,9 @@ from polygraphy.backend.base import BaseRunner
 
 from pipeline.artifacts import Artifact
 from pipeline.compare import Comparison, compare_runners
-from pipeline.errors import PipelineError
+from pipeline.errors import CheckFailed, PipelineError
 from pipeline.evaldata import EvalData
+from pipeline.progress import progress
 from pipeline.gates import Gates, Tolerance, classifier_output, disagreement, judge_cosine, judge_drop, paired_drop, tolerance_for
 from pipeline.runners import runner_for_onnx
 from pipeline.tensors import ModelSignature
@@ -69,9 +70,10 @@ def accuracy_report_from_variants(
     raise PipelineError naming each variant that fails its gate (or that the data cannot judge)."""
     output = classifier_output(signature)
     reference = runner_for_onnx(fp32_onnx, name="fp32-onnx")
-    comparisons = compare_runners(
-        reference, [runner_for_artifact(a) for a in candidates], data.batches(batch_size), labels=data.labels, classifier_output=output
-    )
+    with progress("accuracy gates", -(-data.num_samples // batch_size), unit="batches") as bar:
+        comparisons = compare_runners(
+            reference, [runner_for_artifact(a) for a in candidates], bar.track(data.batches(batch_size)), labels=data.labels, classifier_output=output
+        )
     results = [judge_variant(a, c, tolerance_for(a.precision, gates), output) for a, c in zip(candidates, comparisons)]
     report = {
         "reference": "fp32-onnx (ONNX Runtime CPU)",
@@ -117,7 +119,8 @@ def judge_variant(artifact: Artifact, comparison: Comparison, tolerance: Toleran
 
 
 def raise_for_failures(results: Sequence[VariantResult], report: Path) -> None:
-    """One PipelineError naming every variant that failed or could not be judged, with the fixes."""
+    """One error naming every variant that failed or could not be judged, with the fixes: CheckFailed
+    (exit 1) when a gate failed, PipelineError (exit 2: give more data) when the data could not decide."""
     failed = [r for r in results if not r.passed]
     if not failed:
         return
@@ -129,7 +132,7 @@ def raise_for_failures(results: Sequence[VariantResult], report: Path) -> None:
     if any(r.failures and r.precision != "int8" for r in failed):
         fixes.append("for FP16 keep sensitive ops in FP32 (--fp16-keep-op-types) or loosen --fp16-atol / --fp16-max-drop if the error is acceptable")
     kind = "accuracy gate failed" if any(r.failures for r in failed) else "accuracy gate undecided"
-    raise PipelineError(
+    raise (CheckFailed if any(r.failures for r in failed) else PipelineError)(
         f"{kind}: " + "; ".join(f"{r.variant}: {', '.join(r.failures + r.undecided)}" for r in failed) + f" (report: {report})",
         "; ".join(fixes),
     )

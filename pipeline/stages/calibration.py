@@ -5,35 +5,60 @@ Accepted sources (first axis of every array = sample):
 * an ``.npz`` file with one array per model input name (``labels`` is allowed and ignored);
 * a folder holding ``calib.npz`` (the layout ``calibration/<model>/calib.npz``);
 * a folder of ``<input name>.npy`` files (memory-mapped, so they may be larger than RAM);
+* for inputs with dynamic non-batch axes, samples of different sizes in buckets: arrays (or
+  ``.npy`` files) named ``<input>__<bucket>``, e.g. ``tokens__len16`` and ``tokens__len20``,
+  one array per input in every bucket (see :mod:`pipeline.arrays`). Sizes must lie inside the
+  build's shape profiles; batches never mix sizes;
 * a folder of JPEG/PNG images, for models with a single image input (NHWC or NCHW, 1 or 3
-  channels): each is converted to grayscale/RGB, resized to the input's H×W and scaled by the
-  chosen preprocessing. Images are decoded one batch at a time.
+  channels): each is converted to grayscale/RGB, fitted to the input's H×W (refused when the
+  aspect ratio differs by more than :data:`ASPECT_TOLERANCE` unless ``resize`` says how) and
+  scaled by the chosen preprocessing. One line says what was done. Images are decoded one
+  batch at a time.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Iterator, Mapping
+import math
+from collections import Counter
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import numpy as np
 
-from pipeline.arrays import checked_inputs, fmt_shape, load_npy, load_npz
+from pipeline.arrays import PerSample, checked_inputs, load_npy, load_npz, sizes_seen, split_buckets
 from pipeline.errors import PipelineError, require
 from pipeline.fingerprint import hash_path, hash_settings
-from pipeline.tensors import ModelSignature, TensorSpec
+from pipeline.stages.calibration_images import (  # noqa: F401 - PREPROCESS_MODES, RESIZE_MODES, ASPECT_TOLERANCE are this stage's options
+    ASPECT_TOLERANCE,
+    IMAGE_SUFFIXES,
+    PREPROCESS_MODES,
+    RESIZE_MODES,
+    decoded_image,
+    image_layout,
+    image_summary,
+    scan_images,
+)
+from pipeline.tensors import ModelSignature
 from pipeline.workspace import ModelData
 
 log = logging.getLogger(__name__)
 
-PREPROCESS_MODES = ("unit", "symmetric", "imagenet", "raw")
-IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png")
 CALIB_FILE = ModelData.CALIB
-IMAGENET_MEAN = np.array([0.485, 0.456, 0.406], dtype=np.float32)
-IMAGENET_STD = np.array([0.229, 0.224, 0.225], dtype=np.float32)
+MIN_SAMPLES = 100
 
 Take = Callable[[int, int], dict[str, np.ndarray]]
+
+
+@dataclass(frozen=True)
+class SampleGroup:
+    """Samples that share their per-sample shapes (one or more buckets), taken ``start:stop``."""
+
+    label: str
+    count: int
+    shapes: dict[str, PerSample]
+    take: Take = field(repr=False, compare=False)
 
 
 @dataclass(frozen=True)
@@ -42,35 +67,78 @@ class CalibrationData:
 
     ``origin`` is the file or folder read; ``settings`` records what shaped the samples
     (preprocessing, sample count, shapes), so :meth:`fingerprint` changes when either changes.
+    Samples come in ``groups`` of equal per-sample shapes (one group unless the data has
+    buckets of different sequence lengths); a batch never mixes groups.
     """
 
     origin: Path
     input_names: tuple[str, ...]
     num_samples: int
     settings: dict[str, object]
-    _take: Take = field(repr=False, compare=False)
+    groups: tuple[SampleGroup, ...] = field(repr=False, compare=False)
+    sizes: dict[str, dict[int, Counter]] = field(default_factory=dict, repr=False, compare=False)
 
     def samples(self, start: int, stop: int) -> dict[str, np.ndarray]:
-        """Samples ``start:stop`` of every input, in the model's dtypes (one feed dict)."""
+        """Samples ``start:stop`` (counted across groups, all within one group) in the model's dtypes."""
         require(0 <= start < stop <= self.num_samples, f"sample range {start}:{stop} is outside 0:{self.num_samples}")
-        return self._take(start, stop)
+        offset = 0
+        for group in self.groups:
+            if start < offset + group.count:
+                require(
+                    stop <= offset + group.count,
+                    f"calibration samples {start}:{stop} span groups of different sizes ({', '.join(g.label for g in self.groups)}), which one array cannot hold",
+                    "pass labeled evaluation data (--eval-data) for a model whose calibration data comes in buckets of different sizes",
+                )
+                return group.take(start - offset, stop - offset)
+            offset += group.count
+        raise AssertionError("unreachable: the range was checked")
 
     def num_batches(self, batch_size: int, *, drop_last: bool = False) -> int:
         """How many batches :meth:`batches` yields for ``batch_size``."""
         require(batch_size >= 1, f"batch size must be at least 1, got {batch_size}", "pass a positive batch size")
-        full, rest = divmod(self.num_samples, batch_size)
-        return full if drop_last or rest == 0 else full + 1
+        total = 0
+        for group in self.groups:
+            full, rest = divmod(group.count, batch_size)
+            total += full if drop_last or rest == 0 else full + 1
+        return total
 
     def batch(self, index: int, batch_size: int) -> dict[str, np.ndarray]:
-        """Batch number ``index`` (0-based) of size ``batch_size`` (the last one may be smaller)."""
-        start = index * batch_size
-        return self.samples(start, min(start + batch_size, self.num_samples))
+        """Batch number ``index`` (0-based) of :meth:`batches` for ``batch_size``."""
+        for number, batch in enumerate(self.batches(batch_size)):
+            if number == index:
+                return batch
+        raise PipelineError(f"batch {index} is beyond the {self.num_batches(batch_size)} batches of {batch_size}")
 
     def batches(self, batch_size: int, *, drop_last: bool = False) -> Iterator[dict[str, np.ndarray]]:
-        """Feed dicts of at most ``batch_size`` samples, in order; ``drop_last`` skips a short tail
-        (for models whose batch dimension is fixed)."""
-        for index in range(self.num_batches(batch_size, drop_last=drop_last)):
-            yield self.batch(index, batch_size)
+        """Feed dicts of at most ``batch_size`` samples, group by group, in order; ``drop_last`` skips
+        a short tail of each group (for models whose batch dimension is fixed)."""
+        require(batch_size >= 1, f"batch size must be at least 1, got {batch_size}", "pass a positive batch size")
+        for group in self.groups:
+            for start in range(0, group.count, batch_size):
+                stop = min(start + batch_size, group.count)
+                if drop_last and stop - start < batch_size:
+                    break
+                yield group.take(start, stop)
+
+    def first(self, count: int) -> CalibrationData:
+        """Only the first ``count`` samples, group by group (the rest held out, e.g. as an unlabeled comparison set)."""
+        require(1 <= count <= self.num_samples, f"cannot keep {count} of {self.num_samples} calibration samples")
+        groups, left = [], count
+        for group in self.groups:
+            if left <= 0:
+                break
+            groups.append(replace(group, count=min(group.count, left)))
+            left -= group.count
+        return replace(self, num_samples=count, settings={**self.settings, "samples": count}, groups=tuple(groups))
+
+    def largest_shapes(self) -> dict[str, PerSample]:
+        """Per input, the elementwise largest per-sample shape of any group (for memory estimates)."""
+        largest: dict[str, PerSample] = {}
+        for group in self.groups:
+            for name, shape in group.shapes.items():
+                old = largest.get(name)
+                largest[name] = shape if old is None else tuple(max(a, b) for a, b in zip(old, shape, strict=True))
+        return largest
 
     def first(self, count: int) -> CalibrationData:
         """Only the first ``count`` samples (the rest held out, e.g. as an unlabeled comparison set)."""
@@ -87,17 +155,22 @@ def calibration_from_path(
     signature: ModelSignature,
     *,
     preprocess: str = "unit",
-    min_samples: int = 100,
+    min_samples: int = MIN_SAMPLES,
     max_samples: int | None = None,
     shape_hint: Mapping[str, tuple[int, ...]] | None = None,
+    shape_bounds: Mapping[str, tuple[PerSample, PerSample]] | None = None,
+    resize: str | None = None,
 ) -> CalibrationData:
     """Find and validate calibration data at ``path`` for a model with ``signature``.
 
     ``preprocess`` (``unit`` 0..1, ``symmetric`` -1..1, ``imagenet`` mean/std, ``raw`` 0..255)
-    applies to images only. ``shape_hint`` gives the per-sample shape (no batch axis, in the
-    model's layout) of inputs whose dims are dynamic, e.g. ``{"image": (224, 224, 3)}``; it is
-    required to resize images for a model with dynamic H×W. At most ``max_samples`` are used;
-    fewer than ``min_samples`` is an error.
+    and ``resize`` (``stretch``, ``crop``, ``pad``; required when an image's aspect ratio differs
+    from the input's by more than :data:`ASPECT_TOLERANCE`) apply to images only. ``shape_hint``
+    gives the per-sample shape (no batch axis, in the model's layout) images are resized to when
+    the model's H×W are dynamic, e.g. ``{"image": (224, 224, 3)}``. ``shape_bounds`` gives per
+    input the per-sample (min, max) shapes of the build's shape profiles: array samples of any
+    size inside them are accepted, sizes outside are an error. At most ``max_samples`` are used
+    (spread over the buckets); fewer than ``min_samples`` is an error.
     """
     path = Path(path)
     require(
@@ -105,11 +178,16 @@ def calibration_from_path(
         f"unknown preprocessing '{preprocess}'",
         f"use one of: {', '.join(PREPROCESS_MODES)}",
     )
+    require(
+        resize is None or resize in RESIZE_MODES,
+        f"unknown resize mode '{resize}'",
+        f"use one of: {', '.join(RESIZE_MODES)}",
+    )
     require(path.exists(), f"calibration data '{path}' does not exist", "pass an .npz file or a folder of .npy files or images")
     require(min_samples >= 1, f"min_samples must be at least 1, got {min_samples}")
     require(max_samples is None or max_samples >= 1, f"max_samples must be at least 1, got {max_samples}")
     hints = {name: tuple(shape) for name, shape in (shape_hint or {}).items()}
-    for name in hints:
+    for name in [*hints, *(shape_bounds or {})]:
         signature.input(name)  # raises, listing the model's input names
 
     if path.is_file():
@@ -130,13 +208,26 @@ def calibration_from_path(
             arrays = {f.stem: load_npy(f) for f in npys}
             origin = path
         elif images:
-            return _image_calibration(path, images, signature, preprocess, min_samples, max_samples, hints)
+            return _image_calibration(path, images, signature, preprocess, min_samples, max_samples, hints, resize)
         else:
-            raise PipelineError(
-                f"calibration folder '{path}' is empty: it has no {CALIB_FILE}, no <input>.npy files and no JPEG/PNG images",
-                f"add {CALIB_FILE} with one array per input ({_names(signature)}) or representative images",
-            )
-    return _array_calibration(origin, arrays, signature, min_samples, max_samples, hints)
+            raise _nothing_usable(path, signature)
+    return _array_calibration(origin, arrays, signature, min_samples, max_samples, shape_bounds or {})
+
+
+def shape_bounds(profiles: Iterable[Mapping[str, tuple[tuple[int, ...], tuple[int, ...], tuple[int, ...]]]]) -> dict[str, tuple[PerSample, PerSample]]:
+    """Per input, the per-sample (min, max) shapes that the union of shape profiles (each
+    ``{input: (min, opt, max)}`` with the batch axis first) covers: what ``shape_bounds`` of
+    :func:`calibration_from_path` takes."""
+    bounds: dict[str, tuple[PerSample, PerSample]] = {}
+    for profile in profiles:
+        for name, (low, _opt, high) in profile.items():
+            lo, hi = tuple(low[1:]), tuple(high[1:])
+            if name in bounds:
+                old_lo, old_hi = bounds[name]
+                lo = tuple(min(a, b) for a, b in zip(old_lo, lo, strict=True))
+                hi = tuple(max(a, b) for a, b in zip(old_hi, hi, strict=True))
+            bounds[name] = (lo, hi)
+    return bounds
 
 
 # ----------------------------------------------------------------------------- arrays
@@ -152,28 +243,97 @@ def _names(signature: ModelSignature) -> str:
     return ", ".join(spec.name for spec in signature.inputs)
 
 
+def _nothing_usable(path: Path, signature: ModelSignature) -> PipelineError:
+    """Say what the folder holds and what it should hold."""
+    visible = sorted(f.name for f in path.iterdir() if not f.name.startswith("."))
+    wanted = f"{CALIB_FILE}, <input>.npy files ({_names(signature)}) or JPEG/PNG images"
+    if not visible:
+        return PipelineError(f"calibration folder '{path}' is empty: it has no {wanted}", f"add {CALIB_FILE} with one array per input ({_names(signature)}) or representative images")
+    shown = ", ".join(visible[:5]) + (f" and {len(visible) - 5} more" if len(visible) > 5 else "")
+    others = [name for name in visible if name.endswith(".npz")]
+    fix = (
+        f"pass the file itself (--calibration {path / others[0]}) or rename it to {CALIB_FILE}"
+        if others
+        else f"add {CALIB_FILE} with one array per input ({_names(signature)}) or representative images"
+    )
+    return PipelineError(f"calibration folder '{path}' holds {shown} but no {wanted}", fix)
+
+
 def _array_calibration(
     origin: Path,
     arrays: dict[str, np.ndarray],
     signature: ModelSignature,
     min_samples: int,
     max_samples: int | None,
-    hints: dict[str, tuple[int, ...]],
+    bounds: Mapping[str, tuple[PerSample, PerSample]],
 ) -> CalibrationData:
     expected = [spec.name for spec in signature.inputs]
-    checked = checked_inputs(origin, arrays, signature, hints=hints)
-    counts = {name: len(arr) for name, arr in checked.items()}
-    found = next(iter(counts.values()))
+    dtypes = {spec.name: spec.dtype for spec in signature.inputs}
+    buckets = split_buckets(origin, arrays, signature)
+    checked = {}
+    for bucket, group in buckets.items():
+        where = Path(f"{origin}[{bucket}]") if bucket else origin
+        checked[bucket] = checked_inputs(where, group, signature, bounds=bounds)
+    found = sum(len(next(iter(group.values()))) for group in checked.values())
     _require_enough(origin, found, min_samples)
     count = found if max_samples is None else min(found, max_samples)
-    dtypes = {spec.name: spec.dtype for spec in signature.inputs}
+
+    by_shape: dict[tuple, list[tuple[str, dict[str, np.ndarray]]]] = {}
+    for bucket, group in checked.items():
+        key = tuple((name, group[name].shape[1:]) for name in expected)
+        by_shape.setdefault(key, []).append((bucket, group))
+    quotas = _quotas({key: sum(len(g[expected[0]]) for _, g in parts) for key, parts in by_shape.items()}, count)
+    groups = []
+    for key, parts in by_shape.items():
+        groups.append(_group(parts, quotas[key], dict(key), dtypes))
+    groups = [g for g in groups if g.count > 0]
+
+    sizes = sizes_seen(checked, signature)
+    shapes = {name: list(shape) for name, shape in groups[0].shapes.items()} if len(groups) == 1 else {g.label: {n: list(s) for n, s in g.shapes.items()} for g in groups}
+    if len(groups) > 1:
+        spread = "; ".join(f"{name} dim {axis}: " + ", ".join(f"{size} ({n})" for size, n in sorted(c.items())) for name, axes in sizes.items() for axis, c in axes.items())
+        log.info("calibration data: %d of %d samples from %s in %d shape groups (%s)", count, found, origin, len(groups), spread)
+    else:
+        log.info("calibration data: %d of %d samples from %s", count, found, origin)
+    settings = {"kind": "arrays", "samples": count, "shapes": shapes}
+    return CalibrationData(origin, tuple(expected), count, settings, tuple(groups), sizes)
+
+
+def _quotas(counts: Mapping[tuple, int], wanted: int) -> dict[tuple, int]:
+    """Spread ``wanted`` samples over groups in proportion to their size (largest remainders)."""
+    total = sum(counts.values())
+    if wanted >= total:
+        return dict(counts)
+    exact = {key: n * wanted / total for key, n in counts.items()}
+    quotas = {key: math.floor(v) for key, v in exact.items()}
+    for key in sorted(exact, key=lambda k: exact[k] - quotas[k], reverse=True)[: wanted - sum(quotas.values())]:
+        quotas[key] += 1
+    return quotas
+
+
+def _group(parts: list[tuple[str, dict[str, np.ndarray]]], quota: int, shapes: dict[str, PerSample], dtypes: dict) -> SampleGroup:
+    """One sample group over buckets of equal shapes: their first ``quota`` samples, bucket after bucket."""
+    spans = []
+    left = quota
+    for bucket, arrays in parts:
+        take = min(left, len(next(iter(arrays.values()))))
+        if take:
+            spans.append((arrays, take))
+        left -= take
 
     def take(start: int, stop: int) -> dict[str, np.ndarray]:
-        return {name: np.ascontiguousarray(arr[start:stop], dtype=dtypes[name]) for name, arr in checked.items()}
+        pieces: dict[str, list[np.ndarray]] = {name: [] for name in dtypes}
+        offset = 0
+        for arrays, n in spans:
+            lo, hi = max(start - offset, 0), min(stop - offset, n)
+            if lo < hi:
+                for name in dtypes:
+                    pieces[name].append(arrays[name][lo:hi])
+            offset += n
+        return {name: np.ascontiguousarray(np.concatenate(parts_) if len(parts_) > 1 else parts_[0], dtype=dtypes[name]) for name, parts_ in pieces.items()}
 
-    log.info("calibration data: %d of %d samples from %s", count, found, origin)
-    shapes = {name: list(arr.shape[1:]) for name, arr in checked.items()}
-    return CalibrationData(origin, tuple(expected), count, {"kind": "arrays", "samples": count, "shapes": shapes}, take)
+    label = "+".join(bucket or "(plain)" for bucket, _ in parts)
+    return SampleGroup(label, quota, {name: tuple(int(d) for d in shape) for name, shape in shapes.items()}, take)
 
 
 def _require_enough(origin: Path, found: int, min_samples: int) -> None:
@@ -187,48 +347,6 @@ def _require_enough(origin: Path, found: int, min_samples: int) -> None:
 # ----------------------------------------------------------------------------- images
 
 
-@dataclass(frozen=True)
-class _ImageLayout:
-    channels_first: bool
-    channels: int
-    height: int
-    width: int
-
-    def per_sample(self) -> tuple[int, int, int]:
-        if self.channels_first:
-            return (self.channels, self.height, self.width)
-        return (self.height, self.width, self.channels)
-
-
-def _image_layout(spec: TensorSpec, hint: tuple[int, ...] | None) -> _ImageLayout:
-    """NHWC or NCHW with 1 or 3 channels; dynamic dims filled from the hint."""
-    not_image = PipelineError(
-        f"model input '{spec.name}' {fmt_shape(spec.shape)} does not look like an image "
-        "(NHWC or NCHW with 1 or 3 channels)",
-        "calibrate it with an .npz file holding preprocessed samples",
-    )
-    if len(spec.shape) != 4:
-        raise not_image
-    if hint is not None:
-        require(len(hint) == 3, f"the shape hint {fmt_shape(hint)} for '{spec.name}' is not (H, W, C) or (C, H, W)")
-    dims = [d if isinstance(d, int) and d > 0 else None for d in spec.shape[1:]]
-    if hint is not None:
-        dims = [d if d is not None else int(h) for d, h in zip(dims, hint, strict=True)]
-    # Keras models are channels-last: prefer NHWC when both ends could be channels.
-    if dims[2] in (1, 3):
-        channels_first, (h, w, c) = False, dims
-    elif dims[0] in (1, 3):
-        channels_first, (c, h, w) = True, dims
-    else:
-        raise not_image
-    if h is None or w is None or c is None:
-        raise PipelineError(
-            f"model input '{spec.name}' {fmt_shape(spec.shape)} has a dynamic image size",
-            "pass the per-sample shape as a shape hint, e.g. (224, 224, 3)",
-        )
-    return _ImageLayout(channels_first, c, h, w)
-
-
 def _image_calibration(
     folder: Path,
     files: list[Path],
@@ -237,6 +355,7 @@ def _image_calibration(
     min_samples: int,
     max_samples: int | None,
     hints: dict[str, tuple[int, ...]],
+    resize: str | None,
 ) -> CalibrationData:
     require(
         len(signature.inputs) == 1,
@@ -249,7 +368,7 @@ def _image_calibration(
         f"model input '{spec.name}' is {spec.dtype}, images can only feed a float input",
         f"write {CALIB_FILE} with {spec.dtype} samples instead",
     )
-    layout = _image_layout(spec, hints.get(spec.name))
+    layout = image_layout(spec, hints.get(spec.name))
     require(
         preprocess != "imagenet" or layout.channels == 3,
         f"preprocessing 'imagenet' needs an RGB input, but '{spec.name}' has {layout.channels} channel",
@@ -257,38 +376,15 @@ def _image_calibration(
     )
     _require_enough(folder, len(files), min_samples)
     files = files if max_samples is None else files[:max_samples]
-    for file in files:  # decode every file once up front so a bad one fails now, by name
-        _decoded_image(file, layout, preprocess)
+    sizes, modes = scan_images(files, layout, resize)
     dtype = spec.dtype
+    fit = resize or "stretch"
 
     def take(start: int, stop: int) -> dict[str, np.ndarray]:
-        batch = np.stack([_decoded_image(f, layout, preprocess) for f in files[start:stop]])
+        batch = np.stack([decoded_image(f, layout, preprocess, fit) for f in files[start:stop]])
         return {spec.name: batch.astype(dtype, copy=False)}
 
-    log.info("calibration data: %d images from %s (%s preprocessing, %s)", len(files), folder, preprocess, layout)
-    settings = {"kind": "images", "samples": len(files), "preprocess": preprocess, "shape": list(layout.per_sample())}
-    return CalibrationData(folder, (spec.name,), len(files), settings, take)
-
-
-def _decoded_image(path: Path, layout: _ImageLayout, preprocess: str) -> np.ndarray:
-    """One image as float32 in the model's layout, resized and preprocessed."""
-    from PIL import Image, UnidentifiedImageError
-
-    try:
-        with Image.open(path) as opened:
-            converted = opened.convert("L" if layout.channels == 1 else "RGB")
-            resized = converted.resize((layout.width, layout.height), Image.Resampling.BILINEAR)
-            pixels = np.asarray(resized, dtype=np.float32)
-    except (UnidentifiedImageError, OSError, SyntaxError, ValueError, Image.DecompressionBombError) as exc:
-        raise PipelineError(f"cannot read image '{path}': {exc}", "remove or replace the file") from None
-    if pixels.ndim == 2:
-        pixels = pixels[..., None]
-    if preprocess == "unit":
-        pixels = pixels / 255.0
-    elif preprocess == "symmetric":
-        pixels = pixels / 127.5 - 1.0
-    elif preprocess == "imagenet":
-        pixels = (pixels / 255.0 - IMAGENET_MEAN) / IMAGENET_STD
-    if layout.channels_first:
-        pixels = np.transpose(pixels, (2, 0, 1))
-    return pixels.astype(np.float32, copy=False)
+    log.info("calibration data: %s", image_summary(len(files), folder, sizes, modes, layout, fit, preprocess))
+    settings = {"kind": "images", "samples": len(files), "preprocess": preprocess, "resize": fit, "shape": list(layout.per_sample())}
+    group = SampleGroup("images", len(files), {spec.name: layout.per_sample()}, take)
+    return CalibrationData(folder, (spec.name,), len(files), settings, (group,))

@@ -5,13 +5,25 @@ flags: the network is strongly typed and no ``BuilderFlag.FP16``/``INT8`` is set
 removed both, and strongly typed is its only mode). Beside each plan goes ``<plan>.json``: the
 TensorRT version, GPU, I/O tensors, profiles read back from the engine, device memory and build
 time. Everything TensorRT is imported inside functions, so this module imports without it.
+
+The build uses Polygraphy's TensorRT loaders: ``NetworkFromOnnxPath`` (strongly typed network,
+``parse_from_file`` so external weights are found), ``CreateConfig`` (optimization profiles,
+builder optimization level, workspace limit — never its ``fp16=``/``int8=`` flags) and
+``EngineFromNetwork``. Two steps stay by hand, for documented reasons:
+
+* the timing cache: Polygraphy's ``load_timing_cache`` ignores the result of ``set_timing_cache``, so
+  a cache written by another TensorRT version or GPU would silently not apply, and its
+  ``save_timing_cache`` merges that foreign cache in (``ignore_mismatch=True``) and writes the file in
+  place. Here a mismatched cache is replaced by a fresh one with a warning (``PostprocessConfig``),
+  and the cache is written atomically;
+* ``SaveEngine`` writes the plan in place: a killed build could leave a truncated plan under the
+  real name, so the plan is serialized and written with :func:`pipeline.atomic.write_bytes_atomic`.
 """
 
 from __future__ import annotations
 
 import json
 import logging
-import os
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -19,6 +31,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from pipeline.artifacts import PRECISIONS, Artifact
+from pipeline.atomic import write_bytes_atomic
 from pipeline.errors import PipelineError
 from pipeline.fingerprint import hash_path
 from pipeline.stages.tensorrt_env import GpuInfo, cuda_gpu, require_tensorrt, tensorrt_version_tuple
@@ -29,7 +42,6 @@ if TYPE_CHECKING:
     from polygraphy.backend.base import BaseRunner
 
 log = logging.getLogger(__name__)
-trt_log = logging.getLogger(__name__ + ".tensorrt")
 
 MAX_OPTIMIZATION_LEVEL = 5
 METADATA_FORMAT = 1
@@ -77,68 +89,22 @@ def _check_build_args(
         raise PipelineError(f"workspace limit must be at least 1 MiB, got {workspace_mib}", "omit it to let TensorRT decide")
 
 
-def _make_logger() -> trt.ILogger:
-    """A TensorRT logger that forwards to Python logging (TensorRT's own Logger prints)."""
+def _strongly_typed() -> bool:
+    """Whether the network needs the STRONGLY_TYPED creation flag (TensorRT 10; in 11 it is the only mode)."""
     import tensorrt as trt
 
-    severity = trt.ILogger.Severity
-    levels = {
-        severity.INTERNAL_ERROR: logging.CRITICAL,
-        severity.ERROR: logging.ERROR,
-        severity.WARNING: logging.WARNING,
-        severity.INFO: logging.INFO,
-        severity.VERBOSE: logging.DEBUG,
-    }
-
-    class ToLogging(trt.ILogger):
-        def __init__(self) -> None:
-            trt.ILogger.__init__(self)
-
-        def log(self, severity: trt.ILogger.Severity, msg: str) -> None:
-            trt_log.log(levels.get(severity, logging.INFO), "%s", msg)
-
-    return ToLogging()
-
-
-def _network_flags() -> int:
-    import tensorrt as trt
-
-    if tensorrt_version_tuple(trt.__version__)[0] >= 11:
-        return 0  # TensorRT 11: strongly typed is the only mode and the flag is deprecated
-    # TensorRT 10: EXPLICIT_BATCH is deprecated and ignored (always explicit), so only this flag.
-    return 1 << int(trt.NetworkDefinitionCreationFlag.STRONGLY_TYPED)
-
-
-def _parse_onnx(onnx_path: Path, network: trt.INetworkDefinition, logger: trt.ILogger) -> trt.OnnxParser:
-    import tensorrt as trt
-
-    parser = trt.OnnxParser(network, logger)
-    # parse_from_file (not parse(bytes)) so external-data weights next to the model are found.
-    if not parser.parse_from_file(str(onnx_path)):
-        errors = [str(parser.get_error(i)) for i in range(parser.num_errors)] or ["no error reported"]
-        raise PipelineError(
-            f"TensorRT's ONNX parser rejected {onnx_path}: " + " | ".join(e.replace("\n", " ") for e in errors),
-            "check the model with `polygraphy inspect model` and the ONNX opset TensorRT supports",
-        )
-    return parser
-
-
-def _dims(values: Sequence[int]) -> trt.Dims:
-    import tensorrt as trt
-
-    return trt.Dims(list(values))
+    return tensorrt_version_tuple(trt.__version__)[0] < 11
 
 
 def _shape(dims: trt.Dims) -> Shape:
     return tuple(int(dims[i]) for i in range(len(dims)))
 
 
-def _add_profiles(
-    builder: trt.Builder, network: trt.INetworkDefinition, config: trt.IBuilderConfig, profiles: Sequence[ShapeProfile]
-) -> None:
-    inputs = [network.get_input(i) for i in range(network.num_inputs)]
-    dynamic = [t.name for t in inputs if any(d < 0 for d in _shape(t.shape))]
-    known = {t.name for t in inputs}
+def _check_profiles(network: trt.INetworkDefinition, profiles: Sequence[ShapeProfile]) -> list[ShapeProfile]:
+    """The profiles to build with, checked against the parsed network (Polygraphy would fill missing
+    inputs with guessed shapes and pass bad ranges on to TensorRT)."""
+    inputs = {t.name: _shape(t.shape) for t in (network.get_input(i) for i in range(network.num_inputs))}
+    dynamic = [name for name, shape in inputs.items() if any(d < 0 for d in shape)]
     used = [p for p in profiles if p.shapes]
     if dynamic and not used:
         raise PipelineError(
@@ -147,24 +113,37 @@ def _add_profiles(
         )
     for index, profile in enumerate(used):
         missing = [name for name in dynamic if name not in profile.shapes]
-        unknown = [name for name in profile.shapes if name not in known]
+        unknown = [name for name in profile.shapes if name not in inputs]
         if missing or unknown:
             raise PipelineError(
                 f"optimization profile {index} does not match the TensorRT network "
                 f"(missing dynamic inputs: {missing or 'none'}; unknown inputs: {unknown or 'none'})",
                 "derive profiles from this ONNX model's signature with profiles_from_args",
             )
-        trt_profile = builder.create_optimization_profile()
         for name, (lo, opt, hi) in profile.shapes.items():
-            try:
-                trt_profile.set_shape(name, _dims(lo), _dims(opt), _dims(hi))
-            except RuntimeError as exc:
+            model = inputs[name]
+            fits = len(lo) == len(opt) == len(hi) == len(model) and all(
+                a <= b <= c and (d < 0 or a == c == d) for a, b, c, d in zip(lo, opt, hi, model)
+            )
+            if not fits:
                 raise PipelineError(
-                    f"TensorRT rejected the shape range {format_shape_spec(name, (lo, opt, hi))}: {exc}",
+                    f"TensorRT cannot use the shape range {format_shape_spec(name, (lo, opt, hi))} for input "
+                    f"'{name}' of shape {list(model)}",
                     "fix that --shape so MIN <= OPT <= MAX and fixed axes match the model",
-                ) from None
-        if config.add_optimization_profile(trt_profile) < 0:
-            raise PipelineError(f"TensorRT rejected optimization profile {index} ({profile})", "check the --shape ranges")
+                )
+    return used
+
+
+def _polygraphy_profiles(profiles: Sequence[ShapeProfile]) -> list[Any]:
+    from polygraphy.backend.trt import Profile
+
+    out = []
+    for profile in profiles:
+        trt_profile = Profile()
+        for name, (lo, opt, hi) in profile.shapes.items():
+            trt_profile.add(name, min=lo, opt=opt, max=hi)
+        out.append(trt_profile)
+    return out
 
 
 def _attach_timing_cache(config: trt.IBuilderConfig, path: Path) -> None:
@@ -177,15 +156,6 @@ def _attach_timing_cache(config: trt.IBuilderConfig, path: Path) -> None:
         # Made by another TensorRT version or GPU (or truncated): its timings do not apply here.
         log.warning("timing cache %s does not match this TensorRT/GPU; starting a fresh one", path)
     config.set_timing_cache(config.create_timing_cache(b""), ignore_mismatch=False)
-
-
-def _write_atomic(path: Path, data: Any) -> None:
-    """Write bytes (or any buffer) so a crash never leaves a half-written file at ``path``."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    with open(tmp, "wb") as fh:
-        fh.write(data)
-    os.replace(tmp, path)
 
 
 def engine_from_onnx(
@@ -211,39 +181,36 @@ def engine_from_onnx(
     gpu = cuda_gpu()
     import tensorrt as trt
 
+    from polygraphy.backend.trt import CreateConfig, EngineFromNetwork, NetworkFromOnnxPath, PostprocessConfig
+    from polygraphy.exception import PolygraphyException
+
     log.info("building %s TensorRT engine from %s on %s", precision, onnx_path, gpu.name)
     start = time.perf_counter()
-    logger = _make_logger()  # must outlive builder, runtime and engine
     try:
-        builder = trt.Builder(logger)
-    except (TypeError, RuntimeError) as exc:  # the binding reports a failed CUDA init this way
+        builder, network, parser = NetworkFromOnnxPath(str(onnx_path), strongly_typed=_strongly_typed())()
+    except (PolygraphyException, TypeError, RuntimeError) as exc:  # a failed CUDA init surfaces as TypeError/RuntimeError
         raise PipelineError(
-            f"TensorRT could not create a builder on {gpu.name} ({exc})",
-            "check that the NVIDIA driver supports the CUDA version of the TensorRT wheel (nvidia-smi)",
+            f"TensorRT could not parse {onnx_path} on {gpu.name}: {str(exc).strip().splitlines()[-1] if str(exc).strip() else exc}",
+            "check the model with `polygraphy inspect model`, the ONNX opset TensorRT supports, and that the "
+            "NVIDIA driver supports the CUDA version of the TensorRT wheel (nvidia-smi)",
         ) from None
-    network = builder.create_network(_network_flags())
-    parser = _parse_onnx(onnx_path, network, logger)
-    config = builder.create_builder_config()
-    config.builder_optimization_level = optimization_level
-    if workspace_mib is not None:
-        config.set_memory_pool_limit(trt.MemoryPoolType.WORKSPACE, workspace_mib << 20)
-    _add_profiles(builder, network, config, profiles)
-    _attach_timing_cache(config, timing_cache)
-
-    plan = builder.build_serialized_network(network, config)
-    if plan is None:
+    used = _check_profiles(network, profiles)
+    pools = {trt.MemoryPoolType.WORKSPACE: workspace_mib << 20} if workspace_mib is not None else None
+    create = CreateConfig(profiles=_polygraphy_profiles(used) or None, builder_optimization_level=optimization_level,
+                          memory_pool_limits=pools)
+    config = PostprocessConfig(create, lambda _builder, _network, cfg: _attach_timing_cache(cfg, timing_cache))(builder, network)
+    try:
+        engine = EngineFromNetwork((builder, network, parser), config=config)()
+    except PolygraphyException:
         raise PipelineError(
             f"TensorRT could not build an engine from {onnx_path} (its errors are logged above)",
             "try a lower --optimization-level or a larger workspace, or check the ONNX graph with polygraphy",
-        )
+        ) from None
     build_seconds = time.perf_counter() - start
-    _write_atomic(plan_path, memoryview(plan))
-    _write_atomic(timing_cache, memoryview(config.get_timing_cache().serialize()))
-    del parser, network  # the parser owns the weights the network pointed to; the plan has its own copy
+    write_bytes_atomic(plan_path, memoryview(engine.serialize()))
+    write_bytes_atomic(timing_cache, memoryview(config.get_timing_cache().serialize()))
+    del parser, network  # the parser owns the weights the network pointed to; the engine has its own copy
 
-    engine = trt.Runtime(logger).deserialize_cuda_engine(plan)
-    if engine is None:
-        raise PipelineError(f"TensorRT could not load the plan it just built ({plan_path})", "see the TensorRT errors logged above")
     metadata = engine_metadata(
         precision=precision,
         plan_path=plan_path,
@@ -344,7 +311,7 @@ def engine_metadata(
 
 def write_engine_metadata(path: Path, metadata: Mapping[str, Any]) -> None:
     """Write ``metadata`` as indented JSON (atomically)."""
-    _write_atomic(Path(path), (json.dumps(metadata, indent=2, sort_keys=True) + "\n").encode())
+    write_bytes_atomic(Path(path), (json.dumps(metadata, indent=2, sort_keys=True) + "\n").encode())
 
 
 def read_engine_metadata(path: Path) -> dict[str, Any]:
@@ -352,7 +319,10 @@ def read_engine_metadata(path: Path) -> dict[str, Any]:
     path = Path(path)
     if not path.is_file():
         raise PipelineError(f"engine metadata {path} does not exist", "rebuild the engine (python -m pipeline build)")
-    data = json.loads(path.read_text())
+    try:
+        data = json.loads(path.read_text())
+    except ValueError as exc:
+        raise PipelineError(f"engine metadata {path} is not valid JSON ({exc})", "rebuild the engine (python -m pipeline build)") from None
     if not isinstance(data, dict) or data.get("format") != METADATA_FORMAT:
         raise PipelineError(f"engine metadata {path} is not in format {METADATA_FORMAT}", "rebuild the engine")
     return data

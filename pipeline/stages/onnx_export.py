@@ -9,6 +9,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+from pipeline.atomic import atomic_path
 from pipeline.errors import PipelineError
 from pipeline.tensors import SIGNATURE
 
@@ -35,32 +36,28 @@ def onnx_from_savedmodel(saved: Path, dst: Path, opset: int) -> Path:
 
     if opset < MIN_OPSET:
         raise PipelineError(f"--opset {opset} is too old", f"use --opset {MIN_OPSET} or newer")
-    tmp = dst.with_name(dst.name + ".partial")
-    cmd = tf2onnx_command(saved, tmp, opset)
-    log.info("tf2onnx: %s", shlex.join(cmd[1:]))
-    proc = subprocess.run(cmd, capture_output=True, text=True)
-    unsupported = re.findall(r"Tensorflow op \[[^\]]*: (\w+)\] is not supported", proc.stderr)
-    if unsupported or "Unsupported ops" in proc.stderr:
-        ops = sorted(set(unsupported)) or re.findall(r"Unsupported ops: (.*)", proc.stderr)
-        tmp.unlink(missing_ok=True)
-        raise PipelineError(
-            f"tf2onnx cannot convert TensorFlow op(s) {', '.join(ops)} to ONNX opset {opset}",
-            "replace those layers with supported ones, or try a newer --opset",
-        )
-    if proc.returncode != 0 or not tmp.exists():
-        tail = [line for line in proc.stderr.splitlines() if line.strip()][-1:] or ["no output"]
-        tmp.unlink(missing_ok=True)
-        raise PipelineError(f"tf2onnx failed: {tail[0][:300]}", f"run it by hand to see the full log: {shlex.join(cmd)}")
+    with atomic_path(dst) as tmp:  # hidden .<name>.*.tmp.onnx beside dst, renamed into place at the end
+        cmd = tf2onnx_command(saved, tmp, opset)
+        log.info("tf2onnx: %s", shlex.join(cmd[1:]))
+        proc = subprocess.run(cmd, capture_output=True, text=True)
+        unsupported = re.findall(r"Tensorflow op \[[^\]]*: (\w+)\] is not supported", proc.stderr)
+        if unsupported or "Unsupported ops" in proc.stderr:
+            ops = sorted(set(unsupported)) or re.findall(r"Unsupported ops: (.*)", proc.stderr)
+            raise PipelineError(
+                f"tf2onnx cannot convert TensorFlow op(s) {', '.join(ops)} to ONNX opset {opset}",
+                "replace those layers with supported ones, or try a newer --opset",
+            )
+        if proc.returncode != 0 or tmp.stat().st_size == 0:
+            tail = [line for line in proc.stderr.splitlines() if line.strip()][-1:] or ["no output"]
+            raise PipelineError(f"tf2onnx failed: {tail[0][:300]}", f"run it by hand to see the full log: {shlex.join(tf2onnx_command(saved, dst, opset))}")
 
-    model = onnx.load(str(tmp))
-    _name_dynamic_axes(model)
-    try:
-        onnx.checker.check_model(model, full_check=True)
-    except onnx.checker.ValidationError as exc:
-        tmp.unlink(missing_ok=True)
-        raise PipelineError(f"tf2onnx produced an invalid ONNX model: {str(exc).splitlines()[0]}", "report the model to tf2onnx") from None
-    onnx.save(model, str(tmp))
-    tmp.replace(dst)
+        model = onnx.load(str(tmp))
+        _name_dynamic_axes(model)
+        try:
+            onnx.checker.check_model(model, full_check=True)
+        except onnx.checker.ValidationError as exc:
+            raise PipelineError(f"tf2onnx produced an invalid ONNX model: {str(exc).splitlines()[0]}", "report the model to tf2onnx") from None
+        onnx.save(model, str(tmp))
     return dst
 
 

@@ -6,8 +6,9 @@ import json
 from pathlib import Path
 
 from pipeline.compare import Comparison, compare_runners
-from pipeline.errors import PipelineError
+from pipeline.errors import CheckFailed
 from pipeline.evaldata import EvalData
+from pipeline.progress import progress
 from pipeline.runners import SavedModelRunner, runner_for_onnx
 
 
@@ -17,7 +18,8 @@ def parity_report_from_models(saved: Path, onnx_path: Path, data: EvalData, dst:
     ``atol + rtol·|tf|``."""
     tf_runner = SavedModelRunner(saved, name="tensorflow")
     ort_runner = runner_for_onnx(onnx_path, name="onnxruntime")
-    [comparison] = compare_runners(tf_runner, [ort_runner], data.batches(batch_size))
+    with progress("parity TensorFlow vs ONNX", -(-data.num_samples // batch_size), unit="batches") as bar:
+        [comparison] = compare_runners(tf_runner, [ort_runner], bar.track(data.batches(batch_size)))
     failures = _failures(comparison, atol, rtol)
     report = {
         "reference": "tensorflow (SavedModel serving_default)",
@@ -30,7 +32,7 @@ def parity_report_from_models(saved: Path, onnx_path: Path, data: EvalData, dst:
     }
     dst.write_text(json.dumps(report, indent=2) + "\n")
     if failures:
-        raise PipelineError(
+        raise CheckFailed(
             f"ONNX model differs from TensorFlow: {'; '.join(failures)} (report: {dst})",
             "the conversion is wrong for this model; raise --parity-atol only if the difference is acceptable",
         )

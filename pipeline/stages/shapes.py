@@ -22,16 +22,33 @@ Defaults (when an input is not named):
   batches are small and latency is dominated by launch overhead, not by the tuned tactic. Add a
   second profile with a small OPT if single-request latency matters more. If another input of
   the same profile was given, its batch range is used instead (inputs share the batch).
-* any other dynamic axis (e.g. a sequence length): MIN 1, OPT and MAX ``dynamic_default``.
+* any other dynamic axis (e.g. a sequence length, an image side), when real data was seen
+  (calibration and evaluation samples, see :class:`SeenShapes`), is sized from that data:
+
+  - OPT = the most common size seen (by samples; the larger one on a tie): what the engine's
+    kernels are tuned for is what the data says is typical;
+  - MIN = the largest power of two <= the smallest size seen;
+  - MAX = the smallest power of two > the largest size seen.
+
+  So every size seen fits, sizes a little outside the data (a sentence a few tokens longer, a
+  slightly smaller image) fit too, and the range stays within 2x of the data on each side.
+  The profile is logged with the exact ``--shape`` options that reproduce it.
+* a dynamic non-batch axis without any real data: MIN 1, OPT and MAX ``dynamic_default``.
   The model says nothing about its range, so a warning asks for ``--shape``.
+
+``--shape`` overrides all of this for the inputs it names; real data a profile given by
+``--shape`` cannot run (a sample of a size outside every profile) is an error naming the sample
+size and a ``--shape`` that covers it.
 """
 
 from __future__ import annotations
 
 import logging
 import re
-from collections.abc import Mapping, Sequence
+from collections import Counter
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from pipeline.errors import PipelineError
@@ -46,6 +63,25 @@ DEFAULT_DYNAMIC_DIM = 64
 SHAPE_SYNTAX = "INPUT:MIN/OPT/MAX with dims joined by 'x'"
 _LEVELS = ("MIN", "OPT", "MAX")
 _DIMS = re.compile(r"^-?\d+(x-?\d+)*$")
+
+
+@dataclass(frozen=True)
+class SeenBucket:
+    """Real samples of one size: where they came from, each input's per-sample shape (no
+    batch axis), and how many samples there are."""
+
+    origin: str
+    shapes: Mapping[str, Shape]
+    samples: int
+
+
+SeenShapes = Sequence[SeenBucket]
+
+
+def seen_shapes(buckets: Iterable[tuple[str, Mapping[str, Shape], int]]) -> list[SeenBucket]:
+    """:class:`SeenBucket` list from ``(origin, {input: per-sample shape}, samples)`` tuples
+    (what :meth:`pipeline.evaldata.EvalData.sample_shapes` returns)."""
+    return [SeenBucket(origin, {k: tuple(int(d) for d in v) for k, v in shapes.items()}, int(n)) for origin, shapes, n in buckets]
 
 
 @dataclass(frozen=True)
@@ -77,11 +113,13 @@ def default_range(
     max_batch: int,
     dynamic_default: int = DEFAULT_DYNAMIC_DIM,
     batch_range: tuple[int, int, int] | None = None,
+    sizes: Mapping[int, Mapping[int, int]] | None = None,
 ) -> ShapeRange:
     """The range an input gets when ``--shape`` does not name it (see the module docstring).
 
     ``batch_range`` is the batch (min, opt, max) another input of the same profile was given:
     inputs share the batch, so the default follows it instead of 1/max_batch/max_batch.
+    ``sizes`` maps a dynamic non-batch axis to the sizes real data has there (size → samples).
     """
     mins, opts, maxs = [], [], []
     batch = batch_axis(spec)
@@ -90,6 +128,8 @@ def default_range(
             lo = opt = hi = dim
         elif axis == batch:
             lo, opt, hi = batch_range or (1, max_batch, max_batch)
+        elif sizes and sizes.get(axis):
+            lo, opt, hi = data_range(sizes[axis])
         else:
             lo, opt, hi = 1, dynamic_default, dynamic_default
         mins.append(lo)
@@ -98,17 +138,47 @@ def default_range(
     return tuple(mins), tuple(opts), tuple(maxs)
 
 
+def data_range(counts: Mapping[int, int]) -> tuple[int, int, int]:
+    """(MIN, OPT, MAX) of one axis from the sizes seen there (size → samples): OPT the most
+    common size (the larger on a tie), MIN the largest power of two <= the smallest size, MAX the
+    smallest power of two > the largest size."""
+    opt = max(counts, key=lambda size: (counts[size], size))
+    lo = 1 << (max(min(counts), 1).bit_length() - 1)
+    hi = 1 << max(max(counts), 1).bit_length()
+    return lo, opt, hi
+
+
+def sizes_by_axis(spec: TensorSpec, seen: SeenShapes) -> dict[int, Counter[int]]:
+    """For each dynamic non-batch axis of ``spec``: the sizes the real data has there → samples.
+    Data arrays hold one sample per row, so model axis ``a`` is per-sample dim ``a - 1``."""
+    batch = batch_axis(spec)
+    axes = [a for a in spec.dynamic_axes if a not in (0, batch)]
+    counts: dict[int, Counter[int]] = {}
+    for bucket in seen:
+        shape = bucket.shapes.get(spec.name)
+        if shape is None or len(shape) != len(spec.shape) - 1:
+            continue
+        for axis in axes:
+            counts.setdefault(axis, Counter())[shape[axis - 1]] += bucket.samples
+    return counts
+
+
 def profiles_from_args(
     specs: Sequence[str],
     signature: ModelSignature,
     *,
     max_batch: int,
     dynamic_default: int = DEFAULT_DYNAMIC_DIM,
+    seen: SeenShapes = (),
+    quiet: bool = False,
 ) -> list[ShapeProfile]:
     """Turn ``--shape`` texts into optimization profiles covering every dynamic input.
 
-    Repeating an input name starts the next profile. With no specs, one default profile.
-    Every problem raises one :class:`PipelineError` naming the spec and the fix.
+    Repeating an input name starts the next profile. With no specs, one default profile, its
+    non-batch dynamic axes sized from ``seen`` (the real calibration/evaluation samples) where
+    there are any. Every problem, including ``--shape`` profiles that cannot run the ``seen``
+    samples, raises one :class:`PipelineError` naming the spec and the fix. ``quiet``: no log
+    lines and no coverage check (for a provisional look before the data is read).
     """
     if max_batch < 1:
         raise PipelineError(f"--max-batch must be at least 1, got {max_batch}", "pass e.g. --max-batch 64")
@@ -125,8 +195,10 @@ def profiles_from_args(
             groups.append({})
         groups[-1][name] = shape_range
 
+    sizes = {spec.name: sizes_by_axis(spec, seen) for spec in dynamic}
     profiles = []
     warned: set[tuple[str, int]] = set()
+    from_data = False
     for given in groups:
         batch_range = _given_batch_range(given, signature)
         shapes: dict[str, ShapeRange] = {}
@@ -135,13 +207,54 @@ def profiles_from_args(
                 shapes[spec.name] = given[spec.name]
                 continue
             shapes[spec.name] = default_range(
-                spec, max_batch=max_batch, dynamic_default=dynamic_default, batch_range=batch_range
+                spec, max_batch=max_batch, dynamic_default=dynamic_default, batch_range=batch_range, sizes=sizes[spec.name]
             )
-            _warn_unsized_axes(spec, shapes[spec.name], warned)
+            if not quiet:
+                from_data |= _log_sized_axes(spec, shapes[spec.name], sizes[spec.name], warned)
         profiles.append(ShapeProfile(shapes))
+    if quiet:
+        return profiles
     for index, profile in enumerate(profiles):
         log.info("optimization profile %d: %s", index, str(profile) or "(model has no dynamic inputs)")
+    if from_data:
+        log.info("profiles sized from the data; the same profiles: %s", " ".join(f"--shape {format_shape_spec(n, r)}" for p in profiles for n, r in p.shapes.items()))
+    _check_covers(profiles, signature, seen, max_batch=max_batch, dynamic_default=dynamic_default)
     return profiles
+
+
+def _check_covers(profiles: Sequence[ShapeProfile], signature: ModelSignature, seen: SeenShapes, *, max_batch: int, dynamic_default: int) -> None:
+    """Every real sample must fit one profile (its non-batch dims within MIN..MAX of every input)."""
+    for bucket in seen:
+        misses = [_miss(profile, signature, bucket) for profile in profiles]
+        if not all(misses):
+            continue
+        name, axis, size, lo, hi = misses[0]  # type: ignore[misc]
+        derived = {
+            spec.name: default_range(spec, max_batch=max_batch, dynamic_default=dynamic_default, sizes=sizes_by_axis(spec, seen))
+            for spec in signature.inputs if spec.dynamic_axes
+        }
+        cover = " ".join(f"--shape {format_shape_spec(n, r)}" for n, r in derived.items())
+        where = "the profile" if len(profiles) == 1 else "every profile (profile 0"
+        raise PipelineError(
+            f"--shape does not cover the data {bucket.origin}: input '{name}' has size {size} on axis {axis}, "
+            f"outside {where}: {lo}..{hi}{')' if len(profiles) > 1 else ''}",
+            f"widen --shape to cover the data, e.g. {cover}, or leave --shape out to size the profiles from the data",
+        )
+
+
+def _miss(profile: ShapeProfile, signature: ModelSignature, bucket: SeenBucket) -> tuple[str, int, int, int, int] | None:
+    """The first (input, axis, size, min, max) of ``bucket`` outside ``profile``; None if it fits."""
+    for name, (lo, _, hi) in profile.shapes.items():
+        shape = bucket.shapes.get(name)
+        spec = signature.input(name)
+        if shape is None or len(shape) != len(spec.shape) - 1:
+            continue
+        for axis in spec.dynamic_axes:
+            if axis in (0, batch_axis(spec)):
+                continue
+            if not lo[axis] <= shape[axis - 1] <= hi[axis]:
+                return name, axis, shape[axis - 1], lo[axis], hi[axis]
+    return None
 
 
 def _given_batch_range(given: Mapping[str, ShapeRange], signature: ModelSignature) -> tuple[int, int, int] | None:
@@ -152,16 +265,27 @@ def _given_batch_range(given: Mapping[str, ShapeRange], signature: ModelSignatur
     return None
 
 
-def _warn_unsized_axes(spec: TensorSpec, shape_range: ShapeRange, warned: set[tuple[str, int]]) -> None:
+def _log_sized_axes(
+    spec: TensorSpec, shape_range: ShapeRange, sizes: Mapping[int, Mapping[int, int]], warned: set[tuple[str, int]]
+) -> bool:
+    """Say where each non-batch dynamic axis got its range; True if any came from the data."""
+    from_data = False
     for axis, dim in enumerate(spec.shape):
-        if axis in spec.dynamic_axes and axis != batch_axis(spec) and (spec.name, axis) not in warned:
-            warned.add((spec.name, axis))
-            log.warning(
-                "input '%s' axis %d ('%s') is dynamic and no --shape gives its range; using %d/%d/%d — "
-                "pass --shape %s with the sizes you serve",
-                spec.name, axis, dim, shape_range[0][axis], shape_range[1][axis], shape_range[2][axis],
-                format_shape_spec(spec.name, shape_range),
-            )
+        if axis not in spec.dynamic_axes or axis == batch_axis(spec) or (spec.name, axis) in warned:
+            continue
+        warned.add((spec.name, axis))
+        lo, opt, hi = (shape[axis] for shape in shape_range)
+        if sizes.get(axis):
+            from_data = True
+            seen = ", ".join(f"{size} ({n} samples)" for size, n in sorted(sizes[axis].items()))
+            log.info("input '%s' axis %d ('%s'): sizes seen in the data %s → MIN %d, OPT %d, MAX %d", spec.name, axis, dim, seen, lo, opt, hi)
+            continue
+        log.warning(
+            "input '%s' axis %d ('%s') is dynamic and neither data nor --shape gives its range; using %d/%d/%d — "
+            "pass --shape %s with the sizes you serve",
+            spec.name, axis, dim, lo, opt, hi, format_shape_spec(spec.name, shape_range),
+        )
+    return from_data
 
 
 def _syntax_fix(signature: ModelSignature, max_batch: int) -> str:
@@ -232,6 +356,29 @@ def _check_range(text: str, spec: TensorSpec, shape_range: ShapeRange, *, max_ba
                 f"--shape '{text}': MAX batch (axis {axis}) is {hi}, above --max-batch {max_batch}",
                 f"lower MAX on axis {axis} to at most {max_batch}, or raise --max-batch",
             )
+
+
+def seen_in_files(path: Path, signature: ModelSignature) -> list[SeenBucket]:
+    """The sample shapes of array data at ``path`` (an ``.npz``, a folder holding ``calib.npz``,
+    or a folder of ``.npy`` files), read from headers only; [] for anything else (e.g. images,
+    which are resized to the profile instead)."""
+    from pipeline.buckets import sample_shapes
+    from pipeline.stages.calibration import CALIB_FILE
+
+    path = Path(path)
+    if path.is_dir() and (path / CALIB_FILE).is_file():
+        path = path / CALIB_FILE
+    if (path.is_file() and path.suffix == ".npz") or (path.is_dir() and any(path.glob("*.npy"))):
+        return seen_shapes(sample_shapes(path, [s.name for s in signature.inputs]))
+    return []
+
+
+def calibration_hints(specs: Sequence[str], signature: ModelSignature, *, max_batch: int) -> dict[str, Shape]:
+    """Per-sample OPT shapes (no batch axis) of the profile ``--shape`` (or the defaults) give
+    before any data is read: the size image calibration resizes to when the model's H×W are
+    dynamic. Array data never needs them (each array keeps its own size)."""
+    profiles = profiles_from_args(specs, signature, max_batch=max_batch, quiet=True)
+    return {name: r[1][1:] for name, r in profiles[0].shapes.items()} if profiles else {}
 
 
 def profiles_to_json(profiles: Sequence[ShapeProfile]) -> list[dict[str, dict[str, list[int]]]]:

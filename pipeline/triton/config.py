@@ -213,14 +213,27 @@ def config_text(cfg: ModelConfig) -> str:
     return text_format.MessageToString(cfg)
 
 
-def parse_config(text: str) -> ModelConfig:
-    """Parse ``config.pbtxt`` text the way Triton does (protobuf text format); PipelineError if invalid."""
+def parse_config(text: str, where: str = "Triton model config") -> ModelConfig:
+    """Parse ``config.pbtxt`` text the way Triton does (protobuf text format); PipelineError naming ``where`` if invalid."""
     from google.protobuf import text_format
 
     try:
         return text_format.Parse(text, _pb().ModelConfig())
     except text_format.ParseError as exc:
-        raise PipelineError(f"invalid Triton model config: {exc}", "rebuild the repository with `python -m pipeline build`") from None
+        raise PipelineError(f"{where} is not a valid Triton model config: {exc}", "rebuild the repository with `python -m pipeline build`") from None
+
+
+def model_config_path(model_dir: Path, config_name: str | None = None) -> Path:
+    """The config file Triton reads for a model: ``configs/<config_name>.pbtxt`` if present (Triton's
+    ``--model-config-name``), else ``config.pbtxt``."""
+    custom = Path(model_dir) / "configs" / f"{config_name}.pbtxt"
+    return custom if config_name and custom.is_file() else Path(model_dir) / "config.pbtxt"
+
+
+def read_model_config(model_dir: Path, config_name: str | None = None) -> ModelConfig | None:
+    """The model's config as Triton would load it (see :func:`model_config_path`), or None if it has none."""
+    path = model_config_path(model_dir, config_name)
+    return parse_config(path.read_text(), str(path)) if path.is_file() else None
 
 
 def ort_graph_level_name(cfg: ModelConfig) -> str:

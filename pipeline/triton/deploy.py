@@ -6,15 +6,12 @@ ONNX Runtime is 1.19.2 (Triton's compatibility matrix), which loads ONNX IR ≤ 
 checked here for every ONNX model. A TensorRT plan only loads on the TensorRT version that built it,
 so a repository with plans needs ``image=`` set to the NGC tag whose TensorRT built them.
 
-The server runs with ``--model-control-mode=none`` (the repository is loaded at start and cannot be
-changed through the API), ``--strict-readiness`` and ``--disable-auto-complete-config``, mounts the
-repository read-only, runs as the image's non-root ``triton-server`` user, and restricts the admin
-APIs (model-repository, model-config, shared-memory, trace, logging) to callers that send the
-header ``admin-key: $TRITON_ADMIN_KEY`` (gRPC: metadata ``triton-grpc-protocol-admin-key``). The key
-is read from the environment inside the container, never written into the bundle. The gRPC flag is
-``--grpc-restricted-protocol`` (there is no ``--grpc-restricted-api``); both take
-``<api>,<api>,...:<header>=<value>`` (``tritonserver --help``; docs: inference_protocols.md,
-"Limit Endpoint Access").
+The server's flags come from :mod:`pipeline.triton.server_args` (shared with ``serve`` and the MIG
+bundle): ``--model-control-mode=none`` (the repository is loaded at start and cannot be changed
+through the API), ``--strict-readiness``, ``--disable-auto-complete-config``, and the admin APIs
+behind the header ``admin-key: $TRITON_ADMIN_KEY``. How the files are written (repository relative to
+the bundle, non-root user, init, key only in the environment, user edits kept) is
+:mod:`pipeline.triton.bundle_files`, shared with the MIG bundle.
 """
 
 from __future__ import annotations
@@ -22,47 +19,42 @@ from __future__ import annotations
 import argparse
 import json
 import logging
-import os
 import shlex
 from pathlib import Path
 from typing import Any
 
 from pipeline.argtypes import port
 from pipeline.errors import PipelineError, require
+from pipeline.triton.bundle_files import (
+    CONTAINER_REPOSITORY,
+    CONTAINER_USER,
+    compose_service,
+    compose_yaml,
+    relative_repository,
+    script_repository_lines,
+    write_bundle_files,
+)
 from pipeline.triton.repository import REPORT, model_filename, read_repository
+from pipeline.triton.server_args import (
+    ADMIN_HEADER,
+    ADMIN_KEY_ENV,
+    RESTRICTED_APIS,
+    ServerArgs,
+    shell_command,
+    tritonserver_args,
+)
 
 log = logging.getLogger(__name__)
 
 DEFAULT_IMAGE = "nvcr.io/nvidia/tritonserver:24.10-py3"
 # What the default image's ONNX Runtime (1.19.2) can load: newest ONNX IR version and ai.onnx opset.
 DEFAULT_IMAGE_ONNX_LIMITS = (10, 21)
-RESTRICTED_APIS = ("model-repository", "model-config", "shared-memory", "trace", "logging")
-ADMIN_KEY_ENV = "TRITON_ADMIN_KEY"
-ADMIN_HEADER = "admin-key"
-CONTAINER_REPOSITORY = "/models"
+SCRIPT, COMPOSE, README = "docker-run.sh", "compose.yaml", "README.md"
 
 
-def restricted_api_args(admin_key: str = f"${{{ADMIN_KEY_ENV}}}") -> list[str]:
-    """Flags that put the admin APIs behind the ``admin-key`` header; ``admin_key`` is how the
-    deployment refers to the secret (``${TRITON_ADMIN_KEY}`` for a shell, ``$(TRITON_ADMIN_KEY)`` in Kubernetes)."""
-    restricted = f"{','.join(RESTRICTED_APIS)}:{ADMIN_HEADER}={admin_key}"
-    return [f"--http-restricted-api={restricted}", f"--grpc-restricted-protocol={restricted}"]
-
-
-def tritonserver_args(http_port: int = 8000, grpc_port: int = 8001, metrics_port: int = 8002) -> list[str]:
-    """The ``tritonserver`` command line; ``$TRITON_ADMIN_KEY`` is left for the container's shell to expand."""
-    return [
-        "tritonserver",
-        f"--model-repository={CONTAINER_REPOSITORY}",
-        "--model-control-mode=none",
-        "--strict-readiness=true",
-        "--exit-on-error=true",
-        "--disable-auto-complete-config",
-        f"--http-port={http_port}",
-        f"--grpc-port={grpc_port}",
-        f"--metrics-port={metrics_port}",
-        *restricted_api_args(),
-    ]
+def server_args(http_port: int = 8000, grpc_port: int = 8001, metrics_port: int = 8002) -> ServerArgs:
+    """How the production server runs: the whole repository loaded at start, admin APIs behind the key."""
+    return ServerArgs(repository=CONTAINER_REPOSITORY, http_port=http_port, grpc_port=grpc_port, metrics_port=metrics_port)
 
 
 def write_deploy_bundle(
@@ -77,8 +69,9 @@ def write_deploy_bundle(
     """Write ``docker-run.sh``, ``compose.yaml`` and ``README.md`` to ``out_dir`` serving ``repository``.
 
     The repository is referenced relative to ``out_dir`` so bundle and repository can move together.
-    Raises PipelineError if a model cannot load in ``image`` (ONNX too new for its ONNX Runtime, or
-    TensorRT plans with the default image).
+    Files the user edited are kept (the new version goes to ``<file>.new``). Raises PipelineError if
+    a model cannot load in ``image`` (ONNX too new for its ONNX Runtime, or TensorRT plans with the
+    default image).
     """
     ports = (http_port, grpc_port, metrics_port)
     require(all(1 <= p <= 65535 for p in ports) and len(set(ports)) == 3, f"ports {ports} must be distinct and in 1..65535", "pick three free ports")
@@ -86,67 +79,44 @@ def write_deploy_bundle(
     _check_image_can_load(Path(repository), models, image)
 
     out_dir = Path(out_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    rel_repo = os.path.relpath(Path(repository).absolute(), out_dir.absolute())
-    server = _shell_command(tritonserver_args(http_port, grpc_port, metrics_port))
-
-    script = out_dir / "docker-run.sh"
-    script.write_text(_docker_run_script(image, rel_repo, server, ports))
-    script.chmod(0o755)
-    compose = out_dir / "compose.yaml"
-    compose.write_text(_compose_yaml(image, rel_repo, server, ports))
-    readme = out_dir / "README.md"
-    readme.write_text(_readme(image, sorted(models), ports))
+    rel_repo = relative_repository(Path(repository), out_dir)
+    server = server_args(http_port, grpc_port, metrics_port)
+    service = compose_service(image=image, server=server, ports=[(p, p) for p in ports], rel_repo=rel_repo, devices={"count": "all"})
+    files = {
+        SCRIPT: _docker_run_script(image, rel_repo, shell_command(tritonserver_args(server)), ports),
+        COMPOSE: compose_yaml({"triton": service}, f"Serve the model repository with {image}: {ADMIN_KEY_ENV}=<secret> docker compose up"),
+        README: _readme(image, sorted(models), ports),
+    }
+    paths = write_bundle_files(out_dir, files, executable=[SCRIPT])
     log.info("deploy bundle for %s (%s) written to %s", repository, image, out_dir)
-    return [script, compose, readme]
+    return paths
 
 
-def _docker_run_script(image: str, rel_repo: str, server: str, ports: tuple[int, ...]) -> str:
+def _docker_run_script(image: str, rel_repo: str | None, server: str, ports: tuple[int, ...]) -> str:
     publish = " ".join(f"-p {p}:{p}" for p in ports)
     docker = [
         "docker run --rm --init",
         '--gpus "${TRITON_GPUS:-all}"',
-        "--user triton-server",
+        f"--user {CONTAINER_USER}",
         "--shm-size=1g --ulimit memlock=-1 --ulimit stack=67108864",
         publish,
-        '-v "${REPO}:' + CONTAINER_REPOSITORY + ':ro"',
+        '-v "${MODEL_REPOSITORY}:' + CONTAINER_REPOSITORY + ':ro"',
         f"-e {ADMIN_KEY_ENV}",
         shlex.quote(image),
         "bash -c " + shlex.quote("exec " + server),
     ]
     return "\n".join([
         "#!/usr/bin/env bash",
-        f"# Serve the model repository with {image}. Written by the pipeline; regenerate rather than edit.",
+        f"# Serve the model repository with {image}. Written by the pipeline: edits are kept (a regenerated version goes to docker-run.sh.new).",
         f"# Admin APIs ({', '.join(RESTRICTED_APIS)}) need the header '{ADMIN_HEADER}: ${ADMIN_KEY_ENV}'",
-        f"# (gRPC metadata 'triton-grpc-protocol-{ADMIN_HEADER}'). TRITON_GPUS picks GPUs, e.g. '\"device=0\"' or a MIG UUID.",
+        f"# (gRPC metadata 'triton-grpc-protocol-{ADMIN_HEADER}'). TRITON_GPUS picks GPUs, e.g. '\"device=0\"' or a MIG UUID;",
+        "# MODEL_REPOSITORY overrides the repository next to this bundle.",
         "set -euo pipefail",
         f': "${{{ADMIN_KEY_ENV}:?export {ADMIN_KEY_ENV}=<secret> first: it unlocks the admin APIs}}"',
-        'HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"',
-        f'REPO="${{TRITON_MODEL_REPOSITORY:-$(cd "$HERE/{_bash_dq(rel_repo)}" && pwd)}}"',
+        *script_repository_lines(rel_repo),
         "exec " + " \\\n  ".join(docker),
         "",
     ])
-
-
-def _compose_yaml(image: str, rel_repo: str, server: str, ports: tuple[int, ...]) -> str:
-    import yaml
-
-    # Compose interpolates ${VAR} itself; "$$" passes a literal "$" so the container's shell expands the key.
-    service: dict[str, Any] = {
-        "image": image,
-        "user": "triton-server",
-        "init": True,
-        "command": ["bash", "-c", "exec " + server.replace("$", "$$")],
-        "environment": {ADMIN_KEY_ENV: f"${{{ADMIN_KEY_ENV}:?export {ADMIN_KEY_ENV}=<secret> first}}"},
-        "ports": [f"{p}:{p}" for p in ports],
-        "volumes": [{"type": "bind", "source": rel_repo if rel_repo.startswith(("/", ".")) else f"./{rel_repo}", "target": CONTAINER_REPOSITORY, "read_only": True}],
-        "shm_size": "1gb",
-        "ulimits": {"memlock": -1, "stack": 67108864},
-        "deploy": {"resources": {"reservations": {"devices": [{"driver": "nvidia", "count": "all", "capabilities": ["gpu"]}]}}},
-        "restart": "unless-stopped",
-    }
-    header = f"# Serve the model repository with {image}: {ADMIN_KEY_ENV}=<secret> docker compose up\n"
-    return header + yaml.safe_dump({"services": {"triton": service}}, sort_keys=False, width=1000)
 
 
 def _readme(image: str, models: list[str], ports: tuple[int, ...]) -> str:
@@ -164,18 +134,9 @@ def _readme(image: str, models: list[str], ports: tuple[int, ...]) -> str:
         f"HTTP {http}, gRPC {grpc}, metrics {metrics}. Inference, health, metadata and statistics are open;",
         f"{', '.join(RESTRICTED_APIS)} need the `{ADMIN_HEADER}` header (gRPC: `triton-grpc-protocol-{ADMIN_HEADER}`).",
         "Models load once at start (`--model-control-mode=none`); publish a new build, then restart.",
+        "Files you edit here are kept when the bundle is regenerated: the new version is written beside them as `<file>.new`.",
         "",
     ])
-
-
-def _shell_command(args: list[str]) -> str:
-    """One shell command line; arguments holding ``${...}`` are double-quoted so that shell expands them."""
-    return " ".join(f'"{a}"' if "${" in a else shlex.quote(a) for a in args)
-
-
-def _bash_dq(text: str) -> str:
-    """Escape ``text`` for use inside a double-quoted bash string."""
-    return "".join("\\" + c if c in '\\"$`' else c for c in text)
 
 
 def _check_image_can_load(repository: Path, models: dict[str, Any], image: str) -> None:
@@ -253,5 +214,5 @@ def run(args: argparse.Namespace) -> int:
     paths = write_deploy_bundle(args.repository, args.out, image=args.image, http_port=args.http_port, grpc_port=args.grpc_port, metrics_port=args.metrics_port)
     for path in paths:
         log.info("wrote %s", path)
-    log.info("start it with: %s=<secret> %s", ADMIN_KEY_ENV, paths[0])
+    log.info("start it with: %s=<secret> %s", ADMIN_KEY_ENV, Path(args.out) / SCRIPT)
     return 0

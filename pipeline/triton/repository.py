@@ -34,6 +34,7 @@ from typing import TYPE_CHECKING, Any
 from pipeline.artifacts import Artifact
 from pipeline.errors import PipelineError, require
 from pipeline.fingerprint import hash_path
+from pipeline.pausepoints import pause_point
 from pipeline.triton.config import (
     WARMUP_DIR,
     config_text,
@@ -91,7 +92,9 @@ def publish_repository(
     ``extra_files`` maps it to ``{relative path: bytes}`` (``labels.txt``, ``warmup/*.bin``,
     ``configs/<profile>.pbtxt``). ``version_policy="new"`` adds the next integer version and keeps
     the others; ``"replace"`` serves only version 1 and removes the versions the pipeline wrote
-    before (never versions it did not write). All models are staged and checked before any is swapped in.
+    before (never versions it did not write). A model whose files would not change keeps its
+    version (see :func:`_unchanged_version`); its current version dir is returned. All models are
+    staged and checked before any is swapped in.
     """
     require(version_policy in POLICIES, f"unknown version policy '{version_policy}'", "use 'new' or 'replace'")
     names = [a.triton_name(model) for a in artifacts]
@@ -115,35 +118,82 @@ def publish_repository(
             f"{repository} is on another filesystem than its parent {repository.parent}, so it cannot be updated atomically",
             "use a repository folder that is not itself a mount point (mount its parent instead)",
         )
+        published: dict[str, Path] = {}
         try:
-            staged = [
-                _stage_model(artifact, name, repository, staging_root, configs[name], extra_files.get(name, {}), version_policy, report, reproduce)
-                for artifact, name in zip(artifacts, names)
-            ]
+            staged = []
+            for artifact, name in zip(artifacts, names):
+                kept = _unchanged_version(repository / name, artifact, configs[name], extra_files.get(name, {}), version_policy)
+                if kept is not None:
+                    log.info("%s unchanged: keeps serving version %d", name, kept)
+                    published[name] = repository / name / str(kept)
+                    continue
+                staged.append(_stage_model(artifact, name, repository, staging_root, configs[name], extra_files.get(name, {}), version_policy, report, reproduce))
             for item in staged:
+                pause_point("publish.swap")  # tests hold the publish here to kill it (pipeline/pausepoints.py)
                 _swap_in(item, repository / item.name)
+                published[item.name] = repository / item.name / str(item.version)
                 log.info("published %s version %d", item.name, item.version)
         finally:
             _remove_staging(staging_root)
-    return [repository / item.name / str(item.version) for item in staged]
+    return [published[name] for name in names]
+
+
+def _unchanged_version(current: Path, artifact: Artifact, cfg: ModelConfig, files: Mapping[str, bytes], policy: str) -> int | None:
+    """The version Triton serves of ``current`` if publishing would change nothing, else None.
+
+    Unchanged means: the newest version is one the pipeline wrote from an artifact with the same
+    SHA-256, with the same config text, and the model's other files (labels, warmup samples,
+    per-profile configs) are byte-identical with nothing to add or remove; for policy ``replace``
+    also that version 1 is the only version the pipeline serves there. A rebuild that only changed
+    INT8 then leaves FP32/FP16 at their version instead of republishing identical copies.
+    """
+    if not (current / REPORT).is_file():
+        return None
+    owned_versions, owned_files = _read_owned(current)
+    existing = _versions(current)
+    if not existing or max(existing) not in owned_versions:
+        return None
+    if policy == "replace" and owned_versions & existing != {1}:
+        return None
+    try:
+        entry = json.loads((current / REPORT).read_text())["versions"][str(max(existing))]
+        same = (entry["artifact"]["sha256"] == hash_path(Path(artifact.path))
+                and entry["config_sha256"] == hashlib.sha256(config_text(cfg).encode()).hexdigest())
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    extras = {rel for rel in owned_files if not rel.split("/", 1)[0].isdigit()} - {CONFIG}
+    if not same or extras != set(files) or (current / CONFIG).read_bytes() != config_text(cfg).encode():
+        return None
+    if any(not (current / rel).is_file() or (current / rel).read_bytes() != data for rel, data in files.items()):
+        return None
+    return max(existing)
 
 
 def read_repository(repository: Path) -> dict[str, PublishedModel]:
     """The models of a repository (name → versions and parsed config); PipelineError if missing, empty or broken."""
-    repository = Path(repository)
     fix = "run `python -m pipeline build` first"
-    require(repository.is_dir(), f"model repository {repository} does not exist", fix)
     models: dict[str, PublishedModel] = {}
-    for path in sorted(p for p in repository.iterdir() if p.is_dir() and not p.name.startswith(".")):
+    for path in model_dirs(repository):
         config_path = path / CONFIG
         require(config_path.is_file(), f"model directory {path} has no {CONFIG}", fix)
-        config = parse_config(config_path.read_text())
+        config = parse_config(config_path.read_text(), str(config_path))
         require(config.name in ("", path.name), f"{config_path} names model '{config.name}', not '{path.name}'", fix)
+        config.name = path.name
         versions = _versions(path)
         require(bool(versions), f"model {path.name} in {repository} has no numeric version directory", fix)
         models[path.name] = PublishedModel(path.name, path, tuple(sorted(versions)), config)
-    require(bool(models), f"model repository {repository} holds no models", fix)
     return models
+
+
+def model_dirs(repository: Path) -> list[Path]:
+    """The model directories of a repository as Triton sees them (hidden folders are not models);
+    PipelineError if the repository is missing or empty."""
+    repository = Path(repository)
+    fix = "build it first: python -m pipeline build (or pass --repository)"
+    require(repository.is_dir(), f"the model repository {repository} does not exist", fix)
+    dirs = sorted(p for p in repository.iterdir() if p.is_dir() and not p.name.startswith("."))
+    require(bool(dirs), f"the model repository {repository} has no models", fix)
+    return dirs
 
 
 def _stage_model(

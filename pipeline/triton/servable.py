@@ -1,4 +1,12 @@
-"""Which models of a Triton repository the CPU-only embedded tritonserver can serve, and why not the others."""
+"""Which models of a Triton repository the CPU-only embedded tritonserver can serve, why not the others,
+and the private *view* of the repository it is started on.
+
+The view holds one symlink per servable model, so the on-disk repository stays untouched. On a
+machine without a GPU, a model whose config asks for ``KIND_GPU`` instances (a per-MIG-profile config,
+``--model-config-name 1g.5gb``) would fail to load; in the view it gets a rewritten copy of that one
+config file with ``KIND_CPU`` instances (same counts), everything else still symlinked — a CPU
+rehearsal of the GPU config, said in one log line.
+"""
 
 from __future__ import annotations
 
@@ -6,7 +14,9 @@ import logging
 from pathlib import Path
 from typing import Any
 
-from pipeline.errors import PipelineError, require
+from pipeline.errors import require
+from pipeline.triton.config import config_text, model_config_path, read_model_config
+from pipeline.triton.repository import model_dirs
 
 log = logging.getLogger(__name__)
 
@@ -18,24 +28,6 @@ PLATFORM_BACKENDS = {
     "tensorflow_graphdef": "tensorflow",
     "tensorflow_savedmodel": "tensorflow",
 }
-
-
-def read_model_config(model_dir: Path, config_name: str | None = None) -> Any | None:
-    """The model's ``ModelConfig`` protobuf (``configs/<config_name>.pbtxt`` first, as Triton does), or None."""
-    from google.protobuf import text_format
-    from tritonclient.grpc import model_config_pb2
-
-    path = model_dir / "config.pbtxt"
-    if config_name and (model_dir / "configs" / f"{config_name}.pbtxt").is_file():
-        path = model_dir / "configs" / f"{config_name}.pbtxt"
-    if not path.is_file():
-        return None
-    config = model_config_pb2.ModelConfig()
-    try:
-        text_format.Parse(path.read_text(), config)
-    except text_format.ParseError as exc:
-        raise PipelineError(f"{path} is not a valid Triton model config: {exc}", "fix or regenerate the repository") from None
-    return config
 
 
 def skip_reason(config: Any | None, backends: set[str], skipped: dict[str, str]) -> str | None:
@@ -57,12 +49,7 @@ def servable_models(
     repository: Path, backends: set[str], config_name: str | None = None
 ) -> tuple[list[str], dict[str, str]]:
     """Split the repository's models into those ``backends`` can serve and ``{skipped: reason}``."""
-    require(repository.is_dir(), f"the model repository {repository} does not exist",
-            "build it first: python -m pipeline build (or pass --repository)")
-    dirs = sorted(p for p in repository.iterdir() if p.is_dir() and not p.name.startswith("."))
-    require(bool(dirs), f"the model repository {repository} has no models",
-            "build it first: python -m pipeline build (or pass --repository)")
-    configs = {d.name: read_model_config(d, config_name) for d in dirs}
+    configs = {d.name: read_model_config(d, config_name) for d in model_dirs(repository)}
     # Ensembles last, so they see which of their steps were skipped.
     order = sorted(configs, key=lambda name: getattr(configs[name], "platform", "") == "ensemble")
     skipped: dict[str, str] = {}
@@ -79,3 +66,39 @@ def servable_models(
         "build ONNX variants too; the onnxruntime backend serves them here",
     )
     return served, skipped
+
+
+def has_gpu() -> bool:
+    """Whether the NVIDIA kernel driver lists a GPU on this machine (``/proc/driver/nvidia/gpus/*``)."""
+    gpus = Path("/proc/driver/nvidia/gpus")
+    return gpus.is_dir() and any(gpus.iterdir())
+
+
+def write_view(repository: Path, models: list[str], view: Path, config_name: str | None = None, *, cpu_only: bool) -> list[str]:
+    """Fill ``view`` with ``models`` of ``repository``; return the models whose KIND_GPU instance
+    groups were switched to KIND_CPU (only when ``cpu_only``)."""
+    switched = []
+    for name in models:
+        source = (Path(repository) / name).resolve()
+        config = read_model_config(source, config_name)
+        gpu_groups = [g for g in config.instance_group if g.kind == g.KIND_GPU] if config is not None else []
+        if not (cpu_only and gpu_groups):
+            (view / name).symlink_to(source, target_is_directory=True)
+            continue
+        for group in gpu_groups:
+            group.kind = group.KIND_CPU
+            del group.gpus[:]
+        used = model_config_path(source, config_name).relative_to(source)
+        target = view / name
+        target.mkdir()
+        for entry in source.iterdir():
+            if entry.name != used.parts[0]:
+                (target / entry.name).symlink_to(entry, target_is_directory=entry.is_dir())
+        (target / used).parent.mkdir(parents=True, exist_ok=True)  # configs/ holds only the config in use
+        (target / used).write_text(config_text(config))
+        switched.append(name)
+    if switched:
+        which = f"configs/{config_name}.pbtxt where present" if config_name else "config.pbtxt"
+        log.info("no GPU here: serving the KIND_GPU instances of %s (%s) as KIND_CPU, same counts",
+                 ", ".join(switched), which)
+    return switched

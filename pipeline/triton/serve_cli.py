@@ -12,7 +12,7 @@ from types import FrameType
 
 from pipeline.argtypes import port
 from pipeline.errors import PipelineError, require
-from pipeline.triton.deploy import ADMIN_HEADER, ADMIN_KEY_ENV
+from pipeline.triton.server_args import ADMIN_HEADER, ADMIN_KEY_ENV
 from pipeline.triton.server import MODEL_CONTROL_MODES, TritonServer
 
 log = logging.getLogger(__name__)
@@ -47,8 +47,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--grpc-port", type=port, default=8001, help="gRPC port, 0 = any free port (default: %(default)s)")
     p.add_argument("--metrics-port", type=port, default=8002,
                    help="Prometheus metrics port, 0 = any free port (default: %(default)s)")
+    p.add_argument("--workdir", type=Path, default=Path("build"),
+                   help="where the server log goes: <workdir>/triton/ (default: %(default)s)")
     p.add_argument("--log-file", type=Path,
-                   help="tritonserver log (default: build/triton/tritonserver-<http-port>.log; with --slices, one per slice)")
+                   help="tritonserver log (default: <workdir>/triton/tritonserver-<http-port>.log; with --slices, one per slice)")
     p.add_argument("--slices", type=int, default=1, metavar="N",
                    help="local MIG rehearsal: N servers on consecutive port triples (http+3i, grpc+3i, "
                         "metrics+3i), each pinned to its share of the CPU cores (default: %(default)s)")
@@ -95,7 +97,7 @@ def _servers(args: argparse.Namespace) -> list[TritonServer]:
     require(args.slices >= 1, f"--slices must be at least 1, got {args.slices}", "use --slices 1 for one server")
     if args.slices == 1:
         return [TritonServer(args.repository, host=args.host, http_port=args.http_port, grpc_port=args.grpc_port,
-                             metrics_port=args.metrics_port, log_path=args.log_file,
+                             metrics_port=args.metrics_port, log_path=args.log_file, workdir=args.workdir,
                              model_config_name=args.model_config_name,
                              model_control=args.model_control, admin_key=_admin_key(args))]
     cpus = sorted(os.sched_getaffinity(0))
@@ -108,7 +110,7 @@ def _servers(args: argparse.Namespace) -> list[TritonServer]:
         servers.append(TritonServer(
             args.repository, host=args.host, http_port=_slice_port(args.http_port, i),
             grpc_port=_slice_port(args.grpc_port, i), metrics_port=_slice_port(args.metrics_port, i),
-            log_path=log_path, cpus=share, model_config_name=args.model_config_name,
+            log_path=log_path, workdir=args.workdir, cpus=share, model_config_name=args.model_config_name,
             model_control=args.model_control, admin_key=_admin_key(args),
         ))
     return servers
@@ -133,9 +135,9 @@ def run(args: argparse.Namespace) -> int:
             for i, server in enumerate(servers):
                 server.start(timeout=args.timeout)
                 where = f"slice {i} (CPUs {server.cpus})" if len(servers) > 1 else "tritonserver"
-                log.info("%s serving %s: http=%s grpc=%s metrics=%s models=%s",
+                log.info("%s serving %s: http=%s grpc=%s metrics=%s models=%s log=%s",
                          where, args.repository, server.http_url, server.grpc_url, server.metrics_url,
-                         ", ".join(server.ready_models))
+                         ", ".join(server.ready_models), server.log_path)
             starting[0] = False
         except KeyboardInterrupt:
             if not received:

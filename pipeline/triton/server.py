@@ -8,7 +8,9 @@ load unchanged. The stub embeds Python and finds the project's venv through ``PA
 
 Models that cannot run here (TensorRT plans, other missing backends) are skipped: the server is started
 on a private *view* of the repository (one symlink per loadable model), so the on-disk repository stays
-untouched and ``--model-control-mode none`` still loads everything in the view.
+untouched and ``--model-control-mode none`` still loads everything in the view. Without a GPU, models
+whose config asks for ``KIND_GPU`` instances are served as ``KIND_CPU`` (``servable.write_view``).
+The command line comes from :mod:`pipeline.triton.server_args`, shared with the deploy bundles.
 """
 
 from __future__ import annotations
@@ -36,8 +38,9 @@ from pathlib import Path
 from types import TracebackType
 
 from pipeline.errors import PipelineError, require
-from pipeline.triton.deploy import ADMIN_HEADER, ADMIN_KEY_ENV, restricted_api_args
-from pipeline.triton.servable import servable_models
+from pipeline.progress import progress
+from pipeline.triton.servable import has_gpu, servable_models, write_view
+from pipeline.triton.server_args import ADMIN_KEY_ENV, ServerArgs, tritonserver_args
 from pipeline.triton.server_log import last_errors, startup_error
 
 log = logging.getLogger(__name__)
@@ -50,7 +53,7 @@ _DIRECT = urllib.request.build_opener(urllib.request.ProxyHandler({}))
 _LOOPBACK = ("127.0.0.1", "localhost", "::1")
 # explicit: every model still loads at start (--load-model=*), and the repository API can load
 # others or reload one with a config override (what `tune` does per candidate).
-MODEL_CONTROL_MODES = ("none", "explicit")
+MODEL_CONTROL_MODES = ("none", "explicit")  # what the embedded server offers (no polling of a live repository)
 
 
 @functools.cache
@@ -125,8 +128,8 @@ class TritonServer:
     Ports 0 pick free ports. ``cpus`` pins the server (and its backend stubs) to those cores.
     ``model_control="explicit"`` keeps the repository API's load/unload open (all models still load
     at start); ``admin_key`` restricts the admin APIs to the ``admin-key`` header with that value, as
-    the production launch scripts do (:func:`pipeline.triton.deploy.restricted_api_args`).
-    ``log_path`` defaults to ``build/triton/tritonserver-<http port>.log``; it is emptied at start and
+    the production launch scripts do (:func:`pipeline.triton.server_args.restricted_api_args`).
+    ``log_path`` defaults to ``<workdir>/triton/tritonserver-<http port>.log``; it is emptied at start and
     also gets the server's stdout/stderr. ``extra_args`` are appended to the tritonserver command line.
     The server gets SIGTERM when the *thread* that called :meth:`start` exits (PR_SET_PDEATHSIG, so a
     killed Python leaves no server behind): start it from a thread that outlives it.
@@ -141,6 +144,7 @@ class TritonServer:
         grpc_port: int = 0,
         metrics_port: int = 0,
         log_path: Path | None = None,
+        workdir: Path = Path("build"),
         cpus: Sequence[int] | None = None,
         model_config_name: str | None = None,
         extra_args: Sequence[str] = (),
@@ -151,6 +155,7 @@ class TritonServer:
         self.host = host
         self.http_port, self.grpc_port, self.metrics_port = http_port, grpc_port, metrics_port
         self.log_path = log_path
+        self.log_dir = Path(workdir) / "triton"
         self.cpus = list(cpus) if cpus is not None else None
         self.model_config_name = model_config_name
         self.extra_args = list(extra_args)
@@ -161,6 +166,7 @@ class TritonServer:
         self.admin_key = admin_key
         self.ready_models: list[str] = []
         self.skipped_models: dict[str, str] = {}
+        self.cpu_models: list[str] = []  # KIND_GPU configs served as KIND_CPU (no GPU here)
         self.startup_seconds: float | None = None
         self._process: subprocess.Popen[bytes] | None = None
         self._workdir: Path | None = None
@@ -211,10 +217,10 @@ class TritonServer:
             backends = self._prepare_backends(self._workdir / "backends")
             view = self._workdir / "repository"
             view.mkdir()
-            for name in models:
-                (view / name).symlink_to((self.repository / name).resolve(), target_is_directory=True)
-            self._launch(view, backends)
-            self._wait_ready(models, began + timeout)
+            self.cpu_models = write_view(self.repository, models, view, self.model_config_name, cpu_only=not has_gpu())
+            with progress(f"starting tritonserver ({len(models)} models)", summary=False):  # it logs its own ready line
+                self._launch(view, backends)
+                self._wait_ready(models, began + timeout)
         except BaseException:
             self.stop()
             raise
@@ -332,41 +338,34 @@ class TritonServer:
 
     def _command(self, view: Path, backends: Path) -> list[str]:
         root, _ = _dist()
-        command = [
-            str(root / "bin" / "tritonserver"),
-            f"--model-repository={view}",
-            f"--backend-directory={backends}",
-            f"--cache-directory={root / 'caches'}",
-            f"--model-control-mode={self.model_control}",
-            "--strict-readiness=true",
-            "--exit-on-error=true",
-            # Our backend has no auto_complete_config: the pass would only launch an idle stub per model (~1.5 s).
-            "--disable-auto-complete-config",
-            f"--http-address={self.host}",
-            f"--http-port={self.http_port}",
-            f"--grpc-address={self.host}",
-            f"--grpc-port={self.grpc_port}",
-            f"--metrics-address={self.host}",
-            f"--metrics-port={self.metrics_port}",
-            "--allow-gpu-metrics=false",
+        server = ServerArgs(
+            repository=str(view),
+            http_port=self.http_port,
+            grpc_port=self.grpc_port,
+            metrics_port=self.metrics_port,
+            host=self.host,
+            # The view holds exactly the loadable models, so loading everything at start is right.
+            model_control=self.model_control,
+            load_models=tuple(sorted(p.name for p in view.iterdir())) if self.model_control == "explicit" else (),
+            config_name=self.model_config_name,
+            # Open on loopback unless a key is given (tune and its tests restrict it as production does).
+            admin_key=self.admin_key,
+            binary=str(root / "bin" / "tritonserver"),
+            backend_directory=str(backends),
+            cache_directory=str(root / "caches"),
+            log_file=str(self.log_path),
             # Idle keep-alive client connections hold a SIGTERMed server for the whole exit timeout
             # (30 s by default); in-flight requests of these small models finish well within 5 s.
-            f"--exit-timeout-secs={EXIT_TIMEOUT_S}",
-            f"--log-file={self.log_path}",
+            exit_timeout_s=EXIT_TIMEOUT_S,
+            gpu_metrics=False,
             # Unique per server: several servers (MIG rehearsal) must not share segment names.
-            f"--backend-config=python,shm-region-prefix-name={self._shm_prefix}",
-        ]
-        if self.model_config_name:
-            command.append(f"--model-config-name={self.model_config_name}")
-        if self.model_control == "explicit":
-            command.append("--load-model=*")
-        if self.admin_key is not None:
-            command += restricted_api_args(self.admin_key)
-        return command + self.extra_args
+            backend_config=(f"python,shm-region-prefix-name={self._shm_prefix}",),
+        )
+        return tritonserver_args(server) + self.extra_args
 
     def _launch(self, view: Path, backends: Path) -> None:
         if self.log_path is None:
-            self.log_path = Path("build") / "triton" / f"tritonserver-{self.http_port}.log"
+            self.log_path = self.log_dir / f"tritonserver-{self.http_port}.log"
         self.log_path = self.log_path.resolve()
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         self.log_path.write_text("")  # Triton appends; start each run with an empty log

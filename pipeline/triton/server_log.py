@@ -47,6 +47,12 @@ def startup_error(log_path: Path | None, exit_code: int, replace: dict[str, str]
             failed.setdefault(match.group(1), _one_line(match.group(2), replace))
     if failed:
         detail = "; ".join(f"model '{name}' failed to load: {why}" for name, why in failed.items())
+        if any("KIND_GPU" in why for why in failed.values()):
+            # The config is fine; the GPU it asks for is not visible to this server.
+            return PipelineError(
+                f"tritonserver could not start: {detail}",
+                f"check that the GPU is visible (nvidia-smi, CUDA_VISIBLE_DEVICES) — full log: {log_path}",
+            )
         return PipelineError(
             f"tritonserver could not start: {detail}",
             f"fix or rebuild the model(s) (python -m pipeline build) — full log: {log_path}",

@@ -19,8 +19,9 @@ from pathlib import Path
 import numpy as np
 
 from pipeline.artifacts import parse_variant
-from pipeline.errors import PipelineError
+from pipeline.errors import CheckFailed, PipelineError
 from pipeline.evaldata import EvalData
+from pipeline.progress import progress
 from pipeline.gates import Gates, judge_drop, paired_drop, tolerance_for
 from pipeline.tensors import ModelSignature
 
@@ -46,8 +47,9 @@ class ServedResult:
     served_right: np.ndarray | None = field(default=None, repr=False)  # per sample, for the paired comparison with FP32
 
 
-def served_outputs(url: str, model: str, data: EvalData, output: str, batch_size: int) -> np.ndarray:
-    """Send every sample through Triton's HTTP endpoint in batches; return ``output`` for all of them."""
+def served_outputs(url: str, model: str, data: EvalData, output: str, batch_size: int) -> list[np.ndarray]:
+    """Send every sample through Triton's HTTP endpoint in batches (each of one length bucket, at
+    its real size); return ``output`` of each batch."""
     import tritonclient.http as http
     from tritonclient.utils import InferenceServerException, np_to_triton_dtype
 
@@ -68,7 +70,7 @@ def served_outputs(url: str, model: str, data: EvalData, output: str, batch_size
         raise PipelineError(f"cannot reach Triton at {url}: {exc}", "start it with `python -m pipeline serve` or pass the right --url") from None
     finally:
         client.close()
-    return np.concatenate(chunks)
+    return chunks
 
 
 def verify_served_model(
@@ -81,11 +83,16 @@ def verify_served_model(
     base, precision = parse_variant(model) or (model, "fp32")
     served = served_outputs(url, model, data, output, batch_size)
     session = session_from_onnx(model_file, exact_qdq=precision == "int8")
-    local = np.concatenate([session.run([output], batch)[0] for batch in data.batches(batch_size)])
+    local = [session.run([output], batch)[0] for batch in data.batches(batch_size)]
     stats = OutputStats()
-    stats.add(local, served)
-    served_top1, local_top1 = served.argmax(-1), local.argmax(-1)
-    labels = data.labels
+    for mine, theirs in zip(local, served, strict=True):
+        stats.add(mine, theirs)
+    # Batches of different length buckets may differ beyond the batch axis: compare batch by batch.
+    served_top1, local_top1 = [s.argmax(-1) for s in served], [m.argmax(-1) for m in local]
+    agree = sum(int((s == m).sum()) for s, m in zip(served_top1, local_top1)) / max(sum(s.size for s in served_top1), 1)
+    labels = data.labels if all(s.ndim == 1 for s in served_top1) else None
+    if labels is not None:
+        served_top1, local_top1 = np.concatenate(served_top1), np.concatenate(local_top1)
     failures = []
     if stats.max_abs > atol:
         failures.append(f"served outputs differ from in-process by up to {stats.max_abs:.3g} (> {atol:g})")
@@ -94,10 +101,10 @@ def verify_served_model(
         base=base,
         precision=precision,
         version=int(model_file.parent.name),
-        samples=len(served),
+        samples=sum(len(s) for s in served),
         served_accuracy=None if labels is None else float((served_top1 == labels).mean()),
         inprocess_accuracy=None if labels is None else float((local_top1 == labels).mean()),
-        top1_agreement=float((served_top1 == local_top1).mean()),
+        top1_agreement=float(agree),
         max_abs_diff=stats.max_abs,
         failures=failures,
         served_right=None if labels is None else served_top1 == labels,
@@ -143,12 +150,12 @@ def verify_repository(
     show: Callable[[list[dict]], None] | None = None,
 ) -> dict:
     """Verify the pipeline's ONNX variants in ``repository`` through Triton at ``url`` (None: the
-    embedded server on ``repository``); write ``report_path``; raise PipelineError on any failure.
+    embedded server on ``repository``); write ``report_path``; raise CheckFailed when a served check fails.
 
     Each model's data: ``eval_data[base model]`` (an EvalData or an .npz), else what its build
     recorded, else ``<calibration-root>/<base>/eval.npz``. A model without any is reported and skipped.
     """
-    from pipeline.evaldata import eval_data_from_npz
+    from pipeline.evaldata import eval_data_from_path
     from pipeline.gates import classifier_output
     from pipeline.tensors import signature_from_onnx
     from pipeline.triton.repository import read_repository
@@ -180,16 +187,17 @@ def verify_repository(
             skipped[name] = f"no evaluation data (none recorded by its build, no {calibration_root / base / 'eval.npz'}): pass --eval-data"
             log.warning("%s: skipped, %s", name, skipped[name])
             continue
-        data = source if isinstance(source, EvalData) else eval_data_from_npz(Path(source), signature)
+        data = source if isinstance(source, EvalData) else eval_data_from_path(Path(source), signature)
         planned[name] = (version, model_file, signature, data, min(batch_size, model.config.max_batch_size or batch_size))
     if not planned:
         raise PipelineError(f"no evaluation data for any of {sorted(chosen)}", "pass --eval-data PATH.npz (one array per input name, plus labels)")
 
     server = None if url else TritonServer(repository)
     results = []
-    with server if server else contextlib.nullcontext():
+    with server if server else contextlib.nullcontext(), progress("served verification", len(planned), unit="models") as bar:
         endpoint = url or server.http_url  # type: ignore[union-attr]
-        for name, (version, model_file, signature, data, batch) in planned.items():
+        for name, (version, model_file, signature, data, batch) in bar.track(planned.items()):
+            bar.note(name)
             output = classifier_output(signature) or signature.outputs[0].name
             log.info("verifying %s v%d through %s (%d samples from %s)", name, version, endpoint, data.num_samples, data.source)
             results.append(verify_served_model(endpoint, name, model_file, data, signature, output, batch_size=batch, atol=atol))
@@ -203,7 +211,7 @@ def verify_repository(
         show(report["models"])
     failed = [r for r in results if r.failures]
     if failed:
-        raise PipelineError(
+        raise CheckFailed(
             "served accuracy check failed: " + "; ".join(f"{r.model}: {', '.join(r.failures)}" for r in failed) + f" (report: {report_path})",
             "for INT8, make sure the server keeps Q/DQ exact (optimization graph level 2 in config.pbtxt)",
         )

@@ -23,7 +23,7 @@ from urllib.parse import quote
 from pipeline.errors import PipelineError, require
 from pipeline.loadtest.client import Endpoint, endpoint_from_url
 from pipeline.loadtest.payload import ModelIO, TensorInfo
-from pipeline.triton.deploy import ADMIN_HEADER, ADMIN_KEY_ENV
+from pipeline.triton.server_args import ADMIN_HEADER, ADMIN_KEY_ENV
 
 if TYPE_CHECKING:
     from tritonclient.grpc.model_config_pb2 import ModelConfig

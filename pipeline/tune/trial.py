@@ -26,7 +26,7 @@ from pipeline.loadtest.measure import WindowSettings, measure
 from pipeline.loadtest.policy import ClosedLoop, OpenLoop, Policy
 from pipeline.loadtest.runner import LoadTestSettings, point_from_measurement
 from pipeline.loadtest.server_stats import fetch_counters
-from pipeline.loadtest.verify import check_request
+from pipeline.loadtest.request_check import check_request
 from pipeline.tune.space import Candidate
 from pipeline.tune.targets import LoadRejected, Target
 

@@ -23,7 +23,7 @@ class ScriptedServer:
     def __init__(self, script: Script, body: bytes = b'{"ok":true}') -> None:
         self.script = script
         self.body = body
-        self.done: Counter[str] = Counter()  # what the server actually did
+        self._done: Counter[str] = Counter()  # what the server actually did (under _lock: one thread per connection)
         self._lock = threading.Lock()
         self._seq = 0
         self._listener = socket.create_server(("127.0.0.1", 0))
@@ -38,15 +38,28 @@ class ScriptedServer:
         self._threads.append(thread)
         return self
 
+    @property
+    def done(self) -> Counter[str]:
+        """A snapshot of what the server did so far, by action; final once the ``with`` block has exited."""
+        with self._lock:
+            return Counter(self._done)
+
     def __exit__(self, *exc: object) -> None:
-        self._stop.set()
+        with self._lock:
+            self._stop.set()
+            conns = list(self._conns)
+        try:
+            self._listener.shutdown(socket.SHUT_RDWR)  # wakes the accept() below
+        except OSError:
+            pass
         self._listener.close()
-        for conn in list(self._conns):
+        for conn in conns:
             try:
                 conn.shutdown(socket.SHUT_RDWR)
             except OSError:
                 pass
-            conn.close()
+        for thread in self._threads:  # every count is in before the test reads `done`
+            thread.join()
 
     def _accept(self) -> None:
         while not self._stop.is_set():
@@ -54,8 +67,14 @@ class ScriptedServer:
                 conn, _ = self._listener.accept()
             except OSError:
                 return
-            self._conns.append(conn)
-            threading.Thread(target=self._serve, args=(conn,), daemon=True).start()
+            with self._lock:
+                if self._stop.is_set():
+                    conn.close()
+                    return
+                self._conns.append(conn)
+                thread = threading.Thread(target=self._serve, args=(conn,), daemon=True)
+                self._threads.append(thread)
+            thread.start()
 
     def _serve(self, conn: socket.socket) -> None:
         buf = b""
@@ -78,19 +97,22 @@ class ScriptedServer:
                     action = self.script(self._seq)
                     self._seq += 1
                 if action == "close":
-                    self.done["close"] += 1
+                    self._count("close")
                     conn.close()
                     return
                 if action == "hang":
-                    self.done["hang"] += 1
-                    while not self._stop.is_set():
-                        time.sleep(0.01)
+                    self._count("hang")
+                    self._stop.wait()
                     return
                 status, body = (b"200 OK", self.body) if action == "ok" else (b"503 Service Unavailable", b'{"error":"busy"}')
                 conn.sendall(b"HTTP/1.1 " + status + b"\r\nContent-Type: application/json\r\nContent-Length: "
                              + str(len(body)).encode() + b"\r\n\r\n" + body)  # fmt: skip
-                self.done[action] += 1
+                self._count(action)
         except OSError:
             return
         finally:
             conn.close()
+
+    def _count(self, action: str) -> None:
+        with self._lock:
+            self._done[action] += 1

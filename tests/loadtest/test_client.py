@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
 from pipeline.errors import PipelineError
@@ -22,9 +24,13 @@ def test_endpoint_from_url(url: str, endpoint: Endpoint) -> None:
     assert endpoint_from_url(url) == endpoint
 
 
-@pytest.mark.parametrize("url", ["localhost", "http://h:x", "ftp://h:1", "http://h:1/v2"])
-def test_bad_urls_are_user_errors(url: str) -> None:
-    with pytest.raises(PipelineError):
+@pytest.mark.parametrize(
+    ("url", "problem"),
+    [("localhost", "names no port"), ("http://h:x", "names no port"), ("ftp://h:1", "is not a server address"),
+     ("http://h:1/v2", "is not a server address")],
+)  # fmt: skip
+def test_bad_urls_are_user_errors(url: str, problem: str) -> None:
+    with pytest.raises(PipelineError, match=f"^'{re.escape(url)}' {problem} — pass --url HOST:PORT"):
         endpoint_from_url(url)
 
 
@@ -49,5 +55,5 @@ def test_response_frame_incremental_and_case_insensitive() -> None:
 
 
 def test_response_without_content_length_is_rejected() -> None:
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="response has no Content-Length"):
         response_frame(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nhello\r\n0\r\n\r\n")

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import numpy as np
 import pytest
 
@@ -38,9 +40,13 @@ def test_options_make_a_sweep() -> None:
 
 
 @pytest.mark.parametrize(
-    ("concurrency", "rate", "arrivals"),
-    [("0,2", None, "constant"), ("a", None, "constant"), (None, "-5", "constant"), ("2", "10", "constant"), (None, "10", "bursty")],
-)
-def test_bad_options_are_user_errors(concurrency: str | None, rate: str | None, arrivals: str) -> None:
-    with pytest.raises(PipelineError):
+    ("concurrency", "rate", "arrivals", "problem"),
+    [("0,2", None, "constant", "--concurrency '0,2' is not a comma-separated list of positive numbers"),
+     ("a", None, "constant", "--concurrency 'a' is not a comma-separated list of positive numbers"),
+     (None, "-5", "constant", "--request-rate '-5' is not a comma-separated list of positive numbers"),
+     ("2", "10", "constant", "--concurrency and --request-rate are two different load policies"),
+     (None, "10", "bursty", "unknown --arrivals 'bursty'")],
+)  # fmt: skip
+def test_bad_options_are_user_errors(concurrency: str | None, rate: str | None, arrivals: str, problem: str) -> None:
+    with pytest.raises(PipelineError, match=f"^{re.escape(problem)} — "):
         policies_from_options(concurrency, rate, arrivals)

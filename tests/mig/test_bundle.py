@@ -5,10 +5,12 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import shutil
 import signal
 import socket
 import subprocess
+import sys
 import time
 import urllib.error
 import urllib.request
@@ -27,21 +29,19 @@ from pipeline.mig.bundle import (
     launch_script,
     mig_resource,
 )
-from pipeline.mig.configs import (
-    config_text,
-    mig_configs_for_repository,
-    write_profile_configs,
-)
+from pipeline.mig.configs import mig_configs_for_repository, write_profile_configs
 from pipeline.mig.layout import parse_layout
 from pipeline.mig.memory import MemoryEstimate, memory_from_onnx
 from pipeline.mig.nvidia_smi import parse_list_gpus
 from pipeline.mig.plan import GIB, MigPlan, plan_instances
 from pipeline.mig.profiles import builtin_gpu
+from pipeline.triton.config import config_text
 
 from .conftest import NVIDIA_SMI_L_H200
 
 H200 = builtin_gpu("H200-141GB")
 LAYOUT = "3x2g.35gb,1x1g.18gb"
+RESTRICTED = "model-repository,model-config,shared-memory,trace,logging"
 
 
 @pytest.fixture
@@ -76,7 +76,7 @@ def test_launch_script_is_valid_bash_and_matches_the_configs(plan: MigPlan, tmp_
     subprocess.run(["bash", "-n", str(script)], check=True)
     devices = tmp_path / "nvidia-smi-L.txt"
     devices.write_text(NVIDIA_SMI_L_H200)
-    env = {**os.environ, "MIG_DEVICES_FILE": str(devices), "TRITON_ADMIN_KEY": "s3cret"}
+    env = {**os.environ, "MIG_DEVICES_FILE": str(devices), "TRITON_ADMIN_KEY": "s3cret", "MODEL_REPOSITORY": "/srv/repo"}
     out = subprocess.run(["bash", str(script), "--dry-run"], env=env, check=True, capture_output=True, text=True).stdout
     lines = out.strip().splitlines()
     listed = parse_list_gpus(NVIDIA_SMI_L_H200)[0].mig_devices
@@ -107,21 +107,30 @@ def test_launch_script_skips_unplanned_profiles_and_fails_without_devices(plan: 
     script.write_text(launch_script(plan))
     devices = tmp_path / "L.txt"
     devices.write_text("GPU 0: NVIDIA H200 (UUID: GPU-1)\n  MIG 7g.141gb     Device  0: (UUID: MIG-abc)\n")
-    run = subprocess.run(["bash", str(script), "--dry-run"], env={**os.environ, "MIG_DEVICES_FILE": str(devices), "TRITON_ADMIN_KEY": "k"},
+    run = subprocess.run(["bash", str(script), "--dry-run"], env={**os.environ, "MIG_DEVICES_FILE": str(devices), "TRITON_ADMIN_KEY": "k", "MODEL_REPOSITORY": "/srv/repo"},
                          capture_output=True, text=True, check=False)
     assert run.returncode == 1
     assert "no model is planned for MIG profile 7g.141gb" in run.stderr
     assert "no MIG device with a planned profile" in run.stderr
 
 
+def compose_args(service: dict) -> list[str]:
+    """The tritonserver arguments of a compose service (``bash -c "exec tritonserver ..."``)."""
+    bash, dash_c, command = service["command"]
+    assert (bash, dash_c) == ("bash", "-c")
+    exec_, *args = shlex.split(command.replace("$$", "$"))  # compose turns "$$" into "$"
+    assert exec_ == "exec"
+    return args
+
+
 def test_compose_file(plan: MigPlan) -> None:
-    compose = yaml.safe_load(bundle_files(plan)["docker-compose.yml"])
+    compose = yaml.safe_load(bundle_files(plan, BundleSettings(repository="../model_repository"))["docker-compose.yml"])
     services = compose["services"]
     assert list(services) == ["triton-0-2g-35gb", "triton-1-2g-35gb", "triton-2-2g-35gb", "triton-3-1g-18gb"]
     configs = configs_by_model(plan)
     host_ports = []
     for slot, service in enumerate(services.values()):
-        command = service["command"]
+        command = compose_args(service)
         (name,) = flag(command, "model-config-name")
         assert all(name in configs[m] for m in flag(command, "load-model"))
         device = service["deploy"]["resources"]["reservations"]["devices"][0]
@@ -130,8 +139,18 @@ def test_compose_file(plan: MigPlan) -> None:
         host_ports += [p.split(":")[0] for p in service["ports"]]
         assert [p.split(":")[1] for p in service["ports"]] == ["8000", "8001", "8002"]
         assert flag(command, "http-port") == ["8000"]
-        assert service["volumes"] == ["./model_repository:/models:ro"]
+        # as deploy's compose file: non-root, init, repository relative to the bundle, key only in the environment
+        assert (service["user"], service["init"]) == ("triton-server", True)
+        assert service["volumes"] == [{"type": "bind", "source": "../model_repository", "target": "/models", "read_only": True}]
+        assert service["environment"] == {"TRITON_ADMIN_KEY": "${TRITON_ADMIN_KEY:?export TRITON_ADMIN_KEY=<secret> first}"}
+        assert "${TRITON_ADMIN_KEY" not in service["command"][2].replace("$${TRITON_ADMIN_KEY}", "")
+        assert flag(command, "http-restricted-api") == [f"{RESTRICTED}:admin-key=${{TRITON_ADMIN_KEY}}"]
     assert len(host_ports) == len(set(host_ports)) == 12
+
+
+def test_compose_without_a_repository_requires_model_repository(plan: MigPlan) -> None:
+    service = next(iter(yaml.safe_load(bundle_files(plan)["docker-compose.yml"])["services"].values()))
+    assert service["volumes"][0]["source"] == "${MODEL_REPOSITORY:?set MODEL_REPOSITORY to the model repository}"
 
 
 def test_compose_uses_uuids_from_nvidia_smi_l(plan: MigPlan) -> None:
@@ -143,7 +162,7 @@ def test_compose_uses_uuids_from_nvidia_smi_l(plan: MigPlan) -> None:
 
 def test_kubernetes_manifests(plan: MigPlan) -> None:
     files = bundle_files(plan, BundleSettings(image="registry.example/tritonserver:test"))
-    manifests = {k: list(yaml.safe_load_all(v)) for k, v in files.items() if k.startswith("k8s/")}
+    manifests = {k: list(yaml.safe_load_all(v)) for k, v in files.items() if k.startswith("k8s/triton-mig-")}
     assert sorted(manifests) == ["k8s/triton-mig-1g-18gb.yaml", "k8s/triton-mig-2g-35gb.yaml"]
     configs = configs_by_model(plan)
     for path, (deployment, service) in manifests.items():
@@ -156,7 +175,9 @@ def test_kubernetes_manifests(plan: MigPlan) -> None:
         assert deployment["spec"]["replicas"] == plan.profile(profile).devices
         (container,) = deployment["spec"]["template"]["spec"]["containers"]
         assert container["image"] == "registry.example/tritonserver:test"
-        assert container["resources"]["limits"] == {f"nvidia.com/mig-{profile}": 1}
+        resources = container["resources"]
+        assert resources["limits"][f"nvidia.com/mig-{profile}"] == resources["requests"][f"nvidia.com/mig-{profile}"] == 1
+        assert {"cpu", "memory"} <= set(resources["requests"]) and "memory" in resources["limits"]
         (name,) = flag(container["args"], "model-config-name")
         assert name == profile
         assert set(flag(container["args"], "load-model")) == {m for m, names in configs.items() if name in names}
@@ -164,7 +185,9 @@ def test_kubernetes_manifests(plan: MigPlan) -> None:
         assert {p["targetPort"] for p in service["spec"]["ports"]} == set(ports)
         assert {p["name"]: p["port"] for p in service["spec"]["ports"]} == ports
         assert int(flag(container["args"], "http-port")[0]) == ports["http"]
-        assert container["readinessProbe"]["httpGet"]["port"] in ports
+        assert container["readinessProbe"]["httpGet"] == {"path": "/v2/health/ready", "port": "http"}
+        assert container["livenessProbe"]["httpGet"] == {"path": "/v2/health/live", "port": "http"}
+        assert flag(container["args"], "http-restricted-api") == [f"{RESTRICTED}:admin-key=$(TRITON_ADMIN_KEY)"]
         volumes = {v["name"] for v in deployment["spec"]["template"]["spec"]["volumes"]}
         assert {m["name"] for m in container["volumeMounts"]} <= volumes
 
@@ -213,7 +236,10 @@ def test_launch_script_starts_real_tritonservers_with_profile_configs(tmp_path: 
         pytest.skip(f"no tritonserver binary at {binary}")
     backends = tmp_path / "backends"
     shutil.copytree(pytriton / "tritonserver" / "backends", backends)
-    stub = pytriton / "tritonserver" / "python_backend_stubs" / "3.11" / "triton_python_backend_stub"
+    # The stub embeds Python: the one built for this interpreter's version, as TritonServer picks it.
+    version = f"{sys.version_info.major}.{sys.version_info.minor}"
+    stub = pytriton / "tritonserver" / "python_backend_stubs" / version / "triton_python_backend_stub"
+    assert stub.is_file(), f"nvidia-pytriton ships no Python backend stub for Python {version}"
     shutil.copy(stub, backends / "python" / "triton_python_backend_stub")
 
     repo = tmp_path / "repo"

@@ -14,9 +14,9 @@ from tritonclient.grpc.model_config_pb2 import DataType, ModelConfig
 
 from pipeline.errors import PipelineError
 from pipeline.mig.cli import register
-from pipeline.mig.configs import config_text
+from pipeline.triton.config import config_text
 
-from .conftest import NVIDIA_SMI_L_H200
+from .conftest import NVIDIA_SMI_L_H200, tiny_mlp
 
 
 def mig_plan(*argv: str) -> int:
@@ -42,8 +42,9 @@ def test_plan_from_recorded_nvidia_smi_and_onnx(fixtures_dir: Path, tiny_onnx: P
     assert "H200-141GB, layout 3x2g.35gb,1x1g.18gb" in out
     rows = {line.split("│")[1].strip(): [c.strip() for c in line.split("│")[2:-1]] for line in out.splitlines()
             if line.startswith("│")}
-    assert rows["2g.35gb"][:4] == ["3", "32", "32.50", "4"]
-    assert rows["1g.18gb"][:4] == ["1", "16", "16.00", "2"]
+    assert rows["2g.35gb"][:3] == ["3", "32", "32.50"]
+    assert rows["1g.18gb"][:3] == ["1", "16", "16.00"]
+    assert rows["tiny"] == ["4", "2"]  # instances per device: 2g.35gb, 1g.18gb
     assert "SMs // 8" in out
 
 
@@ -69,7 +70,7 @@ def test_layout_from_nvidia_smi_l_and_bundle_with_uuids(tmp_path: Path, tiny_onn
     compose = yaml.safe_load((bundle / "docker-compose.yml").read_text())
     ids = [s["deploy"]["resources"]["reservations"]["devices"][0]["device_ids"][0] for s in compose["services"].values()]
     assert ids[3] == "MIG-3d4e5f6a-7b8c-5d9e-9f0a-2b3c4d5e6f7a"
-    assert sorted(p.name for p in (bundle / "k8s").iterdir()) == ["triton-mig-1g-18gb.yaml", "triton-mig-2g-35gb.yaml"]
+    assert sorted(p.name for p in (bundle / "k8s").glob("*.yaml")) == ["triton-mig-1g-18gb.yaml", "triton-mig-2g-35gb.yaml"]
     with pytest.raises(PipelineError, match="differs from the MIG devices"):
         mig_plan("--gpu", "H200-141GB", "--from-nvidia-smi", str(listing), "--onnx", str(tiny_onnx),
                  "--max-batch", "8", "--layout", "7x1g.18gb")
@@ -111,3 +112,56 @@ def test_user_errors(argv: list[str], message: str, tiny_onnx: Path, fixtures_di
     filled = [a.format(onnx=tiny_onnx, query=fixtures_dir / "nvidia-smi-query-h200.csv") for a in argv]
     with pytest.raises(PipelineError, match=message):
         mig_plan(*filled)
+
+
+def test_many_models_with_long_names_keep_their_names(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Models are rows of the instances table: 12 long model names are not cut to 'cnn_f…' in the
+    160 columns the console uses off a terminal (the table with one column per model was)."""
+    repo = tmp_path / "repo"
+    names = [f"cnn_fashion_classifier_{i}_fp16" for i in range(12)]
+    for name in names:
+        (repo / name / "1").mkdir(parents=True)
+        (repo / name / "1" / "model.onnx").write_bytes(tiny_mlp(tmp_path / "m.onnx").read_bytes())
+        base = ModelConfig(name=name, platform="onnxruntime_onnx", max_batch_size=8)
+        (repo / name / "config.pbtxt").write_text(config_text(base))
+    assert mig_plan("--gpu", "H200-141GB", "--layout", "3x2g.35gb,1x1g.18gb+me", "--repository", str(repo)) == 0
+    out = capsys.readouterr().out
+    assert "…" not in out
+    assert max(len(line) for line in out.splitlines()) <= 160
+    flat = "".join(line.split("│")[1].strip() for line in out.splitlines() if line.startswith("│"))
+    assert all(name in flat for name in names)  # folded onto two lines at most, never cut
+
+
+def test_nvidia_smi_l_names_the_gpu(tmp_path: Path, tiny_onnx: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    listing = tmp_path / "L.txt"
+    listing.write_text(NVIDIA_SMI_L_H200)
+    assert mig_plan("--from-nvidia-smi", str(listing), "--onnx", str(tiny_onnx), "--max-batch", "8") == 0
+    assert "H200-141GB, layout 3x2g.35gb,1x1g.18gb" in capsys.readouterr().out
+    a100 = tmp_path / "a100.txt"
+    a100.write_text("GPU 0: NVIDIA A100-SXM4-40GB (UUID: GPU-5f6e7d8c-0000-1111-2222-333344445555)\n"
+                    "  MIG 3g.20gb     Device  0: (UUID: MIG-aaaaaaaa-bbbb-5ccc-8ddd-eeeeeeeeeeee)\n")
+    assert mig_plan("--from-nvidia-smi", str(a100), "--onnx", str(tiny_onnx), "--max-batch", "8") == 0
+    assert "A100-40GB, layout 1x3g.20gb" in capsys.readouterr().out
+
+
+def test_bundle_serves_the_given_repository_from_any_directory(tmp_path: Path, tiny_onnx: Path,
+                                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    """mig-plan --repository migrepo --bundle migbundle, relative to the current directory: the launch
+    script (run from elsewhere) and the compose mount both point at migrepo, not ./model_repository."""
+    work = tmp_path / "work"
+    model_dir = work / "migrepo" / "tiny_fp32"
+    (model_dir / "1").mkdir(parents=True)
+    (model_dir / "1" / "model.onnx").write_bytes(tiny_onnx.read_bytes())
+    (model_dir / "config.pbtxt").write_text(config_text(ModelConfig(name="tiny_fp32", platform="onnxruntime_onnx", max_batch_size=8)))
+    monkeypatch.chdir(work)
+    assert mig_plan("--gpu", "A100-40GB", "--layout", "3x2g.10gb,1x1g.5gb", "--repository", "migrepo", "--bundle", "migbundle") == 0
+    compose = yaml.safe_load((work / "migbundle" / "docker-compose.yml").read_text())
+    for service in compose["services"].values():
+        assert (work / "migbundle" / service["volumes"][0]["source"]).resolve() == (work / "migrepo").resolve()
+    listing = tmp_path / "L.txt"
+    listing.write_text("GPU 0: NVIDIA A100-SXM4-40GB (UUID: GPU-5f6e7d8c-0000-1111-2222-333344445555)\n"
+                       "  MIG 1g.5gb      Device  0: (UUID: MIG-aaaaaaaa-bbbb-5ccc-8ddd-eeeeeeeeeeee)\n")
+    env = {"PATH": "/usr/bin:/bin", "TRITON_ADMIN_KEY": "k", "MIG_DEVICES_FILE": str(listing)}
+    dry = subprocess.run(["bash", str(work / "migbundle" / "launch-mig.sh"), "--dry-run"], cwd=tmp_path, env=env,
+                         capture_output=True, text=True, check=True).stdout
+    assert f"--model-repository={(work / 'migrepo').resolve()} " in dry

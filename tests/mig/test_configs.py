@@ -13,12 +13,12 @@ from pipeline.errors import PipelineError
 from pipeline.mig.configs import (
     config_name,
     config_relpath,
-    config_text,
     mig_configs_for_repository,
     profile_configs,
-    read_repository_configs,
     write_profile_configs,
 )
+from pipeline.triton.config import config_text, model_config_path, read_model_config
+from pipeline.triton.repository import read_repository
 from pipeline.mig.layout import parse_layout
 from pipeline.mig.memory import (
     MemoryEstimate,
@@ -101,14 +101,19 @@ def test_read_and_write_repository_configs(tmp_path: Path, tiny_onnx: Path) -> N
     (model_dir / "1").mkdir(parents=True)
     (model_dir / "1" / "model.onnx").write_bytes(tiny_onnx.read_bytes())
     (model_dir / "config.pbtxt").write_text(config_text(base_config()))
-    configs = read_repository_configs(tmp_path / "repo")
-    assert list(configs) == ["tiny_fp32"] and configs["tiny_fp32"][1] == model_dir
-    assert configs["tiny_fp32"][0] == base_config()
-    written = write_profile_configs(model_dir, {"configs/1g.18gb.pbtxt": "name: \"tiny_fp32\"\n"})
+    models = read_repository(tmp_path / "repo")
+    assert list(models) == ["tiny_fp32"] and models["tiny_fp32"].path == model_dir
+    assert models["tiny_fp32"].config == base_config()
+    written = write_profile_configs(model_dir, {"configs/1g.18gb.pbtxt": "name: \"tiny_fp32\"\nmax_batch_size: 2\n"})
     assert written == [model_dir / "configs" / "1g.18gb.pbtxt"] and written[0].is_file()
+    # what Triton reads with --model-config-name: the custom config where present, else config.pbtxt
+    assert model_config_path(model_dir, "1g.18gb") == written[0]
+    assert model_config_path(model_dir, "2g.35gb") == model_dir / "config.pbtxt"
+    assert read_model_config(model_dir, "1g.18gb").max_batch_size == 2
+    assert read_model_config(model_dir) == base_config()
     with pytest.raises(PipelineError, match="has no config.pbtxt"):
         write_profile_configs(tmp_path, {"configs/1g.18gb.pbtxt": ""})
-    (tmp_path / "bad" / "m").mkdir(parents=True)
+    (tmp_path / "bad" / "m" / "1").mkdir(parents=True)
     (tmp_path / "bad" / "m" / "config.pbtxt").write_text("instance_group [ { count: many } ]")
-    with pytest.raises(PipelineError, match="not a valid Triton config"):
-        read_repository_configs(tmp_path / "bad")
+    with pytest.raises(PipelineError, match="m/config.pbtxt is not a valid Triton model config"):
+        read_repository(tmp_path / "bad")

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -91,9 +92,10 @@ def test_two_slices_serve_and_one_loadtest_covers_both(built: Built, tmp_path: P
 
 
 def test_build_with_mig_writes_per_profile_configs_and_a_consistent_bundle(built: Built, tmp_path: Path) -> None:
-    repository = tmp_path / "model_repository"
+    repository, workdir = tmp_path / "model_repository", tmp_path / "build"
+    shutil.copytree(built.workdir, workdir, symlinks=True)  # stages stay cached; the shared build is never changed
     proc = cli("build", "--fp16", "--int8", "--mig", "H200-141GB:3x2g.35gb,1x1g.18gb",
-               "--workdir", str(built.workdir), "--repository", str(repository))
+               "--workdir", str(workdir), "--repository", str(repository))
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     for model in ("digits_fp32", "digits_fp16", "digits_int8"):
         configs = {p.stem: parse_config(p.read_text()) for p in (repository / model / "configs").glob("*.pbtxt")}

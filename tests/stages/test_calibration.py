@@ -131,7 +131,11 @@ def test_unreadable_sources(tmp_path: Path) -> None:
     with pytest.raises(PipelineError, match="does not exist"):
         calibration_from_path(tmp_path / "nowhere", IMAGE)
     (tmp_path / "empty").mkdir()
-    with pytest.raises(PipelineError, match="'.*empty' is empty: it has no calib.npz, no <input>.npy files and no JPEG/PNG"):
+    with pytest.raises(PipelineError, match=r"'.*empty' is empty: it has no calib.npz, <input>.npy files \(image\) or JPEG/PNG"):
+        calibration_from_path(tmp_path / "empty", IMAGE)
+    np.savez(tmp_path / "empty" / "train.npz", image=_images())
+    (tmp_path / "empty" / "eval.npz").write_bytes(b"x")
+    with pytest.raises(PipelineError, match=r"'.*empty' holds eval.npz, train.npz but no calib.npz, .* — pass the file itself \(--calibration .*eval.npz\) or rename it to calib.npz"):
         calibration_from_path(tmp_path / "empty", IMAGE)
     (tmp_path / "broken.npz").write_text("not a zip")
     with pytest.raises(PipelineError, match="is not a valid .npz archive"):
@@ -146,12 +150,79 @@ def test_unreadable_sources(tmp_path: Path) -> None:
         calibration_from_path(tmp_path / "calib.npz", IMAGE, shape_hint={"pixels": (8, 8, 1)})
 
 
-def test_shape_hint_fixes_dynamic_dims(tmp_path: Path) -> None:
+def test_shape_bounds_accept_any_size_inside_the_profile(tmp_path: Path) -> None:
     dynamic = ModelSignature(inputs=(TensorSpec("x", F32, ("batch", "seq", 4)),), outputs=())
     np.savez(tmp_path / "calib.npz", x=np.zeros((100, 7, 4), np.float32))
     assert calibration_from_path(tmp_path, dynamic).num_samples == 100
-    with pytest.raises(PipelineError, match=r"expects \(N, seq, 4\) .* with dim 1 = 6 from the shape hint"):
-        calibration_from_path(tmp_path, dynamic, shape_hint={"x": (6, 4)})
+    assert calibration_from_path(tmp_path, dynamic, shape_bounds={"x": ((1, 4), (16, 4))}).num_samples == 100
+    with pytest.raises(PipelineError, match=r"input 'x' has dim 1 = 7, outside the shape profile's 1..6 — widen the profile with --shape x:MIN/OPT/MAX to cover 7"):
+        calibration_from_path(tmp_path, dynamic, shape_bounds={"x": ((1, 4), (6, 4))})
+
+
+SEQ = ModelSignature(
+    inputs=(TensorSpec("tokens", np.dtype(np.int64), ("batch", "seq")), TensorSpec("mask", F32, ("batch", "seq")), TensorSpec("meta", F32, ("batch", 3))),
+    outputs=(TensorSpec("y", F32, ("batch", 2)),),
+)
+
+
+def _bucket(rng: np.random.Generator, n: int, length: int) -> dict[str, np.ndarray]:
+    return {"tokens": rng.integers(0, 50, (n, length)), "mask": np.ones((n, length), np.float32), "meta": rng.random((n, 3), dtype=np.float32)}
+
+
+def test_buckets_of_different_lengths_are_batched_per_length(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    rng = np.random.default_rng(0)
+    arrays = {}
+    for label, n, length in (("len16", 70, 16), ("len20", 50, 20), ("b", 10, 16)):
+        arrays.update({f"{name}__{label}": arr for name, arr in _bucket(rng, n, length).items()})
+    np.savez(tmp_path / "calib.npz", **arrays)
+    caplog.set_level("INFO", logger="pipeline.stages.calibration")
+    data = calibration_from_path(tmp_path / "calib.npz", SEQ, shape_bounds={"tokens": ((1,), (32,)), "mask": ((1,), (32,))})
+    assert data.num_samples == 130
+    shapes = [(b["tokens"].shape, b["mask"].shape, b["meta"].shape) for b in data.batches(32)]
+    assert shapes == [((32, 16), (32, 16), (32, 3)), ((32, 16), (32, 16), (32, 3)), ((16, 16), (16, 16), (16, 3)), ((32, 20), (32, 20), (32, 3)), ((18, 20), (18, 20), (18, 3))]
+    assert data.num_batches(32) == 5
+    first = np.concatenate([b["tokens"] for b in data.batches(64)][:2][:1])
+    np.testing.assert_array_equal(first, np.concatenate([arrays["tokens__b"], arrays["tokens__len16"]])[:64])  # buckets of one length, in name order
+    assert data.sizes == {"tokens": {1: {16: 80, 20: 50}}, "mask": {1: {16: 80, 20: 50}}}
+    assert data.largest_shapes() == {"tokens": (20,), "mask": (20,), "meta": (3,)}
+    assert "in 2 shape groups (tokens dim 1: 16 (80), 20 (50)" in caplog.text
+    limited = calibration_from_path(tmp_path / "calib.npz", SEQ, max_samples=104)
+    assert [len(b["tokens"]) for b in limited.batches(100)] == [64, 40]  # spread over the lengths: 80:50
+
+
+def test_bucket_errors_are_one_line(tmp_path: Path) -> None:
+    rng = np.random.default_rng(0)
+    good = _bucket(rng, 120, 16)
+    np.savez(tmp_path / "missing.npz", **{f"{k}__len16": v for k, v in good.items() if k != "mask"})
+    with pytest.raises(PipelineError, match=r"bucket 'len16' of .* has no array for model input\(s\) \['mask'\] — .*named <input>__len16"):
+        calibration_from_path(tmp_path / "missing.npz", SEQ)
+    np.savez(tmp_path / "disagree.npz", tokens=good["tokens"], mask=np.ones((120, 20), np.float32), meta=good["meta"])
+    with pytest.raises(PipelineError, match=r"input 'mask' has dim 1 = 20 but 'tokens' has dim 1 = 16, and the model says both are the same axis 'seq'"):
+        calibration_from_path(tmp_path / "disagree.npz", SEQ)
+    np.savez(tmp_path / "static.npz", **{**good, "meta__x": np.zeros((5, 4), np.float32), "tokens__x": good["tokens"][:5], "mask__x": good["mask"][:5]})
+    with pytest.raises(PipelineError, match=r"input 'meta' in '.*static.npz\[x\]' has shape \(5, 4\), the model expects \(N, 3\)"):
+        calibration_from_path(tmp_path / "static.npz", SEQ)
+    np.savez(tmp_path / "typo.npz", **good, tokenz__x=good["tokens"])
+    with pytest.raises(PipelineError, match=r"arrays \['tokenz__x'\] that are not model inputs"):
+        calibration_from_path(tmp_path / "typo.npz", SEQ)
+
+
+def test_npy_buckets_in_a_folder(tmp_path: Path) -> None:
+    rng = np.random.default_rng(1)
+    for label, length in (("len8", 8), ("len12", 12)):
+        for name, arr in _bucket(rng, 60, length).items():
+            np.save(tmp_path / f"{name}__{label}.npy", arr)
+    data = calibration_from_path(tmp_path, SEQ)
+    assert data.num_samples == 120 and data.sizes["tokens"][1] == {8: 60, 12: 60}
+
+
+def test_float64_arrays_are_cast_with_one_line(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level("INFO", logger="pipeline.arrays")
+    np.savez(tmp_path / "calib.npz", image=_images().astype(np.float64))
+    data = calibration_from_path(tmp_path / "calib.npz", IMAGE)
+    assert data.batch(0, 8)["image"].dtype == np.float32
+    casts = [r.getMessage() for r in caplog.records if "cast to the model's float32" in r.getMessage()]
+    assert len(casts) == 1 and "input 'image' is float64" in casts[0]
 
 
 # ----------------------------------------------------------------------------- images
@@ -209,8 +280,50 @@ def test_image_errors(tmp_path: Path) -> None:
     dynamic = ModelSignature(inputs=(TensorSpec("image", F32, ("batch", "h", "w", 3)),), outputs=())
     with pytest.raises(PipelineError, match="has a dynamic image size — pass the per-sample shape"):
         calibration_from_path(tmp_path / "imgs", dynamic, min_samples=3)
-    hinted = calibration_from_path(tmp_path / "imgs", dynamic, min_samples=3, shape_hint={"image": (5, 7, 3)})
+    hinted = calibration_from_path(tmp_path / "imgs", dynamic, min_samples=3, shape_hint={"image": (5, 7, 3)}, resize="stretch")
     assert hinted.batch(0, 2)["image"].shape == (2, 5, 7, 3)
     flat = ModelSignature(inputs=(TensorSpec("x", F32, ("batch", 64)),), outputs=())
     with pytest.raises(PipelineError, match="does not look like an image"):
         calibration_from_path(tmp_path / "imgs", flat, min_samples=3)
+
+
+def test_image_calibration_says_what_it_did_in_one_line(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """64×48 RGB photos into a 28×28×1 model: refused without --resize (aspect 1.33 vs 1.00), then one line saying what was done."""
+    square = ModelSignature(inputs=(TensorSpec("image", F32, ("batch", 28, 28, 1)),), outputs=())
+    _write_images(tmp_path / "photos", [40, 200, 90], size=(64, 48), mode="RGB")
+    with pytest.raises(PipelineError, match=r"img_000.jpg' is 64×48 \(aspect 1.33\), the model input is 28×28 \(aspect 1.00\).*tolerance — say how to fit it: --resize stretch .* crop .* pad"):
+        calibration_from_path(tmp_path / "photos", square, min_samples=3)
+    with pytest.raises(PipelineError, match="unknown resize mode 'squash' — use one of: stretch, crop, pad"):
+        calibration_from_path(tmp_path / "photos", square, min_samples=3, resize="squash")
+    caplog.set_level("INFO", logger="pipeline.stages.calibration")
+    data = calibration_from_path(tmp_path / "photos", square, min_samples=3, resize="crop")
+    lines = [r.getMessage() for r in caplog.records if "images from" in r.getMessage()]
+    assert lines == [f"calibration data: 3 images from {tmp_path / 'photos'}: resized 64×48 → 28×28 (centre-cropped to the aspect ratio, bilinear); RGB → grayscale; unit scaling; HWC layout"]
+    assert "_ImageLayout" not in caplog.text
+    assert data.batch(0, 3)["image"].shape == (3, 28, 28, 1)
+    assert data.fingerprint() != calibration_from_path(tmp_path / "photos", square, min_samples=3, resize="pad").fingerprint()
+
+
+def test_crop_and_pad_fit_the_aspect_ratio(tmp_path: Path) -> None:
+    """A 40×20 image, white left half and black right half, into a 10×10 input."""
+    pixels = np.zeros((20, 40), np.uint8)
+    pixels[:, :20] = 255
+    folder = tmp_path / "wide"
+    folder.mkdir()
+    Image.fromarray(pixels, "L").save(folder / "a.png")
+    square = ModelSignature(inputs=(TensorSpec("image", F32, ("batch", 10, 10, 1)),), outputs=())
+
+    def fitted(mode: str) -> np.ndarray:
+        return calibration_from_path(folder, square, min_samples=1, resize=mode).batch(0, 1)["image"][0, ..., 0]
+
+    crop, pad, stretch = fitted("crop"), fitted("pad"), fitted("stretch")
+    assert crop[:, :4].min() == 1.0 and crop[:, 6:].max() == 0.0  # centre 20×20: half white, half black, full height
+    assert pad[0].max() == 0.0 and pad[-1].max() == 0.0 and pad[4, 1] == 1.0  # black bars above and below
+    assert stretch[0, 1] == 1.0 and stretch[0, 8] == 0.0  # whole image squeezed, no bars
+
+
+def test_shape_bounds_are_the_union_of_the_profiles() -> None:
+    from pipeline.stages.calibration import shape_bounds
+
+    profiles = [{"tokens": ((1, 8), (32, 16), (64, 32))}, {"tokens": ((1, 4), (8, 64), (8, 128))}]
+    assert shape_bounds(profiles) == {"tokens": ((4,), (128,))}

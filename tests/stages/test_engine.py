@@ -185,14 +185,67 @@ def test_module_imports_without_tensorrt_or_polygraphy_trt() -> None:
 
 
 def test_engine_never_sets_precision_builder_flags() -> None:
-    """Precision comes from the ONNX graph: no BuilderFlag.FP16/INT8, no Polygraphy CreateConfig."""
+    """Precision comes from the ONNX graph: no BuilderFlag/set_flag, and Polygraphy's CreateConfig is
+    called only with profiles, optimization level and memory limits — never fp16=/int8=/tf32=/bf16=/fp8=."""
     from pipeline.stages import engine
 
     tree = ast.parse(Path(engine.__file__).read_text())
     names = {n.attr for n in ast.walk(tree) if isinstance(n, ast.Attribute)}
     names |= {n.id for n in ast.walk(tree) if isinstance(n, ast.Name)}
-    names |= {a.name for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) for a in n.names}
-    assert not names & {"BuilderFlag", "FP16", "INT8", "CreateConfig", "set_flag"}
+    assert not names & {"BuilderFlag", "FP16", "INT8", "set_flag"}
+    calls = [n for n in ast.walk(tree) if isinstance(n, ast.Call) and getattr(n.func, "id", None) == "CreateConfig"]
+    assert len(calls) == 1
+    assert {k.arg for k in calls[0].keywords} == {"profiles", "builder_optimization_level", "memory_pool_limits"}
+    # The network comes from Polygraphy's loader, strongly typed; the engine from EngineFromNetwork.
+    called = {getattr(n.func, "id", None) for n in ast.walk(tree) if isinstance(n, ast.Call)}
+    assert {"NetworkFromOnnxPath", "EngineFromNetwork", "PostprocessConfig"} <= called
+    [network] = [n for n in ast.walk(tree) if isinstance(n, ast.Call) and getattr(n.func, "id", None) == "NetworkFromOnnxPath"]
+    assert [k.arg for k in network.keywords] == ["strongly_typed"]
+
+
+class _FakeTensor:
+    def __init__(self, name: str, shape: tuple[int, ...]) -> None:
+        self.name, self.shape = name, shape
+
+
+class _FakeNetwork:
+    """Stands in for a parsed trt.INetworkDefinition (TensorRT cannot exist here): its inputs only."""
+
+    def __init__(self, **inputs: tuple[int, ...]) -> None:
+        self._inputs = [_FakeTensor(n, s) for n, s in inputs.items()]
+        self.num_inputs = len(self._inputs)
+
+    def get_input(self, index: int) -> _FakeTensor:
+        return self._inputs[index]
+
+
+@pytest.mark.parametrize(
+    "profiles, message",
+    [
+        ([], "inputs image have dynamic axes but no optimization profile"),
+        ([ShapeProfile({"other": ((1, 8, 8, 1), (1, 8, 8, 1), (1, 8, 8, 1))})], "missing dynamic inputs: \\['image'\\]"),
+        ([ShapeProfile({"image": ((4, 8, 8, 1), (2, 8, 8, 1), (8, 8, 8, 1))})], "shape range image:4x8x8x1/2x8x8x1/8x8x8x1"),
+        ([ShapeProfile({"image": ((1, 9, 8, 1), (2, 9, 8, 1), (8, 9, 8, 1))})], "of shape \\[-1, 8, 8, 1\\]"),
+        ([ShapeProfile({"image": ((1, 8, 8), (2, 8, 8), (8, 8, 8))})], "MIN <= OPT <= MAX"),
+    ],
+)
+def test_profiles_are_checked_against_the_network_before_polygraphy(profiles: list[ShapeProfile], message: str) -> None:
+    from pipeline.stages.engine import _check_profiles
+
+    with pytest.raises(PipelineError, match=message):
+        _check_profiles(_FakeNetwork(image=(-1, 8, 8, 1)), profiles)  # type: ignore[arg-type]
+
+
+def test_checked_profiles_become_polygraphy_profiles() -> None:
+    from pipeline.stages.engine import _check_profiles, _polygraphy_profiles
+
+    good = ShapeProfile({"image": ((1, 8, 8, 1), (32, 8, 8, 1), (64, 8, 8, 1))})
+    used = _check_profiles(_FakeNetwork(image=(-1, 8, 8, 1)), [ShapeProfile({}), good])  # type: ignore[arg-type]
+    assert used == [good]
+    [profile] = _polygraphy_profiles(used)
+    bounds = profile["image"]
+    assert (tuple(bounds.min), tuple(bounds.opt), tuple(bounds.max)) == ((1, 8, 8, 1), (32, 8, 8, 1), (64, 8, 8, 1))
+    assert _check_profiles(_FakeNetwork(image=(1, 8, 8, 1)), []) == []  # static: no profile needed  # type: ignore[arg-type]
 
 
 def test_metadata_from_plain_values(tmp_path: Path) -> None:
@@ -229,6 +282,9 @@ def test_read_metadata_errors(tmp_path: Path) -> None:
     (tmp_path / "old.plan.json").write_text(json.dumps({"format": 0}))
     with pytest.raises(PipelineError, match="not in format 1"):
         read_engine_metadata(tmp_path / "old.plan.json")
+    (tmp_path / "broken.plan.json").write_text('{"format": 1, "inputs": [')
+    with pytest.raises(PipelineError, match="broken.plan.json is not valid JSON"):
+        read_engine_metadata(tmp_path / "broken.plan.json")
 
 
 @pytest.mark.slow

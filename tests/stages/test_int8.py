@@ -26,6 +26,7 @@ vi = helper.make_tensor_value_info
 
 def _quantized(digits: Any, tmp_path: Path, method: str = "minmax", **kwargs: object) -> Path:
     data = calibration_from_path(digits.calib, signature_from_onnx(digits.model))
+    tmp_path.mkdir(parents=True, exist_ok=True)
     return qdq_onnx_from_onnx(digits.model, tmp_path / f"int8_{method}.onnx", data, method=method, **kwargs)
 
 
@@ -211,3 +212,170 @@ def test_check_rejects_asymmetric_or_uint8_or_missing_qdq(tmp_path: Path, onnx_f
     )
     with pytest.raises(PipelineError, match="has no QuantizeLinear/DequantizeLinear nodes"):
         check_qdq_int8_symmetric(plain)
+
+
+# ----------------------------------------------------------------------------- Q/DQ placement for TensorRT
+
+
+def _w(rng: np.random.Generator, *shape: int) -> np.ndarray:
+    return (rng.standard_normal(shape) * 0.3).astype(np.float32)
+
+
+def _placement_model(save_model: Any, path: Path) -> Path:
+    """A ResNet-like block (identity residual and projection shortcut), MaxPool, ConvTranspose,
+    AveragePool, a Concat of branches with different ranges, GlobalAveragePool, Gemm(transB=1), MatMul."""
+    rng = np.random.default_rng(0)
+    nodes = [
+        helper.make_node("Conv", ["x", "w0", "b0"], ["stem"], pads=[1, 1, 1, 1], name="stem"),
+        helper.make_node("Relu", ["stem"], ["stem_r"], name="stem_relu"),
+        helper.make_node("Conv", ["stem_r", "w1", "b1"], ["c1"], pads=[1, 1, 1, 1], name="conv1"),
+        helper.make_node("Relu", ["c1"], ["r1"], name="relu1"),
+        helper.make_node("Conv", ["r1", "w2", "b2"], ["c2"], pads=[1, 1, 1, 1], name="conv2"),
+        helper.make_node("Add", ["c2", "stem_r"], ["res"], name="identity_add"),
+        helper.make_node("Relu", ["res"], ["res_r"], name="relu2"),
+        helper.make_node("Conv", ["res_r", "w4", "b4"], ["c4"], pads=[1, 1, 1, 1], name="conv4"),
+        helper.make_node("Conv", ["res_r", "wp", "bp"], ["proj"], name="projection"),
+        helper.make_node("Add", ["c4", "proj"], ["res2"], name="projection_add"),
+        helper.make_node("Relu", ["res2"], ["res2_r"], name="relu3"),
+        helper.make_node("MaxPool", ["res2_r"], ["mp"], kernel_shape=[2, 2], strides=[2, 2], name="maxpool"),
+        helper.make_node("ConvTranspose", ["mp", "wt", "bt"], ["up"], strides=[2, 2], kernel_shape=[2, 2], name="deconv"),
+        helper.make_node("AveragePool", ["up"], ["ap"], kernel_shape=[2, 2], strides=[2, 2], name="avgpool"),
+        helper.make_node("Mul", ["ap", "ten"], ["ap10"], name="widen"),  # a branch with a 10x range
+        helper.make_node("Concat", ["ap10", "mp"], ["cat"], axis=1, name="concat"),
+        helper.make_node("Conv", ["cat", "w3", "b3"], ["c3"], name="conv3"),
+        helper.make_node("GlobalAveragePool", ["c3"], ["gap"], name="gap"),
+        helper.make_node("Flatten", ["gap"], ["flat"], name="flatten"),
+        helper.make_node("Gemm", ["flat", "wg", "bg"], ["g"], transB=1, name="gemm_t"),
+        helper.make_node("MatMul", ["g", "wm"], ["logits"], name="matmul"),
+        helper.make_node("Softmax", ["logits"], ["probs"], axis=-1, name="softmax"),
+    ]
+    inits = {
+        "w0": _w(rng, 4, 3, 3, 3), "b0": _w(rng, 4), "w1": _w(rng, 4, 4, 3, 3), "b1": _w(rng, 4), "w2": _w(rng, 4, 4, 3, 3), "b2": _w(rng, 4),
+        "w4": _w(rng, 5, 4, 3, 3), "b4": _w(rng, 5), "wp": _w(rng, 5, 4, 1, 1), "bp": _w(rng, 5),
+        "wt": _w(rng, 5, 6, 2, 2), "bt": _w(rng, 6), "ten": np.array(10.0, np.float32),
+        "w3": _w(rng, 7, 11, 1, 1), "b3": _w(rng, 7), "wg": _w(rng, 9, 7), "bg": _w(rng, 9), "wm": _w(rng, 9, 3),
+    }  # fmt: skip
+    return save_model(path, nodes, [vi("x", TensorProto.FLOAT, ["batch", 3, 8, 8])], [vi("probs", TensorProto.FLOAT, ["batch", 3])], inits)
+
+
+@pytest.fixture(scope="module")
+def placed(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path, onnx.ModelProto]:
+    def save_model(path: Path, nodes: list, inputs: list, outputs: list, inits: dict[str, np.ndarray]) -> Path:
+        graph = helper.make_graph(nodes, "block", inputs, outputs, [numpy_helper.from_array(v, k) for k, v in inits.items()])
+        model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+        model.ir_version = 8
+        onnx.checker.check_model(model, full_check=True)
+        onnx.save(model, str(path))
+        return path
+
+    folder = tmp_path_factory.mktemp("placement")  # module-scoped: the onnx_file fixture is per test
+    src = _placement_model(save_model, folder / "block.onnx")
+    np.savez(folder / "calib.npz", x=np.random.default_rng(1).standard_normal((128, 3, 8, 8)).astype(np.float32))
+    out = qdq_onnx_from_onnx(src, folder / "int8.onnx", calibration_from_path(folder / "calib.npz", signature_from_onnx(src)))
+    return src, out, onnx.load(str(out))
+
+
+def _inputs_dq(model: onnx.ModelProto, node_name: str) -> list[onnx.NodeProto | None]:
+    producers = {o: n for n in model.graph.node for o in n.output}
+    node = next(n for n in model.graph.node if n.name == node_name)
+    return [p if (p := producers.get(i)) is not None and p.op_type == "DequantizeLinear" else None for i in node.input]
+
+
+def _scale(model: onnx.ModelProto, dq: onnx.NodeProto) -> np.ndarray:
+    return _consts(model)[dq.input[1]]
+
+
+def test_residual_adds_have_both_inputs_quantized_and_no_output_qdq(placed: tuple[Path, Path, onnx.ModelProto]) -> None:
+    _, out, model = placed
+    check_qdq_int8_symmetric(out)
+    consumers = {i: n for n in model.graph.node for i in n.input}
+    for add in ("identity_add", "projection_add"):
+        dqs = _inputs_dq(model, add)
+        assert all(dq is not None for dq in dqs), add  # Conv+Add fuse with int8 residual
+        node = next(n for n in model.graph.node if n.name == add)
+        assert consumers[node.output[0]].op_type == "Relu"  # the Add output is not quantized
+        assert all(_scale(model, dq).ndim == 0 for dq in dqs)  # per-tensor activations
+    bias_free = [n for n in model.graph.node if n.op_type == "Add"]
+    assert len(bias_free) == 2  # no other Add was touched
+
+
+def test_pooling_inputs_quantized_and_maxpool_left_to_tensorrt(placed: tuple[Path, Path, onnx.ModelProto]) -> None:
+    _, _, model = placed
+    assert _inputs_dq(model, "avgpool")[0] is not None
+    assert _inputs_dq(model, "gap")[0] is not None
+    assert _inputs_dq(model, "maxpool")[0] is None  # commutes with Q/DQ; TensorRT moves the next Q across it
+
+
+def test_concat_inputs_share_one_scale_with_its_output(placed: tuple[Path, Path, onnx.ModelProto]) -> None:
+    _, _, model = placed
+    dqs = _inputs_dq(model, "concat")
+    assert all(dq is not None for dq in dqs)
+    scales = {float(_scale(model, dq)) for dq in dqs}
+    assert len(scales) == 1  # TensorRT propagates equal scales backward across the Concat
+    conv3_input = _inputs_dq(model, "conv3")[0]
+    assert float(_scale(model, conv3_input)) == scales.pop()
+    deconv_input = _inputs_dq(model, "deconv")[0]  # mp feeds the deconv too: it keeps its own, finer scale
+    assert float(_scale(model, deconv_input)) < float(_scale(model, dqs[0]))
+
+
+def test_per_channel_weight_axes(placed: tuple[Path, Path, onnx.ModelProto]) -> None:
+    """Output channels: Conv weights axis 0, ConvTranspose (C_in, C_out, kH, kW) axis 1,
+    Gemm with transB=1 (N, K) axis 0, MatMul (K, N) axis 1; biases stay float."""
+    _, _, model = placed
+    consts = _consts(model)
+    for name, axis, channels in (("conv1", 0, 4), ("projection", 0, 5), ("deconv", 1, 6), ("gemm_t", 0, 9), ("matmul", 1, 3)):
+        node = next(n for n in model.graph.node if n.name == name or n.name.startswith(f"{name}/"))
+        weight_dq = _inputs_dq(model, node.name)[1]
+        assert weight_dq is not None, name
+        assert helper.get_attribute_value(next(a for a in weight_dq.attribute if a.name == "axis")) == axis, name
+        assert consts[weight_dq.input[1]].shape == (channels,), name
+        if len(node.input) > 2:
+            assert consts[node.input[2]].dtype == np.float32, name
+
+
+def test_placed_graph_keeps_the_exact_qdq_gate(placed: tuple[Path, Path, onnx.ModelProto]) -> None:
+    src, out, _ = placed
+    x = np.random.default_rng(2).standard_normal((64, 3, 8, 8)).astype(np.float32)
+    fp32 = session_from_onnx(src).run(None, {"x": x})[0]
+    int8 = session_from_onnx(out, exact_qdq=True).run(None, {"x": x})[0]
+    assert 0 < np.abs(int8 - fp32).max() < 0.05
+    assert (int8.argmax(1) == fp32.argmax(1)).mean() >= 0.95
+
+
+def test_minmax_result_does_not_depend_on_the_calibration_batch(digits_convnet: Any, tmp_path: Path) -> None:
+    """Batches sized to the memory budget give the same INT8 model as the old fixed batch of 32."""
+    budgeted = _consts(onnx.load(str(_quantized(digits_convnet, tmp_path / "a"))))
+    fixed = _consts(onnx.load(str(_quantized(digits_convnet, tmp_path / "b", batch_size=7))))
+    assert budgeted.keys() == fixed.keys()
+    for name, value in budgeted.items():
+        np.testing.assert_array_equal(value, fixed[name], err_msg=name)
+
+
+def test_calibration_buckets_of_different_lengths(tmp_path: Path, onnx_file: Any, caplog: pytest.LogCaptureFixture) -> None:
+    """A dynamic sequence axis: calibration sees every length, in batches of one length each."""
+    rng = np.random.default_rng(0)
+    src = onnx_file(
+        tmp_path / "seq.onnx",
+        [
+            helper.make_node("Gather", ["table", "ids"], ["emb"]),
+            helper.make_node("MatMul", ["emb", "w1"], ["h"]),
+            helper.make_node("Relu", ["h"], ["hr"]),
+            helper.make_node("ReduceMean", ["hr"], ["pooled"], axes=[1], keepdims=0),
+            helper.make_node("MatMul", ["pooled", "w2"], ["logits"]),
+            helper.make_node("Softmax", ["logits"], ["probs"], axis=-1),
+        ],
+        [vi("ids", TensorProto.INT64, ["batch", "seq"])],
+        [vi("probs", TensorProto.FLOAT, ["batch", 3])],
+        {"table": rng.standard_normal((50, 6)).astype(np.float32), "w1": _w(rng, 6, 8), "w2": _w(rng, 8, 3)},
+    )
+    np.savez(tmp_path / "calib.npz", ids__len5=rng.integers(0, 50, (70, 5)), ids__len9=rng.integers(0, 50, (50, 9)))
+    data = calibration_from_path(tmp_path / "calib.npz", signature_from_onnx(src))
+    caplog.set_level(logging.INFO, logger="pipeline.stages.int8")
+    out = qdq_onnx_from_onnx(src, tmp_path / "int8.onnx", data, batch_size=32)
+    assert sum("calibration batch" in r.getMessage() for r in caplog.records) == 3 + 2
+    check_qdq_int8_symmetric(out)
+    for length in (5, 9, 14):
+        feed = {"ids": rng.integers(0, 50, (8, length))}
+        fp32 = session_from_onnx(src).run(None, feed)[0]
+        int8 = session_from_onnx(out, exact_qdq=True).run(None, feed)[0]
+        assert np.abs(int8 - fp32).max() < 0.05

@@ -10,12 +10,16 @@ import pytest
 
 from pipeline.errors import PipelineError
 from pipeline.stages.shapes import (
+    SeenBucket,
     ShapeProfile,
     batch_axis,
+    data_range,
     format_shape_spec,
     profiles_from_args,
     profiles_from_json,
     profiles_to_json,
+    seen_in_files,
+    calibration_hints,
 )
 from pipeline.tensors import ModelSignature, TensorSpec, signature_from_onnx
 
@@ -195,3 +199,87 @@ def test_profiles_from_a_real_onnx_signature(tmp_path: Path) -> None:
     onnx.save(helper.make_model(graph), str(path))
     profiles = profiles_from_args(["image:1x8x8x1/4x8x8x1/4x8x8x1"], signature_from_onnx(path), max_batch=4)
     assert str(profiles[0]) == "image:1x8x8x1/4x8x8x1/4x8x8x1"
+
+
+# ----------------------------------------------------------------------------- sized from the data
+
+SEQ = ModelSignature(inputs=(TOKENS,), outputs=(PROBS,))
+
+
+def seen(*buckets: tuple[int, int]) -> list[SeenBucket]:
+    """Token buckets of (sequence length, samples)."""
+    return [SeenBucket(f"calib.npz[{length}]", {"tokens": (length,)}, n) for length, n in buckets]
+
+
+def test_dynamic_axis_is_sized_from_the_data(caplog: pytest.LogCaptureFixture) -> None:
+    with caplog.at_level(logging.INFO, logger="pipeline.stages.shapes"):
+        profiles = profiles_from_args([], SEQ, max_batch=64, seen=seen((16, 300), (20, 212)))
+    # OPT the most common length, MIN the power of two <= 16, MAX the power of two > 20
+    assert profiles == [ShapeProfile({"tokens": ((1, 16), (64, 16), (64, 32))})]
+    messages = [r.getMessage() for r in caplog.records]
+    assert not [r for r in caplog.records if r.levelno >= logging.WARNING]
+    assert any("sizes seen in the data 16 (300 samples), 20 (212 samples) → MIN 16, OPT 16, MAX 32" in m for m in messages)
+    assert any(m.endswith("the same profiles: --shape tokens:1x16/64x16/64x32") for m in messages)
+
+
+@pytest.mark.parametrize("counts, expected", [
+    ({16: 1}, (16, 16, 32)),
+    ({20: 5, 12: 5}, (8, 20, 32)),        # a tie takes the larger size
+    ({3: 1, 100: 2, 7: 9}, (2, 7, 128)),
+    ({1: 4}, (1, 1, 2)),
+    ({224: 10, 192: 3}, (128, 224, 256)),
+])
+def test_data_range_rule(counts: dict[int, int], expected: tuple[int, int, int]) -> None:
+    assert data_range(counts) == expected
+
+
+def test_the_logged_shape_reproduces_the_profile() -> None:
+    derived = profiles_from_args([], TWO_INPUTS, max_batch=8, seen=seen((16, 3), (40, 1)))
+    again = profiles_from_args([format_shape_spec(n, r) for n, r in derived[0].shapes.items()], TWO_INPUTS, max_batch=8, seen=seen((16, 3), (40, 1)))
+    assert derived == again
+    assert derived[0].shapes["tokens"] == ((1, 16), (8, 16), (8, 64))
+
+
+def test_shape_overrides_the_data_when_it_covers_it() -> None:
+    profiles = profiles_from_args(["tokens:1x8/4x20/8x24"], SEQ, max_batch=8, seen=seen((16, 3), (20, 1)))
+    assert profiles[0].shapes["tokens"] == ((1, 8), (4, 20), (8, 24))
+
+
+def test_shape_that_does_not_cover_the_data_is_one_line_naming_a_shape_that_does() -> None:
+    with pytest.raises(PipelineError, match=r"--shape does not cover the data calib.npz\[20\]: input 'tokens' has size 20 on axis 1, outside the profile: 1..16") as info:
+        profiles_from_args(["tokens:1x1/8x16/8x16"], SEQ, max_batch=8, seen=seen((16, 3), (20, 1)))
+    assert info.value.fix == "widen --shape to cover the data, e.g. --shape tokens:1x16/8x16/8x32, or leave --shape out to size the profiles from the data"
+    assert "\n" not in str(info.value)
+
+
+def test_data_fits_when_any_profile_covers_it() -> None:
+    specs = ["tokens:1x1/8x16/8x16", "tokens:1x17/8x20/8x20"]
+    assert len(profiles_from_args(specs, SEQ, max_batch=8, seen=seen((16, 3), (20, 1)))) == 2
+    with pytest.raises(PipelineError, match=r"size 40 on axis 1, outside every profile \(profile 0: 1..16\)"):
+        profiles_from_args(specs, SEQ, max_batch=8, seen=seen((16, 3), (40, 1)))
+
+
+def test_data_of_other_inputs_or_static_axes_does_not_size_anything() -> None:
+    other = [SeenBucket("x", {"image": (8, 8, 1), "scale": ()}, 10)]
+    profiles = profiles_from_args([], TWO_INPUTS, max_batch=8, dynamic_default=32, seen=other)
+    assert profiles[0].shapes["tokens"] == ((1, 1), (8, 32), (8, 32))
+
+
+def test_seen_in_files_reads_buckets_from_headers(tmp_path: Path) -> None:
+    np.savez(tmp_path / "calib.npz", **{"tokens__16": np.zeros((30, 16), np.int64), "tokens__20": np.zeros((10, 20), np.int64)})
+    (tmp_path / "npy").mkdir()
+    np.save(tmp_path / "npy" / "tokens__8.npy", np.zeros((5, 8), np.int64))
+    np.save(tmp_path / "npy" / "tokens__12.npy", np.zeros((7, 12), np.int64))
+    (tmp_path / "images").mkdir()
+    assert [(b.shapes, b.samples) for b in seen_in_files(tmp_path, SEQ)] == [({"tokens": (16,)}, 30), ({"tokens": (20,)}, 10)]
+    assert [(b.origin.endswith("[8]"), b.shapes, b.samples) for b in seen_in_files(tmp_path / "npy", SEQ)] == [
+        (True, {"tokens": (8,)}, 5), (False, {"tokens": (12,)}, 7)
+    ]
+    assert seen_in_files(tmp_path / "images", SEQ) == []
+
+
+def test_calibration_hints_are_the_opt_shapes_without_logging(caplog: pytest.LogCaptureFixture) -> None:
+    with caplog.at_level(logging.INFO, logger="pipeline.stages.shapes"):
+        hints = calibration_hints(["image:1x8x8x1/4x8x8x1/4x8x8x1"], TWO_INPUTS, max_batch=4)
+    assert hints == {"image": (8, 8, 1), "tokens": (64,)}
+    assert not caplog.records

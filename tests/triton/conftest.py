@@ -100,14 +100,14 @@ def onnx_models(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
 def repository(tmp_path_factory: pytest.TempPathFactory, onnx_models: dict[str, Path]) -> Path:
     """A repository as production would serve it, including a TensorRT plan this CPU server must skip.
 
-    ``tiny``: softmax, dynamic batching (50 ms window so concurrent requests meet), default graph level.
+    ``tiny``: softmax, dynamic batching (1 s window: concurrent requests meet even on a loaded machine), default graph level.
     ``tiny_noopt``: same file, ``graph.level: 2`` (ORT_DISABLE_ALL) and ``intra_op_thread_count: 1``.
     ``ids``: int64 input, dynamic batching, ``graph.level: -1`` (ORT_ENABLE_BASIC).
     ``tiny_fp32_trt``: platform tensorrt_plan; the plan bytes are fake — it must never be loaded here.
     """
     repo = tmp_path_factory.mktemp("model_repository")
     softmax, gather = onnx_models["softmax"].read_bytes(), onnx_models["gather"].read_bytes()
-    write_model(repo, softmax_config("tiny", queue_delay_us=50_000), softmax)
+    write_model(repo, softmax_config("tiny", queue_delay_us=1_000_000), softmax)
     write_model(repo, softmax_config("tiny_noopt", graph_level=2, parameters={"intra_op_thread_count": "1"}), softmax)
     write_model(repo, gather_config("ids", queue_delay_us=50_000, graph_level=-1), gather)
     plan = softmax_config("tiny_fp32_trt", platform="tensorrt_plan")

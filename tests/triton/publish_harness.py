@@ -57,8 +57,13 @@ def warmup_data(samples: int = 3) -> dict[str, np.ndarray]:
     return {"image": rng.random((samples, 8, 8, 1)), "ids": rng.integers(0, 5, (samples, 4), dtype=np.int64)}
 
 
-def publish_two(onnx_path: Path, repo: Path, policy: str, *, labels: bool = True, report: dict | None = None) -> list[Path]:
-    """Publish ``onnx_path`` as ``digits_fp32`` and ``digits_fp16`` with labels and real warmup samples."""
+def publish_two(onnx_path: Path, repo: Path, policy: str, *, labels: bool = True, report: dict | None = None,
+                delay_us: int = 100) -> list[Path]:
+    """Publish ``onnx_path`` as ``digits_fp32`` and ``digits_fp16`` with labels and real warmup samples.
+
+    ``delay_us`` (the batching window) changes the config: a model whose files are all unchanged is
+    not republished, so callers that need a new version pass another value.
+    """
     from pipeline.artifacts import Artifact
     from pipeline.tensors import signature_from_onnx
     from pipeline.triton.config import model_config_from_artifact, warmup_files
@@ -72,7 +77,7 @@ def publish_two(onnx_path: Path, repo: Path, policy: str, *, labels: bool = True
         configs[name] = model_config_from_artifact(
             artifact, name=name, signature=signature, max_batch=8,
             labels_file="labels.txt" if labels else None, classifier_output="probs" if labels else None,
-            warmup=warmup_data(), preferred_batch_sizes=[4], max_queue_delay_us=100,
+            warmup=warmup_data(), preferred_batch_sizes=[4], max_queue_delay_us=delay_us,
         )
         extra[name] = {**warmup_files(signature, warmup_data(), 8), **({"labels.txt": LABELS} if labels else {})}
     return publish_repository(
@@ -87,7 +92,7 @@ def main(repo: Path, workdir: Path) -> None:
     print("ready", flush=True)
     count = 0
     while True:
-        publish_two(onnx_path, repo, "replace" if count % 3 == 2 else "new")
+        publish_two(onnx_path, repo, "replace" if count % 3 == 2 else "new", delay_us=101 + count)  # a change each time
         count += 1
         print(f"published {count}", flush=True)
 

@@ -23,6 +23,9 @@ from pipeline.triton.server import OUR_BACKENDS, TritonServer
 from tests.triton.conftest import EMBEDDING_TABLE, SOFTMAX_WEIGHTS, child_pids, softmax_config, write_model
 
 
+_DIRECT = urllib.request.build_opener(urllib.request.ProxyHandler({}))  # loopback never via a proxy
+
+
 @pytest.fixture(scope="module")
 def backend() -> ModuleType:
     """The backend's model.py, imported with the real triton_python_backend_utils shipped in the wheel.
@@ -101,7 +104,7 @@ def test_int64_input_round_trip(server: TritonServer) -> None:
 
 
 def model_stats(server: TritonServer, model: str) -> dict:
-    with urllib.request.urlopen(f"http://{server.http_url}/v2/models/{model}/stats", timeout=10) as response:
+    with _DIRECT.open(f"http://{server.http_url}/v2/models/{model}/stats", timeout=10) as response:
         return json.load(response)["model_stats"][0]
 
 
@@ -133,7 +136,14 @@ def test_concurrent_requests_are_batched_and_split_back(server: TritonServer) ->
         time.sleep(0.05)
     assert after["inference_count"] - before["inference_count"] == samples
     executions = after["execution_count"] - before["execution_count"]
+    # Triton's statistics extension: fewer model executions than requests, and executions of batches
+    # larger than any single request (3 rows) — the dynamic batcher merged concurrent requests.
     assert executions < len(inputs), "the dynamic batcher should have merged concurrent requests"
+    old_counts = {b["batch_size"]: b["compute_infer"]["count"] for b in before["batch_stats"]}
+    new_counts = {b["batch_size"]: b["compute_infer"]["count"] - old_counts.get(b["batch_size"], 0) for b in after["batch_stats"]}
+    assert sum(size * count for size, count in new_counts.items()) == samples
+    assert sum(new_counts.values()) == executions
+    assert any(count for size, count in new_counts.items() if size > 3), new_counts
 
 
 @pytest.mark.slow

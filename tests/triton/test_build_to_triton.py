@@ -116,10 +116,13 @@ def test_every_config_parses_and_matches_its_onnx_model(built: Built) -> None:
 
 
 def test_deploy_bundle_is_written_beside_the_repository(built: Built) -> None:
-    assert built.deploy == built.repository.parent / "deploy"
-    compose = yaml.safe_load((built.deploy / "compose.yaml").read_text())
-    assert isinstance(compose, dict) and compose.get("services"), compose
-    script = built.deploy / "docker-run.sh"
+    """The build (not the fixture) put the bundle in deploy/ beside the repository, pointing at it."""
+    bundle = built.repository.parent / "deploy"
+    assert sorted(p.name for p in bundle.iterdir()) == [".pipeline-bundle.json", "README.md", "compose.yaml", "docker-run.sh"]
+    compose = yaml.safe_load((bundle / "compose.yaml").read_text())
+    [service] = compose["services"].values()
+    assert (bundle / service["volumes"][0]["source"]).resolve() == built.repository.resolve()
+    script = bundle / "docker-run.sh"
     check = subprocess.run(["bash", "-n", str(script)], capture_output=True, text=True, check=False)
     assert check.returncode == 0, check.stderr
     assert "tritonserver" in script.read_text()
@@ -149,7 +152,8 @@ def test_served_outputs_equal_in_process_over_http_grpc_and_kserve_json(built: B
 
         ginp = grpcclient.InferInput("image", list(images.shape), "FP32")
         ginp.set_data_from_numpy(images)
-        with closing(grpcclient.InferenceServerClient(served.grpc_url)) as grpc:
+        direct = [("grpc.enable_http_proxy", 0)]  # gRPC core would send even loopback calls through http_proxy
+        with closing(grpcclient.InferenceServerClient(served.grpc_url, channel_args=direct)) as grpc:
             got = grpc.infer(name, [ginp]).as_numpy("probs")
             np.testing.assert_allclose(got, expected, rtol=0, atol=ATOL, err_msg=f"{name} over gRPC")
 
@@ -194,13 +198,40 @@ def serve_one_sample_each(repository: Path, log_path: Path) -> None:
                 np.testing.assert_allclose(got, in_process(repository, name, numbers[-1], image), rtol=0, atol=ATOL)
 
 
+def start_paused(command: list[str], env: dict[str, str], pause_at: str, marker: Path, log_path: Path) -> subprocess.Popen[bytes]:
+    """Start ``command`` with the pause-point test hook (pipeline/pausepoints.py) and return once it holds at ``pause_at``."""
+    marker.unlink(missing_ok=True)
+    with open(log_path, "wb") as log:
+        proc = subprocess.Popen(command, cwd=ROOT, env=dict(env, PIPELINE_PAUSE_AT=pause_at, PIPELINE_PAUSE_FILE=str(marker)),
+                                stdout=log, stderr=subprocess.STDOUT)
+    deadline = time.monotonic() + 600  # a hang guard, not a speed limit
+    while not marker.is_file():
+        if proc.poll() is not None or time.monotonic() > deadline:
+            kill(proc)
+            pytest.fail(f"the build never paused at {pause_at} (exit {proc.returncode}): {log_path.read_text()[-2000:]}")
+        time.sleep(0.05)
+    assert int(marker.read_text()) == proc.pid
+    return proc
+
+
+def kill(proc: subprocess.Popen[bytes]) -> None:
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGKILL)
+    proc.wait()
+
+
+def changed_models(repository: Path, before: dict[str, list[int]]) -> set[str]:
+    return {name for name, versions in model_versions(repository).items() if before.get(name) != versions}
+
+
 def test_build_killed_midway_leaves_the_previous_repository_servable(built: Built, tmp_path: Path) -> None:
-    """SIGKILL a `build --fp16 --int8 --version-policy new` at several moments; the repository stays servable.
+    """SIGKILL a `build --fp16 --int8 --version-policy new` at fixed moments; the repository stays servable.
 
     The workdir starts as a copy of the shared build's FP32 stages, so those are cached and each killed
-    build reaches the INT8 and publish stages within seconds. Moments: during start-up (a delay), while
-    INT8 calibrates (its temp dir exists), while publish stages the new model dirs (the staging folder
-    beside the repository exists), and between the swaps of two model dirs (a new version has appeared).
+    build reaches the INT8 and publish stages within seconds. The build holds at named pause points
+    (the test hook in pipeline/pausepoints.py) until it is killed, so every moment is hit exactly:
+    during start-up (before any stage), between two INT8 calibration batches, with every model staged
+    beside the repository and none swapped in, and between the first and second model swap.
     """
     workdir, repository = tmp_path / "build", tmp_path / "model_repository"
     shutil.copytree(built.workdir / "digits", workdir / "digits", symlinks=True,
@@ -213,37 +244,36 @@ def test_build_killed_midway_leaves_the_previous_repository_servable(built: Buil
 
     ws = workdir / "digits"
     staging = repository.parent / f".{repository.name}.pipeline-staging"
-    moments: list[tuple[str, Callable[[float, dict[str, list[int]]], bool]]] = [
-        ("start-up (0.5 s)", lambda elapsed, before: elapsed > 0.5),
-        ("INT8 calibration", lambda elapsed, before: any(ws.glob(".model.int8.onnx.*"))),
-        ("publish staging", lambda elapsed, before: staging.is_dir()),
-        ("between model swaps", lambda elapsed, before: model_versions(repository) != before),
-    ]
+    command = [sys.executable, "-m", "pipeline", *base, "--fp16", "--int8", "--version-policy", "new"]
     env = dict(os.environ, PYTHONPATH=str(ROOT), TF_CPP_MIN_LOG_LEVEL="3")
-    for index, (label, due) in enumerate(moments):
-        before = model_versions(repository)
-        log_path = tmp_path / f"killed-build-{index}.log"
-        with open(log_path, "wb") as log:
-            proc = subprocess.Popen(
-                [sys.executable, "-m", "pipeline", *base, "--fp16", "--int8", "--version-policy", "new"],
-                cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT,
-            )
-            started = time.monotonic()
-            try:
-                while proc.poll() is None and not due(time.monotonic() - started, before):
-                    assert time.monotonic() - started < 300, f"{label}: never reached"
-                    time.sleep(0.001)
-                proc.send_signal(signal.SIGKILL)  # only if still running: poll() may have reaped it
-            finally:
-                if proc.poll() is None:
-                    proc.kill()
-                proc.wait()
-        assert proc.returncode == -signal.SIGKILL, f"the build finished before it was killed at {label}: {log_path.read_text()[-2000:]}"
+    marker = tmp_path / "paused"
 
-        if label in ("start-up (0.5 s)", "INT8 calibration"):
-            assert model_versions(repository) == before, label  # killed before publish: nothing changed
-        if label == "between model swaps":
-            assert model_versions(repository) != before, label  # killed with some model dirs new, others old
+    # start-up: killed before any stage ran (importing TensorFlow alone takes longer than this)
+    before = model_versions(repository)
+    with open(tmp_path / "killed-build-0.log", "wb") as log:
+        proc = subprocess.Popen(command, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)
+    time.sleep(0.5)
+    kill(proc)
+    assert proc.returncode == -signal.SIGKILL
+    assert model_versions(repository) == before
+
+    # each (pause point, what holds while paused, which models a kill there leaves changed)
+    moments = [
+        ("int8.calibration-batch#2", lambda: any(p.is_dir() for p in ws.glob(".model.int8.onnx.*")), 0),
+        ("publish.swap#1", staging.is_dir, 0),
+        ("publish.swap#2", staging.is_dir, 1),
+    ]
+    for index, (pause_at, holds, changed) in enumerate(moments, start=1):
+        before = model_versions(repository)
+        proc = start_paused(command, env, pause_at, marker, tmp_path / f"killed-build-{index}.log")
+        try:
+            assert holds(), f"paused at {pause_at} but its moment does not hold"
+            assert len(changed_models(repository, before)) == changed, (pause_at, before, model_versions(repository))
+        finally:
+            kill(proc)
+        assert proc.returncode == -signal.SIGKILL, pause_at
+        # what the killed build left: the same models changed as while it was paused, each one complete
+        assert len(changed_models(repository, before)) == changed, (pause_at, before, model_versions(repository))
         assert_complete(repository)
         assert {p.relative_to(repository): p.read_bytes() for p in (repository / "digits_fp32" / "1").rglob("*") if p.is_file()} == original
         serve_one_sample_each(repository, tmp_path / "server.log")
@@ -252,14 +282,18 @@ def test_build_killed_midway_leaves_the_previous_repository_servable(built: Buil
     final = cli(*base, "--fp16", "--int8", "--version-policy", "new")
     assert final.returncode == 0, final.stdout[-3000:] + final.stderr[-3000:]
     after = model_versions(repository)
-    assert after["digits_fp32"] == before["digits_fp32"] + [before["digits_fp32"][-1] + 1]
     assert set(after) == set(MODELS)
+    assert after["digits_fp32"] == before["digits_fp32"] == [1]  # unchanged FP32: never republished
     for name in ("digits_fp16", "digits_int8"):
-        assert after[name] == before.get(name, []) + [max(before.get(name, [0])) + 1]
+        # published once, by the killed build that got that far or by this one, with the built file
+        assert len(after[name]) == 1, after
+        variant = name.split("_")[1]
+        assert (repository / name / str(after[name][0]) / "model.onnx").read_bytes() == (ws / f"model.{variant}.onnx").read_bytes()
     assert_complete(repository)
     serve_one_sample_each(repository, tmp_path / "server.log")
     leftovers = [p.name for p in (workdir / "digits").iterdir() if p.name.startswith(".model.")]
     assert not leftovers, f"killed stages' temporaries were not cleared: {leftovers}"
+    assert not staging.exists()
 
 
 # -- bad inputs to `python -m pipeline serve` ---------------------------------------------------------

@@ -271,5 +271,5 @@ def test_unknown_dtype_is_a_user_error() -> None:
 
 
 def test_parse_config_rejects_bad_text() -> None:
-    with pytest.raises(PipelineError, match="invalid Triton model config"):
+    with pytest.raises(PipelineError, match="is not a valid Triton model config"):
         parse_config('name: "x"\nmax_batch_size: "eight"\n')

@@ -1,17 +1,24 @@
 """The production deploy bundle: real files, real YAML, real bash.
 
 Docker is not installed here, so the generated script runs against a stub ``docker`` (and the
-container command against a stub ``tritonserver``) that print their arguments; the flags are also
-checked against the ``--help`` of the real tritonserver 2.51 binary (no server is started).
+container command against a stub ``tritonserver``) that print their arguments; the real tritonserver
+2.51 binary is then started with the same generated command line.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
-import re
 import shlex
+import signal
+import socket
 import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from dataclasses import replace
 from pathlib import Path
 
 import onnx
@@ -20,15 +27,11 @@ import yaml
 from publish_harness import publish_two, two_io_onnx
 
 from pipeline.errors import PipelineError
-from pipeline.triton.deploy import (
-    DEFAULT_IMAGE,
-    RESTRICTED_APIS,
-    register,
-    tritonserver_args,
-    write_deploy_bundle,
-)
+from pipeline.triton.deploy import DEFAULT_IMAGE, register, server_args, write_deploy_bundle
+from pipeline.triton.server_args import shell_command, tritonserver_args
 
 RESTRICTED = "model-repository,model-config,shared-memory,trace,logging"
+_DIRECT = urllib.request.build_opener(urllib.request.ProxyHandler({}))  # loopback never goes through a proxy
 
 
 @pytest.fixture(scope="module")
@@ -64,6 +67,7 @@ def test_bundle_files_parse_and_agree_on_ports(repository: Path, tmp_path: Path)
     assert (compose_path.parent / service["volumes"][0]["source"]).resolve() == repository.resolve()
     assert service["environment"] == {"TRITON_ADMIN_KEY": "${TRITON_ADMIN_KEY:?export TRITON_ADMIN_KEY=<secret> first}"}
     assert service["deploy"]["resources"]["reservations"]["devices"][0]["capabilities"] == ["gpu"]
+    assert (service["user"], service["init"]) == ("triton-server", True)
     bash, dash_c, command = service["command"]
     assert (bash, dash_c) == ("bash", "-c")
     args = shlex.split(command.replace("$$", "$"))  # compose turns "$$" into "$"
@@ -99,27 +103,71 @@ def test_script_runs_docker_with_the_key_from_the_environment(repository: Path, 
     # What the container's shell then runs, with the key from its environment.
     stub(bin_dir, "tritonserver")
     inner = subprocess.run(["bash", "-c", docker_args[image_at + 3]], env={**env, "TRITON_ADMIN_KEY": secret}, check=False, capture_output=True, text=True)
-    server_args = inner.stdout.splitlines()
-    assert server_args == [a.replace("${TRITON_ADMIN_KEY}", secret) for a in tritonserver_args()[1:]]
-    assert f"--http-restricted-api={RESTRICTED}:admin-key={secret}" in server_args
-    assert f"--grpc-restricted-protocol={RESTRICTED}:admin-key={secret}" in server_args
-    assert {"--http-port=8000", "--grpc-port=8001", "--metrics-port=8002", "--disable-auto-complete-config"} <= set(server_args)
+    received = inner.stdout.splitlines()
+    assert received == [a.replace("${TRITON_ADMIN_KEY}", secret) for a in tritonserver_args(server_args())[1:]]
+    assert f"--http-restricted-api={RESTRICTED}:admin-key={secret}" in received
+    assert f"--grpc-restricted-protocol={RESTRICTED}:admin-key={secret}" in received
+    assert {"--http-port=8000", "--grpc-port=8001", "--metrics-port=8002", "--disable-auto-complete-config"} <= set(received)
 
 
-def test_flags_exist_in_the_real_tritonserver() -> None:
-    """Every flag of the bundle appears in ``tritonserver --help`` of the local 2.51 binary."""
+def _free_ports(count: int) -> list[int]:
+    with contextlib.ExitStack() as stack:
+        socks = [stack.enter_context(socket.socket()) for _ in range(count)]
+        for sock in socks:
+            sock.bind(("127.0.0.1", 0))
+        return [sock.getsockname()[1] for sock in socks]
+
+
+def _status(url: str, headers: dict[str, str] | None = None, data: bytes | None = None) -> int:
+    request = urllib.request.Request(url, data=data, headers=headers or {})
+    try:
+        with _DIRECT.open(request, timeout=2) as response:
+            return response.status
+    except urllib.error.HTTPError as exc:
+        return exc.code
+    except OSError:
+        return 0
+
+
+@pytest.mark.slow
+def test_the_real_tritonserver_starts_with_the_bundle_flags(tmp_path: Path) -> None:
+    """The bundle's command line, run through bash as the container runs it, starts the real
+    tritonserver 2.51 (on an empty repository, free loopback ports): every flag is accepted, the
+    server becomes ready, and the admin APIs answer only with the key from the environment."""
     from pytriton.utils.distribution import get_libs_path, get_root_module_path
 
     binary = get_root_module_path() / "tritonserver" / "bin" / "tritonserver"
-    help_run = subprocess.run([str(binary), "--help"], env={**os.environ, "LD_LIBRARY_PATH": str(get_libs_path())}, check=False, capture_output=True, text=True)
-    help_text = help_run.stdout + help_run.stderr
-    known = set(re.findall(r"^\s+(--[a-z0-9-]+)", help_text, flags=re.MULTILINE))
-    assert len(known) > 50
-    used = {arg.split("=", 1)[0] for arg in tritonserver_args()[1:]}
-    assert used <= known, used - known
-    apis = re.search(r"Allowed APIs: ([a-z, \-\n\t]+)", help_text)
-    assert apis is not None
-    assert set(RESTRICTED_APIS) <= {a.strip() for a in apis.group(1).split(",")}
+    http, grpc, metrics = _free_ports(3)
+    repo = tmp_path / "empty_repository"
+    repo.mkdir()
+    # Only what differs on this machine: the binary, the repository path, loopback and free ports.
+    local = replace(server_args(http, grpc, metrics), repository=str(repo), host="127.0.0.1", binary=str(binary))
+    assert [a.split("=", 1)[0] for a in tritonserver_args(local)[1:] if "-address=" not in a] == \
+        [a.split("=", 1)[0] for a in tritonserver_args(server_args())[1:]]
+    secret = "k3y-from-env"
+    env = {**os.environ, "LD_LIBRARY_PATH": str(get_libs_path()), "TRITON_ADMIN_KEY": secret}
+    log = (tmp_path / "server.log").open("w")
+    proc = subprocess.Popen(["bash", "-c", "exec " + shell_command(tritonserver_args(local))], env=env,
+                            stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    base = f"http://127.0.0.1:{http}"
+    try:
+        deadline = time.monotonic() + 120
+        while _status(f"{base}/v2/health/ready") != 200:
+            assert proc.poll() is None, (tmp_path / "server.log").read_text()[-3000:]
+            assert time.monotonic() < deadline, (tmp_path / "server.log").read_text()[-3000:]
+            time.sleep(0.2)
+        assert _status(f"{base}/v2/repository/index", data=b"{}") == 403
+        assert _status(f"{base}/v2/repository/index", headers={"admin-key": "wrong"}, data=b"{}") == 403
+        assert _status(f"{base}/v2/repository/index", headers={"admin-key": secret}, data=b"{}") == 200
+        assert _status(f"http://127.0.0.1:{metrics}/metrics") == 200
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+        log.close()
 
 
 def test_default_image_refuses_models_it_cannot_load(repository: Path, tmp_path: Path) -> None:
@@ -144,7 +192,7 @@ def test_default_image_refuses_models_it_cannot_load(repository: Path, tmp_path:
 def test_bad_ports_and_missing_repository(repository: Path, tmp_path: Path) -> None:
     with pytest.raises(PipelineError, match="must be distinct"):
         write_deploy_bundle(repository, tmp_path / "out", http_port=8000, grpc_port=8000)
-    with pytest.raises(PipelineError, match=r"run `python -m pipeline build` first"):
+    with pytest.raises(PipelineError, match=r"model repository .*nothing does not exist"):
         write_deploy_bundle(tmp_path / "nothing", tmp_path / "out")
 
 
@@ -154,3 +202,48 @@ def test_deploy_command(repository: Path, tmp_path: Path) -> None:
     args = parser.parse_args(["deploy", "--repository", str(repository), "--out", str(tmp_path / "bundle"), "--http-port", "8100", "--grpc-port", "8101", "--metrics-port", "8102"])
     assert args.handler(args) == 0
     assert yaml.safe_load((tmp_path / "bundle" / "compose.yaml").read_text())["services"]["triton"]["ports"] == ["8100:8100", "8101:8101", "8102:8102"]
+
+
+def test_files_the_user_edited_are_kept_and_the_new_version_goes_beside_them(
+    repository: Path, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    out = tmp_path / "deploy"
+    first = write_deploy_bundle(repository, out)
+    assert [p.name for p in first] == ["docker-run.sh", "compose.yaml", "README.md"]
+    readme, script = out / "README.md", out / "docker-run.sh"
+    readme.write_text(readme.read_text() + "\nOur on-call: #ml-serving\n")
+    script.write_text(script.read_text().replace("--rm", "--rm --name triton-prod"))
+    caplog.clear()
+    with caplog.at_level("INFO"):
+        second = write_deploy_bundle(repository, out, http_port=9000, grpc_port=9001, metrics_port=9002)
+    assert [p.name for p in second] == ["docker-run.sh.new", "compose.yaml", "README.md.new"]
+    assert "--name triton-prod" in script.read_text() and "#ml-serving" in readme.read_text()  # kept as edited
+    assert "-p 9000:9000" in (out / "docker-run.sh.new").read_text() and os.access(out / "docker-run.sh.new", os.X_OK)
+    assert "9000:9000" in (out / "compose.yaml").read_text()  # untouched by the user: regenerated in place
+    kept = [r.getMessage() for r in caplog.records if r.getMessage().startswith("kept ")]
+    assert len(kept) == 2 and all("the new version is" in line for line in kept)
+    assert len([r for r in caplog.records if "deploy bundle for" in r.getMessage()]) == 1
+    # Once the user takes the new version, regeneration updates it in place again.
+    (out / "docker-run.sh.new").replace(script)
+    third = write_deploy_bundle(repository, out)
+    assert third[0] == script and "-p 8000:8000" in script.read_text()
+
+
+def test_bundle_runs_from_any_directory_with_the_repository_next_to_it(repository: Path, tmp_path: Path) -> None:
+    """Relative paths: the bundle written with a relative --out finds the repository from its own folder."""
+    bin_dir = tmp_path / "bin"
+    stub(bin_dir, "docker")
+    work = tmp_path / "work"
+    work.mkdir()
+    os.symlink(repository, work / "model_repository")
+    proc = subprocess.run(
+        [sys.executable, "-m", "pipeline", "deploy", "--repository", "model_repository", "--out", "deploy"],
+        cwd=work, env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])}, capture_output=True, text=True,
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    ran = subprocess.run(["bash", "deploy/docker-run.sh"], cwd=work, env={"PATH": f"{bin_dir}:/usr/bin:/bin", "TRITON_ADMIN_KEY": "k"},
+                         capture_output=True, text=True, check=False)
+    assert ran.returncode == 0, ran.stderr
+    args = ran.stdout.splitlines()
+    source, target = args[args.index("-v") + 1].rsplit(":", 2)[:2]
+    assert (os.path.realpath(source), target) == (str(repository.resolve()), "/models")

@@ -61,7 +61,7 @@ def test_new_policy_adds_versions_and_records_what_it_wrote(onnx_file: Path, tmp
     repo = tmp_path / "model_repository"
     first = publish_two(onnx_file, repo, "new", report={"accuracy": {"fp32": 0.98}})
     assert first == [repo / "digits_fp32" / "1", repo / "digits_fp16" / "1"]
-    publish_two(onnx_file, repo, "new")
+    publish_two(onnx_file, repo, "new", delay_us=200)
     assert assert_complete(repo, sha(onnx_file)) == {"digits_fp16": (1, 2), "digits_fp32": (1, 2)}
     owned = json.loads((repo / "digits_fp32" / OWNED).read_text())
     assert owned == {"versions": [1, 2], "files": ["1/model.onnx", "2/model.onnx", "config.pbtxt", "labels.txt", "warmup/ids.bin", "warmup/image.bin"]}
@@ -77,7 +77,7 @@ def test_new_policy_adds_versions_and_records_what_it_wrote(onnx_file: Path, tmp
 def test_replace_removes_only_the_versions_the_pipeline_wrote(onnx_file: Path, tmp_path: Path) -> None:
     repo = tmp_path / "model_repository"
     publish_two(onnx_file, repo, "new")
-    publish_two(onnx_file, repo, "new")
+    publish_two(onnx_file, repo, "new", delay_us=200)
     mine = repo / "digits_fp32"
     (mine / "9").mkdir()
     (mine / "9" / "model.onnx").write_bytes(onnx_file.read_bytes())  # a version someone else put there
@@ -130,7 +130,7 @@ def test_replace_refuses_a_foreign_version_1_and_foreign_files_in_its_versions(o
     publish_two(onnx_file, other, "new")
     (other / "digits_fp16" / "1" / "notes.txt").write_text("mine")
     with pytest.raises(PipelineError, match=r"digits_fp16/1 holds files the pipeline did not write \(1/notes.txt\)"):
-        publish_two(onnx_file, other, "replace")
+        publish_two(onnx_file, other, "replace", delay_us=200)
     assert (other / "digits_fp16" / "1" / "notes.txt").exists()
 
 
@@ -169,7 +169,7 @@ def test_extra_files_cannot_create_versions_or_escape(onnx_file: Path, tmp_path:
             publish_repository([artifact], model="digits", repository=tmp_path / "r", configs={"digits_fp32": cfg}, extra_files={"digits_fp32": {rel: b"x"}})
     with pytest.raises(PipelineError, match="a100.pbtxt of 'digits_fp32' names model 'other'"):
         publish_repository([artifact], model="digits", repository=tmp_path / "r", configs={"digits_fp32": cfg}, extra_files={"digits_fp32": {"configs/a100.pbtxt": b'name: "other"'}})
-    with pytest.raises(PipelineError, match="invalid Triton model config"):
+    with pytest.raises(PipelineError, match="is not a valid Triton model config"):
         publish_repository([artifact], model="digits", repository=tmp_path / "r", configs={"digits_fp32": cfg}, extra_files={"digits_fp32": {"configs/a100.pbtxt": b"max_batch_size: many"}})
     with pytest.raises(PipelineError, match="no config for Triton model 'digits_fp32'"):
         publish_repository([artifact], model="digits", repository=tmp_path / "r", configs={})
@@ -178,12 +178,45 @@ def test_extra_files_cannot_create_versions_or_escape(onnx_file: Path, tmp_path:
         publish_repository([artifact], model="digits", repository=tmp_path / "r", configs={"digits_fp32": labelled})
 
 
+def test_unchanged_models_keep_their_version_and_only_changed_ones_get_a_new_one(
+    onnx_file: Path, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """As a rebuild where only INT8 changed: the byte-identical models are not republished."""
+    from pipeline.artifacts import Artifact
+    from pipeline.tensors import signature_from_onnx
+    from pipeline.triton.config import model_config_from_artifact
+    from pipeline.triton.repository import publish_repository
+
+    repo = tmp_path / "model_repository"
+    publish_two(onnx_file, repo, "new")
+    before = {p: p.stat().st_mtime_ns for p in repo.rglob("*") if p.is_file()}
+    with caplog.at_level("INFO"):
+        assert publish_two(onnx_file, repo, "new") == [repo / "digits_fp32" / "1", repo / "digits_fp16" / "1"]
+    assert {p: p.stat().st_mtime_ns for p in repo.rglob("*") if p.is_file()} == before  # nothing rewritten
+    assert "digits_fp32 unchanged: keeps serving version 1" in caplog.text
+    assert publish_two(onnx_file, repo, "replace") == [repo / "digits_fp32" / "1", repo / "digits_fp16" / "1"]
+
+    # One model's artifact changes (another file, other bytes): only it gets version 2.
+    changed = two_io_onnx(tmp_path / "changed.onnx", pad_bytes=64)
+    cfg = model_config_from_artifact(Artifact("int8", "onnx", changed), name="digits_int8", signature=signature_from_onnx(changed), max_batch=8)
+    publish_repository([Artifact("int8", "onnx", changed)], model="digits", repository=repo, configs={"digits_int8": cfg})
+    cfg16 = model_config_from_artifact(Artifact("fp16", "onnx", changed), name="digits_fp16", signature=signature_from_onnx(changed), max_batch=8)
+    cfg16.CopyFrom(parse_config((repo / "digits_fp16" / "config.pbtxt").read_text()))
+    extra = {"digits_fp16": {rel: (repo / "digits_fp16" / rel).read_bytes() for rel in ("labels.txt", "warmup/ids.bin", "warmup/image.bin")}}
+    out = publish_repository([Artifact("fp16", "onnx", changed)], model="digits", repository=repo, configs={"digits_fp16": cfg16}, extra_files=extra)
+    assert out == [repo / "digits_fp16" / "2"]
+    assert read_repository(repo)["digits_fp32"].versions == (1,) and read_repository(repo)["digits_fp16"].versions == (1, 2)
+    # A labels file that changes is a change too.
+    extra["digits_fp16"]["labels.txt"] = b"other\n" * 10
+    assert publish_repository([Artifact("fp16", "onnx", changed)], model="digits", repository=repo, configs={"digits_fp16": cfg16}, extra_files=extra) == [repo / "digits_fp16" / "3"]
+
+
 def test_read_repository_explains_a_missing_or_empty_repository(tmp_path: Path) -> None:
-    with pytest.raises(PipelineError, match=r"does not exist — run `python -m pipeline build` first"):
+    with pytest.raises(PipelineError, match=r"nope does not exist — build it first: python -m pipeline build"):
         read_repository(tmp_path / "nope")
     (tmp_path / "empty").mkdir()
     (tmp_path / "empty" / "README.md").write_text("models go here")
-    with pytest.raises(PipelineError, match=r"holds no models — run `python -m pipeline build` first"):
+    with pytest.raises(PipelineError, match=r"empty has no models — build it first: python -m pipeline build"):
         read_repository(tmp_path / "empty")
 
 

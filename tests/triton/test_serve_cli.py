@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import http.client
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -72,3 +73,73 @@ def test_serve_two_slices_until_sigterm_then_exit_0_cleanly(repository: Path, tm
     assert processes_mentioning(str(tmp_path)) == []
     assert shm_entries(process.pid) == set()
     assert (tmp_path / "serve-slice0.log").stat().st_size > 0 and (tmp_path / "serve-slice1.log").stat().st_size > 0
+
+
+def test_write_view_switches_only_the_config_in_use_to_cpu(repository: Path, tmp_path: Path) -> None:
+    """No GPU: a KIND_GPU config (here configs/1g.5gb.pbtxt, as mig-plan writes) is served as KIND_CPU
+    with the same count; everything else in the view still points at the untouched repository."""
+    from tritonclient.grpc import model_config_pb2 as mc
+
+    from pipeline.triton.config import config_text, parse_config
+    from pipeline.triton.servable import write_view
+
+    repo = tmp_path / "repo"
+    shutil.copytree(repository / "tiny", repo / "tiny")
+    shutil.copytree(repository / "ids", repo / "ids")
+    gpu = parse_config((repo / "tiny" / "config.pbtxt").read_text())
+    gpu.instance_group[0].kind = mc.ModelInstanceGroup.KIND_GPU
+    gpu.instance_group[0].count = 3
+    gpu.instance_group[0].gpus.append(0)
+    (repo / "tiny" / "configs").mkdir()
+    (repo / "tiny" / "configs" / "1g.5gb.pbtxt").write_text(config_text(gpu))
+    view = tmp_path / "view"
+    view.mkdir()
+    assert write_view(repo, ["ids", "tiny"], view, "1g.5gb", cpu_only=True) == ["tiny"]
+    served = parse_config((view / "tiny" / "configs" / "1g.5gb.pbtxt").read_text())
+    assert [(g.kind, g.count, list(g.gpus)) for g in served.instance_group] == [(mc.ModelInstanceGroup.KIND_CPU, 3, [])]
+    assert (view / "tiny" / "1").is_symlink() and (view / "tiny" / "config.pbtxt").is_symlink() and (view / "ids").is_symlink()
+    assert parse_config((repo / "tiny" / "configs" / "1g.5gb.pbtxt").read_text()) == gpu  # on disk: unchanged
+    other = tmp_path / "view2"
+    other.mkdir()
+    assert write_view(repo, ["tiny"], other, "1g.5gb", cpu_only=False) == [] and (other / "tiny").is_symlink()
+
+
+@pytest.mark.slow
+def test_serve_rehearses_a_gpu_config_on_cpu_and_logs_under_the_workdir(repository: Path, tmp_path: Path) -> None:
+    """`serve --model-config-name 1g.5gb --workdir wd`, run from another directory with relative paths:
+    the KIND_GPU per-profile config loads as KIND_CPU (one line says so), and the server log is
+    <workdir>/triton/tritonserver-<port>.log relative to where serve ran, and its path is printed."""
+    from tritonclient.grpc import model_config_pb2 as mc
+
+    from pipeline.triton.config import config_text, parse_config
+
+    cwd = tmp_path / "elsewhere"
+    (cwd / "migrepo").mkdir(parents=True)
+    shutil.copytree(repository / "tiny", cwd / "migrepo" / "tiny")
+    gpu = parse_config((cwd / "migrepo" / "tiny" / "config.pbtxt").read_text())
+    gpu.instance_group[0].kind = mc.ModelInstanceGroup.KIND_GPU
+    (cwd / "migrepo" / "tiny" / "configs").mkdir()
+    (cwd / "migrepo" / "tiny" / "configs" / "1g.5gb.pbtxt").write_text(config_text(gpu))
+    output_path = tmp_path / "output.txt"
+    env = dict(os.environ, PYTHONPATH=str(ROOT), COLUMNS="400")
+    with open(output_path, "wb") as sink:
+        process = subprocess.Popen(
+            [sys.executable, "-m", "pipeline", "serve", "--repository", "migrepo", "--model-config-name", "1g.5gb",
+             "--workdir", "wd", "--http-port", "0", "--grpc-port", "0", "--metrics-port", "0"],
+            cwd=cwd, env=env, stdout=sink, stderr=subprocess.STDOUT,
+        )
+        try:
+            deadline = time.monotonic() + 120
+            while "ready; Ctrl-C" not in output_path.read_text() and process.poll() is None:
+                assert time.monotonic() < deadline, output_path.read_text()
+                time.sleep(0.2)
+            output = output_path.read_text()
+            assert process.poll() is None, output
+        finally:
+            process.send_signal(signal.SIGTERM)
+            assert process.wait(timeout=30) == 0, output_path.read_text()
+    assert "no GPU here: serving the KIND_GPU instances of tiny (configs/1g.5gb.pbtxt where present) as KIND_CPU" in output
+    assert "models=tiny" in output
+    [log_file] = list((cwd / "wd" / "triton").glob("tritonserver-*.log"))
+    assert f"log={log_file}" in output and log_file.stat().st_size > 0
+    assert not (ROOT / "wd").exists()

@@ -21,6 +21,9 @@ from pipeline.errors import PipelineError
 from pipeline.triton.server import TritonServer
 from tests.triton.conftest import child_pids, shm_entries, softmax_config, write_model
 
+# Loopback traffic never goes through a proxy, whatever http_proxy/grpc_proxy say.
+_DIRECT = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+NO_PROXY_GRPC = [("grpc.enable_http_proxy", 0)]
 X = np.array([[0.0, 1.0, 2.0, 3.0], [-1.0, 0.5, 0.25, 4.0]], dtype=np.float32)
 
 
@@ -55,7 +58,7 @@ def test_infers_over_http_grpc_and_plain_kserve_json(server: TritonServer, onnx_
 
     ginp = grpcclient.InferInput("x", list(X.shape), "FP32")
     ginp.set_data_from_numpy(X)
-    with closing(grpcclient.InferenceServerClient(server.grpc_url)) as grpc:
+    with closing(grpcclient.InferenceServerClient(server.grpc_url, channel_args=NO_PROXY_GRPC)) as grpc:
         np.testing.assert_allclose(grpc.infer("tiny_noopt", [ginp]).as_numpy("probs"), expected, rtol=1e-6, atol=1e-7)
 
     body = {"inputs": [{"name": "x", "shape": list(X.shape), "datatype": "FP32", "data": X.ravel().tolist()}]}
@@ -63,7 +66,7 @@ def test_infers_over_http_grpc_and_plain_kserve_json(server: TritonServer, onnx_
         f"http://{server.http_url}/v2/models/tiny/infer", data=json.dumps(body).encode(),
         headers={"Content-Type": "application/json"},
     )
-    with urllib.request.urlopen(request, timeout=10) as response:
+    with _DIRECT.open(request, timeout=10) as response:
         output = json.load(response)["outputs"][0]
     assert output["name"] == "probs" and output["shape"] == [2, 3]
     np.testing.assert_allclose(np.array(output["data"], dtype=np.float32).reshape(2, 3), expected, rtol=1e-6, atol=1e-7)
@@ -76,7 +79,7 @@ def test_endpoints_listen_on_loopback_only(server: TritonServer) -> None:
     for port in (server.http_port, server.grpc_port, server.metrics_port):
         addresses = listening_addresses(port)
         assert addresses and addresses <= loopback, f"port {port} listens on {addresses}"
-    with urllib.request.urlopen(f"http://{server.metrics_url}/metrics", timeout=10) as response:
+    with _DIRECT.open(f"http://{server.metrics_url}/metrics", timeout=10) as response:
         assert b"nv_inference_count" in response.read()
 
 
@@ -87,7 +90,7 @@ def test_plan_model_is_skipped_with_reason_and_the_rest_serve(server: TritonServ
     assert server.ready_models == ["ids", "tiny", "tiny_noopt"]
     assert (repository / "tiny_fp32_trt" / "1" / "model.plan").is_file()  # the on-disk repository is untouched
     with pytest.raises(urllib.error.HTTPError):
-        urllib.request.urlopen(f"http://{server.http_url}/v2/models/tiny_fp32_trt/ready", timeout=10)
+        _DIRECT.open(f"http://{server.http_url}/v2/models/tiny_fp32_trt/ready", timeout=10)
 
 
 @pytest.mark.slow

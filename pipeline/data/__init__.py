@@ -1,0 +1,1 @@
+"""Data files the pipeline reads (see each file's own source note)."""

@@ -1,0 +1,144 @@
+"""`python -m pipeline inspect MODEL`: what a model is and whether TensorRT's ONNX parser takes it."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+from pipeline.errors import PipelineError, require
+from pipeline.options import add_options, check_options, config_from_values, in_range, option, values_from_namespace
+from pipeline.stages.shapes import SHAPE_SYNTAX, SeenBucket, seen_in_files, well_formed
+
+
+def _trt_versions() -> tuple[str, ...]:
+    from pipeline.trt_support import targets
+
+    return targets()
+
+
+@dataclass(frozen=True)
+class InspectConfig:
+    """Every ``inspect`` option (the model itself is the positional argument)."""
+
+    shapes: tuple[str, ...] = option((), "a --shape as build takes it (INPUT:MIN/OPT/MAX); repeat for more inputs or profiles",
+                                     flag="--shape", metavar="INPUT:MIN/OPT/MAX")
+    max_batch: int = option(64, "largest batch the deployment serves (the profiles' batch axis)", check=in_range(1, 4096), fix="use a value from 1 to 4096")
+    calibration: Path | None = option(None, "calibration arrays (.npz or .npy folder) whose sizes size the dynamic axes, as build does", metavar="PATH")
+    eval_data: Path | None = option(None, "evaluation arrays (.npz or .npy folder) whose sizes size the dynamic axes, as build does", metavar="PATH")
+    trt_versions: tuple[str, ...] = option((), "TensorRT version(s) whose ONNX parser the graph is checked against "
+                                               "(default: 10.5, the version in tritonserver:24.10)", flag="--trt-version", metavar="VERSION")
+    opset: int = option(17, "ONNX opset for converting a Keras model / SavedModel (as build)", check=lambda v: None if v >= 17 else "is too old",
+                        fix="use --opset 17 or newer")
+    show_layers: bool = option(False, "include Polygraphy's per-layer listing")
+    json: bool = option(False, "print the report as JSON instead of text")
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    """Add the ``inspect`` command."""
+    p = subparsers.add_parser(
+        "inspect",
+        help="inputs/outputs, dynamic axes, profiles, op counts, Q/DQ nodes, and TensorRT ONNX-parser support of a model",
+        description=(
+            "Inspect a .keras file, a SavedModel folder, module:function, an ONNX file or a TensorRT plan: inputs and outputs "
+            "with dtypes and dynamic axes, the optimization profiles a build would use (sized from --calibration/--eval-data "
+            "like build), op-type counts, which nodes of a Q/DQ model are quantized, and whether TensorRT's ONNX parser "
+            "(onnx-tensorrt's operator list, TensorRT 10.5 by default) takes every node. Keras models are converted as "
+            "build converts them. Exit status 1 when the parser check finds problems."
+        ),
+        epilog=(
+            "examples:\n"
+            "  python -m pipeline inspect build/digits/model.int8.onnx\n"
+            "  python -m pipeline inspect my_model.keras --eval-data data/eval.npz\n"
+            "  python -m pipeline inspect model.onnx --trt-version 10.5 --trt-version 10.15 --json\n"
+        ),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument("model", metavar="MODEL", help="a .keras file, a SavedModel folder, module:function, an .onnx file or a .plan")
+    add_options(p, InspectConfig)
+    p.set_defaults(handler=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    """Inspect the model; print the report; 1 if TensorRT's parser would refuse part of it."""
+    from pipeline.console import console
+    from pipeline.inspection import inspection_from_model
+
+    cfg = config_from_values(InspectConfig, values_from_namespace(InspectConfig, args))
+    check_options(cfg)
+    for text in cfg.shapes:
+        require(well_formed(text), f"malformed --shape '{text}': expected {SHAPE_SYNTAX}", "write e.g. --shape image:1x8x8x1/32x8x8x1/64x8x8x1")
+    bad = [v for v in cfg.trt_versions if v not in _trt_versions()]
+    require(not bad, f"no ONNX parser data for TensorRT {', '.join(bad)}", f"use --trt-version with one of: {', '.join(_trt_versions())}")
+    report = inspection_from_model(
+        args.model, shapes=cfg.shapes, max_batch=cfg.max_batch, seen=_seen(cfg, args.model), targets=cfg.trt_versions,
+        show_layers=cfg.show_layers, opset=cfg.opset,
+    )
+    out = console()
+    if cfg.json:
+        out.print_json(json.dumps(report.as_json()))
+    else:
+        for line in report_lines(report):
+            out.print(line, markup=False, highlight=False, soft_wrap=True)
+    return 1 if any(report.parser.values()) else 0
+
+
+def _seen(cfg: InspectConfig, model: str) -> list[SeenBucket]:
+    """Sample shapes of the data options (headers only), keyed by the model's input names."""
+    paths = [p for p in (cfg.calibration, cfg.eval_data) if p is not None]
+    for path in paths:
+        require(path.exists(), f"'{path}' does not exist", "pass an .npz file or a folder of .npy files")
+    if not paths:
+        return []
+    seen = []
+    for path in paths:
+        found = seen_in_files(path, _no_signature())
+        if not found:
+            raise PipelineError(f"'{path}' holds no .npz/.npy arrays", "pass an .npz file or a folder of .npy files")
+        seen += found
+    return seen
+
+
+def _no_signature():  # type: ignore[no-untyped-def]
+    from pipeline.tensors import ModelSignature
+
+    return ModelSignature((), ())
+
+
+def report_lines(report) -> list[str]:  # type: ignore[no-untyped-def]
+    """The text report, one string per line."""
+    from pipeline.inspection import counts_line, quantized_summary
+
+    lines = [f"{report.model} ({report.kind})"]
+    if report.onnx and report.onnx != report.model:
+        lines.append(f"  ONNX: {report.onnx}")
+    if report.opset is not None:
+        lines.append(f"  opset {report.opset}")
+    lines += [f"  note: {n}" for n in report.notes]
+    for title, tensors in (("inputs", report.inputs), ("outputs", report.outputs)):
+        lines.append(f"{title}:")
+        for t in tensors:
+            shape = ", ".join(str(d) for d in t.get("shape", []))
+            dynamic = t.get("dynamic_axes")
+            lines.append(f"  {t.get('name')}: {t.get('dtype')} [{shape}]" + (f"  dynamic axes {dynamic}" if dynamic else ""))
+    lines.append("optimization profiles a build would use:")
+    lines += [f"  {i}: {p}" for i, p in enumerate(report.profiles)] or ["  (none)"]
+    if report.op_counts:
+        lines.append(f"ops ({sum(report.op_counts.values())} nodes): {counts_line(report.op_counts)}")
+    if report.quantized:
+        lines.append(f"quantized (Q/DQ) nodes: {counts_line(dict(quantized_summary(report.quantized)))}")
+        for q in report.quantized:
+            lines.append(f"  {q.op} '{q.node}': " + ", ".join(f"{name} {how}" for name, how in q.inputs.items()))
+        if report.float_compute:
+            lines.append(f"  left in float: {', '.join(report.float_compute)}")
+    for target, problems in report.parser.items():
+        if problems:
+            lines.append(f"TensorRT {target} ONNX parser: {len(problems)} problem(s)")
+            lines += [f"  {p}" for p in problems]
+        else:
+            lines.append(f"TensorRT {target} ONNX parser: every node is supported (onnx-tensorrt operator list)")
+    if report.polygraphy:
+        lines.append("Polygraphy:")
+        lines += [f"  {line}" for line in report.polygraphy.splitlines()]
+    return lines

@@ -1,0 +1,212 @@
+"""What a model is, before any build: ``python -m pipeline inspect MODEL``.
+
+For a ``.keras`` file, a SavedModel folder, ``module:function`` or an ONNX file: inputs and
+outputs (dtypes, dynamic axes), the optimization profiles a build would use, op-type counts, for a
+Q/DQ model which nodes are quantized (and how), and the check against TensorRT's ONNX parser
+support (:mod:`pipeline.trt_support`). Keras models are converted to ONNX first, exactly as
+``build`` converts them (SavedModel, then tf2onnx), in a temporary folder. Polygraphy's own
+summary (what ``polygraphy inspect model`` prints) comes along. A TensorRT plan needs the
+``tensorrt`` module to be read; without it, the engine metadata JSON beside the plan is shown.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import tempfile
+from collections import Counter
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from pipeline.errors import PipelineError
+from pipeline.stages.shapes import SeenBucket, ShapeProfile, profiles_from_args
+from pipeline.tensors import TensorSpec, load_onnx, signature_from_onnx
+
+log = logging.getLogger(__name__)
+
+QDQ = ("QuantizeLinear", "DequantizeLinear")
+WEIGHTED = ("Conv", "ConvTranspose", "Gemm", "MatMul")
+
+
+@dataclass
+class QuantizedNode:
+    """A compute node fed through DequantizeLinear: which of its inputs, and with what scales."""
+
+    node: str
+    op: str
+    inputs: dict[str, str]  # "input 1 (weight)" → "per-tensor" | "per-channel (axis N)"
+
+
+@dataclass
+class Inspection:
+    """Everything ``inspect`` reports about one model (JSON-able through :meth:`as_json`)."""
+
+    model: str
+    kind: str
+    onnx: str | None = None
+    opset: int | None = None
+    inputs: list[dict] = field(default_factory=list)
+    outputs: list[dict] = field(default_factory=list)
+    profiles: list[str] = field(default_factory=list)
+    op_counts: dict[str, int] = field(default_factory=dict)
+    quantized: list[QuantizedNode] = field(default_factory=list)
+    float_compute: list[str] = field(default_factory=list)  # Conv/Gemm/MatMul of a Q/DQ model left in float
+    parser: dict[str, list[str]] = field(default_factory=dict)  # TensorRT version → problems (empty: parses)
+    polygraphy: str = ""
+    notes: list[str] = field(default_factory=list)
+
+    def as_json(self) -> dict:
+        data = dict(vars(self))
+        data["quantized"] = [vars(q) for q in self.quantized]
+        return data
+
+
+def tensor_dict(spec: TensorSpec) -> dict:
+    """A tensor as the report shows it: name, dtype, dims (names for dynamic axes), dynamic axes."""
+    return {"name": spec.name, "dtype": spec.dtype.name, "shape": list(spec.shape), "dynamic_axes": spec.dynamic_axes}
+
+
+def inspection_from_model(
+    model: str,
+    *,
+    shapes: Sequence[str] = (),
+    max_batch: int = 64,
+    seen: Sequence[SeenBucket] = (),
+    targets: Sequence[str] = (),
+    show_layers: bool = False,
+    opset: int = 17,
+) -> Inspection:
+    """Inspect ``model`` (see the module docstring); PipelineError for anything unreadable."""
+    path = Path(model)
+    if path.suffix == ".plan" or path.suffix == ".engine":
+        return _inspect_plan(path)
+    if path.suffix == ".onnx":
+        return inspection_from_onnx(path, shapes=shapes, max_batch=max_batch, seen=seen, targets=targets, show_layers=show_layers)
+    from pipeline.stages.source import model_source
+
+    source = model_source(model)  # .keras, SavedModel folder or module:function; raises on anything else
+    with tempfile.TemporaryDirectory(prefix="inspect-") as tmp:
+        onnx_path = onnx_from_source(source, Path(tmp), opset)
+        report = inspection_from_onnx(onnx_path, shapes=shapes, max_batch=max_batch, seen=seen, targets=targets, show_layers=show_layers)
+    report.model, report.kind = model, source.kind
+    report.onnx = f"converted as build converts it (tf2onnx, opset {opset}); not kept"
+    return report
+
+
+def onnx_from_source(source: Any, folder: Path, opset: int) -> Path:
+    """The FP32 ONNX model ``build`` would make from ``source``, written into ``folder``."""
+    from pipeline.stages.onnx_export import onnx_from_savedmodel
+    from pipeline.stages.savedmodel import savedmodel_from_source
+
+    saved = Path(source.path) if source.kind == "savedmodel" else savedmodel_from_source(source, folder / "savedmodel")
+    return onnx_from_savedmodel(saved, folder / "model.onnx", opset)
+
+
+def inspection_from_onnx(
+    path: Path,
+    *,
+    shapes: Sequence[str] = (),
+    max_batch: int = 64,
+    seen: Sequence[SeenBucket] = (),
+    targets: Sequence[str] = (),
+    show_layers: bool = False,
+) -> Inspection:
+    """Inspect an ONNX file (see the module docstring)."""
+    from pipeline.trt_support import check_onnx, op_counts, summarize, support_data
+
+    model = load_onnx(path)
+    signature = signature_from_onnx(path)
+    report = Inspection(str(path), "onnx", onnx=str(path))
+    report.opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), None)
+    report.inputs = [tensor_dict(s) for s in signature.inputs]
+    report.outputs = [tensor_dict(s) for s in signature.outputs]
+    profiles: list[ShapeProfile] = profiles_from_args(shapes, signature, max_batch=max_batch, seen=seen)
+    report.profiles = [str(p) or "(no dynamic inputs)" for p in profiles]
+    report.op_counts = dict(sorted(op_counts(model).items(), key=lambda kv: (-kv[1], kv[0])))
+    if any(op in report.op_counts for op in QDQ):
+        report.quantized, report.float_compute = quantized_nodes(model)
+    for target in targets or (support_data()["default_target"],):
+        report.parser[target] = summarize(check_onnx(model, target))
+    report.polygraphy = _polygraphy_summary(model, show_layers)
+    return report
+
+
+def quantized_nodes(model: Any) -> tuple[list[QuantizedNode], list[str]]:
+    """Compute nodes fed by DequantizeLinear (per input: per-tensor or per-channel scale), and the
+    Conv/Gemm/MatMul nodes a Q/DQ model leaves in float."""
+    from onnx import helper
+
+    graph = model.graph
+    producer = {out: node for node in graph.node for out in node.output}
+    init_dims = {i.name: list(i.dims) for i in graph.initializer}
+    found, floating = [], []
+    for node in graph.node:
+        if node.op_type in QDQ:
+            continue
+        inputs = {}
+        for index, name in enumerate(node.input):
+            dq = producer.get(name)
+            if dq is None or dq.op_type != "DequantizeLinear":
+                continue
+            scale_dims = init_dims.get(dq.input[1], [])
+            axis = next((helper.get_attribute_value(a) for a in dq.attribute if a.name == "axis"), 1)
+            source = dq.input[0]
+            if source in producer and producer[source].op_type == "QuantizeLinear":  # weights quantized in the graph
+                source = producer[source].input[0]
+            what = "weight" if source in init_dims else "activation"
+            inputs[f"input {index} ({what})"] = f"per-channel (axis {axis})" if scale_dims and scale_dims[0] > 1 else "per-tensor"
+        if inputs:
+            found.append(QuantizedNode(node.name or node.output[0], node.op_type, inputs))
+        elif node.op_type in WEIGHTED:
+            floating.append(f"{node.op_type} '{node.name or node.output[0]}'")
+    return found, floating
+
+
+def _polygraphy_summary(model: Any, show_layers: bool) -> str:
+    from polygraphy.backend.onnx.util import str_from_onnx
+
+    try:
+        return str_from_onnx(model, show_layers=show_layers, show_attrs=show_layers, show_weights=False)
+    except Exception as exc:  # Polygraphy's summary is a bonus: never the reason inspect fails
+        return f"(Polygraphy could not summarize this model: {str(exc).splitlines()[0][:200]})"
+
+
+def _inspect_plan(path: Path) -> Inspection:
+    """A TensorRT plan: read through Polygraphy where TensorRT imports; else its metadata JSON."""
+    from pipeline.stages.engine import metadata_path
+    from pipeline.stages.tensorrt_env import tensorrt_status
+
+    if not path.is_file():
+        raise PipelineError(f"plan '{path}' does not exist", "check the path")
+    report = Inspection(str(path), "plan")
+    available, reason = tensorrt_status()
+    if available:
+        from polygraphy.backend.trt import EngineFromBytes
+        from polygraphy.backend.trt.util import str_from_engine
+
+        report.polygraphy = str_from_engine(EngineFromBytes(path.read_bytes())(), show_layers=False)
+        return report
+    meta = metadata_path(path)
+    if not meta.is_file():
+        raise PipelineError(
+            f"cannot read TensorRT plan '{path}' here (reading a plan needs TensorRT and a GPU), and it has no metadata JSON beside it ({meta.name})",
+            "inspect it on the machine with TensorRT and a GPU, or inspect the ONNX model it was built from",
+        )
+    data = json.loads(meta.read_text())
+    report.notes.append(f"the plan itself cannot be read here (reading a plan needs TensorRT and a GPU); shown: its metadata {meta}")
+    report.inputs = list(data.get("inputs", []))
+    report.outputs = list(data.get("outputs", []))
+    report.profiles = [json.dumps(p) for p in data.get("profiles", [])]
+    return report
+
+
+def counts_line(counts: dict[str, int]) -> str:
+    """``Conv ×12, Relu ×12, …``."""
+    return ", ".join(f"{op} ×{n}" for op, n in counts.items())
+
+
+def quantized_summary(nodes: Sequence[QuantizedNode]) -> Counter[str]:
+    """Quantized nodes per op type."""
+    return Counter(q.op for q in nodes)

@@ -1,0 +1,131 @@
+"""How deploy bundles are written, shared by ``deploy`` (one server) and ``mig-plan`` (one per MIG device).
+
+* The repository is referenced relative to the bundle folder (scripts resolve it from their own
+  location, compose resolves bind mounts from the compose file's folder), so a bundle works from any
+  working directory and bundle and repository can move together. Without a known repository the
+  bundle requires ``MODEL_REPOSITORY`` to be set.
+* Compose services run as the image's non-root ``triton-server`` user with ``init``, mount the
+  repository read-only, and get the admin key only through their environment: the command is
+  ``bash -c "exec tritonserver ..."`` with ``$$`` so the container's shell (not compose) expands
+  ``${TRITON_ADMIN_KEY}`` — ``docker inspect`` shows the variable, never the key.
+* Files the user edited are kept: each file's SHA-256 is recorded in ``.pipeline-bundle.json`` when
+  written; a file whose content no longer matches is left alone and the new version goes to
+  ``<file>.new``, with one log line saying so.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from pipeline.atomic import write_bytes_atomic
+from pipeline.triton.server_args import ADMIN_KEY_ENV, ServerArgs, shell_command, tritonserver_args
+
+log = logging.getLogger(__name__)
+
+RECORD = ".pipeline-bundle.json"
+CONTAINER_REPOSITORY = "/models"
+CONTAINER_USER = "triton-server"  # the NGC image's non-root user
+REPOSITORY_ENV = "MODEL_REPOSITORY"
+COMPOSE_ADMIN_KEY = f"${{{ADMIN_KEY_ENV}:?export {ADMIN_KEY_ENV}=<secret> first}}"
+COMPOSE_REPOSITORY = f"${{{REPOSITORY_ENV}:?set {REPOSITORY_ENV} to the model repository}}"
+
+
+def relative_repository(repository: Path | None, bundle_dir: Path) -> str | None:
+    """The repository as seen from ``bundle_dir`` (``../model_repository``), or None if unknown."""
+    if repository is None:
+        return None
+    rel = os.path.relpath(Path(repository).absolute(), Path(bundle_dir).absolute())
+    return rel if rel.startswith(("/", ".")) else f"./{rel}"
+
+
+def script_repository_lines(rel_repo: str | None) -> list[str]:
+    """Bash lines setting ``$MODEL_REPOSITORY``: the environment wins, else the repository next to the script."""
+    if rel_repo is None:
+        return [f': "${{{REPOSITORY_ENV}:?set {REPOSITORY_ENV} to the model repository}}"']
+    quoted = rel_repo.replace("\\", "\\\\").replace('"', '\\"').replace("$", "\\$").replace("`", "\\`")
+    return [
+        'HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"',
+        f'{REPOSITORY_ENV}="${{{REPOSITORY_ENV}:-$(cd "$HERE/{quoted}" && pwd)}}"',
+    ]
+
+
+def compose_service(
+    *,
+    image: str,
+    server: ServerArgs,
+    ports: Sequence[tuple[int, int]],
+    rel_repo: str | None,
+    devices: Mapping[str, Any],
+    shm_size: str = "1gb",
+) -> dict[str, Any]:
+    """One compose service running ``server`` (its repository must be :data:`CONTAINER_REPOSITORY`).
+
+    ``ports`` are (host, container) pairs; ``devices`` the GPU reservation
+    (``{"count": "all"}`` or ``{"device_ids": [...]}``).
+    """
+    command = "exec " + shell_command(tritonserver_args(server))
+    return {
+        "image": image,
+        "user": CONTAINER_USER,
+        "init": True,
+        # Compose interpolates ${VAR} itself; "$$" passes a literal "$" so the container's shell expands the key.
+        "command": ["bash", "-c", command.replace("$", "$$")],
+        "environment": {ADMIN_KEY_ENV: COMPOSE_ADMIN_KEY},
+        "ports": [f"{host}:{inside}" for host, inside in ports],
+        "volumes": [{"type": "bind", "source": rel_repo or COMPOSE_REPOSITORY, "target": CONTAINER_REPOSITORY, "read_only": True}],
+        "shm_size": shm_size,
+        "ulimits": {"memlock": -1, "stack": 67108864},
+        "deploy": {"resources": {"reservations": {"devices": [{"driver": "nvidia", **devices, "capabilities": ["gpu"]}]}}},
+        "restart": "unless-stopped",
+    }
+
+
+def compose_yaml(services: Mapping[str, Any], header: str) -> str:
+    """The compose file text: a ``#`` header line, then the services."""
+    import yaml
+
+    return f"# {header}\n" + yaml.safe_dump({"services": dict(services)}, sort_keys=False, width=1000)
+
+
+def write_bundle_files(out_dir: Path, files: Mapping[str, str], executable: Sequence[str] = ()) -> list[Path]:
+    """Write ``{relative path: text}`` under ``out_dir``, keeping files the user edited since we wrote them.
+
+    Returns the paths written, in order: ``<file>.new`` instead of ``<file>`` for an edited file.
+    Each file is replaced atomically; scripts in ``executable`` get mode 755.
+    """
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    record_path = out_dir / RECORD
+    record = _read_record(record_path)
+    written = []
+    for relpath, text in files.items():
+        target = out_dir / relpath
+        data = text.encode()
+        digest = hashlib.sha256(data).hexdigest()
+        key = relpath
+        if target.is_file() and target.read_bytes() != data:
+            current = hashlib.sha256(target.read_bytes()).hexdigest()
+            # Ours: what we last wrote there, or a .new version of ours the user moved into place.
+            if current not in (record.get(relpath), record.get(relpath + ".new")):
+                target, key = target.with_name(target.name + ".new"), relpath + ".new"
+                log.warning("kept %s: it was edited (or not written by the pipeline); the new version is %s",
+                            out_dir / relpath, target)
+        write_bytes_atomic(target, data, mode=0o755 if relpath in executable else 0o644)
+        record[key] = digest
+        written.append(target)
+    write_bytes_atomic(record_path, (json.dumps(record, indent=2, sort_keys=True) + "\n").encode())
+    return written
+
+
+def _read_record(path: Path) -> dict[str, str]:
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}
+    return {str(k): str(v) for k, v in data.items()} if isinstance(data, dict) else {}

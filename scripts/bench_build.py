@@ -1,0 +1,185 @@
+"""Wall time and peak RSS of each build stage, for a few Keras Applications models (random weights).
+
+Every stage runs in its own child process, so its peak resident memory is its own (read from
+``os.wait4``'s rusage of that child, no psutil); the last row runs the whole
+``python -m pipeline build --fp16 --int8`` in one process, which is what a user's machine must
+hold. The memory budget (``--max-memory-gib``) is printed beside the numbers.
+
+    python scripts/bench_build.py                          # resnet50 at 224×224, budget 2 GiB
+    python scripts/bench_build.py --models resnet50 mobilenetv3small densenet121 --samples 256
+    python scripts/bench_build.py --models resnet50 --stages int8 --max-memory-gib 1
+
+Artifacts go to ``--workdir`` (default: a temporary folder); stages reuse earlier stages' outputs
+there, so ``--stages int8`` after a full run measures calibration alone.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from pipeline.budget import DEFAULT_MAX_MEMORY_GIB  # noqa: E402
+
+MODELS = {  # name: (keras.applications constructor, input H×W×C)
+    "resnet50": ("ResNet50", (224, 224, 3)),
+    "mobilenetv3small": ("MobileNetV3Small", (224, 224, 3)),
+    "densenet121": ("DenseNet121", (160, 160, 3)),
+}
+STAGES = ("savedmodel", "onnx", "parity", "fp16", "int8", "accuracy", "build")
+EVAL_SAMPLES = 128
+
+
+def _paths(workdir: Path, model: str) -> dict[str, Path]:
+    root = workdir / model
+    return {
+        "keras": root / f"{model}.keras",
+        "savedmodel": root / "savedmodel",
+        "fp32": root / "model.fp32.onnx",
+        "fp16": root / "model.fp16.onnx",
+        "int8": root / "model.int8.onnx",
+        "calib": root / "calib.npz",
+        "parity": root / "parity.json",
+        "accuracy": root / "accuracy.json",
+        "build": root / "build",
+        "repository": root / "model_repository",
+    }
+
+
+def _worker(stage: str, model: str, workdir: Path, samples: int, budget: float, batch: int | None) -> None:
+    """Run one stage in this (child) process."""
+    import numpy as np
+
+    from pipeline.build import EVAL_BATCH
+    from pipeline.evaldata import synthetic_eval_data
+    from pipeline.tensors import signature_from_onnx
+
+    p = _paths(workdir, model)
+    if stage == "savedmodel":
+        import keras
+
+        from pipeline.stages.savedmodel import savedmodel_from_keras
+
+        constructor, shape = MODELS[model]
+        keras.utils.set_random_seed(0)
+        net = getattr(keras.applications, constructor)(weights=None, input_shape=shape)
+        p["keras"].parent.mkdir(parents=True, exist_ok=True)
+        net.save(p["keras"])
+        savedmodel_from_keras(net, p["savedmodel"])
+    elif stage == "onnx":
+        from pipeline.stages.onnx_export import onnx_from_savedmodel
+
+        onnx_from_savedmodel(p["savedmodel"], p["fp32"], 17)
+        spec = signature_from_onnx(p["fp32"]).inputs[0]  # calibration data named after the ONNX input
+        rng = np.random.default_rng(0)
+        np.savez(p["calib"], **{spec.name: rng.random((samples, *MODELS[model][1]), dtype=np.float32)})
+    elif stage == "parity":
+        from pipeline.stages.parity import parity_report_from_models
+
+        data = synthetic_eval_data(signature_from_onnx(p["fp32"]), samples=EVAL_SAMPLES)
+        parity_report_from_models(p["savedmodel"], p["fp32"], data, p["parity"], atol=1e-3, rtol=0.0, batch_size=EVAL_BATCH)
+    elif stage == "fp16":
+        from pipeline.stages.fp16 import fp16_onnx_from_onnx
+
+        fp16_onnx_from_onnx(p["fp32"], p["fp16"])
+    elif stage == "int8":
+        from pipeline.stages.calibration import calibration_from_path
+        from pipeline.stages.int8 import qdq_onnx_from_onnx
+
+        data = calibration_from_path(p["calib"], signature_from_onnx(p["fp32"]))
+        qdq_onnx_from_onnx(p["fp32"], p["int8"], data, max_memory_gib=budget, batch_size=batch)
+    elif stage == "accuracy":
+        from pipeline.artifacts import Artifact
+        from pipeline.config import Gates
+        from pipeline.stages.accuracy import accuracy_report_from_variants
+
+        signature = signature_from_onnx(p["fp32"])
+        data = synthetic_eval_data(signature, samples=EVAL_SAMPLES)
+        variants = [Artifact(v, "onnx", p[v]) for v in ("fp16", "int8") if p[v].is_file()]
+        try:
+            accuracy_report_from_variants(p["fp32"], variants, data, p["accuracy"], gates=Gates(), signature=signature, batch_size=EVAL_BATCH)
+        except Exception as exc:  # noqa: BLE001 - a failed gate on random weights still measured the memory
+            print(f"accuracy: {exc}", file=sys.stderr)
+    else:
+        raise SystemExit(f"unknown stage {stage}")
+
+
+def _measure(command: list[str], log: Path) -> tuple[float, float, int]:
+    """(seconds, peak RSS MiB, exit status) of one child process."""
+    started = time.perf_counter()
+    with open(log, "w") as out:
+        proc = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3"))
+        _, status, usage = os.wait4(proc.pid, 0)
+    proc.returncode = os.waitstatus_to_exitcode(status)
+    return time.perf_counter() - started, usage.ru_maxrss / 1024, proc.returncode  # Linux: KiB
+
+
+def _command(stage: str, model: str, workdir: Path, args: argparse.Namespace) -> list[str]:
+    if stage != "build":
+        command = [sys.executable, __file__, "--worker", stage, "--models", model, "--workdir", str(workdir),
+                "--samples", str(args.samples), "--max-memory-gib", str(args.max_memory_gib)]  # fmt: skip
+        return command + (["--calibration-batch", str(args.calibration_batch)] if args.calibration_batch else [])
+    p = _paths(workdir, model)
+    command = [sys.executable, "-m", "pipeline", "build", "--model", str(p["keras"]), "--fp16", "--int8", "--no-engine",
+               "--calibration", str(p["calib"]), "--workdir", str(p["build"]), "--repository", str(p["repository"])]  # fmt: skip
+    if args.max_memory_gib is not None and args.pass_budget:
+        command += ["--max-memory-gib", str(args.max_memory_gib)]
+    return command
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--models", nargs="+", default=["resnet50"], choices=sorted(MODELS))
+    parser.add_argument("--stages", nargs="+", default=list(STAGES), choices=STAGES)
+    parser.add_argument("--samples", type=int, default=256, help="calibration samples (random uniform 0..1)")
+    parser.add_argument("--max-memory-gib", type=float, default=DEFAULT_MAX_MEMORY_GIB, help="memory budget (default: %(default)g)")
+    parser.add_argument("--calibration-batch", type=int, help="fixed calibration batch instead of the budget's (to compare)")
+    parser.add_argument("--pass-budget", action="store_true", help="pass --max-memory-gib to the whole build (needs the CLI option)")
+    parser.add_argument("--workdir", type=Path, help="where artifacts go (default: a temporary folder)")
+    parser.add_argument("--json", type=Path, default=Path("build_bench.json"))
+    parser.add_argument("--worker", choices=STAGES, help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.worker:
+        import logging
+
+        logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
+        _worker(args.worker, args.models[0], args.workdir, args.samples, args.max_memory_gib, args.calibration_batch)
+        return 0
+
+    with tempfile.TemporaryDirectory(prefix="bench_build.") as tmp:
+        workdir = args.workdir or Path(tmp)
+        rows = []
+        for model in args.models:
+            _paths(workdir, model)["keras"].parent.mkdir(parents=True, exist_ok=True)
+            for stage in args.stages:
+                log = workdir / model / f"{stage}.log"
+                seconds, peak, status = _measure(_command(stage, model, workdir, args), log)
+                rows.append({"model": model, "stage": stage, "seconds": seconds, "peak_rss_mib": peak, "exit": status})
+                flag = "" if status == 0 else f"  exit {status}: see {log}" + ("" if args.workdir else " (temporary)")
+                print(f"{model:<18}{stage:<12}{seconds:>9.1f} s{peak:>10.0f} MiB{flag}", flush=True)
+                if status != 0 and stage != "build":
+                    print(log.read_text()[-1500:], file=sys.stderr)
+                    break
+        budget_mib = args.max_memory_gib * 1024
+        print(f"\nbudget --max-memory-gib {args.max_memory_gib:g} = {budget_mib:.0f} MiB")
+        header = f"{'model':<18}{'stage':<12}{'wall s':>9}{'peak RSS MiB':>14}{'of budget':>11}"
+        print(header)
+        print("-" * len(header))
+        for row in rows:
+            print(f"{row['model']:<18}{row['stage']:<12}{row['seconds']:>9.1f}{row['peak_rss_mib']:>14.0f}{row['peak_rss_mib'] / budget_mib:>10.0%}"
+                  + ("" if row["exit"] == 0 else f"  (exit {row['exit']})"))  # fmt: skip
+        args.json.write_text(json.dumps({"max_memory_gib": args.max_memory_gib, "samples": args.samples, "results": rows}, indent=2) + "\n")
+        print(f"wrote {args.json}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

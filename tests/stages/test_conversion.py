@@ -1,0 +1,179 @@
+"""Keras → SavedModel (stages/savedmodel.py) → ONNX (stages/onnx_export.py) → parity gate (stages/parity.py).
+
+Stage by stage on tiny Keras models built here (tests/keras_models.py): real TensorFlow, real
+tf2onnx, real ONNX Runtime; the SavedModel runner of pipeline/runners.py runs TensorFlow for parity.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+from onnx import numpy_helper
+
+from pipeline.errors import PipelineError
+from pipeline.evaldata import synthetic_eval_data
+from pipeline.stages.onnx_export import MIN_OPSET, onnx_from_savedmodel, tf2onnx_command
+from pipeline.stages.parity import parity_report_from_models
+from pipeline.stages.savedmodel import input_names, output_names, savedmodel_from_keras
+from pipeline.tensors import SIGNATURE, signature_from_onnx
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def multi_io(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    """tests.keras_models.multi_io (inputs image, meta; outputs cls, reg) as a SavedModel and its ONNX."""
+    from tests.keras_models import multi_io as make
+
+    root = tmp_path_factory.mktemp("multi_io")
+    saved = savedmodel_from_keras(make(), root / "savedmodel")
+    return saved, onnx_from_savedmodel(saved, root / "model.onnx", MIN_OPSET)
+
+
+def dims(value: onnx.ValueInfoProto) -> list[int | str]:
+    return [d.dim_param or d.dim_value for d in value.type.tensor_type.shape.dim]
+
+
+# -- SavedModel ------------------------------------------------------------------------------------
+
+
+def test_savedmodel_signature_keeps_keras_names_and_outputs(multi_io: tuple[Path, Path]) -> None:
+    import tensorflow as tf
+
+    from tests.keras_models import multi_io as make
+
+    saved, _ = multi_io
+    serve = tf.saved_model.load(str(saved)).signatures[SIGNATURE]
+    inputs = serve.structured_input_signature[1]
+    assert {name: spec.shape.as_list() for name, spec in inputs.items()} == {"image": [None, 6, 6, 2], "meta": [None, 3]}
+    rng = np.random.default_rng(0)
+    feed = {"image": rng.random((3, 6, 6, 2), dtype=np.float32), "meta": rng.random((3, 3), dtype=np.float32)}
+    got = {k: v.numpy() for k, v in serve(**{k: tf.constant(v) for k, v in feed.items()}).items()}
+    assert set(got) == {"cls", "reg"}
+    cls, reg = make()(feed, training=False)  # the same seeded weights
+    np.testing.assert_allclose(got["cls"], cls, rtol=0, atol=1e-6)
+    np.testing.assert_allclose(got["reg"], reg, rtol=0, atol=1e-6)
+    assert not saved.with_name(saved.name + ".partial").exists()
+
+
+def test_names_of_unnamed_inputs_and_sequential_outputs() -> None:
+    import keras
+
+    from tests.keras_models import sequential
+
+    model = sequential()  # Sequential: outputs named after the last layer
+    assert input_names(model) == ["features"] and output_names(model) == [model.layers[-1].name]
+    x = keras.Input((3,))  # no name: Keras calls the tensor keras_tensor_N; the export uses the Input layer's name
+    unnamed = keras.Model(x, keras.layers.Dense(2, name="a")(x))
+    [name] = input_names(unnamed)
+    assert not name.startswith("keras_tensor") and name.startswith("input_layer")
+
+
+def test_savedmodel_export_replaces_an_older_export(tmp_path: Path) -> None:
+    from tests.keras_models import sequential
+
+    dst = tmp_path / "savedmodel"
+    dst.mkdir()
+    (dst / "stale.txt").write_text("from an older export")
+    assert savedmodel_from_keras(sequential(), dst) == dst
+    assert (dst / "saved_model.pb").is_file() and not (dst / "stale.txt").exists()
+    assert [p.name for p in tmp_path.iterdir()] == ["savedmodel"]  # no .partial left beside it
+
+
+# -- ONNX export ------------------------------------------------------------------------------------
+
+
+def test_onnx_has_keras_names_and_named_dynamic_axes(multi_io: tuple[Path, Path]) -> None:
+    _, onnx_path = multi_io
+    model = onnx.load(str(onnx_path))
+    onnx.checker.check_model(model, full_check=True)
+    assert {i.name: dims(i) for i in model.graph.input} == {"image": ["batch", 6, 6, 2], "meta": ["batch", 3]}
+    assert {o.name: dims(o) for o in model.graph.output} == {"cls": ["batch", 3], "reg": ["batch", 1]}
+    assert max(o.version for o in model.opset_import if o.domain in ("", "ai.onnx")) >= MIN_OPSET
+    assert not onnx_path.with_name(onnx_path.name + ".partial").exists()
+
+
+def test_dynamic_non_batch_axes_are_named_after_their_tensor(tmp_path: Path) -> None:
+    from tests.keras_models import tokens
+
+    saved = savedmodel_from_keras(tokens(), tmp_path / "savedmodel")
+    model = onnx.load(str(onnx_from_savedmodel(saved, tmp_path / "model.onnx", MIN_OPSET)))
+    assert [(i.name, dims(i)) for i in model.graph.input] == [("tokens", ["batch", "tokens_dim1"])]
+
+
+def test_tf2onnx_command_is_the_one_to_reproduce(tmp_path: Path) -> None:
+    cmd = tf2onnx_command(tmp_path / "sm", tmp_path / "m.onnx", 18)
+    assert cmd[1:3] == ["-m", "tf2onnx.convert"]
+    assert cmd[3:] == ["--saved-model", str(tmp_path / "sm"), "--signature_def", SIGNATURE, "--opset", "18", "--output", str(tmp_path / "m.onnx")]
+
+
+def test_too_old_opset_is_refused_before_converting(tmp_path: Path) -> None:
+    with pytest.raises(PipelineError, match=re.escape(f"--opset {MIN_OPSET - 1} is too old — use --opset {MIN_OPSET} or newer")):
+        onnx_from_savedmodel(tmp_path / "not-even-there", tmp_path / "m.onnx", MIN_OPSET - 1)
+
+
+def test_unsupported_tensorflow_op_is_named(tmp_path: Path) -> None:
+    from tests.keras_models import unsupported_op
+
+    saved = savedmodel_from_keras(unsupported_op(), tmp_path / "savedmodel")
+    with pytest.raises(PipelineError, match=f"tf2onnx cannot convert TensorFlow op\\(s\\) Igamma to ONNX opset {MIN_OPSET}"):
+        onnx_from_savedmodel(saved, tmp_path / "m.onnx", MIN_OPSET)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["savedmodel"]  # nothing half-written
+
+
+def test_tf2onnx_failure_names_the_command_to_rerun(tmp_path: Path) -> None:
+    (tmp_path / "not_a_savedmodel").mkdir()
+    with pytest.raises(PipelineError, match=r"^tf2onnx failed: .* — run it by hand to see the full log: .*tf2onnx\.convert --saved-model"):
+        onnx_from_savedmodel(tmp_path / "not_a_savedmodel", tmp_path / "m.onnx", MIN_OPSET)
+    assert not (tmp_path / "m.onnx").exists() and not (tmp_path / "m.onnx.partial").exists()
+
+
+# -- parity ------------------------------------------------------------------------------------------
+
+
+def tampered(onnx_path: Path, dst: Path) -> Path:
+    """The same model with every float weight matrix doubled: it still runs, but computes something else."""
+    model = onnx.load(str(onnx_path))
+    for init in model.graph.initializer:
+        array = numpy_helper.to_array(init)
+        if array.dtype == np.float32 and array.ndim == 2:
+            init.CopyFrom(numpy_helper.from_array(array * 2.0, init.name))
+    onnx.save(model, str(dst))
+    return dst
+
+
+def test_parity_passes_and_reports_per_output(multi_io: tuple[Path, Path], tmp_path: Path) -> None:
+    saved, onnx_path = multi_io
+    data = synthetic_eval_data(signature_from_onnx(onnx_path), 20)
+    dst = parity_report_from_models(saved, onnx_path, data, tmp_path / "parity.json", atol=1e-4, rtol=1e-3, batch_size=8)
+    report = json.loads(dst.read_text())
+    assert report["passed"] is True and report["samples"] == 20 and report["data"] == data.source
+    assert report["tolerance"] == {"atol": 1e-4, "rtol": 1e-3}
+    assert set(report["outputs"]) == {"cls", "reg"}
+    for stats in report["outputs"].values():
+        assert stats["max_abs"] <= 1e-4 and stats["elements"] > 0
+
+
+def test_parity_failure_names_the_output_and_keeps_the_report(multi_io: tuple[Path, Path], tmp_path: Path) -> None:
+    saved, onnx_path = multi_io
+    wrong = tampered(onnx_path, tmp_path / "wrong.onnx")
+    data = synthetic_eval_data(signature_from_onnx(onnx_path), 20)
+    dst = tmp_path / "parity.json"
+    with pytest.raises(PipelineError, match=r"^ONNX model differs from TensorFlow: output '(cls|reg)' max abs diff \S+ > atol 0\.0001.*parity\.json\)"):
+        parity_report_from_models(saved, wrong, data, dst, atol=1e-4, rtol=1e-3, batch_size=8)
+    report = json.loads(dst.read_text())
+    assert report["passed"] is False and max(s["max_abs"] for s in report["outputs"].values()) > 1e-4
+
+
+def test_parity_fails_only_when_both_tolerances_are_exceeded(multi_io: tuple[Path, Path], tmp_path: Path) -> None:
+    saved, onnx_path = multi_io
+    wrong = tampered(onnx_path, tmp_path / "wrong.onnx")
+    data = synthetic_eval_data(signature_from_onnx(onnx_path), 20)
+    # an error above atol but within a (huge) rtol passes: atol + rtol·|tf|, as the docstring says
+    report = parity_report_from_models(saved, wrong, data, tmp_path / "parity.json", atol=1e-4, rtol=1e9, batch_size=8)
+    assert json.loads(report.read_text())["passed"] is True

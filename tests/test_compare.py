@@ -1,0 +1,132 @@
+"""Comparing models batch by batch (pipeline/compare.py) through Polygraphy ONNX runners (pipeline/runners.py).
+
+Tiny real ONNX models (onnx.helper) run in ONNX Runtime; the expected statistics are computed with numpy.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+from pipeline.compare import OutputStats, compare_runners
+from pipeline.errors import PipelineError
+from pipeline.runners import runner_for_onnx
+
+WEIGHTS = (np.arange(12, dtype=np.float32).reshape(4, 3) - 5.0) / 4.0
+
+
+def linear_softmax(path: Path, weights: np.ndarray, output: str = "probs") -> Path:
+    """x float32 [batch,4] → MatMul ``weights`` → Softmax → ``output`` [batch,3]."""
+    graph = helper.make_graph(
+        [helper.make_node("MatMul", ["x", "w"], ["logits"]), helper.make_node("Softmax", ["logits"], [output], axis=-1)],
+        "linear_softmax",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 4])],
+        [helper.make_tensor_value_info(output, TensorProto.FLOAT, ["batch", 3])],
+        [numpy_helper.from_array(weights.astype(np.float32), "w")],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    onnx.checker.check_model(model)
+    onnx.save(model, str(path))
+    return path
+
+
+def softmax(logits: np.ndarray) -> np.ndarray:
+    e = np.exp(logits - logits.max(-1, keepdims=True))
+    return e / e.sum(-1, keepdims=True)
+
+
+def batches(x: np.ndarray, size: int) -> list[dict[str, np.ndarray]]:
+    return [{"x": x[i : i + size]} for i in range(0, len(x), size)]
+
+
+@pytest.fixture
+def data() -> np.ndarray:
+    return np.random.default_rng(0).normal(size=(23, 4)).astype(np.float32)
+
+
+def test_identical_models_agree_exactly(tmp_path: Path, data: np.ndarray) -> None:
+    ref = runner_for_onnx(linear_softmax(tmp_path / "a.onnx", WEIGHTS), name="ref")
+    same = runner_for_onnx(linear_softmax(tmp_path / "b.onnx", WEIGHTS), name="same")
+    [result] = compare_runners(ref, [same], batches(data, 5), classifier_output="probs")
+    assert result.runner == "same" and result.samples == 23
+    stats = result.outputs["probs"]
+    assert (stats.max_abs, stats.max_rel, stats.mean_abs, stats.elements) == (0.0, 0.0, 0.0, 23 * 3)
+    assert result.top1_agreement == 1.0 and result.accuracy is None  # no labels, no accuracy
+
+
+def test_statistics_top1_and_accuracy_match_numpy(tmp_path: Path, data: np.ndarray) -> None:
+    changed = WEIGHTS.copy()
+    changed[0] += [0.5, 0.0, -0.5]  # moves 4 of the 23 predictions to another class
+    ref = runner_for_onnx(linear_softmax(tmp_path / "ref.onnx", WEIGHTS), name="ref")
+    cand = runner_for_onnx(linear_softmax(tmp_path / "cand.onnx", changed), name="cand")
+    ref_probs, cand_probs = softmax(data.astype(np.float64) @ WEIGHTS), softmax(data.astype(np.float64) @ changed)
+    labels = ref_probs.argmax(1)
+    labels[:4] = (labels[:4] + 1) % 3  # the reference is wrong on 4 samples
+
+    [result] = compare_runners(ref, [cand], batches(data, 4), labels=labels, classifier_output="probs")
+
+    diff = np.abs(cand_probs - ref_probs)
+    stats = result.outputs["probs"]
+    assert stats.elements == diff.size
+    assert stats.max_abs == pytest.approx(diff.max(), abs=1e-6)
+    assert stats.mean_abs == pytest.approx(diff.mean(), abs=1e-6)
+    assert stats.max_rel == pytest.approx((diff / np.maximum(ref_probs, 1e-6)).max(), rel=1e-3)
+    agree = (cand_probs.argmax(1) == ref_probs.argmax(1)).mean()
+    assert 0 < agree < 1 and result.top1_agreement == pytest.approx(agree)
+    assert result.reference_accuracy == pytest.approx(19 / 23)
+    assert result.accuracy == pytest.approx((cand_probs.argmax(1) == labels).mean())
+    assert result.disagree == round((1 - agree) * 23)
+    assert result.as_dict()["outputs"]["probs"]["max_abs"] == stats.max_abs
+    assert not any(key.startswith("_") for key in result.as_dict())  # running counters stay out of the JSON
+
+
+def test_every_candidate_gets_its_own_comparison(tmp_path: Path, data: np.ndarray) -> None:
+    ref = runner_for_onnx(linear_softmax(tmp_path / "ref.onnx", WEIGHTS), name="ref")
+    near = runner_for_onnx(linear_softmax(tmp_path / "near.onnx", WEIGHTS + 0.01), name="near")
+    far = runner_for_onnx(linear_softmax(tmp_path / "far.onnx", WEIGHTS * -1.0), name="far")
+    results = {c.runner: c for c in compare_runners(ref, [near, far], batches(data, 8), classifier_output="probs")}
+    assert set(results) == {"near", "far"}
+    assert results["near"].outputs["probs"].max_abs < results["far"].outputs["probs"].max_abs
+    assert results["near"].top1_agreement > results["far"].top1_agreement  # type: ignore[operator]
+
+
+def test_different_output_names_are_refused(tmp_path: Path, data: np.ndarray) -> None:
+    ref = runner_for_onnx(linear_softmax(tmp_path / "ref.onnx", WEIGHTS), name="ref")
+    other = runner_for_onnx(linear_softmax(tmp_path / "other.onnx", WEIGHTS, output="scores"), name="other")
+    with pytest.raises(PipelineError, match=r"'other' has outputs \['scores'\] but 'ref' has \['probs'\]"):
+        compare_runners(ref, [other], batches(data, 8))
+
+
+def test_output_stats_accumulate_over_batches() -> None:
+    stats = OutputStats()
+    stats.add(np.array([1.0, 2.0]), np.array([1.5, 2.0]))  # diffs 0.5, 0
+    stats.add(np.array([0.0]), np.array([0.25]))  # diff 0.25 against a zero reference
+    stats.add(np.zeros(0), np.zeros(0))  # an empty batch changes nothing
+    assert stats.elements == 3 and stats.max_abs == 0.5
+    assert stats.mean_abs == pytest.approx(0.75 / 3)
+    assert stats.max_rel == pytest.approx(0.25 / 1e-6)  # relative to the 1e-6 floor, not a division by zero
+
+
+def test_onnx_runner_with_exact_qdq_quantizes_as_tensorrt_does(tmp_path: Path) -> None:
+    """x → QuantizeLinear(scale 0.1, int8) → DequantizeLinear → y: the runner returns round(x / 0.1) · 0.1, saturated."""
+    scale, zero = numpy_helper.from_array(np.array(0.1, np.float32), "scale"), numpy_helper.from_array(np.array(0, np.int8), "zero")
+    graph = helper.make_graph(
+        [helper.make_node("QuantizeLinear", ["x", "scale", "zero"], ["q"]), helper.make_node("DequantizeLinear", ["q", "scale", "zero"], ["y"])],
+        "qdq",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 4])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", 4])],
+        [scale, zero],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    onnx.save(model, str(tmp_path / "qdq.onnx"))
+    x = np.array([[0.04, 0.26, -0.33, 20.0]], np.float32)
+    runner = runner_for_onnx(tmp_path / "qdq.onnx", exact_qdq=True, name="qdq")
+    with runner:
+        y = runner.infer({"x": x})["y"]
+    np.testing.assert_allclose(y, [[0.0, 0.3, -0.3, 12.7]], rtol=0, atol=1e-6)

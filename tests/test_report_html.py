@@ -1,0 +1,177 @@
+"""`python -m pipeline report`: one self-contained page, checked in a real headless Chromium.
+
+The page is rendered (screenshot not blank), its tables and images are in the DOM, and it makes
+no network request: the HTML names no remote URL, and Chromium's network log (with every host
+name made unresolvable, so nothing could leave the machine anyway) shows no request from the page.
+A control page with two remote references proves the network check sees such requests.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import subprocess
+from html.parser import HTMLParser
+from pathlib import Path
+
+import numpy as np
+import pytest
+from PIL import Image
+
+from tests.conftest import ROOT, Built, cli, one_line_error
+
+CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
+needs_chromium = pytest.mark.skipif(CHROMIUM is None, reason="chromium is not installed (scripts/setup.sh installs it: apt-get install chromium)")
+FAST = ["--window-ms", "300", "--warmup-ms", "200", "--max-seconds", "2", "--timeout-ms", "2000"]
+
+
+def chromium(page: Path, work: Path, *mode: str) -> tuple[subprocess.CompletedProcess[str], Path]:
+    """Run headless Chromium on ``page`` with every host name unresolvable and a network log; return it and the log."""
+    assert CHROMIUM is not None
+    netlog = work / f"netlog-{len(list(work.glob('netlog-*')))}.json"
+    proc = subprocess.run(
+        [CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu", "--hide-scrollbars", "--no-first-run",
+         "--disable-background-networking", "--disable-component-update", f"--user-data-dir={work / 'profile'}",
+         "--host-resolver-rules=MAP * ~NOTFOUND", f"--log-net-log={netlog}", *mode, page.resolve().as_uri()],
+        capture_output=True, text=True, timeout=180, check=False,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    return proc, netlog
+
+
+def page_requests(netlog: Path) -> list[str]:
+    """URLs the page (not the browser itself: its updater has no initiator origin) asked the network for."""
+    log = json.loads(netlog.read_text())
+    kinds = {v: k for k, v in log["constants"]["logEventTypes"].items()}
+    urls: dict[int, str] = {}
+    from_page: set[int] = set()
+    for event in log["events"]:
+        params, source = event.get("params", {}), event["source"]["id"]
+        if kinds[event["type"]] == "REQUEST_ALIVE" and "url" in params:
+            urls[source] = params["url"]
+        if kinds[event["type"]] == "URL_REQUEST_START_JOB" and params.get("initiator", "not an origin") != "not an origin":
+            from_page.add(source)
+    return sorted(urls[s] for s in from_page if s in urls and not urls[s].startswith(("file:", "data:")))
+
+
+class Dom(HTMLParser):
+    """Sections (by id) with their table headers and image sources."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.sections: dict[str, dict[str, list]] = {}
+        self.current: dict[str, list] | None = None
+        self.in_th = False
+        self.tags: list[str] = []
+
+    def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
+        a = dict(attrs)
+        self.tags.append(tag)
+        if tag == "section":
+            self.current = self.sections.setdefault(a["id"] or "", {"headers": [], "images": [], "cells": []})
+        elif self.current is not None and tag == "table":
+            self.current["headers"].append([])
+        elif self.current is not None and tag == "img":
+            self.current["images"].append(a.get("src") or "")
+        self.in_th = tag == "th"
+
+    def handle_data(self, data: str) -> None:
+        if self.current is None:
+            return
+        if self.in_th:
+            self.current["headers"][-1].append(data.strip())
+        elif self.tags and self.tags[-1] == "td":
+            self.current["cells"].append(data.strip())
+
+    def handle_endtag(self, tag: str) -> None:
+        self.in_th = False
+        if tag == "section":
+            self.current = None
+
+
+def test_nothing_to_report_is_one_line_exit_2_and_writes_nothing(tmp_path: Path) -> None:
+    (tmp_path / "reports" / "20250101-000000").mkdir(parents=True)  # a run directory without results
+    line = one_line_error(cli("report", "--workdir", str(tmp_path / "build"), "--reports", str(tmp_path / "reports")))
+    assert line.startswith("error: nothing to report: no build manifest") and "python -m pipeline build" in line
+    assert not (tmp_path / "reports" / "index.html").exists() and not (tmp_path / "build").exists()
+
+
+@needs_chromium
+def test_the_network_check_sees_a_page_that_fetches(tmp_path: Path) -> None:
+    control = tmp_path / "control.html"
+    control.write_text('<html><body><img src="http://example.invalid/x.png"><link rel="stylesheet" href="https://cdn.example.invalid/a.css"></body></html>')
+    _, netlog = chromium(control, tmp_path, "--dump-dom")
+    assert page_requests(netlog) == ["http://example.invalid/x.png", "https://cdn.example.invalid/a.css"]
+
+
+def _tune_run(directory: Path) -> None:
+    """A tune report directory in the layout `tune` writes (tune.json, trials.csv, two PNG plots)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    directory.mkdir(parents=True)
+    config = {"instance_count": 2, "max_batch_size": 32, "preferred_batch_sizes": [8, 16], "max_queue_delay_us": 200}
+    doc = {"slo_p99_ms": 5.0, "policy": "grid", "models": {"digits_fp32": {"best": {"config": config, "infer_per_s": 2500.0}}},
+           "pareto": [{"model": "digits_fp32", "top1": 0.9755, "infer_per_s": 2500.0, "config": config, "dominated": False},
+                      {"model": "digits_int8", "top1": 0.9733, "infer_per_s": 1500.0, "config": config, "dominated": True}]}  # fmt: skip
+    (directory / "tune.json").write_text(json.dumps(doc, indent=2))
+    (directory / "trials.csv").write_text("model,trial,instance_count,infer_per_s,p99_ms,meets_slo\n"
+                                          "digits_fp32,1,1,1800.5,3.2,True\ndigits_fp32,2,2,2500.0,4.1,True\n")  # fmt: skip
+    for name in ("throughput_vs_p99", "pareto"):
+        fig, ax = plt.subplots(figsize=(4, 3))
+        ax.plot([1, 2, 3], [3, 1, 2], marker="o")
+        ax.set_title(name)
+        fig.savefig(directory / f"{name}.png", dpi=80)
+        plt.close(fig)
+
+
+@needs_chromium
+@pytest.mark.slow
+def test_report_after_build_verify_loadtest_and_tune_renders_every_section(built: Built, tmp_path: Path) -> None:
+    workdir, reports = tmp_path / "build", tmp_path / "reports"
+    (workdir / "digits").mkdir(parents=True)
+    for report in (built.workdir / "digits").glob("*.json"):  # the shared build stays untouched
+        shutil.copy2(report, workdir / "digits" / report.name)
+    verify = cli("verify", "--repository", str(built.repository), "--report", str(workdir / "digits" / "served.json"))
+    assert verify.returncode == 0, verify.stderr[-3000:]
+    loadtest = cli("loadtest", "--repository", str(built.repository), "--model", "digits_fp32", "--concurrency", "1,2", *FAST,
+                   "--calibration-root", str(ROOT / "calibration"), "--report-dir", str(reports / "20250101-000000"), cwd=tmp_path)  # fmt: skip
+    assert loadtest.returncode == 0, loadtest.stderr[-3000:]
+    assert f"report: {reports / 'index.html'}" in loadtest.stdout  # loadtest refreshes the page (build/ here is ours) and says where
+    _tune_run(reports / "tune-20250101-000100")
+
+    proc = cli("report", "--workdir", str(workdir), "--reports", str(reports))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    page = reports / "index.html"
+    assert proc.stdout.strip() == f"report: {page}"
+    text = page.read_text()
+    assert not re.search(r"""(?:src|href)\s*=\s*["']?\s*(?:https?:)?//""", text, re.I)  # no remote URL to fetch
+    assert "<script" not in text and "<link" not in text and "@import" not in text and "url(" not in text
+
+    dumped, netlog = chromium(page, tmp_path, "--dump-dom")
+    assert page_requests(netlog) == []
+    dom = Dom()
+    dom.feed(dumped.stdout)
+    assert list(dom.sections) == ["build-digits", "loadtest", "tune"]
+    build = dom.sections["build-digits"]
+    firsts = [h[0] for h in build["headers"] if h]
+    assert {"stage", "output", "variant", "model"} <= set(firsts)  # stages, parity, accuracy, served
+    assert {"savedmodel", "onnx", "parity", "fp16", "int8", "accuracy", "publish"} <= set(build["cells"])
+    assert {"digits_fp32", "digits_fp16", "digits_int8"} <= set(build["cells"])  # served rows
+    load = dom.sections["loadtest"]
+    assert any("infer/s" in h for h in load["headers"]) and any("inferences" in h for h in load["headers"])
+    assert len(load["images"]) == 2
+    tune = dom.sections["tune"]
+    assert len(tune["images"]) == 2 and any("meets_slo" in h for h in tune["headers"]) and any("dominated" in h for h in tune["headers"])
+    images = build["images"] + load["images"] + tune["images"]
+    assert all(src.startswith("data:image/png;base64,") for src in images)
+
+    shot = tmp_path / "shot.png"
+    chromium(page, tmp_path, f"--screenshot={shot}", "--window-size=1280,2400")
+    pixels = np.asarray(Image.open(shot).convert("RGB"))
+    inked = (pixels.min(axis=2) < 200).mean()  # share of pixels that are not (near) white
+    colours = len(np.unique(pixels.reshape(-1, 3), axis=0))
+    assert inked > 0.02 and colours > 50, (inked, colours)
