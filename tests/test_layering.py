@@ -14,7 +14,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1] / "pipeline"
 TOP = {"pipeline.build", "pipeline.build_cli", "pipeline.cli", "pipeline.config", "pipeline.__main__"}
 SERVICES = ("pipeline.triton", "pipeline.loadtest", "pipeline.mig", "pipeline.tune", "pipeline.inspect")
-ORCHESTRATION = {"pipeline.publish", "pipeline.report", "pipeline.htmlreport"} | TOP
+ORCHESTRATION = {"pipeline.publish", "pipeline.report", "pipeline.htmlreport", "pipeline.inspection"} | TOP
 
 
 def _module(path: Path) -> str:
