@@ -270,7 +270,7 @@ def _array_calibration(
 ) -> CalibrationData:
     expected = [spec.name for spec in signature.inputs]
     dtypes = {spec.name: spec.dtype for spec in signature.inputs}
-    buckets = split_buckets(origin, arrays, expected)
+    buckets = split_buckets(origin, arrays, signature)
     checked = {}
     for bucket, group in buckets.items():
         where = Path(f"{origin}[{bucket}]") if bucket else origin

@@ -194,7 +194,7 @@ def test_bucket_errors_are_one_line(tmp_path: Path) -> None:
     rng = np.random.default_rng(0)
     good = _bucket(rng, 120, 16)
     np.savez(tmp_path / "missing.npz", **{f"{k}__len16": v for k, v in good.items() if k != "mask"})
-    with pytest.raises(PipelineError, match=r"missing.npz\[len16\]' has no array for model input\(s\) \['mask'\]"):
+    with pytest.raises(PipelineError, match=r"bucket 'len16' of '.*missing.npz' has no array for model input\(s\) \['mask'\]"):
         calibration_from_path(tmp_path / "missing.npz", SEQ)
     np.savez(tmp_path / "disagree.npz", tokens=good["tokens"], mask=np.ones((120, 20), np.float32), meta=good["meta"])
     with pytest.raises(PipelineError, match=r"input 'mask' has dim 1 = 20 but 'tokens' has dim 1 = 16, and the model says both are the same axis 'seq'"):
