@@ -2,8 +2,8 @@
 sample shapes of every bucket from the array headers alone (no data loaded).
 
 The naming of buckets (``<input>__<bucket>``: ``tokens__16``, ``labels__16``, ``tokens__20``) and
-their grouping and checks live in :func:`pipeline.arrays.split_buckets`, the one reader that
-calibration data, evaluation data and load-test samples all go through.
+their grouping and checks are :func:`split_buckets`, the one reader that calibration data,
+evaluation data and load-test samples all go through.
 """
 
 from __future__ import annotations
@@ -13,9 +13,52 @@ from pathlib import Path
 
 import numpy as np
 
-from pipeline.arrays import BUCKET_SEP, IGNORED_KEYS, load_npy, load_npz, split_buckets
+from collections.abc import Mapping
+
+from pipeline.arrays import IGNORED_KEYS, load_npy, load_npz
 from pipeline.errors import PipelineError, require
 from pipeline.tensors import ModelSignature
+
+BUCKET_SEP = "__"  # ``tokens__16``: input ``tokens`` of bucket ``16``
+
+
+def split_buckets(origin: Path, arrays: Mapping[str, np.ndarray], signature: ModelSignature, *, what: str = "calibration data") -> dict[str, dict[str, np.ndarray]]:
+    """Group ``<input>`` / ``<input>__<bucket>`` arrays into buckets (``labels`` aside); each bucket
+    must hold one array per model input."""
+    expected = [spec.name for spec in signature.inputs]
+    buckets: dict[str, dict[str, np.ndarray]] = {}
+    unknown = []
+    for key, arr in arrays.items():
+        if key in IGNORED_KEYS or (BUCKET_SEP in key and key.split(BUCKET_SEP, 1)[0] in IGNORED_KEYS):
+            continue
+        if key in expected:
+            buckets.setdefault("", {})[key] = arr
+            continue
+        name, sep, bucket = key.rpartition(BUCKET_SEP)
+        if sep and name in expected and bucket:
+            buckets.setdefault(bucket, {})[name] = arr
+        else:
+            unknown.append(key)
+    require(
+        not unknown,
+        f"{what} '{origin}' has arrays {sorted(unknown)} that are not model inputs",
+        f"name the arrays after the model inputs: {', '.join(expected)} (or <input>{BUCKET_SEP}<bucket> for samples of another size)",
+    )
+    require(
+        bool(buckets),
+        f"{what} '{origin}' has no array for model input(s) {expected}",
+        f"add one array per model input: {', '.join(expected)}",
+    )
+    for bucket, group in buckets.items():
+        missing = [name for name in expected if name not in group]
+        label = f"bucket '{bucket}' of " if bucket else ""
+        require(
+            not missing,
+            f"{what} {label}'{origin}' has no array for model input(s) {missing}",
+            f"add one array per model input: {', '.join(expected)}"
+            + (f" (named <input>{BUCKET_SEP}{bucket})" if bucket else ""),
+        )
+    return dict(sorted(buckets.items()))
 
 
 def read_arrays(path: Path) -> dict[str, np.ndarray]:

@@ -33,7 +33,7 @@ def make_parser() -> argparse.ArgumentParser:
     from pipeline.mig.cli import register as register_mig_plan
     from pipeline.configfile import add_config_options
     from pipeline.report_cli import register as register_report
-    from pipeline.triton.deploy import register as register_deploy
+    from pipeline.triton.deploy_cli import register as register_deploy
     from pipeline.triton.serve_cli import register as register_serve
     from pipeline.triton.verify_cli import register as register_verify
 

@@ -67,7 +67,7 @@ class BuildConfig:
                                             "files, or a folder of JPEG/PNG images (default: <calibration-root>/<name>/)",
                                       metavar="PATH", group=PRECISION)
     calibration_root: Path = calibration_root_option(PRECISION)
-    calibration_method: str = option("minmax", "how activation ranges are chosen (see README for the measurements behind the default)",
+    calibration_method: str = option("percentile", "how activation ranges are chosen (see README for the measurements behind the default)",
                                      choices=CALIBRATION_METHODS, group=PRECISION)
     preprocess: str = option("unit", "image calibration only: unit = 0..1, symmetric = -1..1, imagenet = RGB mean/std, raw = 0..255",
                              choices=PREPROCESS_MODES, group=PRECISION)

@@ -19,8 +19,8 @@ from pathlib import Path
 
 import numpy as np
 
-from pipeline.arrays import BUCKET_SEP, checked_inputs, split_buckets
-from pipeline.buckets import read_arrays
+from pipeline.arrays import checked_inputs
+from pipeline.buckets import BUCKET_SEP, read_arrays, split_buckets
 from pipeline.errors import PipelineError
 from pipeline.fingerprint import hash_path
 from pipeline.tensors import ModelSignature

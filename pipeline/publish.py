@@ -53,7 +53,7 @@ def repository_from_artifacts(
     ``onnx_of`` maps a precision to its ONNX variant, whose I/O a plan of that precision must match.
     """
     from pipeline.triton.config import model_config_from_artifact, warmup_files
-    from pipeline.triton.deploy import write_deploy_bundle
+    from pipeline.triton.deploy import DEFAULT_IMAGE, write_deploy_bundle
     from pipeline.triton.repository import publish_repository
 
     configs = {}
@@ -91,8 +91,8 @@ def repository_from_artifacts(
         # A plan loads only on the TensorRT that built it, and which NGC tag ships that TensorRT is the user's call.
         log.warning("deploy bundle not written: TensorRT plans need --triton-image naming the NGC tag with the TensorRT that built them")
     else:
-        kwargs = {"image": settings.image} if settings.image else {}
-        write_deploy_bundle(settings.repository, deploy_dir(settings.repository), **kwargs)  # logs where it went
+        image = settings.image or DEFAULT_IMAGE
+        write_deploy_bundle(settings.repository, deploy_dir(settings.repository), image=image)  # logs where it went
     return published
 
 

@@ -89,7 +89,7 @@ def request_batches(samples: dict[str, np.ndarray], io: ModelIO, batch_size: int
     input cast to the dtype the model declares. Samples in length buckets (``tokens__16``,
     ``tokens__20``: see :mod:`pipeline.buckets`) are sent at their real sizes, the requests
     taking the buckets in turn."""
-    from pipeline.arrays import split_buckets
+    from pipeline.buckets import split_buckets
     from pipeline.tensors import ModelSignature, TensorSpec
 
     names = ModelSignature(tuple(TensorSpec(t.name, np.dtype(NUMPY_OF.get(t.datatype, np.float32)), (-1, *t.shape)) for t in io.inputs), ())

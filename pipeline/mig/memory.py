@@ -323,11 +323,13 @@ def memory_for_model_dir(model_dir: Path, max_batch: int) -> MemoryEstimate:
     Plan metadata is read from ``.pipeline-report.json`` (the build records each version's engine
     metadata there), else from a metadata JSON beside the plan (``model.plan.json``).
     """
+    from pipeline.triton.repository import model_versions
+
     model_dir = Path(model_dir)
-    versions = sorted((d for d in model_dir.iterdir() if d.is_dir() and d.name.isdigit()), key=lambda d: int(d.name))
+    versions = model_versions(model_dir)  # Triton's rule for what is a version folder
     if not versions:
         raise PipelineError(f"model directory {model_dir} has no numeric version folder", "expected <model>/1/model.*")
-    latest = versions[-1]
+    latest = model_dir / str(versions[-1])
     if (latest / "model.plan").is_file():
         recorded = _report_metadata(model_dir, latest.name)
         if recorded is not None:
@@ -349,7 +351,9 @@ def memory_for_model_dir(model_dir: Path, max_batch: int) -> MemoryEstimate:
 
 
 def _report_metadata(model_dir: Path, version: str) -> dict[str, Any] | None:
-    report = model_dir / ".pipeline-report.json"
+    from pipeline.triton.repository import REPORT
+
+    report = model_dir / REPORT
     try:
         data = json.loads(report.read_text())
     except (OSError, json.JSONDecodeError):

@@ -8,10 +8,14 @@ import shlex
 import subprocess
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from pipeline.atomic import atomic_path
 from pipeline.errors import PipelineError
 from pipeline.tensors import SIGNATURE
+
+if TYPE_CHECKING:
+    import onnx  # imported lazily at run time
 
 log = logging.getLogger(__name__)
 
@@ -61,7 +65,7 @@ def onnx_from_savedmodel(saved: Path, dst: Path, opset: int) -> Path:
     return dst
 
 
-def _name_dynamic_axes(model: "onnx.ModelProto") -> None:  # noqa: F821 (onnx imported lazily)
+def _name_dynamic_axes(model: onnx.ModelProto) -> None:
     initializers = {i.name for i in model.graph.initializer}
     tensors = [v for v in model.graph.input if v.name not in initializers] + list(model.graph.output)
     for value in tensors:

@@ -15,9 +15,6 @@ the reproduce command and the build report.
 
 from __future__ import annotations
 
-import ctypes
-import errno
-import fcntl
 import hashlib
 import json
 import logging
@@ -25,8 +22,7 @@ import os
 import shutil
 import time
 import uuid
-from collections.abc import Iterator, Mapping, Sequence
-from contextlib import contextmanager
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -41,6 +37,17 @@ from pipeline.triton.config import (
     parse_config,
     warmup_input_bytes,
 )
+from pipeline.triton.fsops import (
+    RENAME_EXCHANGE,
+    RENAME_NOREPLACE,
+    carry_over,
+    copy_artifact,
+    fsync,
+    fsync_dirs,
+    publish_lock,
+    renameat2,
+    write_synced,
+)
 
 if TYPE_CHECKING:
     from tritonclient.grpc.model_config_pb2 import ModelConfig
@@ -52,10 +59,6 @@ OWNED = ".pipeline-owned.json"
 REPORT = ".pipeline-report.json"
 POLICIES = ("new", "replace")
 _RESERVED = (CONFIG, OWNED, REPORT)
-_AT_FDCWD = -100
-_RENAME_NOREPLACE = 1
-_RENAME_EXCHANGE = 2
-_SYS_RENAMEAT2 = {"x86_64": 316, "aarch64": 276}
 
 
 @dataclass(frozen=True)
@@ -110,7 +113,7 @@ def publish_repository(
     repository = Path(repository).absolute()
     repository.mkdir(parents=True, exist_ok=True)
     staging_root = repository.parent / f".{repository.name}.pipeline-staging"
-    with _publish_lock(repository):
+    with publish_lock(repository):
         _remove_staging(staging_root)
         staging_root.mkdir()
         require(
@@ -227,22 +230,22 @@ def _stage_model(
     stage = staging_root / f"{name}.{os.getpid()}.{uuid.uuid4().hex[:8]}"
     stage.mkdir()
     if current.is_dir():
-        _carry_over(current, stage, "", skip_files=skipped | set(_RESERVED), skip_dirs={str(v) for v in dropped})
+        carry_over(current, stage, "", skip_files=skipped | set(_RESERVED), skip_dirs={str(v) for v in dropped})
     model_file = stage / str(version) / model_filename(cfg)
     require(not model_file.parent.exists(), f"{current}/{version} exists but is not a version the pipeline can replace", "move it out of the model directory")
     model_file.parent.mkdir()
-    _copy_artifact(Path(artifact.path), model_file)
+    copy_artifact(Path(artifact.path), model_file)
     for rel, data in sorted(files.items()):
-        _write(stage / rel, data)
-    _write(stage / CONFIG, new_files[CONFIG])  # after the model files: a config never points at missing files
+        write_synced(stage / rel, data)
+    write_synced(stage / CONFIG, new_files[CONFIG])  # after the model files: a config never points at missing files
 
     kept = (owned_versions - dropped) & existing
     version_files = {p for p in owned_files if p.split("/", 1)[0].isdigit() and int(p.split("/", 1)[0]) in kept}
     owned = {"versions": sorted(kept | {version}), "files": sorted(version_files | set(new_files) | set(_files_under(model_file, stage)))}
-    _write(stage / OWNED, json.dumps(owned, indent=2).encode())
-    _write(stage / REPORT, json.dumps(_report(current, kept, version, name, artifact, cfg, report, reproduce), indent=2, default=str).encode())
+    write_synced(stage / OWNED, json.dumps(owned, indent=2).encode())
+    write_synced(stage / REPORT, json.dumps(_report(current, kept, version, name, artifact, cfg, report, reproduce), indent=2, default=str).encode())
     _check_staged(stage, cfg)
-    _fsync_dirs(stage)
+    fsync_dirs(stage)
     return _Staged(name, stage, version)
 
 
@@ -254,40 +257,11 @@ def model_filename(cfg: ModelConfig) -> str:
 
 def _swap_in(item: _Staged, target: Path) -> None:
     if target.is_dir():
-        _renameat2(item.path, target, _RENAME_EXCHANGE)  # item.path now holds the old model dir
+        renameat2(item.path, target, RENAME_EXCHANGE)  # item.path now holds the old model dir
         shutil.rmtree(item.path)
     else:
-        _renameat2(item.path, target, _RENAME_NOREPLACE)
-    _fsync(target.parent)
-
-
-def _renameat2(src: Path, dst: Path, flags: int) -> None:
-    libc = ctypes.CDLL(None, use_errno=True)
-    if hasattr(libc, "renameat2"):
-        result = libc.renameat2(_AT_FDCWD, os.fsencode(src), _AT_FDCWD, os.fsencode(dst), ctypes.c_uint(flags))
-    else:  # glibc < 2.28: call the system call directly
-        number = _SYS_RENAMEAT2.get(os.uname().machine)
-        require(number is not None, f"no renameat2 on {os.uname().machine}", "publish on Linux x86_64 or aarch64 with glibc 2.28+")
-        result = libc.syscall(number, _AT_FDCWD, os.fsencode(src), _AT_FDCWD, os.fsencode(dst), ctypes.c_uint(flags))
-    if result != 0:
-        err = ctypes.get_errno()
-        if err in (errno.EINVAL, errno.ENOSYS, errno.EOPNOTSUPP):
-            raise PipelineError(
-                f"the filesystem of {dst.parent} cannot swap directories atomically (renameat2: {os.strerror(err)})",
-                "put the model repository on a local Linux filesystem (ext4, xfs, btrfs, tmpfs)",
-            )
-        raise OSError(err, f"renameat2 {src} -> {dst}: {os.strerror(err)}")
-
-
-@contextmanager
-def _publish_lock(repository: Path) -> Iterator[None]:
-    # One publisher per repository; the kernel drops the lock if the process dies.
-    fd = os.open(repository, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX)
-        yield
-    finally:
-        os.close(fd)
+        renameat2(item.path, target, RENAME_NOREPLACE)
+    fsync(target.parent)
 
 
 def _remove_staging(root: Path) -> None:
@@ -315,6 +289,11 @@ def _read_owned(model_dir: Path) -> tuple[set[int], set[str]]:
         ) from None
 
 
+def model_versions(model_dir: Path) -> list[int]:
+    """The version numbers Triton sees in a model directory, ascending."""
+    return sorted(_versions(Path(model_dir)))
+
+
 def _versions(model_dir: Path) -> set[int]:
     # Triton's rule: numeric sub-directories not starting with "0" are versions.
     return {int(p.name) for p in model_dir.iterdir() if p.is_dir() and p.name.isdigit() and not p.name.startswith("0")}
@@ -328,68 +307,6 @@ def _check_relative(rel: str, name: str) -> None:
     )
     require(not parts[0].isdigit(), f"extra file '{rel}' of model '{name}' would sit in a version directory", "keep extra files outside numeric folders")
     require(rel not in _RESERVED, f"extra file '{rel}' of model '{name}' is written by the pipeline itself", "drop it from extra_files")
-
-
-def _carry_over(src: Path, dst: Path, rel: str, *, skip_files: set[str], skip_dirs: set[str]) -> bool:
-    """Hard-link (or copy) ``src`` into ``dst`` minus skipped paths; True if ``dst`` was created."""
-    created = False
-    entries = sorted(os.scandir(src), key=lambda e: e.name)
-    if not entries and rel:  # keep empty folders someone made
-        dst.mkdir(parents=True)
-        return True
-    for entry in entries:
-        child_rel = f"{rel}{entry.name}"
-        target = dst / entry.name
-        if entry.is_dir(follow_symlinks=False):
-            if child_rel in skip_dirs:
-                continue
-            if _carry_over(Path(entry.path), target, child_rel + "/", skip_files=skip_files, skip_dirs=skip_dirs):
-                created = True
-            continue
-        if child_rel in skip_files:
-            continue
-        dst.mkdir(parents=True, exist_ok=True)
-        if entry.is_symlink():
-            os.symlink(os.readlink(entry.path), target)
-        else:
-            try:
-                os.link(entry.path, target)
-            except OSError:
-                shutil.copy2(entry.path, target)
-        created = True
-    return created
-
-
-def _copy_artifact(src: Path, dst: Path) -> None:
-    if src.is_dir():  # ONNX models may be a directory (model + external data)
-        shutil.copytree(src, dst)
-        for file in dst.rglob("*"):
-            if file.is_file():
-                _fsync(file)
-    else:
-        shutil.copyfile(src, dst)
-        _fsync(dst)
-
-
-def _write(path: Path, data: bytes) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with open(path, "wb") as fh:
-        fh.write(data)
-        fh.flush()
-        os.fsync(fh.fileno())
-
-
-def _fsync(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def _fsync_dirs(root: Path) -> None:
-    for folder, _, _ in os.walk(root):
-        _fsync(Path(folder))
 
 
 def _files_under(path: Path, root: Path) -> list[str]:

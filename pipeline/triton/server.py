@@ -40,7 +40,7 @@ from types import TracebackType
 from pipeline.errors import PipelineError, require
 from pipeline.progress import progress
 from pipeline.triton.servable import has_gpu, servable_models, write_view
-from pipeline.triton.server_args import ADMIN_KEY_ENV, ServerArgs, tritonserver_args
+from pipeline.triton.server_args import ADMIN_HEADER, ADMIN_KEY_ENV, ServerArgs, tritonserver_args
 from pipeline.triton.server_log import last_errors, startup_error
 
 log = logging.getLogger(__name__)

@@ -225,7 +225,7 @@ def changed_models(repository: Path, before: dict[str, list[int]]) -> set[str]:
 
 
 def test_build_killed_midway_leaves_the_previous_repository_servable(built: Built, tmp_path: Path) -> None:
-    """SIGKILL a `build --fp16 --int8 --version-policy new` at fixed moments; the repository stays servable.
+    """SIGKILL a `build --fp16 --int8 --version-policy new` at several moments; the repository stays servable.
 
     The workdir starts as a copy of the shared build's FP32 stages, so those are cached and each killed
     build reaches the INT8 and publish stages within seconds. The build holds at named pause points
@@ -283,17 +283,16 @@ def test_build_killed_midway_leaves_the_previous_repository_servable(built: Buil
     assert final.returncode == 0, final.stdout[-3000:] + final.stderr[-3000:]
     after = model_versions(repository)
     assert set(after) == set(MODELS)
-    assert after["digits_fp32"] == before["digits_fp32"] == [1]  # unchanged FP32: never republished
+    assert after["digits_fp32"] == before["digits_fp32"] == [1]  # unchanged FP32 is never republished
     for name in ("digits_fp16", "digits_int8"):
-        # published once, by the killed build that got that far or by this one, with the built file
-        assert len(after[name]) == 1, after
+        # published exactly once (by the build killed between swaps, or by this one), with the built file
+        assert len(after[name]) == 1 and after[name][:len(before.get(name, []))] == before.get(name, []), (before, after)
         variant = name.split("_")[1]
         assert (repository / name / str(after[name][0]) / "model.onnx").read_bytes() == (ws / f"model.{variant}.onnx").read_bytes()
     assert_complete(repository)
     serve_one_sample_each(repository, tmp_path / "server.log")
     leftovers = [p.name for p in (workdir / "digits").iterdir() if p.name.startswith(".model.")]
     assert not leftovers, f"killed stages' temporaries were not cleared: {leftovers}"
-    assert not staging.exists()
 
 
 # -- bad inputs to `python -m pipeline serve` ---------------------------------------------------------

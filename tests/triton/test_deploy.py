@@ -27,7 +27,8 @@ import yaml
 from publish_harness import publish_two, two_io_onnx
 
 from pipeline.errors import PipelineError
-from pipeline.triton.deploy import DEFAULT_IMAGE, register, server_args, write_deploy_bundle
+from pipeline.triton.deploy import DEFAULT_IMAGE, server_args, write_deploy_bundle
+from pipeline.triton.deploy_cli import register
 from pipeline.triton.server_args import shell_command, tritonserver_args
 
 RESTRICTED = "model-repository,model-config,shared-memory,trace,logging"

@@ -175,3 +175,53 @@ def test_pinned_server_killed_hard_still_leaves_nothing_after_stop(repository: P
     assert child_pids() == before_pids
     assert not [pid for pid in stubs if alive(pid)]
     assert shm_entries() == before_shm
+
+
+@pytest.mark.slow
+def test_loopback_traffic_ignores_an_unreachable_proxy(repository: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """With http_proxy pointing nowhere, the server still starts (its readiness polls go direct) and
+    serves; a client that honoured the proxy would fail, which shows the proxy setting is live."""
+    import tritonclient.grpc as grpcclient
+
+    for name in ("http_proxy", "HTTP_PROXY", "grpc_proxy", "https_proxy"):
+        monkeypatch.setenv(name, "http://127.0.0.1:9")  # discard port: nothing answers
+    for name in ("no_proxy", "NO_PROXY"):
+        monkeypatch.delenv(name, raising=False)
+    write_model(tmp_path / "repo", softmax_config("tiny"), (repository / "tiny" / "1" / "model.onnx").read_bytes())
+    with TritonServer(tmp_path / "repo", log_path=tmp_path / "t.log") as server:
+        assert server.ready_models == ["tiny"]
+        with pytest.raises(urllib.error.URLError):
+            urllib.request.build_opener().open(f"http://{server.http_url}/v2/health/ready", timeout=5)  # via the proxy
+        assert _DIRECT.open(f"http://{server.http_url}/v2/health/ready", timeout=5).status == 200
+        with closing(grpcclient.InferenceServerClient(server.grpc_url, channel_args=NO_PROXY_GRPC)) as grpc:
+            assert grpc.is_server_ready()
+
+
+@pytest.mark.slow
+def test_admin_key_restricts_the_repository_api_and_readiness_still_works(repository: Path, tmp_path: Path) -> None:
+    """With an admin key (serve --restricted-api), the server's own readiness checks send the key:
+    it starts, and the repository API answers only requests that carry it."""
+    write_model(tmp_path / "repo", softmax_config("tiny"), (repository / "tiny" / "1" / "model.onnx").read_bytes())
+    with TritonServer(tmp_path / "repo", log_path=tmp_path / "t.log", model_control="explicit", admin_key="s3cret") as server:
+        assert server.ready_models == ["tiny"]
+        index = f"http://{server.http_url}/v2/repository/index"
+        with pytest.raises(urllib.error.HTTPError) as denied:
+            _DIRECT.open(urllib.request.Request(index, data=b"{}"), timeout=10)
+        assert denied.value.code == 403
+        with _DIRECT.open(urllib.request.Request(index, data=b"{}", headers={"admin-key": "s3cret"}), timeout=10) as ok:
+            assert [m["name"] for m in json.load(ok)] == ["tiny"]
+
+
+def test_a_gpu_config_that_cannot_load_gets_gpu_advice_not_rebuild_advice(tmp_path: Path) -> None:
+    """The line Triton 2.51 logs for a KIND_GPU instance group on a server that sees no GPU."""
+    from pipeline.triton.server_log import startup_error
+
+    log = tmp_path / "t.log"
+    log.write_text(
+        "E1130 10:00:00.000000 1 model_lifecycle.cc:654] \"failed to load 'tiny' version 1: Invalid argument: "
+        "instance group tiny_0 of model tiny specifies invalid or unsupported gpu id 0. GPUs with at least the "
+        "minimum required CUDA compute compatibility of 6.000000 are: KIND_GPU but no GPUs are available\"\n"
+    )
+    error = startup_error(log, 1, {})
+    assert "model 'tiny' failed to load" in error.problem
+    assert "GPU is visible" in (error.fix or "") and "rebuild" not in (error.fix or "")

@@ -149,7 +149,8 @@ def served_per_length(url: str, repository: Path, model: str, eval_npz: Path) ->
     import tritonclient.http as http
     from tritonclient.utils import np_to_triton_dtype
 
-    from pipeline.arrays import load_npz, split_buckets
+    from pipeline.arrays import load_npz
+    from pipeline.buckets import split_buckets
     from pipeline.onnxrt import session_from_onnx
     from pipeline.tensors import signature_from_onnx
 
