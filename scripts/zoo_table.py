@@ -25,7 +25,7 @@ sys.path.insert(0, str(ROOT))  # tests.zoo holds the model definitions and the h
 from tests.zoo.harness import ZooRun, build_zoo_model, serve_zoo_model  # noqa: E402
 from tests.zoo.models import ZOO  # noqa: E402
 
-COLUMNS = ("model", "parity max abs", "FP16 gate", "INT8 gate", "build s", "ONNX MB fp32/fp16/int8", "TRT 10.5 parser", "served", "c=4 infer/s (fp32/fp16/int8)")
+COLUMNS = ("model", "parity max abs", "FP16 gate", "INT8 gate", "build s", "ONNX fp32/fp16/int8", "TRT 10.5 parser", "served", "c=4 infer/s (fp32/fp16/int8)")
 
 
 def _gate(run: dict, precision: str) -> str:
@@ -40,13 +40,17 @@ def _gate(run: dict, precision: str) -> str:
     return f"{verdict} (agree {agree:.1%})" if agree is not None else verdict
 
 
+def _size(size: int) -> str:
+    return f"{size / 2**20:.1f} MB" if size >= 2**20 else f"{size / 1024:.0f} KB"
+
+
 def row(run: dict) -> list[str]:
     """One table row from a :class:`ZooRun` as JSON."""
-    mb = "/".join(f"{run['sizes'][p] / 2**20:.1f}" if p in run["sizes"] else "—" for p in ("fp32", "fp16", "int8"))
+    mb = " / ".join(_size(run["sizes"][p]) if p in run["sizes"] else "—" for p in ("fp32", "fp16", "int8"))
     parity = max(run["parity_max_abs"].values(), default=None)
     served = "—" if not run["served"] else ("pass" if not run.get("served_error") else "FAIL")
     if run.get("per_length"):
-        served += f" (lengths {', '.join(sorted({k.rsplit('@', 1)[1] for k in run['per_length']}))}: Δ ≤ {max(run['per_length'].values()):.0e})"
+        served += f" (lengths {', '.join(sorted({k.rsplit('@', 1)[1] for k in run['per_length']}))}: max Δ {max(run['per_length'].values()):.2g})"
     rates = "/".join(f"{run['loadtest'][m]['throughput_rps']:.0f}" if m in run["loadtest"] else "—" for m in (f"{run['model']}_{p}" for p in ("fp32", "fp16", "int8")))
     parser = run.get("parser")
     parser_cell = "—" if parser is None else ("ok" if not any(parser.values()) else "; ".join(p for ps in parser.values() for p in ps)[:80])
