@@ -54,7 +54,9 @@ def row(run: dict) -> list[str]:
     rates = "/".join(f"{run['loadtest'][m]['throughput_rps']:.0f}" if m in run["loadtest"] else "—" for m in (f"{run['model']}_{p}" for p in ("fp32", "fp16", "int8")))
     parser = run.get("parser")
     parser_cell = "—" if parser is None else ("ok" if not any(parser.values()) else "; ".join(p for ps in parser.values() for p in ps)[:80])
-    build = f"{run['build_seconds']:.0f}" + (f" (error: {run['build_error'][7:90]})" if run.get("build_error") else "")
+    build = f"{run['build_seconds']:.0f}"
+    if run.get("build_error"):
+        served = "not served (build failed)"
     return [run["model"], "—" if parity is None else f"{parity:.1e}", _gate(run, "fp16"), _gate(run, "int8"), build, mb, parser_cell, served, rates]
 
 
