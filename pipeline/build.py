@@ -19,7 +19,7 @@ from pipeline.artifacts import Artifact
 from pipeline.config import BuildConfig
 from pipeline.errors import PipelineError
 from pipeline.fingerprint import hash_path
-from pipeline.evaldata import EvalData, eval_data_from_path, synthetic_eval_data
+from pipeline.evaldata import EvalBucket, EvalData, eval_data_from_path, synthetic_eval_data
 from pipeline.gates import classifier_output
 from pipeline.publish import PublishSettings, published_configs, published_from_artifacts
 from pipeline.stagecache import Manifest, Stage, run_stage
@@ -282,23 +282,27 @@ def eval_data_for(cfg: BuildConfig, data_dir: ModelData, signature: ModelSignatu
         except PipelineError:
             calib = None
         if calib is not None:
-            held = EvalData.single(calib.samples(0, calib.num_samples), None, f"{calib.origin} (calibration data, unlabeled)", calib.fingerprint())
+            held = _unlabeled(calib.holdout(calib.num_samples)[1], f"{calib.origin} (calibration data, unlabeled)", calib.fingerprint())
             log.warning("no labeled evaluation data (%s): parity and accuracy gates compare with FP32 on all %d calibration samples, "
                         "unlabeled", path, calib.num_samples)
             return held, None
     if calib is not None:
         holdout = min(calib.num_samples - CALIBRATION_MIN, max(calib.num_samples // 2, HOLDOUT_MIN))
         if holdout > 0:
-            kept = calib.num_samples - holdout
-            held = EvalData.single(calib.samples(kept, calib.num_samples), None,
-                            f"{calib.origin} samples {kept}:{calib.num_samples} (held out of calibration, unlabeled)", f"{calib.fingerprint()}:{kept}")
+            rest, samples = calib.holdout(holdout)
+            held = _unlabeled(samples, f"{calib.origin}: {holdout} of {calib.num_samples} samples held out of calibration, unlabeled",
+                              f"{calib.fingerprint()}:holdout{holdout}")
             log.warning("no labeled evaluation data (%s): %d of %d calibration samples are held out (not calibrated on) as the unlabeled "
                         "comparison set; gates judge top-1 agreement with FP32", path, holdout, calib.num_samples)
-            return held, calib.first(kept)
+            return held, rest
     data = synthetic_eval_data(signature, samples=SYNTHETIC_SAMPLES)
     log.warning("no evaluation or calibration data (%s): parity and gates run on %d synthetic samples (%s); give --eval-data for real numbers",
                 path, SYNTHETIC_SAMPLES, data.source)
     return data, calib
+
+
+def _unlabeled(samples: list[tuple[str, dict]], source: str, fingerprint: str) -> EvalData:
+    return EvalData(tuple(EvalBucket(label, arrays, None) for label, arrays in samples), source, fingerprint)
 
 
 def tool_versions() -> dict[str, str]:
