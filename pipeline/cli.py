@@ -45,10 +45,10 @@ def make_parser() -> argparse.ArgumentParser:
     register_mig_plan(sub)
     register_inspect(sub)
     register_report(sub)
-    add_config_options(sub)  # --config FILE and --print-config on every command
     from pipeline.tune.cli import register as register_tune
 
     register_tune(sub)
+    add_config_options(sub)  # --config FILE and --print-config on every command (register commands above this line)
     return parser
 
 
