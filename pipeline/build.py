@@ -19,7 +19,7 @@ from pipeline.artifacts import Artifact
 from pipeline.config import BuildConfig
 from pipeline.errors import PipelineError
 from pipeline.fingerprint import hash_path
-from pipeline.evaldata import EvalData, eval_data_from_path, synthetic_eval_data
+from pipeline.evaldata import EvalBucket, EvalData, eval_data_from_path, synthetic_eval_data
 from pipeline.gates import classifier_output
 from pipeline.publish import PublishSettings, published_configs, published_from_artifacts
 from pipeline.stagecache import Manifest, Stage, run_stage
@@ -140,8 +140,9 @@ def _onnx_stage(saved: Path, ctx: BuildContext) -> Path:
 
 def _parity_stage(saved: Path, onnx_path: Path, data: EvalData, ctx: BuildContext) -> None:
     gates = ctx.cfg.gates
+    batch = eval_batch(onnx_path, data, ctx.cfg.max_memory_gib, runners=2)  # TensorFlow and ONNX Runtime
     ctx.run(Stage("parity", parity_report_from_models, inputs={"saved": saved, "onnx_path": onnx_path, "data": data},
-                  settings={"atol": gates.parity_atol, "rtol": gates.parity_rtol, "batch_size": EVAL_BATCH}, outputs={"dst": ctx.ws.parity}))
+                  settings={"atol": gates.parity_atol, "rtol": gates.parity_rtol, "batch_size": batch}, outputs={"dst": ctx.ws.parity}))
 
 
 def _fp16_stage(onnx_fp32: Path, ctx: BuildContext) -> Artifact:
@@ -201,7 +202,7 @@ def _accuracy_stage(onnx_fp32: Path, candidates: list[Artifact], data: EvalData,
         return
     ctx.run(Stage("accuracy", accuracy_report_from_variants,
                   inputs={"fp32_onnx": onnx_fp32, "candidates": candidates, "data": data},
-                  settings={"gates": ctx.cfg.gates, "batch_size": EVAL_BATCH},
+                  settings={"gates": ctx.cfg.gates, "batch_size": eval_batch(onnx_fp32, data, ctx.cfg.max_memory_gib, runners=1 + len(candidates))},
                   outputs={"dst": ctx.ws.accuracy},
                   context={"signature": signature}))
     ctx.manifest.results["accuracy"] = json.loads(ctx.ws.accuracy.read_text())
@@ -282,23 +283,40 @@ def eval_data_for(cfg: BuildConfig, data_dir: ModelData, signature: ModelSignatu
         except PipelineError:
             calib = None
         if calib is not None:
-            held = EvalData.single(calib.samples(0, calib.num_samples), None, f"{calib.origin} (calibration data, unlabeled)", calib.fingerprint())
+            held = _unlabeled(calib.holdout(calib.num_samples)[1], f"{calib.origin} (calibration data, unlabeled)", calib.fingerprint())
             log.warning("no labeled evaluation data (%s): parity and accuracy gates compare with FP32 on all %d calibration samples, "
                         "unlabeled", path, calib.num_samples)
             return held, None
     if calib is not None:
         holdout = min(calib.num_samples - CALIBRATION_MIN, max(calib.num_samples // 2, HOLDOUT_MIN))
         if holdout > 0:
-            kept = calib.num_samples - holdout
-            held = EvalData.single(calib.samples(kept, calib.num_samples), None,
-                            f"{calib.origin} samples {kept}:{calib.num_samples} (held out of calibration, unlabeled)", f"{calib.fingerprint()}:{kept}")
+            rest, samples = calib.holdout(holdout)
+            held = _unlabeled(samples, f"{calib.origin}: {holdout} of {calib.num_samples} samples held out of calibration, unlabeled",
+                              f"{calib.fingerprint()}:holdout{holdout}")
             log.warning("no labeled evaluation data (%s): %d of %d calibration samples are held out (not calibrated on) as the unlabeled "
                         "comparison set; gates judge top-1 agreement with FP32", path, holdout, calib.num_samples)
-            return held, calib.first(kept)
+            return held, rest
     data = synthetic_eval_data(signature, samples=SYNTHETIC_SAMPLES)
     log.warning("no evaluation or calibration data (%s): parity and gates run on %d synthetic samples (%s); give --eval-data for real numbers",
                 path, SYNTHETIC_SAMPLES, data.source)
     return data, calib
+
+
+def eval_batch(onnx_path: Path, data: EvalData, max_memory_gib: float, *, runners: int) -> int:
+    """The parity/accuracy batch: at most EVAL_BATCH, and small enough that ``runners`` models holding
+    a batch of the largest samples stay within the memory budget together."""
+    from pipeline.budget import batch_for_budget, memory_estimate
+
+    largest: dict[str, tuple[int, ...]] = {}
+    for _, shapes, _ in data.sample_shapes():
+        for name, shape in shapes.items():
+            old = largest.get(name)
+            largest[name] = shape if old is None else tuple(max(a, b) for a, b in zip(old, shape))
+    return batch_for_budget(memory_estimate(onnx_path, largest), max_memory_gib / runners, max_batch=EVAL_BATCH)
+
+
+def _unlabeled(samples: list[tuple[str, dict]], source: str, fingerprint: str) -> EvalData:
+    return EvalData(tuple(EvalBucket(label, arrays, None) for label, arrays in samples), source, fingerprint)
 
 
 def tool_versions() -> dict[str, str]:

@@ -45,14 +45,14 @@ def make_parser() -> argparse.ArgumentParser:
     register_mig_plan(sub)
     register_inspect(sub)
     register_report(sub)
-    add_config_options(sub)  # --config FILE and --print-config on every command
     from pipeline.tune.cli import register as register_tune
 
     register_tune(sub)
+    add_config_options(sub)  # --config FILE and --print-config on every command (register commands above this line)
     return parser
 
 
-def _setup_logging(verbose: bool) -> None:
+def _setup_logging(verbose: bool, command: str | None = None) -> None:
     from rich.logging import RichHandler
 
     from pipeline.console import err_console
@@ -75,6 +75,12 @@ def _setup_logging(verbose: bool) -> None:
     G_LOGGER.module_severity = G_LOGGER.INFO if verbose else G_LOGGER.WARNING
     for noisy in ("tensorflow", "absl", "tf2onnx", "h5py", "matplotlib", "PIL", "urllib3", "polygraphy"):
         logging.getLogger(noisy).setLevel(logging.DEBUG if verbose and noisy in ("tensorflow", "absl", "tf2onnx") else logging.WARNING)
+    if command == "build" and not verbose and not console.is_terminal:
+        # Piped, a build says what each stage did (one line each, and one per long step) and prints its
+        # tables; the details stay behind -v. Warnings (e.g. TensorRT missing) always show.
+        logging.getLogger("pipeline").setLevel(logging.WARNING)
+        for keep in ("pipeline.stagecache", "pipeline.progress", "pipeline.build_cli", "pipeline.stages.shapes"):  # shapes: the profiles and the --shape that reproduces them
+            logging.getLogger(keep).setLevel(logging.INFO)
 
 
 class _PlainFormatter(logging.Formatter):
@@ -104,7 +110,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if getattr(args, "print_config", False):
         sys.stdout.write(configfile.effective_config(parser, args))
         return 0
-    _setup_logging(args.verbose)
+    _setup_logging(args.verbose, args.command)
     try:
         return int(args.handler(args))
     except PipelineError as exc:  # CheckFailed: 1 (a measured check said no); any other: 2 (usage or input)

@@ -74,6 +74,11 @@ def model_io(endpoint: Endpoint, model: str) -> ModelIO:
         raise PipelineError(f"Triton did not describe model '{model}' (HTTP {status}: {meta})", "check the server log")
     status, config = _call(endpoint, "GET", f"/v2/models/{name}/config")
     max_batch = int(config.get("max_batch_size", 0)) if status == 200 and isinstance(config, dict) else 0
+    return model_io_from_metadata(model, meta, max_batch)
+
+
+def model_io_from_metadata(model: str, meta: dict, max_batch: int) -> ModelIO:
+    """:class:`ModelIO` from Triton's model metadata (``GET /v2/models/<model>``) and the max batch size."""
 
     def tensors(key: str) -> tuple[TensorInfo, ...]:
         out = []

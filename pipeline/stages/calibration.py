@@ -132,6 +132,22 @@ class CalibrationData:
             left -= group.count
         return replace(self, num_samples=count, settings={**self.settings, "samples": count}, groups=tuple(groups))
 
+    def holdout(self, count: int) -> tuple[CalibrationData | None, list[tuple[str, dict[str, np.ndarray]]]]:
+        """Split off ``count`` samples, the tail of every size group in proportion to its size: the
+        calibration data left (None when nothing is), and the held-out samples as (group label, arrays)."""
+        require(1 <= count <= self.num_samples, f"cannot hold out {count} of {self.num_samples} calibration samples")
+        kept_groups, held, left = [], [], count
+        for index, group in enumerate(self.groups):
+            share = left if index == len(self.groups) - 1 else min(left, group.count, round(count * group.count / self.num_samples))
+            left -= share
+            if share:
+                held.append((group.label, group.take(group.count - share, group.count)))
+            if group.count - share:
+                kept_groups.append(replace(group, count=group.count - share))
+        kept = self.num_samples - count
+        rest = replace(self, num_samples=kept, settings={**self.settings, "samples": kept, "held_out": count}, groups=tuple(kept_groups))
+        return (rest if kept else None), held
+
     def largest_shapes(self) -> dict[str, PerSample]:
         """Per input, the elementwise largest per-sample shape of any group (for memory estimates)."""
         largest: dict[str, PerSample] = {}
@@ -140,11 +156,6 @@ class CalibrationData:
                 old = largest.get(name)
                 largest[name] = shape if old is None else tuple(max(a, b) for a, b in zip(old, shape, strict=True))
         return largest
-
-    def first(self, count: int) -> CalibrationData:
-        """Only the first ``count`` samples (the rest held out, e.g. as an unlabeled comparison set)."""
-        require(1 <= count <= self.num_samples, f"cannot keep {count} of {self.num_samples} calibration samples")
-        return replace(self, num_samples=count, settings={**self.settings, "samples": count})
 
     def fingerprint(self) -> str:
         """sha256 of the source files and the settings that shaped the samples."""

@@ -143,6 +143,7 @@ def run(args: argparse.Namespace) -> int:
     """Tune, show the table, write the reports, print the diff or apply; see the exit status in --help."""
     from pipeline.console import console as make_console
     from pipeline.tune.cache import TrialCache
+    from pipeline.progress import progress
     from pipeline.tune.results import progress_line
     from pipeline.tune.targets import EmbeddedTarget, Target, remote_target
     from pipeline.tune.tuner import prepare, tune_model
@@ -162,8 +163,9 @@ def run(args: argparse.Namespace) -> int:
     target: Target = remote if remote is not None else EmbeddedTarget(settings.repository, args.cores)
     try:
         for job in jobs:
-            tune_model(settings, target, job, cache,
-                       lambda j, t, n: console.print(progress_line(j, t, n, settings.max_trials), highlight=False))
+            with progress(f"tune {job.model}", settings.max_trials, unit="trials", summary=False) as bar:  # each trial prints its line
+                tune_model(settings, target, job, cache, lambda j, t, n, bar=bar: (  # type: ignore[misc]
+                    bar.advance(), console.print(progress_line(j, t, n, settings.max_trials), highlight=False)))
     finally:
         target.close()
     return _finish(console, args, settings, jobs, target, report_dir, time.monotonic() - began)
@@ -192,6 +194,11 @@ def _finish(console: Any, args: argparse.Namespace, settings: TuneSettings, jobs
         console.print(pareto_table(pareto(jobs, args.workdir), settings.trial.slo_p99_ms))
     written = write_reports(jobs, meta, report_dir, args.workdir)
     console.print(f"reports: {', '.join(str(p) for p in written)}", highlight=False)
+    from pipeline.htmlreport import refresh_html_report
+
+    page = refresh_html_report(args.workdir, report_dir.parent)
+    if page:
+        console.print(f"report: {page}", highlight=False)
     status = 0
     for job in jobs:
         best, base = job.best, job.baseline

@@ -22,7 +22,8 @@ from urllib.parse import quote
 
 from pipeline.errors import PipelineError, require
 from pipeline.loadtest.client import Endpoint, endpoint_from_url
-from pipeline.loadtest.payload import ModelIO, TensorInfo
+from pipeline.loadtest.payload import ModelIO
+from pipeline.loadtest.targets import model_io_from_metadata
 from pipeline.triton.server_args import ADMIN_HEADER, ADMIN_KEY_ENV
 
 if TYPE_CHECKING:
@@ -106,14 +107,7 @@ class Target:
         require(status == 200 and isinstance(meta, dict), f"Triton did not describe model '{model}' (HTTP {status}: {meta})",
                 "check that the model is loaded")
 
-        def tensors(key: str) -> tuple[TensorInfo, ...]:
-            out = []
-            for t in meta.get(key, []):
-                shape = tuple(int(d) for d in t.get("shape", []))
-                out.append(TensorInfo(t["name"], t["datatype"], shape[1:] if max_batch > 0 else shape))
-            return tuple(out)
-
-        return ModelIO(model, tensors("inputs"), tensors("outputs"), max_batch)
+        return model_io_from_metadata(model, meta, max_batch)
 
     def load(self, model: str, config: ModelConfig) -> float:
         """Load ``config`` for ``model`` through the repository API; seconds it took. Raises
