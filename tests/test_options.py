@@ -146,3 +146,15 @@ def test_a_config_file_reaches_the_typed_serve_and_mig_plan_configs(tmp_path: Pa
     config.write_text('[serve]\nslices = "2"\n')
     assert main(["serve", "--config", str(config)]) == 2
     assert "'slices' in " in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("command", ["serve", "deploy", "mig-plan", "verify"])
+def test_print_config_of_the_typed_commands_reads_back(command: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from pipeline.cli import main
+
+    assert main([command, "--repository", str(tmp_path / "repo"), "--print-config"]) == 0
+    printed = capsys.readouterr().out
+    assert f'repository = "{tmp_path / "repo"}"' in printed
+    (tmp_path / "again.toml").write_text(printed)
+    assert main([command, "--config", str(tmp_path / "again.toml"), "--print-config"]) == 0
+    assert capsys.readouterr().out == printed
