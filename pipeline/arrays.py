@@ -1,18 +1,14 @@
 """Arrays of model inputs from .npz/.npy files: read safely (never unpickled) and checked against
 the model's inputs. Calibration data and evaluation data both come through here.
 
-Inputs with dynamic non-batch axes (token sequences, audio frames) may come in *buckets* of
-different sizes: arrays named ``<input>__<bucket>`` (``tokens__len16``, ``tokens__len20``; in an
-``.npz`` or as ``<input>__<bucket>.npy`` files) form one bucket per suffix, every bucket holds one
-array per input, and within a bucket all samples share their sizes. A plain ``<input>`` array is
-the bucket ``""``. Buckets with the same per-sample shapes are batched together.
+Samples of different sizes on a dynamic axis come in length buckets (``<input>__<bucket>``,
+see :mod:`pipeline.buckets`); each bucket is checked here like a plain set of arrays.
 """
 
 from __future__ import annotations
 
 import logging
 import zipfile
-from collections import Counter
 from collections.abc import Callable, Mapping
 from pathlib import Path
 
@@ -24,7 +20,6 @@ from pipeline.tensors import Dim, ModelSignature, TensorSpec
 log = logging.getLogger(__name__)
 
 IGNORED_KEYS = ("labels",)  # eval.npz keeps labels beside the inputs
-BUCKET_SEP = "__"
 PerSample = tuple[int, ...]
 _SCAN_CHUNK = 256  # samples per chunk when scanning (possibly memory-mapped) arrays for NaN/range
 
@@ -67,59 +62,6 @@ def _pickle_error(path: Path, exc: ValueError) -> PipelineError:
             "save plain numeric arrays (e.g. x.astype(np.float32)) with numpy.savez / numpy.save",
         )
     return PipelineError(f"cannot read '{path}': {text}", "write it again with numpy.savez / numpy.save")
-
-
-def split_buckets(origin: Path, arrays: Mapping[str, np.ndarray], signature: ModelSignature, *, what: str = "calibration data") -> dict[str, dict[str, np.ndarray]]:
-    """Group ``<input>`` / ``<input>__<bucket>`` arrays into buckets (``labels`` aside); each bucket
-    must hold one array per model input."""
-    expected = [spec.name for spec in signature.inputs]
-    buckets: dict[str, dict[str, np.ndarray]] = {}
-    unknown = []
-    for key, arr in arrays.items():
-        if key in IGNORED_KEYS or (BUCKET_SEP in key and key.split(BUCKET_SEP, 1)[0] in IGNORED_KEYS):
-            continue
-        if key in expected:
-            buckets.setdefault("", {})[key] = arr
-            continue
-        name, sep, bucket = key.rpartition(BUCKET_SEP)
-        if sep and name in expected and bucket:
-            buckets.setdefault(bucket, {})[name] = arr
-        else:
-            unknown.append(key)
-    require(
-        not unknown,
-        f"{what} '{origin}' has arrays {sorted(unknown)} that are not model inputs",
-        f"name the arrays after the model inputs: {', '.join(expected)} (or <input>{BUCKET_SEP}<bucket> for samples of another size)",
-    )
-    require(
-        bool(buckets),
-        f"{what} '{origin}' has no array for model input(s) {expected}",
-        f"add one array per model input: {', '.join(expected)}",
-    )
-    for bucket, group in buckets.items():
-        missing = [name for name in expected if name not in group]
-        label = f"bucket '{bucket}' of " if bucket else ""
-        require(
-            not missing,
-            f"{what} {label}'{origin}' has no array for model input(s) {missing}",
-            f"add one array per model input: {', '.join(expected)}"
-            + (f" (named <input>{BUCKET_SEP}{bucket})" if bucket else ""),
-        )
-    return dict(sorted(buckets.items()))
-
-
-def sizes_seen(buckets: Mapping[str, Mapping[str, np.ndarray]], signature: ModelSignature) -> dict[str, dict[int, Counter]]:
-    """For every dynamic non-batch axis: ``{input: {axis: Counter(size → samples)}}``, counted over
-    all buckets (what a shape profile must cover; the most common size is a good OPT)."""
-    seen: dict[str, dict[int, Counter]] = {}
-    for group in buckets.values():
-        for spec in signature.inputs:
-            arr = group[spec.name]
-            for axis in spec.dynamic_axes:
-                if axis == 0 or axis >= arr.ndim:
-                    continue
-                seen.setdefault(spec.name, {}).setdefault(axis, Counter())[int(arr.shape[axis])] += len(arr)
-    return seen
 
 
 def checked_inputs(

@@ -28,7 +28,7 @@ def make_parser() -> argparse.ArgumentParser:
     parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND", parser_class=_Parser)
     from pipeline.build_cli import register as register_build
-    from pipeline.inspect_cli import register as register_inspect
+    from pipeline.inspect.cli import register as register_inspect
     from pipeline.loadtest.cli import register as register_loadtest
     from pipeline.mig.cli import register as register_mig_plan
     from pipeline.configfile import add_config_options

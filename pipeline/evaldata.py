@@ -19,7 +19,8 @@ from pathlib import Path
 
 import numpy as np
 
-from pipeline.buckets import BUCKET_SEP, checked_buckets, read_arrays
+from pipeline.arrays import checked_inputs
+from pipeline.buckets import BUCKET_SEP, read_arrays, split_buckets
 from pipeline.errors import PipelineError
 from pipeline.fingerprint import hash_path
 from pipeline.tensors import ModelSignature
@@ -73,6 +74,10 @@ class EvalData:
             )
         return self.buckets[0].inputs
 
+    def num_batches(self, batch_size: int) -> int:
+        """How many feed dicts :meth:`batches` yields (batches never span buckets)."""
+        return sum(-(-b.num_samples // batch_size) for b in self.buckets)
+
     def batches(self, batch_size: int) -> Iterator[dict[str, np.ndarray]]:
         """Yield feed dicts of at most ``batch_size`` samples of one bucket, bucket by bucket, in order."""
         for bucket in self.buckets:
@@ -94,14 +99,23 @@ class EvalData:
 
 def eval_data_from_path(path: Path, signature: ModelSignature) -> EvalData:
     """Load and check evaluation data (an ``.npz`` or a folder of ``.npy`` files) against the
-    model's inputs (names, rank, fixed dims, dtype kind), bucket by bucket."""
+    model's inputs (names, rank, fixed dims, dtype kind), bucket by bucket; ``labels`` (or
+    ``labels__<bucket>``) beside the inputs of each bucket."""
     path = Path(path)
+    arrays = read_arrays(path)
+    groups = split_buckets(path, arrays, signature, what="evaluation data")
+    keys = {("labels" + (f"{BUCKET_SEP}{name}" if name else "")): name for name in groups}
+    stray = sorted(k for k in arrays if (k == "labels" or k.startswith(f"labels{BUCKET_SEP}")) and k not in keys)
+    if stray:
+        raise PipelineError(f"evaluation data '{path}' has {stray} but no inputs of that bucket", f"name labels after their bucket: labels{BUCKET_SEP}<bucket>")
     buckets = []
-    for name, arrays in checked_buckets(path, read_arrays(path), signature, what="evaluation data").items():
-        inputs = {spec.name: np.ascontiguousarray(arrays[spec.name], dtype=spec.dtype) for spec in signature.inputs}
+    for name in sorted(groups, key=_natural):
+        where = Path(f"{path}[{name}]") if name else path
+        checked = checked_inputs(where, groups[name], signature, what="evaluation data")
+        inputs = {spec.name: np.ascontiguousarray(checked[spec.name], dtype=spec.dtype) for spec in signature.inputs}
         n = len(next(iter(inputs.values())))
-        labels = arrays.get("labels")
         key = "labels" + (f"{BUCKET_SEP}{name}" if name else "")
+        labels = arrays.get(key)
         if labels is not None and (labels.ndim != 1 or len(labels) != n or labels.dtype.kind not in "iu"):
             raise PipelineError(f"'{key}' in '{path}' must be {n} integers (one per sample)", "store class indices as int64")
         buckets.append(EvalBucket(name, inputs, None if labels is None else np.asarray(labels, dtype=np.int64)))
@@ -113,6 +127,11 @@ def eval_data_from_path(path: Path, signature: ModelSignature) -> EvalData:
             f"add labels{BUCKET_SEP}<bucket> for every bucket, or none",
         )
     return EvalData(tuple(buckets), str(path), hash_path(path))
+
+
+def _natural(label: str) -> tuple:
+    """Bucket order: ``8`` before ``16`` (numeric labels by value), then other labels."""
+    return (0, int(label), "") if label.isdigit() else (1, 0, label)
 
 
 def eval_data_from_npz(path: Path, signature: ModelSignature) -> EvalData:

@@ -33,6 +33,11 @@ def session_from_onnx(
     for INT8 accuracy gates; leave it off for FP32/FP16 models and for CPU speed.
 
     ``threads`` sets the intra-op thread count (default: ORT's choice, all cores).
+
+    Memory patterns are off: with them, ORT plans one block per input shape after the first run
+    and allocates it on the second while its arena still holds the first run's buffers, so peak
+    memory doubles (ResNet50 at batch 13: 3.0 GB instead of 1.5 GB). Without them the arena
+    reuses its buffers from batch to batch.
     """
     import onnxruntime as ort
 
@@ -41,6 +46,7 @@ def session_from_onnx(
     require(threads is None or threads >= 1, f"threads must be at least 1, got {threads}", "pass a positive number or None")
 
     options = ort.SessionOptions()
+    options.enable_mem_pattern = False
     if exact_qdq:
         options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
     if threads is not None:

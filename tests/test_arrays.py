@@ -7,7 +7,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from pipeline.arrays import checked_inputs, load_npz, sizes_seen, split_buckets
+from pipeline.arrays import checked_inputs, load_npz
 from pipeline.errors import PipelineError
 from pipeline.tensors import ModelSignature, TensorSpec
 
@@ -43,18 +43,3 @@ def test_pickled_npz_is_refused(tmp_path: Path) -> None:
     np.savez(path, image=np.array([{"a": 1}], dtype=object))
     with pytest.raises(PipelineError, match="pickled object array"):
         load_npz(path)
-
-
-def test_buckets_and_sizes_seen_per_dynamic_axis() -> None:
-    arrays = {
-        "image": np.zeros((4, 8, 8, 1), np.float32),
-        "ids": np.ones((4, 5), np.int64),
-        "image__long": np.zeros((2, 8, 8, 1), np.float32),
-        "ids__long": np.ones((2, 9), np.int64),
-        "labels": np.arange(4),
-    }
-    buckets = split_buckets(Path("eval.npz"), arrays, SIGNATURE, what="evaluation data")
-    assert list(buckets) == ["", "long"] and buckets["long"]["ids"].shape == (2, 9)
-    assert sizes_seen(buckets, SIGNATURE) == {"ids": {1: {5: 4, 9: 2}}}
-    with pytest.raises(PipelineError, match=r"evaluation data bucket 'long' of 'eval.npz' has no array for model input\(s\) \['image'\]"):
-        split_buckets(Path("eval.npz"), {k: v for k, v in arrays.items() if k != "image__long"}, SIGNATURE, what="evaluation data")

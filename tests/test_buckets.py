@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from pipeline.buckets import array_shapes, sample_shapes, split_buckets
+from pipeline.buckets import array_shapes, sample_shapes
 from pipeline.errors import PipelineError
 from pipeline.evaldata import eval_data_from_path
 from pipeline.tensors import ModelSignature, TensorSpec
@@ -57,7 +57,7 @@ def test_eval_data_in_buckets_batches_each_size_apart(tmp_path: Path, layout: st
 def test_headers_give_the_shapes_without_loading(tmp_path: Path) -> None:
     np.savez_compressed(tmp_path / "c.npz", **buckets({4: 2, 6: 3}, labels=False))
     assert array_shapes(tmp_path / "c.npz") == {"tokens__4": (2, 4), "scale__4": (2, 2), "tokens__6": (3, 6), "scale__6": (3, 2)}
-    assert [(s, n) for _, s, n in sample_shapes(tmp_path / "c.npz")] == [({"tokens": (4,), "scale": (2,)}, 2), ({"tokens": (6,), "scale": (2,)}, 3)]
+    assert [(s, n) for _, s, n in sample_shapes(tmp_path / "c.npz", SIG)] == [({"tokens": (4,), "scale": (2,)}, 2), ({"tokens": (6,), "scale": (2,)}, 3)]
 
 
 def test_a_static_axis_that_differs_between_buckets_names_the_bucket(tmp_path: Path) -> None:
@@ -85,11 +85,12 @@ def test_labels_for_some_buckets_only(tmp_path: Path) -> None:
     assert "labels__<bucket> for every bucket" in str(info.value.fix)
 
 
-def test_mixing_bucketed_and_plain_names_is_refused() -> None:
-    with pytest.raises(PipelineError, match=r"mixes bucketed arrays \(tokens__16\) with arrays without a bucket \(scale\)"):
-        split_buckets("x.npz", {"tokens__16": np.zeros(1), "scale": np.zeros(1)})
-    with pytest.raises(PipelineError, match="has an array named '__16'"):
-        split_buckets("x.npz", {"__16": np.zeros(1)})
+def test_labels_of_a_bucket_without_inputs_are_refused(tmp_path: Path) -> None:
+    arrays = buckets({16: 4})
+    arrays["labels__20"] = np.zeros(4, np.int64)
+    np.savez(tmp_path / "eval.npz", **arrays)
+    with pytest.raises(PipelineError, match=r"has \['labels__20'\] but no inputs of that bucket"):
+        eval_data_from_path(tmp_path / "eval.npz", SIG)
 
 
 def test_plain_names_are_one_bucket(tmp_path: Path) -> None:
@@ -111,7 +112,7 @@ def test_loadtest_requests_take_the_buckets_in_turn_at_their_real_sizes() -> Non
         request_batches(buckets({16: 5, 20: 3}), fixed, batch_size=4, count=2)
 
 
-def test_a_model_input_whose_name_has_the_separator_is_not_split() -> None:
-    arrays = {"input__0": np.zeros((2, 3)), "labels": np.zeros(2)}
-    assert split_buckets("x.npz", arrays, ["input__0"]) == {"": arrays}
-    assert list(split_buckets("x.npz", {"input__0__16": np.zeros((2, 16))}, ["input__0"])["16"]) == ["input__0"]
+def test_a_model_input_whose_name_has_the_separator_is_not_split(tmp_path: Path) -> None:
+    sig = ModelSignature(inputs=(TensorSpec("input__0", np.dtype("float32"), ("batch", 3)),), outputs=(PROBS,))
+    np.savez(tmp_path / "eval.npz", input__0=np.zeros((2, 3), np.float32))
+    assert [b.name for b in eval_data_from_path(tmp_path / "eval.npz", sig).buckets] == [""]

@@ -1,22 +1,25 @@
 """Exit status per command, for real in a subprocess: 0 success; 1 the work ran and a measured check
 failed; 2 bad usage or bad input (one line, nothing written); 130 Ctrl-C.
 
-Build's gate failure (1) is in tests/test_build_precision.py, loadtest's 0/1/2/130 in
-tests/loadtest/test_exit_codes.py, report's 2 in tests/test_report_html.py.
+Build's gate failure (1) is in tests/test_build_precision.py, verify's served drift (1) in
+tests/triton/test_verify.py, loadtest's 0/1/2/130 in tests/loadtest/test_exit_codes.py, report's 2
+in tests/test_report_html.py, config files' 2 in tests/test_config_file.py.
 """
 
 from __future__ import annotations
 
-import json
+import os
 import shutil
+import signal
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import pytest
-from google.protobuf import text_format
-from tritonclient.grpc import model_config_pb2 as mc
 
 from pipeline.errors import EXIT_CHECK_FAILED, EXIT_INTERRUPTED, EXIT_USER_ERROR, CheckFailed, PipelineError
-from tests.conftest import Built, cli, one_line_error
+from tests.conftest import ROOT, Built, cli, one_line_error
 
 
 def test_the_codes_and_which_error_carries_which() -> None:
@@ -40,21 +43,32 @@ def test_bad_usage_is_2_with_one_line(argv: tuple[str, ...], tmp_path: Path) -> 
 
 
 @pytest.mark.slow
-def test_verify_served_drift_is_1(built: Built, tmp_path: Path) -> None:
-    # Served INT8 outputs really drift when ONNX Runtime may optimize the Q/DQ graph (fusing it into
-    # integer kernels): the copy's INT8 config asks for graph level 1 instead of the published 2.
-    repo = tmp_path / "repo"
-    shutil.copytree(built.repository, repo, symlinks=True)
-    config_path = repo / "digits_int8" / "config.pbtxt"
-    config = text_format.Parse(config_path.read_text(), mc.ModelConfig())
-    assert config.optimization.graph.level == 2
-    config.optimization.graph.level = 1
-    config_path.write_text(text_format.MessageToString(config))
-
-    ok = cli("verify", "--repository", str(built.repository), "--model", "digits_int8", "--report", str(tmp_path / "ok.json"))
-    assert ok.returncode == 0, ok.stderr[-2000:]
-    drift = cli("verify", "--repository", str(repo), "--model", "digits_int8", "--report", str(tmp_path / "drift.json"))
-    line = one_line_error(drift, status=1)
-    assert "served accuracy check failed: digits_int8: served outputs differ from in-process" in line
-    [row] = json.loads((tmp_path / "drift.json").read_text())["models"]
-    assert row["passed"] is False and row["max_abs_diff"] > 1e-3
+def test_ctrl_c_during_a_build_exits_130_and_leaves_nothing_half_written(built: Built, tmp_path: Path) -> None:
+    # A copy of the shared build (its stages stay cached); a new calibration method reruns only INT8,
+    # which the pause-point hook (pipeline/pausepoints.py) holds after its second batch: no race.
+    workdir, repo, marker = tmp_path / "build", tmp_path / "repo", tmp_path / "paused"
+    shutil.copytree(built.workdir, workdir, symlinks=True)
+    int8 = workdir / "digits" / "model.int8.onnx"
+    before = int8.read_bytes()
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]),
+               PIPELINE_PAUSE_AT="int8.calibration-batch#2", PIPELINE_PAUSE_FILE=str(marker))  # fmt: skip
+    command = [sys.executable, "-m", "pipeline", "build", "--int8", "--calibration-method", "percentile",
+               "--workdir", str(workdir), "--repository", str(repo)]  # fmt: skip
+    process = subprocess.Popen(command, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 600
+        while not marker.exists():
+            assert process.poll() is None, process.communicate()
+            assert time.monotonic() < deadline, "the build never reached the second calibration batch"
+            time.sleep(0.1)
+        process.send_signal(signal.SIGINT)
+        _, err = process.communicate(timeout=120)
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait()
+    assert process.returncode == 130, err[-2000:]
+    assert err.strip().splitlines()[-1] == "interrupted" and "Traceback" not in err
+    assert int8.read_bytes() == before  # the old INT8 model, not a half-calibrated one
+    assert not list(int8.parent.glob(".model.int8.onnx.*"))  # no temporaries left behind
+    assert not repo.exists() or not any(repo.iterdir())  # nothing published

@@ -144,6 +144,7 @@ def test_threads_and_errors(tmp_path: Path) -> None:
     _qdq_conv_matmul(tmp_path / "qdq.onnx", np.random.default_rng(0))
     session = session_from_onnx(tmp_path / "qdq.onnx", threads=1)
     assert session.get_session_options().intra_op_num_threads == 1
+    assert not session.get_session_options().enable_mem_pattern  # see session_from_onnx: doubles peak memory
     with pytest.raises(PipelineError, match="does not exist"):
         session_from_onnx(tmp_path / "missing.onnx")
     (tmp_path / "broken.onnx").write_bytes(b"\x08\x07garbage")

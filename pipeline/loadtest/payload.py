@@ -90,8 +90,17 @@ def request_batches(samples: dict[str, np.ndarray], io: ModelIO, batch_size: int
     ``tokens__20``: see :mod:`pipeline.buckets`) are sent at their real sizes, the requests
     taking the buckets in turn."""
     from pipeline.buckets import split_buckets
+    from pipeline.tensors import ModelSignature, TensorSpec
 
-    buckets = list(split_buckets("the samples", samples, [t.name for t in io.inputs]).values())
+    names = ModelSignature(tuple(TensorSpec(t.name, np.dtype(NUMPY_OF.get(t.datatype, np.float32)), (-1, *t.shape)) for t in io.inputs), ())
+    missing = [t.name for t in io.inputs if not any(k == t.name or k.startswith(t.name + "__") for k in samples)]
+    if missing:
+        raise PipelineError(
+            f"the samples have no array for input(s) {', '.join(missing)} of model '{io.name}' (arrays: {', '.join(sorted(samples))})",
+            "write the evaluation .npz with one array per model input name",
+        )
+    known = {k: v for k, v in samples.items() if any(k == t.name or k.startswith(t.name + "__") for t in io.inputs)}
+    buckets = list(split_buckets(Path("the samples"), known, names, what="load-test samples").values())
     per_bucket = [_bucket_batches(b, io, batch_size, -(-count // len(buckets))) for b in buckets]
     return [per_bucket[k % len(buckets)][k // len(buckets)] for k in range(count)]
 

@@ -70,7 +70,7 @@ def accuracy_report_from_variants(
     raise PipelineError naming each variant that fails its gate (or that the data cannot judge)."""
     output = classifier_output(signature)
     reference = runner_for_onnx(fp32_onnx, name="fp32-onnx")
-    with progress("accuracy gates", -(-data.num_samples // batch_size), unit="batches") as bar:
+    with progress("accuracy gates", data.num_batches(batch_size), unit="batches") as bar:
         comparisons = compare_runners(
             reference, [runner_for_artifact(a) for a in candidates], bar.track(data.batches(batch_size)), labels=data.labels, classifier_output=output
         )

@@ -27,7 +27,8 @@ from pathlib import Path
 
 import numpy as np
 
-from pipeline.arrays import PerSample, checked_inputs, load_npy, load_npz, sizes_seen, split_buckets
+from pipeline.arrays import PerSample, checked_inputs, load_npy, load_npz
+from pipeline.buckets import split_buckets
 from pipeline.errors import PipelineError, require
 from pipeline.fingerprint import hash_path, hash_settings
 from pipeline.stages.calibration_images import (  # noqa: F401 - PREPROCESS_MODES, RESIZE_MODES, ASPECT_TOLERANCE are this stage's options
@@ -288,7 +289,7 @@ def _array_calibration(
         groups.append(_group(parts, quotas[key], dict(key), dtypes))
     groups = [g for g in groups if g.count > 0]
 
-    sizes = sizes_seen(checked, signature)
+    sizes = _sizes_seen(checked, signature)
     shapes = {name: list(shape) for name, shape in groups[0].shapes.items()} if len(groups) == 1 else {g.label: {n: list(s) for n, s in g.shapes.items()} for g in groups}
     if len(groups) > 1:
         spread = "; ".join(f"{name} dim {axis}: " + ", ".join(f"{size} ({n})" for size, n in sorted(c.items())) for name, axes in sizes.items() for axis, c in axes.items())
@@ -297,6 +298,18 @@ def _array_calibration(
         log.info("calibration data: %d of %d samples from %s", count, found, origin)
     settings = {"kind": "arrays", "samples": count, "shapes": shapes}
     return CalibrationData(origin, tuple(expected), count, settings, tuple(groups), sizes)
+
+
+def _sizes_seen(buckets: Mapping[str, Mapping[str, np.ndarray]], signature: ModelSignature) -> dict[str, dict[int, Counter]]:
+    """``{input: {axis: Counter(size → samples)}}`` for every dynamic non-batch axis."""
+    seen: dict[str, dict[int, Counter]] = {}
+    for group in buckets.values():
+        for spec in signature.inputs:
+            arr = group[spec.name]
+            for axis in spec.dynamic_axes:
+                if 0 < axis < arr.ndim:
+                    seen.setdefault(spec.name, {}).setdefault(axis, Counter())[int(arr.shape[axis])] += len(arr)
+    return seen
 
 
 def _quotas(counts: Mapping[tuple, int], wanted: int) -> dict[tuple, int]:

@@ -1,13 +1,15 @@
 """INT8 ONNX variant with explicit Q/DQ (QuantizeLinear/DequantizeLinear), calibrated on real data.
 
 The graph is what TensorRT's explicit quantization wants: symmetric int8 everywhere (zero
-point 0), weights per output channel, biases left in float, and Q/DQ only on the *inputs* of
-Conv/ConvTranspose/Gemm/MatMul, so TensorRT fuses each DQ into the following layer and keeps
-everything else (pooling, the final Softmax, graph outputs) in float.
+point 0), weights per output channel, biases left in float, Q/DQ on the *inputs* of
+Conv/ConvTranspose/Gemm/MatMul (ONNX Runtime's QDQ quantizer), then placed where TensorRT fuses
+(:mod:`pipeline.stages.qdq_placement`: both inputs of residual Adds, AveragePool inputs, one
+scale across Concat inputs). Graph outputs and the final Softmax stay float.
 
-Calibration runs one batch at a time: each batch's activations are reduced to ranges (minmax)
-or added to per-tensor histograms (entropy, percentile) before the next batch is read. The
-ranges are handed to ``quantize_static`` through its calibration cache file.
+Calibration runs one batch at a time, batches sized to a memory budget
+(:mod:`pipeline.budget`): each batch's activations are reduced to ranges (minmax) or added to
+per-tensor histograms (entropy, percentile) before the next batch is read. The ranges are handed
+to ``quantize_static`` through its calibration cache file.
 """
 
 from __future__ import annotations

@@ -18,7 +18,7 @@ def parity_report_from_models(saved: Path, onnx_path: Path, data: EvalData, dst:
     ``atol + rtol·|tf|``."""
     tf_runner = SavedModelRunner(saved, name="tensorflow")
     ort_runner = runner_for_onnx(onnx_path, name="onnxruntime")
-    with progress("parity TensorFlow vs ONNX", -(-data.num_samples // batch_size), unit="batches") as bar:
+    with progress("parity TensorFlow vs ONNX", data.num_batches(batch_size), unit="batches") as bar:
         [comparison] = compare_runners(tf_runner, [ort_runner], bar.track(data.batches(batch_size)))
     failures = _failures(comparison, atol, rtol)
     report = {

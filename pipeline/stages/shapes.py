@@ -369,7 +369,7 @@ def seen_in_files(path: Path, signature: ModelSignature) -> list[SeenBucket]:
     if path.is_dir() and (path / CALIB_FILE).is_file():
         path = path / CALIB_FILE
     if (path.is_file() and path.suffix == ".npz") or (path.is_dir() and any(path.glob("*.npy"))):
-        return seen_shapes(sample_shapes(path, [s.name for s in signature.inputs]))
+        return seen_shapes(sample_shapes(path, signature))
     return []
 
 

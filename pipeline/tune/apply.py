@@ -43,6 +43,15 @@ def config_diff(job: ModelTune, profile: str | None) -> str:
     return "".join(difflib.unified_diff(old, new, fromfile=f"{name} (published)", tofile=f"{name} (tuned)"))
 
 
+def check_can_apply(job: ModelTune, profile: str | None, repository: Path) -> None:
+    """Raise before any measurement when ``--apply`` could not write the result."""
+    require(job.model_dir is not None, f"--apply writes into {repository}, which has no model '{job.model}'",
+            "pass --repository with the local copy of the server's repository, or drop --apply")
+    require(profile is not None or _VARIANT.match(job.model) is not None,
+            f"--apply publishes a new version only for models the pipeline published (<model>_<precision>), not '{job.model}'",
+            f"drop --apply and copy the printed config into {job.model_dir}/config.pbtxt, or write it per profile with --profile")
+
+
 def apply_best(job: ModelTune, repository: Path, profile: str | None, summary: dict[str, Any], reproduce: str) -> Path | None:
     """Publish the best config (new version, or ``configs/<profile>.pbtxt``); None when the
     published config is already the best."""

@@ -154,9 +154,10 @@ def run(args: argparse.Namespace) -> int:
     remote = remote_target(args.url) if args.url else None
     jobs = [prepare(settings, remote, model) for model in settings.models]  # every bad input fails here, before any load
     if args.apply:
+        from pipeline.tune.apply import check_can_apply
+
         for job in jobs:
-            require(job.model_dir is not None, f"--apply writes into {settings.repository}, which has no model '{job.model}'",
-                    "pass --repository with the local copy of the server's repository, or drop --apply")
+            check_can_apply(job, settings.profile, settings.repository)
     cache = TrialCache(settings.cache_path, fresh=settings.fresh)
     target: Target = remote if remote is not None else EmbeddedTarget(settings.repository, args.cores)
     try:

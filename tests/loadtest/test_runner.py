@@ -15,6 +15,7 @@ from pipeline.loadtest.measure import WindowSettings
 from pipeline.loadtest.policy import ClosedLoop, OpenLoop, Policy
 from pipeline.loadtest.results import PointResult
 from pipeline.loadtest.runner import LoadTestSettings, run_loadtest
+from pipeline.loadtest.server_stats import fetch_counters
 
 from .conftest import SLEEP_S
 
@@ -114,15 +115,26 @@ def test_server_killed_mid_run_ends_the_run_with_errors(workspace: Path, tmp_pat
     from pipeline.triton.server import TritonServer
 
     with TritonServer(workspace / "model_repository", log_path=tmp_path / "killed.log") as victim:
-        killer = threading.Timer(1.0, lambda: os.kill(victim.pid, signal.SIGKILL))  # type: ignore[arg-type]
+        stop = threading.Event()
+
+        def kill_once_load_runs() -> None:
+            # after the run's few check requests, once the first load point is under way (not at a
+            # fixed time: on a loaded machine the checks alone can take longer than any delay)
+            endpoint = endpoint_from_url(victim.http_url)
+            while not stop.is_set() and fetch_counters(endpoint, "add").success_count < 50:
+                stop.wait(0.02)
+            if not stop.is_set():
+                os.kill(victim.pid, signal.SIGKILL)  # type: ignore[arg-type]
+
+        killer = threading.Thread(target=kill_once_load_runs, daemon=True)
         killer.start()
         try:
             result = run_loadtest(settings(victim, workspace, [ClosedLoop(c) for c in (2, 4, 8, 16)],
                                            windows=WindowSettings(window_s=0.5, warmup_s=0.2, max_s=3.0, drain_s=1.0)))  # fmt: skip
         finally:
-            killer.cancel()
-    # stopped at the dead server (a point takes at least 1.7 s here, so the kill lands in the first
-    # or second of four): the aborted point is the last one run, the others were not ground through
+            stop.set()
+            killer.join()
+    # stopped at the dead server: the aborted point is the last one run, the others were not ground through
     assert result.points and result.points[-1].aborted and len(result.points) < 4, [(p.load, p.aborted) for p in result.points]
     assert result.failures and "cannot reach Triton" in result.failures[-1]
     kinds = {k for p in result.points for k in p.aggregate.errors}

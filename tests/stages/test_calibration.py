@@ -194,17 +194,21 @@ def test_bucket_errors_are_one_line(tmp_path: Path) -> None:
     rng = np.random.default_rng(0)
     good = _bucket(rng, 120, 16)
     np.savez(tmp_path / "missing.npz", **{f"{k}__len16": v for k, v in good.items() if k != "mask"})
-    with pytest.raises(PipelineError, match=r"bucket 'len16' of .* has no array for model input\(s\) \['mask'\] — .*named <input>__len16"):
+    with pytest.raises(PipelineError, match=r"bucket 'len16' of '.*missing.npz' has no array for model input\(s\) \['mask'\]"):
         calibration_from_path(tmp_path / "missing.npz", SEQ)
     np.savez(tmp_path / "disagree.npz", tokens=good["tokens"], mask=np.ones((120, 20), np.float32), meta=good["meta"])
     with pytest.raises(PipelineError, match=r"input 'mask' has dim 1 = 20 but 'tokens' has dim 1 = 16, and the model says both are the same axis 'seq'"):
         calibration_from_path(tmp_path / "disagree.npz", SEQ)
-    np.savez(tmp_path / "static.npz", **{**good, "meta__x": np.zeros((5, 4), np.float32), "tokens__x": good["tokens"][:5], "mask__x": good["mask"][:5]})
+    bucketed = {f"{k}__a": v for k, v in good.items()}
+    np.savez(tmp_path / "static.npz", **bucketed, meta__x=np.zeros((5, 4), np.float32), tokens__x=good["tokens"][:5], mask__x=good["mask"][:5])
     with pytest.raises(PipelineError, match=r"input 'meta' in '.*static.npz\[x\]' has shape \(5, 4\), the model expects \(N, 3\)"):
         calibration_from_path(tmp_path / "static.npz", SEQ)
-    np.savez(tmp_path / "typo.npz", **good, tokenz__x=good["tokens"])
-    with pytest.raises(PipelineError, match=r"arrays \['tokenz__x'\] that are not model inputs"):
+    np.savez(tmp_path / "typo.npz", **bucketed, tokenz__a=good["tokens"])
+    with pytest.raises(PipelineError, match=r"typo.npz' has arrays \['tokenz__a'\] that are not model inputs"):
         calibration_from_path(tmp_path / "typo.npz", SEQ)
+    np.savez(tmp_path / "mixed.npz", **good, tokens__x=good["tokens"])
+    with pytest.raises(PipelineError, match=r"bucket 'x' of '.*mixed.npz' has no array for model input\(s\) \['mask', 'meta'\]"):
+        calibration_from_path(tmp_path / "mixed.npz", SEQ)
 
 
 def test_npy_buckets_in_a_folder(tmp_path: Path) -> None:

@@ -279,3 +279,22 @@ def test_keras_recurrent_models_convert_to_valid_fp16_within_the_gate(tmp_path: 
         fp16 = session_from_onnx(out).run(None, {"frames": x})[0]
         assert 0 < np.abs(fp16 - fp32).max() < 1e-2  # the FP16 gate's atol; really converted
         assert (fp16.argmax(1) == fp32.argmax(1)).mean() >= 0.98
+
+
+@pytest.mark.slow
+def test_cli_keep_flags(tmp_path: Path) -> None:
+    """`build --fp16-keep-nodes` with a node the model lacks is one line naming it and the flag,
+    nothing published; `--fp16-keep-op-types Conv` keeps the Conv weights FP32."""
+    from tests.conftest import cli, one_line_error
+
+    args = ["build", "--fp16", "--workdir", str(tmp_path / "build"), "--repository", str(tmp_path / "repo"), "--calibration-root", str(tmp_path / "data")]
+    line = one_line_error(cli(*args, "--fp16-keep-nodes", "nope", cwd=tmp_path))
+    assert "--fp16-keep-nodes names node(s) 'nope'" in line and "model.fp32.onnx" in line, line
+    assert not (tmp_path / "repo").exists()
+    proc = cli(*args, "--fp16-keep-op-types", "Conv", "--fp16-keep-op-types", "Softmax,Relu", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    model = onnx.load(str(tmp_path / "build" / "digits" / "model.fp16.onnx"))
+    conv = next(n for n in model.graph.node if n.op_type == "Conv")
+    weights = {i.name: i.data_type for i in model.graph.initializer}
+    assert weights[conv.input[1]] == TensorProto.FLOAT
+    assert TensorProto.FLOAT16 in weights.values()  # the Dense layers are still FP16

@@ -272,8 +272,8 @@ def test_seen_in_files_reads_buckets_from_headers(tmp_path: Path) -> None:
     np.save(tmp_path / "npy" / "tokens__12.npy", np.zeros((7, 12), np.int64))
     (tmp_path / "images").mkdir()
     assert [(b.shapes, b.samples) for b in seen_in_files(tmp_path, SEQ)] == [({"tokens": (16,)}, 30), ({"tokens": (20,)}, 10)]
-    assert [(b.origin.endswith("[8]"), b.shapes, b.samples) for b in seen_in_files(tmp_path / "npy", SEQ)] == [
-        (True, {"tokens": (8,)}, 5), (False, {"tokens": (12,)}, 7)
+    assert sorted((b.origin.endswith("[8]"), b.shapes["tokens"], b.samples) for b in seen_in_files(tmp_path / "npy", SEQ)) == [
+        (False, (12,), 7), (True, (8,), 5)
     ]
     assert seen_in_files(tmp_path / "images", SEQ) == []
 
@@ -283,3 +283,33 @@ def test_calibration_hints_are_the_opt_shapes_without_logging(caplog: pytest.Log
         hints = calibration_hints(["image:1x8x8x1/4x8x8x1/4x8x8x1"], TWO_INPUTS, max_batch=4)
     assert hints == {"image": (8, 8, 1), "tokens": (64,)}
     assert not caplog.records
+
+
+@pytest.mark.slow
+def test_build_sizes_a_sequence_axis_from_its_own_data(tmp_path: Path) -> None:
+    """A token model with calibration and evaluation data of lengths 12 and 20 builds INT8 without
+    --shape; a --shape that misses length 20 is one line and publishes nothing."""
+    from tests.conftest import cli, one_line_error
+
+    rng = np.random.default_rng(0)
+    folder = tmp_path / "calibration" / "tok"
+    folder.mkdir(parents=True)
+    np.savez(folder / "calib.npz", tokens__12=rng.integers(1, 100, (90, 12)).astype(np.int32), tokens__20=rng.integers(1, 100, (40, 20)).astype(np.int32))
+    np.savez(folder / "eval.npz", tokens__12=rng.integers(1, 100, (300, 12)).astype(np.int32), labels__12=np.zeros(300, np.int64),
+             tokens__20=rng.integers(1, 100, (100, 20)).astype(np.int32), labels__20=np.zeros(100, np.int64))
+    common = ["build", "--model", "tests.keras_models:tokens", "--name", "tok", "--int8", "--workdir", str(tmp_path / "build"),
+              "--repository", str(tmp_path / "repo"), "--calibration-root", str(tmp_path / "calibration"), "--int8-max-drop", "100"]
+    line = one_line_error(cli(*common, "--shape", "tokens:1x1/8x12/8x16"))
+    assert "--shape does not cover the data" in line and "has size 20 on axis 1" in line and "--shape tokens:1x8/64x12/64x32" in line
+    assert not (tmp_path / "repo").exists()
+
+    proc = cli(*common)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    log = " ".join(proc.stderr.split())
+    assert "sizes seen in the data 12 (390 samples), 20 (140 samples) → MIN 8, OPT 12, MAX 32" in log
+    assert "the same profiles: --shape tokens:1x8/64x12/64x32" in log
+    from pipeline.triton.config import parse_config
+
+    config = parse_config((tmp_path / "repo" / "tok_int8" / "config.pbtxt").read_text())
+    assert [list(i.dims) for i in config.input] == [[-1]]
+    assert [list(i.dims) for w in config.model_warmup for i in w.inputs.values()][0] == [12]  # a real sample of the common length

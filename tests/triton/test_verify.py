@@ -57,7 +57,7 @@ def test_a_server_fusing_qdq_into_integer_kernels_is_caught(built: Built, tmp_pa
 
     report_path = tmp_path / "v.json"
     proc = cli("verify", "--repository", str(repository), "--report", str(report_path))
-    line = one_line_error(proc)
+    line = one_line_error(proc, status=1)  # the check ran and failed: 1, not a usage error
     assert "digits_int8" in line and "differ from in-process" in line and "level 2" in line, line
     assert "digits_fp32:" not in line and "digits_fp16:" not in line, line
     rows = {row["model"]: row for row in json.loads(report_path.read_text())["models"]}

@@ -82,3 +82,17 @@ def test_pareto_marks_dominated_variants(tmp_path: Path) -> None:
     assert [p["dominated"] for p in faster_int8] == [False, False]  # a trade-off: both on the front
     slower_int8 = pareto([fp32_tune(), fp32_tune("digits_int8", 0.5)], tmp_path)
     assert [p["dominated"] for p in slower_int8] == [False, True]  # less accurate and slower
+
+
+def test_apply_is_refused_before_any_measurement_when_it_could_not_write(tmp_path: Path) -> None:
+    import pytest
+
+    from pipeline.errors import PipelineError
+    from pipeline.tune.apply import check_can_apply
+
+    published = [trial(Candidate(1, 64, (32, 64), 100), [point(1, 500, 3)], baseline=True)]
+    with pytest.raises(PipelineError, match="only for models the pipeline published .* not 'add'"):
+        check_can_apply(model_tune("add", published, tmp_path / "add"), None, tmp_path)
+    check_can_apply(model_tune("add", published, tmp_path / "add"), "cpu-1", tmp_path)  # a profile config is fine
+    with pytest.raises(PipelineError, match="which has no model 'digits_fp32'"):
+        check_can_apply(model_tune("digits_fp32", published, None), None, tmp_path)

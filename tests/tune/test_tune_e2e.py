@@ -65,6 +65,14 @@ def test_apply_publishes_exactly_one_version_with_the_best_config_and_no_apply_c
     assert doc["best"]["meets_slo"] and doc["best"]["config"]["max_queue_delay_us"] == 0
     assert doc["best"]["infer_per_s"] >= doc["baseline"]["infer_per_s"]
 
+    profiled = tune(tmp_path, *common, "--apply", "--profile", "cpu-1", "--report-dir", str(tmp_path / "profiled"))
+    assert profiled.returncode == 0, profiled.stdout[-3000:] + profiled.stderr[-3000:]
+    profile_config = repo / "digits_fp32" / "configs" / "cpu-1.pbtxt"
+    assert candidate_from_config(parse_config(profile_config.read_text())) == Candidate.from_dict(doc["best"]["config"])
+    assert "configs/cpu-1.pbtxt" in json.loads((repo / "digits_fp32" / ".pipeline-owned.json").read_text())["files"]
+    assert sorted(p.name for p in (repo / "digits_fp32").iterdir() if p.name.isdigit()) == ["1"]
+    assert parse_config(config_file.read_text()) == slow  # --profile leaves config.pbtxt alone
+
     applied = tune(tmp_path, *common, "--apply", "--report-dir", str(tmp_path / "applied"))
     assert applied.returncode == 0, applied.stdout[-3000:] + applied.stderr[-3000:]
     again = report(tmp_path / "applied")

@@ -36,6 +36,7 @@ class ZooRun:
     loadtest_error: str | None = None
     serve_seconds: float = 0.0
     per_length: dict[str, float] = field(default_factory=dict)  # "<model>@<length>" → max |served - in-process|
+    parser: dict[str, list[str]] | None = None  # variant → what TensorRT 10.5's ONNX parser would refuse (from the manifest)
 
     def as_json(self) -> dict:
         return asdict(self)
@@ -70,6 +71,8 @@ def build_zoo_model(entry: ZooModel, root: Path) -> ZooRun:
         run.parity_max_abs = {k: v["max_abs"] for k, v in parity["outputs"].items()}
     if (ws / "accuracy.json").is_file():
         run.gates = _gates(json.loads((ws / "accuracy.json").read_text()))
+    if (ws / "manifest.json").is_file():
+        run.parser = json.loads((ws / "manifest.json").read_text()).get("results", {}).get("tensorrt_parser")
     run.sizes = {p: (ws / f"model.{p}.onnx").stat().st_size for p in PRECISIONS if (ws / f"model.{p}.onnx").is_file()}
     config = paths["repository"] / f"{entry.name}_fp32" / "config.pbtxt"
     if config.is_file():
@@ -102,6 +105,7 @@ def _gates(report: dict) -> dict[str, dict]:
 def serve_zoo_model(entry: ZooModel, root: Path, run: ZooRun) -> ZooRun:
     """Start the embedded tritonserver on the repository, `verify` every variant, load-test once at c=4."""
     from pipeline.errors import PipelineError
+    from pipeline.gates import Gates
     from pipeline.triton.server import TritonServer
     from pipeline.triton.verify import verify_repository
 
@@ -112,10 +116,10 @@ def serve_zoo_model(entry: ZooModel, root: Path, run: ZooRun) -> ZooRun:
         try:
             report = verify_repository(
                 paths["repository"], url=server.http_url, models=models, calibration_root=paths["calibration"],
-                batch_size=32, atol=1e-3, max_drop={"fp16": 0.2, "int8": 1.0}, report_path=root / "served.json",
+                batch_size=32, atol=1e-3, gates=Gates(), report_path=root / "served.json",
             )
             run.served = report["models"]
-        except PipelineError as exc:
+        except PipelineError as exc:  # CheckFailed included: the served check said no
             run.served_error = str(exc)
             if (root / "served.json").is_file():
                 run.served = json.loads((root / "served.json").read_text())["models"]
@@ -157,7 +161,7 @@ def served_per_length(url: str, repository: Path, model: str, eval_npz: Path) ->
     client = http.InferenceServerClient(url)
     diffs = {}
     try:
-        for label, bucket in split_buckets(eval_npz, load_npz(eval_npz), [s.name for s in signature.inputs]).items():
+        for label, bucket in split_buckets(eval_npz, load_npz(eval_npz), signature, what="evaluation data").items():
             feed = {s.name: np.ascontiguousarray(bucket[s.name][:8], dtype=s.dtype) for s in signature.inputs}
             inputs = []
             for name, array in feed.items():

@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from pipeline.errors import PipelineError
-from pipeline.stages.shapes import SeenBucket, ShapeProfile, profiles_from_args
+from pipeline.stages.shapes import SeenBucket, ShapeProfile, profiles_from_args, seen_in_files
 from pipeline.tensors import TensorSpec, load_onnx, signature_from_onnx
 
 log = logging.getLogger(__name__)
@@ -73,7 +73,7 @@ def inspection_from_model(
     *,
     shapes: Sequence[str] = (),
     max_batch: int = 64,
-    seen: Sequence[SeenBucket] = (),
+    data: Sequence[Path] = (),
     targets: Sequence[str] = (),
     show_layers: bool = False,
     opset: int = 17,
@@ -83,13 +83,13 @@ def inspection_from_model(
     if path.suffix == ".plan" or path.suffix == ".engine":
         return _inspect_plan(path)
     if path.suffix == ".onnx":
-        return inspection_from_onnx(path, shapes=shapes, max_batch=max_batch, seen=seen, targets=targets, show_layers=show_layers)
+        return inspection_from_onnx(path, shapes=shapes, max_batch=max_batch, data=data, targets=targets, show_layers=show_layers)
     from pipeline.stages.source import model_source
 
     source = model_source(model)  # .keras, SavedModel folder or module:function; raises on anything else
     with tempfile.TemporaryDirectory(prefix="inspect-") as tmp:
         onnx_path = onnx_from_source(source, Path(tmp), opset)
-        report = inspection_from_onnx(onnx_path, shapes=shapes, max_batch=max_batch, seen=seen, targets=targets, show_layers=show_layers)
+        report = inspection_from_onnx(onnx_path, shapes=shapes, max_batch=max_batch, data=data, targets=targets, show_layers=show_layers)
     report.model, report.kind = model, source.kind
     report.onnx = f"converted as build converts it (tf2onnx, opset {opset}); not kept"
     return report
@@ -109,7 +109,7 @@ def inspection_from_onnx(
     *,
     shapes: Sequence[str] = (),
     max_batch: int = 64,
-    seen: Sequence[SeenBucket] = (),
+    data: Sequence[Path] = (),
     targets: Sequence[str] = (),
     show_layers: bool = False,
 ) -> Inspection:
@@ -122,6 +122,7 @@ def inspection_from_onnx(
     report.opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), None)
     report.inputs = [tensor_dict(s) for s in signature.inputs]
     report.outputs = [tensor_dict(s) for s in signature.outputs]
+    seen = [bucket for p in data for bucket in _seen_in(p, signature)]
     profiles: list[ShapeProfile] = profiles_from_args(shapes, signature, max_batch=max_batch, seen=seen)
     report.profiles = [str(p) or "(no dynamic inputs)" for p in profiles]
     report.op_counts = dict(sorted(op_counts(model).items(), key=lambda kv: (-kv[1], kv[0])))
@@ -131,6 +132,16 @@ def inspection_from_onnx(
         report.parser[target] = summarize(check_onnx(model, target))
     report.polygraphy = _polygraphy_summary(model, show_layers)
     return report
+
+
+def _seen_in(path: Path, signature: Any) -> list[SeenBucket]:
+    """Sample shapes of the arrays at ``path`` (headers only), as build reads them."""
+    if not Path(path).exists():
+        raise PipelineError(f"'{path}' does not exist", "pass an .npz file or a folder of .npy files")
+    found = seen_in_files(path, signature)
+    if not found:
+        raise PipelineError(f"'{path}' holds no .npz/.npy arrays", "pass an .npz file or a folder of .npy files")
+    return found
 
 
 def quantized_nodes(model: Any) -> tuple[list[QuantizedNode], list[str]]:

@@ -7,9 +7,9 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-from pipeline.errors import PipelineError, require
+from pipeline.errors import require
 from pipeline.options import add_options, check_options, config_from_values, in_range, option, values_from_namespace
-from pipeline.stages.shapes import SHAPE_SYNTAX, SeenBucket, seen_in_files, well_formed
+from pipeline.stages.shapes import SHAPE_SYNTAX, well_formed
 
 
 def _trt_versions() -> tuple[str, ...]:
@@ -63,7 +63,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     """Inspect the model; print the report; 1 if TensorRT's parser would refuse part of it."""
     from pipeline.console import console
-    from pipeline.inspection import inspection_from_model
+    from pipeline.inspect.report import inspection_from_model
 
     cfg = config_from_values(InspectConfig, values_from_namespace(InspectConfig, args))
     check_options(cfg)
@@ -71,8 +71,11 @@ def run(args: argparse.Namespace) -> int:
         require(well_formed(text), f"malformed --shape '{text}': expected {SHAPE_SYNTAX}", "write e.g. --shape image:1x8x8x1/32x8x8x1/64x8x8x1")
     bad = [v for v in cfg.trt_versions if v not in _trt_versions()]
     require(not bad, f"no ONNX parser data for TensorRT {', '.join(bad)}", f"use --trt-version with one of: {', '.join(_trt_versions())}")
+    for path in (cfg.calibration, cfg.eval_data):
+        require(path is None or path.exists(), f"'{path}' does not exist", "pass an .npz file or a folder of .npy files")
     report = inspection_from_model(
-        args.model, shapes=cfg.shapes, max_batch=cfg.max_batch, seen=_seen(cfg, args.model), targets=cfg.trt_versions,
+        args.model, shapes=cfg.shapes, max_batch=cfg.max_batch, data=[p for p in (cfg.calibration, cfg.eval_data) if p is not None],
+        targets=cfg.trt_versions,
         show_layers=cfg.show_layers, opset=cfg.opset,
     )
     out = console()
@@ -84,31 +87,9 @@ def run(args: argparse.Namespace) -> int:
     return 1 if any(report.parser.values()) else 0
 
 
-def _seen(cfg: InspectConfig, model: str) -> list[SeenBucket]:
-    """Sample shapes of the data options (headers only), keyed by the model's input names."""
-    paths = [p for p in (cfg.calibration, cfg.eval_data) if p is not None]
-    for path in paths:
-        require(path.exists(), f"'{path}' does not exist", "pass an .npz file or a folder of .npy files")
-    if not paths:
-        return []
-    seen = []
-    for path in paths:
-        found = seen_in_files(path, _no_signature())
-        if not found:
-            raise PipelineError(f"'{path}' holds no .npz/.npy arrays", "pass an .npz file or a folder of .npy files")
-        seen += found
-    return seen
-
-
-def _no_signature():  # type: ignore[no-untyped-def]
-    from pipeline.tensors import ModelSignature
-
-    return ModelSignature((), ())
-
-
 def report_lines(report) -> list[str]:  # type: ignore[no-untyped-def]
     """The text report, one string per line."""
-    from pipeline.inspection import counts_line, quantized_summary
+    from pipeline.inspect.report import counts_line, quantized_summary
 
     lines = [f"{report.model} ({report.kind})"]
     if report.onnx and report.onnx != report.model:
