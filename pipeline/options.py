@@ -75,9 +75,23 @@ def in_range(low: float, high: float) -> Check:
     return check
 
 
+def at_least(low: int) -> Check:
+    """A count of at least ``low`` (``--slices``, ``--max-batch``, ...); None means unset."""
+
+    def check(value: int | None) -> str | None:
+        return None if value is None or value >= low else f"is below {low}"
+
+    return check
+
+
 def port_number(value: int) -> str | None:
     """A TCP port, 0 meaning any free port."""
-    return None if 0 <= value <= 65535 else "is not a port (0 to 65535, 0 = any free port)"
+    return None if 0 <= value <= 65535 else "is out of range (0 to 65535, 0 = any free port)"
+
+
+def fixed_port_number(value: int) -> str | None:
+    """A TCP port that must be named (a container's published port cannot be "any free port")."""
+    return None if 1 <= value <= 65535 else "is out of range (1 to 65535)"
 
 
 # ---- options shared by several commands ------------------------------------------------------------
@@ -99,9 +113,12 @@ def eval_data_option(group: str | None = None) -> Any:
                         "(default: what the build recorded, else <calibration-root>/<model>/eval.npz)", metavar="NPZ", group=group)
 
 
-def port_option(default: int, what: str) -> Any:
-    """``--http-port``/``--grpc-port``/``--metrics-port``."""
-    return option(default, f"{what} port, 0 = any free port", check=port_number)
+def port_option(default: int, what: str, published: bool = False) -> Any:
+    """``--http-port``/``--grpc-port``/``--metrics-port``; a ``published`` container port is the same number on
+    the host and inside, so it must be named (0, any free port, cannot work there)."""
+    if published:
+        return option(default, f"{what} port, the same on the host and in the container", metavar="PORT", check=fixed_port_number)
+    return option(default, f"{what} port, 0 = any free port", metavar="PORT", check=port_number)
 
 
 def slo_option(required: bool = False) -> Any:

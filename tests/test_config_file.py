@@ -104,8 +104,8 @@ def test_a_required_flag_can_come_from_the_file(tmp_path: Path) -> None:
     ("[build]\nint8 = 1\n", ["build"], r"'int8' in .*\[build\] must be true or false"),
     ("[build\n", ["build"], r"config file .* is not TOML \(.*line 1"),
     ("fp16 = true\n", ["build"], r"'fp16' in .* is not a command table"),
-    ("[serve]\nhttp-port = \"8000\"\n", ["serve"], r"'http-port' in .*\[serve\] must be a number, got '8000'"),
-    ("[serve]\nhttp-port = 99999\n", ["serve"], r"'http-port' in .*\[serve\] is not valid: port 99999 is out of range"),
+    ("[serve]\nhttp-port = \"8000\"\n", ["serve"], r"'http-port' in .*\[serve\] must be an integer, got '8000'"),
+    ("[serve]\nhttp-port = 99999\n", ["serve"], r"--http-port 99999 is out of range \(0 to 65535"),  # checked with the flags' checks
     ("[loadtest]\nprotocol = \"udp\"\n", ["loadtest"], r"'protocol' in .*\[loadtest\] is 'udp', not one of http, grpc"),
     ("[loadtest]\nconcurrency = [1, 2]\n", ["loadtest"], r"'concurrency' in .*\[loadtest\] must be a single value"),
     ("[loadtest]\nhelp = true\n", ["loadtest"], r"unknown key 'help'"),

@@ -13,7 +13,10 @@ from pipeline.cli import make_parser
 from pipeline.config import BuildConfig
 from pipeline.errors import PipelineError
 from pipeline.gates import Gates
+from pipeline.mig.cli import MigPlanConfig
 from pipeline.options import as_mapping, config_from_values, fields_of, values_from_mapping
+from pipeline.triton.deploy_cli import DeployConfig
+from pipeline.triton.serve_cli import ServeConfig
 from pipeline.triton.verify_cli import VerifyConfig
 
 
@@ -22,7 +25,9 @@ def _subparser(name: str) -> argparse.ArgumentParser:
     return sub.choices[name]
 
 
-@pytest.mark.parametrize(("command", "cls"), [("build", BuildConfig), ("verify", VerifyConfig)])
+@pytest.mark.parametrize(("command", "cls"), [
+    ("build", BuildConfig), ("verify", VerifyConfig), ("serve", ServeConfig), ("deploy", DeployConfig), ("mig-plan", MigPlanConfig),
+])  # fmt: skip
 def test_every_cli_option_has_a_config_field_with_default_and_help_and_the_reverse(command: str, cls: type) -> None:
     parser = _subparser(command)
     # help, and the config-file switches every command has (pipeline/configfile.py), are not settings
@@ -85,3 +90,71 @@ def test_effective_config_reads_back() -> None:
     again = config_from_values(BuildConfig, values_from_mapping(BuildConfig, mapping, "x"))
     assert dataclasses.replace(again, command=cfg.command) == cfg
     assert not math.isnan(again.gates.fp16_max_drop)
+
+
+def test_commands_share_one_declaration_of_repository_and_ports() -> None:
+    shared = {name: {f.name: f.option for f in fields_of(cls)} for name, cls in
+              (("serve", ServeConfig), ("verify", VerifyConfig), ("build", BuildConfig), ("deploy", DeployConfig))}  # fmt: skip
+    assert shared["serve"]["repository"] == shared["verify"]["repository"] == dataclasses.replace(shared["build"]["repository"], group=None)
+    assert shared["deploy"]["repository"] == shared["serve"]["repository"]
+    for port in ("http_port", "grpc_port", "metrics_port"):
+        assert "0 = any free port" in shared["serve"][port].help  # serve binds any free port on 0 ...
+        assert "0 = any free port" not in shared["deploy"][port].help  # ... a container's published port must be named
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["serve", "--slices", "0"], r"--slices 0 is below 1 — use --slices 1 for one server"),
+        (["serve", "--http-port", "70000"], r"--http-port 70000 is out of range \(0 to 65535, 0 = any free port\)"),
+        (["serve", "--timeout", "0"], r"--timeout 0.0 is not a positive number of seconds"),
+        (["serve", "--timeout", "nan"], r"--timeout nan is not a positive number of seconds"),
+        (["deploy", "--grpc-port", "0"], r"--grpc-port 0 is out of range \(1 to 65535\)"),
+        (["mig-plan", "--gpu", "H200-141GB", "--onnx", "{tmp}/m.onnx", "--max-batch", "0"], r"--max-batch 0 is below 1 — pass a batch size"),
+        (["mig-plan", "--gpu", "H200-141GB", "--bundle", "{tmp}/b", "--max-gpus", "0"], r"--max-gpus 0 is below 1 — use 1 or more"),
+    ],
+)
+def test_bad_values_of_the_other_commands_are_one_line_exit_2_before_anything_runs(
+    argv: list[str], message: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import re
+
+    from pipeline.cli import main
+
+    outputs = {"serve": ["--workdir", "{tmp}/w"], "deploy": ["--out", "{tmp}/d"], "mig-plan": []}[argv[0]]
+    assert main([a.format(tmp=tmp_path) for a in [*argv, *outputs, "--repository", "{tmp}/r"]]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("error: "), err
+    assert re.search(message, err[0]), err[0]
+    assert list(tmp_path.iterdir()) == []  # nothing started, nothing written
+
+
+def test_a_config_file_reaches_the_typed_serve_and_mig_plan_configs(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    import tomllib
+
+    from pipeline.cli import main
+
+    config = tmp_path / "pipeline.toml"
+    config.write_text('[serve]\nslices = 2\nmodel-control = "explicit"\nrestricted-api = true\n\n'
+                      '[mig-plan]\nfrom-tune = ["a", "b"]\nmax-gpus = 2\n')
+    assert main(["serve", "--config", str(config), "--grpc-port", "0", "--print-config"]) == 0
+    serve = tomllib.loads(capsys.readouterr().out)["serve"]
+    assert (serve["slices"], serve["model-control"], serve["restricted-api"], serve["grpc-port"], serve["http-port"]) == (2, "explicit", True, 0, 8000)
+    assert main(["mig-plan", "--config", str(config), "--from-tune", "c", "--print-config"]) == 0
+    mig = tomllib.loads(capsys.readouterr().out)["mig-plan"]
+    assert (mig["from-tune"], mig["max-gpus"], mig["from-nvidia-smi"]) == (["c"], 2, [])  # a flag's list replaces the file's
+    config.write_text('[serve]\nslices = "2"\n')
+    assert main(["serve", "--config", str(config)]) == 2
+    assert "'slices' in " in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("command", ["serve", "deploy", "mig-plan", "verify"])
+def test_print_config_of_the_typed_commands_reads_back(command: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from pipeline.cli import main
+
+    assert main([command, "--repository", str(tmp_path / "repo"), "--print-config"]) == 0
+    printed = capsys.readouterr().out
+    assert f'repository = "{tmp_path / "repo"}"' in printed
+    (tmp_path / "again.toml").write_text(printed)
+    assert main([command, "--config", str(tmp_path / "again.toml"), "--print-config"]) == 0
+    assert capsys.readouterr().out == printed

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -20,10 +21,35 @@ from pipeline.mig.memory import (
 )
 from pipeline.mig.plan import GIB, HEURISTIC, MigPlan, plan_instances
 from pipeline.mig.profiles import BUILTIN_GPUS, GpuMig, builtin_gpu
+from pipeline.options import add_options, at_least, check_options, config_from_values, option, values_from_namespace
 from pipeline.triton.config import config_text
 from pipeline.triton.repository import read_repository
 
 log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class MigPlanConfig:
+    """Every ``mig-plan`` option."""
+
+    gpu: str | None = option(None, "GPU table to use, e.g. H200-141GB (or give a --query-gpu CSV)")
+    layout: str | None = option(None, "MIG devices to create, e.g. 3x2g.35gb,1x1g.18gb (default: every profile)")
+    from_nvidia_smi: tuple[Path, ...] = option((), "saved nvidia-smi output (-lgip, -L or --query-gpu CSV); repeatable", metavar="FILE")
+    onnx: Path | None = option(None, "ONNX model: memory = weights + activations at --max-batch")
+    engine_metadata: Path | None = option(None, "TensorRT engine metadata JSON (device memory, weights)")
+    # Not the shared repository_option: here the repository is one of the model sources, so "not given" must be seen.
+    repository: Path | None = option(None, "Triton model repository: plan every model in it", metavar="DIR")
+    max_batch: int | None = option(None, "batch size to size activations for (default: config.pbtxt max_batch_size, "
+                                         "or the ONNX model's fixed batch)", check=at_least(1), fix="pass a batch size of 1 or more")
+    name: str | None = option(None, "model name for --onnx/--engine-metadata (default: from the file name)")
+    bundle: Path | None = option(None, "write launch-mig.sh, docker-compose.yml, k8s/", metavar="DIR")
+    image: str = option(BundleSettings.image, "tritonserver image for compose and Kubernetes")
+    max_gpus: int = option(BundleSettings.max_gpus, "Kubernetes autoscaling: grow each profile up to N GPUs' worth of MIG devices",
+                           metavar="N", check=at_least(1), fix="use 1 or more GPUs")
+    from_tune: tuple[Path, ...] = option((), "report dirs of `tune --profile P` runs (one per slice type): instances, batching and "
+                                             "layout ranking from those measurements instead of the heuristic; profiles cpu-N rehearse "
+                                             "on this CPU", metavar="DIR")
+
 
 _EPILOG = f"""\
 examples:
@@ -56,23 +82,7 @@ def register(subparsers: Any) -> None:
         epilog=_EPILOG,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    p.add_argument("--gpu", help="GPU table to use, e.g. H200-141GB (or give a --query-gpu CSV)")
-    p.add_argument("--layout", help="MIG devices to create, e.g. 3x2g.35gb,1x1g.18gb (default: every profile)")
-    p.add_argument("--from-nvidia-smi", metavar="FILE", action="append", type=Path, default=[],
-                   help="saved nvidia-smi output (-lgip, -L or --query-gpu CSV); repeatable")
-    p.add_argument("--onnx", type=Path, help="ONNX model: memory = weights + activations at --max-batch")
-    p.add_argument("--engine-metadata", type=Path, help="TensorRT engine metadata JSON (device memory, weights)")
-    p.add_argument("--repository", type=Path, help="Triton model repository: plan every model in it")
-    p.add_argument("--max-batch", type=int, help="batch size to size activations for "
-                   "(default: config.pbtxt max_batch_size, or the ONNX model's fixed batch)")
-    p.add_argument("--name", help="model name for --onnx/--engine-metadata (default: from the file name)")
-    p.add_argument("--bundle", type=Path, metavar="DIR", help="write launch-mig.sh, docker-compose.yml, k8s/")
-    p.add_argument("--image", default=BundleSettings.image, help="tritonserver image for compose and Kubernetes")
-    p.add_argument("--max-gpus", type=int, default=BundleSettings.max_gpus, metavar="N",
-                   help="Kubernetes autoscaling: grow each profile up to N GPUs' worth of MIG devices (default: %(default)s)")
-    p.add_argument("--from-tune", metavar="DIR", action="append", type=Path, default=[],
-                   help="report dirs of `tune --profile P` runs (one per slice type): instances, batching and layout "
-                        "ranking from those measurements instead of the heuristic; profiles cpu-N rehearse on this CPU")
+    add_options(p, MigPlanConfig)
     p.set_defaults(handler=run)
 
 
@@ -80,27 +90,29 @@ def run(args: argparse.Namespace) -> int:
     """Plan, print the table, and write configs and the bundle when asked."""
     from pipeline.console import console as make_console
 
+    cfg = config_from_values(MigPlanConfig, values_from_namespace(MigPlanConfig, args))
+    check_options(cfg)
     console = make_console()
-    if args.from_tune:
+    if cfg.from_tune:
         from pipeline.mig.measured import is_cpu_rehearsal, print_measured_plan, read_tune_runs
 
-        measured = read_tune_runs(args.from_tune)
-        print_measured_plan(console, measured, None if is_cpu_rehearsal(measured) else _gpu(args.gpu, _read_nvidia_smi(args.from_nvidia_smi)))
+        measured = read_tune_runs(list(cfg.from_tune))
+        print_measured_plan(console, measured, None if is_cpu_rehearsal(measured) else _gpu(cfg.gpu, _read_nvidia_smi(cfg.from_nvidia_smi)))
         return 0
-    smi = _read_nvidia_smi(args.from_nvidia_smi)
-    gpu = _gpu(args.gpu, smi)
+    smi = _read_nvidia_smi(cfg.from_nvidia_smi)
+    gpu = _gpu(cfg.gpu, smi)
     devices = [d for g in smi.get("list", []) for d in g.mig_devices]
-    layout = _layout(args.layout, gpu, smi)
-    repository_configs = {n: (m.config, m.path) for n, m in read_repository(args.repository).items()} if args.repository else {}
-    memory = _memory(args, repository_configs)
+    layout = _layout(cfg.layout, gpu, smi)
+    repository_configs = {n: (m.config, m.path) for n, m in read_repository(cfg.repository).items()} if cfg.repository else {}
+    memory = _memory(cfg, repository_configs)
     plan = plan_instances(gpu, memory, layout)
     _print_plan(console, plan)
-    if args.bundle:
-        _write_bundle(console, plan, args, repository_configs, devices or None)
+    if cfg.bundle is not None:
+        _write_bundle(console, plan, cfg.bundle, cfg, repository_configs, devices or None)
     return 0
 
 
-def _read_nvidia_smi(files: list[Path]) -> dict[str, Any]:
+def _read_nvidia_smi(files: tuple[Path, ...]) -> dict[str, Any]:
     parsed: dict[str, Any] = {}
     for path in files:
         require(path.is_file(), f"nvidia-smi output {path} does not exist")
@@ -144,23 +156,23 @@ def _layout(text: str | None, gpu: GpuMig, smi: dict[str, Any]) -> Layout | None
     return layout
 
 
-def _memory(args: argparse.Namespace, repository_configs: dict[str, Any]) -> dict[str, MemoryEstimate]:
-    sources = sum(x is not None for x in (args.onnx or args.engine_metadata, args.repository))
+def _memory(cfg: MigPlanConfig, repository_configs: dict[str, Any]) -> dict[str, MemoryEstimate]:
+    sources = sum(x is not None for x in (cfg.onnx or cfg.engine_metadata, cfg.repository))
     require(sources == 1, "say what to plan: --onnx and/or --engine-metadata, or --repository",
             "pass exactly one model source")
-    require(args.max_batch is None or args.max_batch >= 1, f"--max-batch {args.max_batch} is not a batch size")
-    if args.repository:
+    if cfg.repository:
         out = {}
         for name, (config, model_dir) in repository_configs.items():
-            out[name] = memory_for_model_dir(model_dir, args.max_batch or max(1, config.max_batch_size))
+            out[name] = memory_for_model_dir(model_dir, cfg.max_batch or max(1, config.max_batch_size))
         return out
-    batch: int | None = args.max_batch or (_fixed_batch(args.onnx) if args.onnx else None)
-    if args.engine_metadata:
-        name = args.name or args.engine_metadata.name.split(".")[0]
-        return {name: memory_from_engine_metadata(args.engine_metadata, args.onnx, batch)}
+    batch: int | None = cfg.max_batch or (_fixed_batch(cfg.onnx) if cfg.onnx else None)
+    if cfg.engine_metadata:
+        name = cfg.name or cfg.engine_metadata.name.split(".")[0]
+        return {name: memory_from_engine_metadata(cfg.engine_metadata, cfg.onnx, batch)}
+    assert cfg.onnx is not None  # one model source, checked above
     if batch is None:
-        raise PipelineError(f"{args.onnx} has a dynamic batch axis", "pass --max-batch N to size activations for")
-    return {args.name or args.onnx.stem: memory_from_onnx(args.onnx, batch)}
+        raise PipelineError(f"{cfg.onnx} has a dynamic batch axis", "pass --max-batch N to size activations for")
+    return {cfg.name or cfg.onnx.stem: memory_from_onnx(cfg.onnx, batch)}
 
 
 def _fixed_batch(onnx_path: Path) -> int | None:
@@ -197,14 +209,12 @@ def _print_plan(console: Any, plan: MigPlan) -> None:
         console.print(f"[yellow]excluded[/] {model} from {profile}: {reason}", highlight=False)
 
 
-def _write_bundle(console: Any, plan: MigPlan, args: argparse.Namespace, repository_configs: dict[str, Any], devices: Any) -> None:
+def _write_bundle(console: Any, plan: MigPlan, out: Path, cfg: MigPlanConfig, repository_configs: dict[str, Any], devices: Any) -> None:
     if not any(p.loaded for p in plan.profiles):
         raise PipelineError("no model fits any planned MIG profile, so there is nothing to launch",
                             "use larger profiles or a smaller --max-batch")
-    out: Path = args.bundle
-    require(args.max_gpus >= 1, f"--max-gpus {args.max_gpus} is below 1", "use 1 or more GPUs")
-    write_bundle(out, plan, BundleSettings(image=args.image, max_gpus=args.max_gpus), devices, repository=args.repository)
-    where = f"the repository {args.repository}" if args.repository else "$MODEL_REPOSITORY (set it: no --repository given)"
+    write_bundle(out, plan, BundleSettings(image=cfg.image, max_gpus=cfg.max_gpus), devices, repository=cfg.repository)
+    where = f"the repository {cfg.repository}" if cfg.repository else "$MODEL_REPOSITORY (set it: no --repository given)"
     console.print(f"wrote the MIG bundle to {out}/ ({LAUNCH_SCRIPT}, docker-compose.yml, k8s/), serving {where}", highlight=False)
     if not repository_configs:
         console.print("no --repository: write configs/<profile>.pbtxt with the build (build --mig)", highlight=False)

@@ -4,13 +4,26 @@ from __future__ import annotations
 
 import argparse
 import logging
+from dataclasses import dataclass
 from pathlib import Path
 
-from pipeline.argtypes import port
+from pipeline.options import add_options, check_options, config_from_values, option, port_option, repository_option, values_from_namespace
 from pipeline.triton.deploy import DEFAULT_IMAGE, SCRIPT, write_deploy_bundle
 from pipeline.triton.server_args import ADMIN_HEADER, ADMIN_KEY_ENV, RESTRICTED_APIS
 
 log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class DeployConfig:
+    """Every ``deploy`` option."""
+
+    repository: Path = repository_option()
+    out: Path = option(Path("deploy"), "where to write the bundle", metavar="DIR")
+    image: str = option(DEFAULT_IMAGE, "tritonserver image", metavar="IMAGE")
+    http_port: int = port_option(8000, "HTTP/REST", published=True)
+    grpc_port: int = port_option(8001, "gRPC", published=True)
+    metrics_port: int = port_option(8002, "Prometheus metrics", published=True)
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -35,19 +48,16 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         ),
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    p.add_argument("--repository", type=Path, default=Path("model_repository"), help="the Triton model repository (default: %(default)s)")
-    p.add_argument("--out", type=Path, default=Path("deploy"), help="where to write the bundle (default: %(default)s)")
-    p.add_argument("--image", default=DEFAULT_IMAGE, help="tritonserver image (default: %(default)s)")
-    p.add_argument("--http-port", type=port, default=8000, help="HTTP/REST port on host and in the container (default: %(default)s)")
-    p.add_argument("--grpc-port", type=port, default=8001, help="gRPC port (default: %(default)s)")
-    p.add_argument("--metrics-port", type=port, default=8002, help="Prometheus metrics port (default: %(default)s)")
+    add_options(p, DeployConfig)
     p.set_defaults(handler=run)
 
 
 def run(args: argparse.Namespace) -> int:
     """``python -m pipeline deploy``: write the bundle and log where it is."""
-    paths = write_deploy_bundle(args.repository, args.out, image=args.image, http_port=args.http_port, grpc_port=args.grpc_port, metrics_port=args.metrics_port)
+    cfg = config_from_values(DeployConfig, values_from_namespace(DeployConfig, args))
+    check_options(cfg)
+    paths = write_deploy_bundle(cfg.repository, cfg.out, image=cfg.image, http_port=cfg.http_port, grpc_port=cfg.grpc_port, metrics_port=cfg.metrics_port)
     for path in paths:
         log.info("wrote %s", path)
-    log.info("start it with: %s=<secret> %s", ADMIN_KEY_ENV, Path(args.out) / SCRIPT)
+    log.info("start it with: %s=<secret> %s", ADMIN_KEY_ENV, cfg.out / SCRIPT)
     return 0

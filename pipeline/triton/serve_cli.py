@@ -4,18 +4,59 @@ from __future__ import annotations
 
 import argparse
 import logging
+import math
 import os
 import signal
 import threading
+from dataclasses import dataclass
 from pathlib import Path
 from types import FrameType
 
-from pipeline.argtypes import port
 from pipeline.errors import PipelineError, require
+from pipeline.options import (
+    add_options,
+    at_least,
+    check_options,
+    config_from_values,
+    option,
+    port_option,
+    repository_option,
+    values_from_namespace,
+)
 from pipeline.triton.server_args import ADMIN_HEADER, ADMIN_KEY_ENV
 from pipeline.triton.server import MODEL_CONTROL_MODES, TritonServer
 
 log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class ServeConfig:
+    """Every ``serve`` option."""
+
+    repository: Path = repository_option()
+    host: str = option("127.0.0.1", "address to bind; anything but loopback exposes unauthenticated endpoints")
+    http_port: int = port_option(8000, "HTTP/REST")
+    grpc_port: int = port_option(8001, "gRPC")
+    metrics_port: int = port_option(8002, "Prometheus metrics")
+    workdir: Path = option(Path("build"), "where the server log goes: <workdir>/triton/", metavar="DIR")
+    log_file: Path | None = option(None, "tritonserver log (default: <workdir>/triton/tritonserver-<http-port>.log; "
+                                         "with --slices, one per slice)", metavar="FILE")
+    slices: int = option(1, "local MIG rehearsal: N servers on consecutive port triples (http+3i, grpc+3i, metrics+3i), "
+                            "each pinned to its share of the CPU cores", metavar="N", check=at_least(1), fix="use --slices 1 for one server")
+    model_config_name: str | None = option(None, "load <model>/configs/NAME.pbtxt where present instead of config.pbtxt", metavar="NAME")
+    timeout: float = option(120.0, "seconds to wait for readiness", metavar="SECONDS",
+                            check=lambda v: None if math.isfinite(v) and v > 0 else "is not a positive number of seconds")
+    model_control: str = option("none", "explicit: every model still loads at start, and the repository API may load, unload or "
+                                        "reload models with a config override (what `tune --url` needs)", choices=MODEL_CONTROL_MODES)
+    restricted_api: bool = option(False, f"restrict the admin APIs (model repository, model config, ...) to requests with the header "
+                                         f"'{ADMIN_HEADER}: ${ADMIN_KEY_ENV}', as the production launch scripts do")
+
+
+def config_from_args(args: argparse.Namespace) -> ServeConfig:
+    """The checked ServeConfig of a parsed command line (one-line PipelineError on a bad value)."""
+    cfg = config_from_values(ServeConfig, values_from_namespace(ServeConfig, args))
+    check_options(cfg)
+    return cfg
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -39,36 +80,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         ),
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    p.add_argument("--repository", type=Path, default=Path("model_repository"),
-                   help="the Triton model repository (default: %(default)s)")
-    p.add_argument("--host", default="127.0.0.1",
-                   help="address to bind; anything but loopback exposes unauthenticated endpoints (default: %(default)s)")
-    p.add_argument("--http-port", type=port, default=8000, help="HTTP/REST port, 0 = any free port (default: %(default)s)")
-    p.add_argument("--grpc-port", type=port, default=8001, help="gRPC port, 0 = any free port (default: %(default)s)")
-    p.add_argument("--metrics-port", type=port, default=8002,
-                   help="Prometheus metrics port, 0 = any free port (default: %(default)s)")
-    p.add_argument("--workdir", type=Path, default=Path("build"),
-                   help="where the server log goes: <workdir>/triton/ (default: %(default)s)")
-    p.add_argument("--log-file", type=Path,
-                   help="tritonserver log (default: <workdir>/triton/tritonserver-<http-port>.log; with --slices, one per slice)")
-    p.add_argument("--slices", type=int, default=1, metavar="N",
-                   help="local MIG rehearsal: N servers on consecutive port triples (http+3i, grpc+3i, "
-                        "metrics+3i), each pinned to its share of the CPU cores (default: %(default)s)")
-    p.add_argument("--model-config-name", metavar="NAME",
-                   help="load <model>/configs/NAME.pbtxt where present instead of config.pbtxt")
-    p.add_argument("--timeout", type=float, default=120.0, help="seconds to wait for readiness (default: %(default)s)")
-    p.add_argument("--model-control", choices=MODEL_CONTROL_MODES, default="none",
-                   help="explicit: every model still loads at start, and the repository API may load, unload or "
-                        "reload models with a config override (what `tune --url` needs) (default: %(default)s)")
-    p.add_argument("--restricted-api", action="store_true",
-                   help=f"restrict the admin APIs (model repository, model config, ...) to requests with the header "
-                        f"'{ADMIN_HEADER}: ${ADMIN_KEY_ENV}', as the production launch scripts do")
+    add_options(p, ServeConfig)
     p.set_defaults(handler=run)
 
 
-def _admin_key(args: argparse.Namespace) -> str | None:
+def _admin_key(cfg: ServeConfig) -> str | None:
     """The admin key of --restricted-api (from the environment, never the command line)."""
-    if not args.restricted_api:
+    if not cfg.restricted_api:
         return None
     key = os.environ.get(ADMIN_KEY_ENV, "")
     require(bool(key.strip()), f"--restricted-api needs the admin key in ${ADMIN_KEY_ENV}",
@@ -93,31 +111,32 @@ def _slice_port(port: int, index: int) -> int:
     return port + 3 * index if port else 0
 
 
-def _servers(args: argparse.Namespace) -> list[TritonServer]:
-    require(args.slices >= 1, f"--slices must be at least 1, got {args.slices}", "use --slices 1 for one server")
-    if args.slices == 1:
-        return [TritonServer(args.repository, host=args.host, http_port=args.http_port, grpc_port=args.grpc_port,
-                             metrics_port=args.metrics_port, log_path=args.log_file, workdir=args.workdir,
-                             model_config_name=args.model_config_name,
-                             model_control=args.model_control, admin_key=_admin_key(args))]
+def _servers(cfg: ServeConfig) -> list[TritonServer]:
+    admin_key = _admin_key(cfg)
+    if cfg.slices == 1:
+        return [TritonServer(cfg.repository, host=cfg.host, http_port=cfg.http_port, grpc_port=cfg.grpc_port,
+                             metrics_port=cfg.metrics_port, log_path=cfg.log_file, workdir=cfg.workdir,
+                             model_config_name=cfg.model_config_name,
+                             model_control=cfg.model_control, admin_key=admin_key)]
     cpus = sorted(os.sched_getaffinity(0))
-    if args.slices > len(cpus):
+    if cfg.slices > len(cpus):
         log.warning("%d slices on %d cores: slices share cores, so throughput per slice is not representative",
-                    args.slices, len(cpus))
+                    cfg.slices, len(cpus))
     servers = []
-    for i, share in enumerate(cpu_shares(cpus, args.slices)):
-        log_path = args.log_file.with_name(f"{args.log_file.stem}-slice{i}{args.log_file.suffix}") if args.log_file else None
+    for i, share in enumerate(cpu_shares(cpus, cfg.slices)):
+        log_path = cfg.log_file.with_name(f"{cfg.log_file.stem}-slice{i}{cfg.log_file.suffix}") if cfg.log_file else None
         servers.append(TritonServer(
-            args.repository, host=args.host, http_port=_slice_port(args.http_port, i),
-            grpc_port=_slice_port(args.grpc_port, i), metrics_port=_slice_port(args.metrics_port, i),
-            log_path=log_path, workdir=args.workdir, cpus=share, model_config_name=args.model_config_name,
-            model_control=args.model_control, admin_key=_admin_key(args),
+            cfg.repository, host=cfg.host, http_port=_slice_port(cfg.http_port, i),
+            grpc_port=_slice_port(cfg.grpc_port, i), metrics_port=_slice_port(cfg.metrics_port, i),
+            log_path=log_path, workdir=cfg.workdir, cpus=share, model_config_name=cfg.model_config_name,
+            model_control=cfg.model_control, admin_key=admin_key,
         ))
     return servers
 
 
 def run(args: argparse.Namespace) -> int:
     """Start the server(s), log the endpoints, block until Ctrl-C/SIGTERM; 0 after a clean shutdown."""
+    cfg = config_from_args(args)
     stop = threading.Event()
     received: list[str] = []
     starting = [True]
@@ -129,14 +148,14 @@ def run(args: argparse.Namespace) -> int:
             raise KeyboardInterrupt  # abort a startup that may wait for minutes; start() cleans up
 
     previous = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGINT, signal.SIGTERM)}
-    servers = _servers(args)
+    servers = _servers(cfg)
     try:
         try:
             for i, server in enumerate(servers):
-                server.start(timeout=args.timeout)
+                server.start(timeout=cfg.timeout)
                 where = f"slice {i} (CPUs {server.cpus})" if len(servers) > 1 else "tritonserver"
                 log.info("%s serving %s: http=%s grpc=%s metrics=%s models=%s log=%s",
-                         where, args.repository, server.http_url, server.grpc_url, server.metrics_url,
+                         where, cfg.repository, server.http_url, server.grpc_url, server.metrics_url,
                          ", ".join(server.ready_models), server.log_path)
             starting[0] = False
         except KeyboardInterrupt:
