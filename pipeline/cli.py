@@ -29,8 +29,8 @@ def make_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND", parser_class=_Parser)
     from pipeline.build_cli import register as register_build
     from pipeline.inspect.cli import register as register_inspect
-    from pipeline.loadtest.cli import register as register_loadtest
-    from pipeline.mig.cli import register as register_mig_plan
+    from pipeline.loadtest.loadtest_cli import register as register_loadtest
+    from pipeline.mig.mig_plan_cli import register as register_mig_plan
     from pipeline.configfile import add_config_options
     from pipeline.report_cli import register as register_report
     from pipeline.triton.deploy_cli import register as register_deploy
@@ -45,7 +45,7 @@ def make_parser() -> argparse.ArgumentParser:
     register_mig_plan(sub)
     register_inspect(sub)
     register_report(sub)
-    from pipeline.tune.cli import register as register_tune
+    from pipeline.tune.tune_cli import register as register_tune
 
     register_tune(sub)
     add_config_options(sub)  # --config FILE and --print-config on every command (register commands above this line)

@@ -13,7 +13,7 @@ from pipeline.cli import make_parser
 from pipeline.config import BuildConfig
 from pipeline.errors import PipelineError
 from pipeline.gates import Gates
-from pipeline.mig.cli import MigPlanConfig
+from pipeline.mig.mig_plan_cli import MigPlanConfig
 from pipeline.options import as_mapping, config_from_values, fields_of, values_from_mapping
 from pipeline.triton.deploy_cli import DeployConfig
 from pipeline.triton.serve_cli import ServeConfig

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from pipeline.errors import PipelineError
-from pipeline.loadtest.cli import register
+from pipeline.loadtest.loadtest_cli import register
 
 FAST = ["--window-ms", "300", "--warmup-ms", "200", "--max-seconds", "2", "--timeout-ms", "2000"]
 
