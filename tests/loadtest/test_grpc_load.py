@@ -41,8 +41,8 @@ def test_loopback_grpc_ignores_http_proxy(monkeypatch: pytest.MonkeyPatch) -> No
     server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler("inference.GRPCInferenceService", {"ModelInfer": handler}),))
     port = server.add_insecure_port("127.0.0.1:0")
     server.start()
-    monkeypatch.setenv("http_proxy", "http://10.255.255.1:9")  # unreachable: any use of it fails the requests
-    monkeypatch.setenv("https_proxy", "http://10.255.255.1:9")
+    monkeypatch.setenv("http_proxy", "http://127.0.0.1:9")  # loopback discard port, nothing answers: any use of it fails the requests
+    monkeypatch.setenv("https_proxy", "http://127.0.0.1:9")
     monkeypatch.delenv("no_proxy", raising=False)
     monkeypatch.delenv("NO_PROXY", raising=False)
     try:
