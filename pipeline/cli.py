@@ -10,7 +10,6 @@ import logging
 import os
 import sys
 from collections.abc import Sequence
-from pathlib import Path
 
 from pipeline.errors import EXIT_INTERRUPTED, PipelineError
 

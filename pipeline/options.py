@@ -320,3 +320,10 @@ def values_from_namespace(cls: type, namespace: argparse.Namespace) -> dict[str,
     """The option values given on the command line (defaults are left out: see :func:`add_options`)."""
     given = vars(namespace)
     return {fld.name: given[fld.name] for fld in fields_of(cls) if fld.name in given}
+
+
+def checked_config(cls: type[T], namespace: argparse.Namespace) -> T:
+    """The checked ``cls`` of a parsed command line (flags over config file over defaults)."""
+    config = config_from_values(cls, values_from_namespace(cls, namespace))
+    check_options(config)
+    return config

@@ -21,7 +21,7 @@ from pipeline.mig.memory import (
 )
 from pipeline.mig.plan import GIB, HEURISTIC, MigPlan, plan_instances
 from pipeline.mig.profiles import BUILTIN_GPUS, GpuMig, builtin_gpu
-from pipeline.options import add_options, at_least, check_options, config_from_values, option, values_from_namespace
+from pipeline.options import add_options, at_least, checked_config, option
 from pipeline.triton.config import config_text
 from pipeline.triton.repository import read_repository
 
@@ -90,8 +90,7 @@ def run(args: argparse.Namespace) -> int:
     """Plan, print the table, and write configs and the bundle when asked."""
     from pipeline.console import console as make_console
 
-    cfg = config_from_values(MigPlanConfig, values_from_namespace(MigPlanConfig, args))
-    check_options(cfg)
+    cfg = checked_config(MigPlanConfig, args)
     console = make_console()
     if cfg.from_tune:
         from pipeline.mig.measured import is_cpu_rehearsal, print_measured_plan, read_tune_runs

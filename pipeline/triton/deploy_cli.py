@@ -7,7 +7,7 @@ import logging
 from dataclasses import dataclass
 from pathlib import Path
 
-from pipeline.options import add_options, check_options, config_from_values, option, port_option, repository_option, values_from_namespace
+from pipeline.options import add_options, checked_config, option, port_option, repository_option
 from pipeline.triton.deploy import DEFAULT_IMAGE, SCRIPT, write_deploy_bundle
 from pipeline.triton.server_args import ADMIN_HEADER, ADMIN_KEY_ENV, RESTRICTED_APIS
 
@@ -54,8 +54,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """``python -m pipeline deploy``: write the bundle and log where it is."""
-    cfg = config_from_values(DeployConfig, values_from_namespace(DeployConfig, args))
-    check_options(cfg)
+    cfg = checked_config(DeployConfig, args)
     paths = write_deploy_bundle(cfg.repository, cfg.out, image=cfg.image, http_port=cfg.http_port, grpc_port=cfg.grpc_port, metrics_port=cfg.metrics_port)
     for path in paths:
         log.info("wrote %s", path)

@@ -13,16 +13,7 @@ from pathlib import Path
 from types import FrameType
 
 from pipeline.errors import PipelineError, require
-from pipeline.options import (
-    add_options,
-    at_least,
-    check_options,
-    config_from_values,
-    option,
-    port_option,
-    repository_option,
-    values_from_namespace,
-)
+from pipeline.options import add_options, at_least, checked_config, option, port_option, repository_option
 from pipeline.triton.server_args import ADMIN_HEADER, ADMIN_KEY_ENV
 from pipeline.triton.server import MODEL_CONTROL_MODES, TritonServer
 
@@ -54,8 +45,7 @@ class ServeConfig:
 
 def config_from_args(args: argparse.Namespace) -> ServeConfig:
     """The checked ServeConfig of a parsed command line (one-line PipelineError on a bad value)."""
-    cfg = config_from_values(ServeConfig, values_from_namespace(ServeConfig, args))
-    check_options(cfg)
+    cfg = checked_config(ServeConfig, args)
     return cfg
 
 

@@ -12,14 +12,12 @@ from pipeline.gates import Gates, confidence_option, fp16_max_drop_option, int8_
 from pipeline.options import (
     add_options,
     calibration_root_option,
-    check_options,
-    config_from_values,
+    checked_config,
     eval_data_option,
     in_range,
     non_negative,
     option,
     repository_option,
-    values_from_namespace,
 )
 from pipeline.report import served_table
 
@@ -71,8 +69,7 @@ def run(args: argparse.Namespace) -> int:
     from pipeline.artifacts import parse_variant
     from pipeline.triton.verify import verify_repository
 
-    cfg = config_from_values(VerifyConfig, values_from_namespace(VerifyConfig, args))
-    check_options(cfg)
+    cfg = checked_config(VerifyConfig, args)
     given = {}
     if cfg.eval_data is not None:
         from pipeline.errors import require
