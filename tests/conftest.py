@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 import subprocess
 import sys
 from dataclasses import dataclass
@@ -32,6 +33,29 @@ def cli(*args: str, cwd: Path = ROOT, timeout: float = 600, env: dict[str, str] 
     full_env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]), TF_CPP_MIN_LOG_LEVEL="3", COLUMNS="200")
     full_env.update(env or {})
     return subprocess.run([sys.executable, "-m", "pipeline", *args], cwd=cwd, env=full_env, capture_output=True, text=True, timeout=timeout)
+
+
+def interrupt_when_ready(process: subprocess.Popen[str], ready: Callable[[], bool], what: str, poll_s: float = 0.1) -> str:
+    """Send Ctrl-C (SIGINT) to ``process`` once ``ready()`` holds (a hang guard, not a speed limit);
+    assert it stopped cleanly with exit 130 and one 'interrupted' line; return its stderr."""
+    import signal
+    import time
+
+    try:
+        deadline = time.monotonic() + 600
+        while not ready():
+            assert process.poll() is None, process.communicate()
+            assert time.monotonic() < deadline, f"{what} never happened"
+            time.sleep(poll_s)
+        process.send_signal(signal.SIGINT)
+        _, err = process.communicate(timeout=120)
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait()
+    assert process.returncode == 130, err[-2000:]
+    assert err.strip().splitlines()[-1] == "interrupted" and "Traceback" not in err
+    return err
 
 
 def one_line_error(proc: subprocess.CompletedProcess[str], status: int = 2) -> str:

@@ -10,16 +10,14 @@ from __future__ import annotations
 
 import os
 import shutil
-import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
 
 from pipeline.errors import EXIT_CHECK_FAILED, EXIT_INTERRUPTED, EXIT_USER_ERROR, CheckFailed, PipelineError
-from tests.conftest import ROOT, Built, cli, one_line_error
+from tests.conftest import ROOT, Built, cli, interrupt_when_ready, one_line_error
 
 
 def test_the_codes_and_which_error_carries_which() -> None:
@@ -55,20 +53,7 @@ def test_ctrl_c_during_a_build_exits_130_and_leaves_nothing_half_written(built: 
     command = [sys.executable, "-m", "pipeline", "build", "--int8", "--calibration-method", "minmax",  # not the default: INT8 reruns
                "--workdir", str(workdir), "--repository", str(repo)]  # fmt: skip
     process = subprocess.Popen(command, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    try:
-        deadline = time.monotonic() + 600
-        while not marker.exists():
-            assert process.poll() is None, process.communicate()
-            assert time.monotonic() < deadline, "the build never reached the second calibration batch"
-            time.sleep(0.1)
-        process.send_signal(signal.SIGINT)
-        _, err = process.communicate(timeout=120)
-    finally:
-        if process.poll() is None:
-            process.kill()
-            process.wait()
-    assert process.returncode == 130, err[-2000:]
-    assert err.strip().splitlines()[-1] == "interrupted" and "Traceback" not in err
+    interrupt_when_ready(process, marker.exists, "the second calibration batch")
     assert int8.read_bytes() == before  # the old INT8 model, not a half-calibrated one
     assert not list(int8.parent.glob(".model.int8.onnx.*"))  # no temporaries left behind
     assert not repo.exists() or not any(repo.iterdir())  # nothing published

@@ -6,10 +6,8 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import signal
 import subprocess
 import sys
-import time
 import urllib.request
 from pathlib import Path
 
@@ -17,7 +15,7 @@ import pytest
 
 from pipeline.errors import PipelineError
 from pipeline.loadtest.loadtest_cli import register
-from tests.conftest import ROOT, cli, one_line_error
+from tests.conftest import ROOT, cli, interrupt_when_ready, one_line_error
 
 FAST = ["--window-ms", "300", "--warmup-ms", "200", "--max-seconds", "2", "--timeout-ms", "2000"]
 _DIRECT = urllib.request.build_opener(urllib.request.ProxyHandler({}))
@@ -77,19 +75,6 @@ def test_ctrl_c_exits_130_and_writes_no_report(server: object, workspace: Path, 
                "--report-dir", str(reports)]  # fmt: skip
     before = _executions(server, "sleepy")
     process = subprocess.Popen(command, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    try:
-        # Interrupt only once the load runs: the server has executed requests from this client.
-        deadline = time.monotonic() + 300
-        while _executions(server, "sleepy") < before + 5:
-            assert process.poll() is None, process.communicate()
-            assert time.monotonic() < deadline, "the load never reached the server"
-            time.sleep(0.2)
-        process.send_signal(signal.SIGINT)
-        out, err = process.communicate(timeout=120)
-    finally:
-        if process.poll() is None:
-            process.kill()
-            process.wait()
-    assert process.returncode == 130, err[-2000:]
-    assert err.strip().splitlines()[-1] == "interrupted" and "Traceback" not in err
+    # Interrupt only once the load runs: the server has executed requests from this client.
+    interrupt_when_ready(process, lambda: _executions(server, "sleepy") >= before + 5, "the load reaching the server", poll_s=0.2)
     assert not reports.exists()
