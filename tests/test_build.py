@@ -41,7 +41,7 @@ def test_default_model_end_to_end_and_noop_rebuild(tmp_path: Path) -> None:
     assert {s["name"]: s["status"] for s in manifest["stages"]}["onnx"] == "ran"
     assert manifest["versions"]["tf2onnx"].startswith("1.17")
     sidecar = json.loads((ws / "model.fp32.onnx.stage.json").read_text())
-    assert "tf2onnx.convert" in sidecar["reproduce"]
+    assert "-m pipeline.stages.tf2onnx_run --saved-model" in sidecar["reproduce"]
 
     versions = sorted(p.name for p in (tmp_path / "repo" / "digits_fp32").iterdir() if p.name.isdigit())
     # the same build, options reordered and logging louder: nothing is redone, no new version

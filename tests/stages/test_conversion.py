@@ -108,8 +108,36 @@ def test_dynamic_non_batch_axes_are_named_after_their_tensor(tmp_path: Path) -> 
 
 def test_tf2onnx_command_is_the_one_to_reproduce(tmp_path: Path) -> None:
     cmd = tf2onnx_command(tmp_path / "sm", tmp_path / "m.onnx", 18)
-    assert cmd[1:3] == ["-m", "tf2onnx.convert"]
+    assert cmd[1:3] == ["-m", "pipeline.stages.tf2onnx_run"]
     assert cmd[3:] == ["--saved-model", str(tmp_path / "sm"), "--signature_def", SIGNATURE, "--opset", "18", "--output", str(tmp_path / "m.onnx")]
+
+
+def _canonical(path: Path) -> tuple:
+    """An ONNX model without the names tf2onnx makes up for folded constants (their numbering follows
+    dict/set order and varies between runs of ``python -m tf2onnx.convert`` itself)."""
+    model = onnx.load(str(path))
+    graph = model.graph
+    nodes = [(n.op_type, n.domain, sorted(str(a) for a in n.attribute), len(n.input), list(n.output)) for n in graph.node]
+    weights = sorted((i.data_type, tuple(i.dims), numpy_helper.to_array(i).tobytes()) for i in graph.initializer)
+    return model.opset_import, [str(i) for i in graph.input], [str(o) for o in graph.output], nodes, weights
+
+
+@pytest.mark.parametrize("model", ["multi_io", "tokens"])
+def test_driver_converts_as_tf2onnx_convert_does(model: str, tmp_path: Path) -> None:
+    """The memory-frugal driver (pipeline/stages/tf2onnx_run.py) runs tf2onnx's phases with tf2onnx's arguments:
+    the same nodes, attributes and weights as ``python -m tf2onnx.convert`` (ResNet50: the same bytes)."""
+    import subprocess
+    import sys
+
+    import tests.keras_models as models
+
+    saved = savedmodel_from_keras(getattr(models, model)(), tmp_path / "savedmodel")
+    ours = tf2onnx_command(saved, tmp_path / "ours.onnx", MIN_OPSET)
+    theirs = [sys.executable, "-m", "tf2onnx.convert", *ours[3:-1], str(tmp_path / "theirs.onnx")]
+    for cmd in (ours, theirs):
+        done = subprocess.run(cmd, capture_output=True, text=True)
+        assert done.returncode == 0, done.stderr[-2000:]
+    assert _canonical(tmp_path / "ours.onnx") == _canonical(tmp_path / "theirs.onnx")
 
 
 def test_too_old_opset_is_refused_before_converting(tmp_path: Path) -> None:
@@ -128,7 +156,7 @@ def test_unsupported_tensorflow_op_is_named(tmp_path: Path) -> None:
 
 def test_tf2onnx_failure_names_the_command_to_rerun(tmp_path: Path) -> None:
     (tmp_path / "not_a_savedmodel").mkdir()
-    with pytest.raises(PipelineError, match=r"^tf2onnx failed: .* — run it by hand to see the full log: .*tf2onnx\.convert --saved-model"):
+    with pytest.raises(PipelineError, match=r"^tf2onnx failed: .* — run it by hand to see the full log: .*pipeline\.stages\.tf2onnx_run --saved-model"):
         onnx_from_savedmodel(tmp_path / "not_a_savedmodel", tmp_path / "m.onnx", MIN_OPSET)
     assert not (tmp_path / "m.onnx").exists() and not (tmp_path / "m.onnx.partial").exists()
 
