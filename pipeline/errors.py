@@ -25,6 +25,10 @@ class PipelineError(Exception):
         self.fix = fix
         super().__init__(f"{problem} — {fix}" if fix else problem)
 
+    def __reduce__(self) -> tuple:
+        # rebuilt from (problem, fix) when it crosses a process boundary (pipeline/isolate.py)
+        return (type(self), (self.problem, self.fix))
+
 
 class CheckFailed(PipelineError):
     """The work ran and a measured check failed (accuracy gate, served drift, SLO, failed requests)."""

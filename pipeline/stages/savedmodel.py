@@ -83,7 +83,15 @@ def savedmodel_from_keras(model: "keras.Model", dst: Path) -> Path:
 
 
 def savedmodel_from_source(source: "ModelSource", dst: Path) -> Path:
-    """Load the model ``source`` names (a .keras file or module:function) and export it to ``dst``."""
+    """Load the model ``source`` names (a .keras file or module:function) and export it to ``dst``, in a
+    child process: TensorFlow and the Keras model leave with it, so the build does not hold them while
+    tf2onnx converts (pipeline/isolate.py)."""
+    from pipeline.isolate import call_in_child
+
+    return call_in_child(_export_source, source, dst)
+
+
+def _export_source(source: "ModelSource", dst: Path) -> Path:
     from pipeline.stages.source import keras_model_from_source
 
     return savedmodel_from_keras(keras_model_from_source(source), dst)
