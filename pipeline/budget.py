@@ -70,9 +70,10 @@ def memory_estimate(model: Path, per_sample_shapes: Mapping[str, tuple[int, ...]
     return estimate
 
 
-def batch_for_budget(estimate: MemoryEstimate, max_memory_gib: float, *, max_batch: int | None = None) -> int:
+def batch_for_budget(estimate: MemoryEstimate, max_memory_gib: float, *, max_batch: int | None = None, runners: int = 1) -> int:
     """The largest batch whose estimated memory stays within ``max_memory_gib`` (at least 1, at
-    most ``max_batch``). A model that does not fit even at batch 1 gets 1 and a warning."""
+    most ``max_batch``) when ``runners`` models of this size each hold a batch in one process (the
+    process itself is paid once). A model that does not fit even at batch 1 gets 1 and a warning."""
     require(
         max_memory_gib == max_memory_gib and max_memory_gib > 0,  # rejects NaN too
         f"the memory budget must be a positive number of GiB, got {max_memory_gib}",
@@ -80,14 +81,16 @@ def batch_for_budget(estimate: MemoryEstimate, max_memory_gib: float, *, max_bat
     )
     require(max_batch is None or max_batch >= 1, f"max_batch must be at least 1, got {max_batch}")
     budget = int(max_memory_gib * GIB)
-    room = budget - BASE_BYTES - WEIGHT_COPIES * estimate.weight_bytes - estimate.fixed_activation_bytes
-    per_sample = max(estimate.bytes_per_sample, 1)
+    require(runners >= 1, f"runners must be at least 1, got {runners}")
+    room = budget - BASE_BYTES - runners * (WEIGHT_COPIES * estimate.weight_bytes + estimate.fixed_activation_bytes)
+    per_sample = max(runners * estimate.bytes_per_sample, 1)
     batch = room // per_sample if room > 0 else 0
     if batch < 1:
         log.warning(
-            "the model needs more than --max-memory-gib %g even one sample at a time (%s); running one sample per batch",
+            "the model needs more than --max-memory-gib %g even one sample at a time (%s%s); running one sample per batch",
             max_memory_gib,
             estimate.describe(),
+            f", {runners} models at once" if runners > 1 else "",
         )
         batch = 1
     return int(min(batch, max_batch)) if max_batch is not None else int(batch)

@@ -312,7 +312,7 @@ def eval_batch(onnx_path: Path, data: EvalData, max_memory_gib: float, *, runner
         for name, shape in shapes.items():
             old = largest.get(name)
             largest[name] = shape if old is None else tuple(max(a, b) for a, b in zip(old, shape))
-    return batch_for_budget(memory_estimate(onnx_path, largest), max_memory_gib / runners, max_batch=EVAL_BATCH)
+    return batch_for_budget(memory_estimate(onnx_path, largest), max_memory_gib, max_batch=EVAL_BATCH, runners=runners)
 
 
 def _unlabeled(samples: list[tuple[str, dict]], source: str, fingerprint: str) -> EvalData:

@@ -63,6 +63,12 @@ def test_batch_for_budget(caplog: pytest.LogCaptureFixture) -> None:
     assert batch_for_budget(estimate, 2.0) == room // (100 << 20) == 13
     assert batch_for_budget(estimate, 2.0, max_batch=8) == 8
     assert batch_for_budget(estimate, 64.0) == (64 * 1024 - 512 - 200) // 100 == 648
+    # three models at once (FP32, FP16, INT8 in the accuracy stage) share one process: its base is
+    # paid once, weights and a batch of activations three times (not a third of the budget each,
+    # which would leave less than one sample for a 90 MiB model under 2 GiB)
+    assert batch_for_budget(estimate, 2.0, runners=3) == (2048 - 512 - 3 * 200) // 300 == 3
+    small = MemoryEstimate(weight_bytes=90 << 20, fixed_activation_bytes=0, bytes_per_sample=2 << 20, unknown_tensors=0)
+    assert batch_for_budget(small, 2.0, runners=3, max_batch=64) == 64
     with caplog.at_level(logging.WARNING, logger="pipeline.budget"):
         assert batch_for_budget(estimate, 0.5) == 1
     assert "needs more than --max-memory-gib 0.5 even one sample at a time" in caplog.text
