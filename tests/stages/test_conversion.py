@@ -140,6 +140,39 @@ def test_driver_converts_as_tf2onnx_convert_does(model: str, tmp_path: Path) -> 
     assert _canonical(tmp_path / "ours.onnx") == _canonical(tmp_path / "theirs.onnx")
 
 
+def test_driver_hands_lookup_tables_to_tf2onnx_loader(tmp_path: Path) -> None:
+    """A signature that captures a lookup table goes through tf2onnx's own loader, which restores the table."""
+    import subprocess
+    import sys
+
+    import tensorflow as tf
+
+    class Vocabulary(tf.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            init = tf.lookup.KeyValueTensorInitializer(["cat", "dog", "emu"], [3, 5, 7], key_dtype=tf.string, value_dtype=tf.int64)
+            self.table = tf.lookup.StaticHashTable(init, default_value=-1)
+
+        @tf.function(input_signature=[tf.TensorSpec([None], tf.string, name="words")])
+        def serve(self, words: tf.Tensor) -> dict[str, tf.Tensor]:
+            return {"ids": self.table.lookup(words)}
+
+    module = Vocabulary()
+    tf.saved_model.save(module, str(tmp_path / "savedmodel"), signatures={SIGNATURE: module.serve})
+    ours = tf2onnx_command(tmp_path / "savedmodel", tmp_path / "ours.onnx", MIN_OPSET)
+    theirs = [sys.executable, "-m", "tf2onnx.convert", *ours[3:-1], str(tmp_path / "theirs.onnx")]
+    for cmd in (ours, theirs):
+        done = subprocess.run(cmd, capture_output=True, text=True)
+        assert done.returncode == 0, done.stderr[-2000:]
+    import onnxruntime as ort
+
+    for path in (tmp_path / "ours.onnx", tmp_path / "theirs.onnx"):  # the table's export order varies: compare what it maps
+        model = onnx.load(str(path))
+        assert [n.op_type for n in model.graph.node] == ["CategoryMapper"]
+        ids = ort.InferenceSession(str(path)).run(None, {"words": np.array(["dog", "yak", "cat", "emu"], dtype=object)})[0]
+        assert ids.tolist() == [5, -1, 3, 7]
+
+
 def test_too_old_opset_is_refused_before_converting(tmp_path: Path) -> None:
     with pytest.raises(PipelineError, match=re.escape(f"--opset {MIN_OPSET - 1} is too old — use --opset {MIN_OPSET} or newer")):
         onnx_from_savedmodel(tmp_path / "not-even-there", tmp_path / "m.onnx", MIN_OPSET - 1)
