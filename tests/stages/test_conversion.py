@@ -113,11 +113,12 @@ def test_tf2onnx_command_is_the_one_to_reproduce(tmp_path: Path) -> None:
 
 
 def _canonical(path: Path) -> tuple:
-    """An ONNX model without the names tf2onnx makes up for folded constants (their numbering follows
-    dict/set order and varies between runs of ``python -m tf2onnx.convert`` itself)."""
+    """An ONNX model without the names tf2onnx makes up and the order of independent nodes (both follow
+    dict/set order and vary between runs of ``python -m tf2onnx.convert`` itself): its graph inputs
+    and outputs, every node's op and attributes, and every weight."""
     model = onnx.load(str(path))
     graph = model.graph
-    nodes = [(n.op_type, n.domain, sorted(str(a) for a in n.attribute), len(n.input), list(n.output)) for n in graph.node]
+    nodes = sorted((n.op_type, n.domain, sorted(str(a) for a in n.attribute), len(n.input)) for n in graph.node)
     weights = sorted((i.data_type, tuple(i.dims), numpy_helper.to_array(i).tobytes()) for i in graph.initializer)
     return model.opset_import, [str(i) for i in graph.input], [str(o) for o in graph.output], nodes, weights
 
