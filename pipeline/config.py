@@ -63,6 +63,9 @@ class BuildConfig:
     fp16_keep_nodes: tuple[str, ...] = option((), "FP16: keep these nodes of model.fp32.onnx in FP32 (node names, comma-separated or repeated)",
                                               metavar="NAME,...", group=PRECISION)
     int8: bool = option(False, "add an INT8 variant: explicit Q/DQ, symmetric int8, zero point 0, per-channel weights", group=PRECISION)
+    int8_keep_nodes: tuple[str, ...] = option((), "INT8: keep these Conv/ConvTranspose/Gemm/MatMul nodes of model.fp32.onnx in float (no Q/DQ "
+                                              "on their inputs; a failed INT8 gate names the layers that add the most error), comma-separated "
+                                              "or repeated", metavar="NAME,...", group=PRECISION)
     calibration: Path | None = option(None, "INT8 calibration data: an .npz (one array per input), a folder with calib.npz or <input>.npy "
                                             "files, or a folder of JPEG/PNG images (default: <calibration-root>/<name>/)",
                                       metavar="PATH", group=PRECISION)

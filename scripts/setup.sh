@@ -10,6 +10,9 @@ fi
 .venv/bin/python -m pip install --quiet --upgrade pip
 # TensorFlow on the CPU (EXTRAS=gpu,dev for a CUDA machine; add tensorrt there for the engine step)
 .venv/bin/python -m pip install --quiet -e ".[${EXTRAS:-cpu,dev}]"
+# TensorRT's type stubs for the engine stage's type check (into .ci/stubs, never the venv), fetched
+# now so that running the tests needs no network.
+PYTHON=.venv/bin/python bash .ci/mypy-engine.sh --stubs-only
 if ! command -v wrk >/dev/null 2>&1; then
     if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
         (apt-get update -qq && apt-get install -y -qq wrk) >/dev/null 2>&1 || echo "note: could not install wrk (only scripts/bench_loadgen.py needs it)"

@@ -28,11 +28,39 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             item.add_marker(skip)
 
 
+@pytest.fixture(autouse=True)
+def _sigint_untouched() -> object:
+    """No test may leave Ctrl-C handling changed in the pytest process: an ignored SIGINT is inherited
+    by every later subprocess, so the Ctrl-C tests of whichever test ran next would fail."""
+    import signal
+
+    before = signal.getsignal(signal.SIGINT)
+    yield
+    after = signal.getsignal(signal.SIGINT)
+    if after is not before:
+        signal.signal(signal.SIGINT, before)
+        pytest.fail(f"the test changed the SIGINT handler of the test process from {before!r} to {after!r}")
+
+
 def cli(*args: str, cwd: Path = ROOT, timeout: float = 600, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
     """Run ``python -m pipeline ARGS`` for real; tests/ is importable so `tests.keras_models:…` works."""
     full_env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]), TF_CPP_MIN_LOG_LEVEL="3", COLUMNS="200")
     full_env.update(env or {})
     return subprocess.run([sys.executable, "-m", "pipeline", *args], cwd=cwd, env=full_env, capture_output=True, text=True, timeout=timeout)
+
+
+def _default_sigint() -> None:
+    import signal
+
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
+def popen_interruptible(command: list[str], **kwargs: object) -> subprocess.Popen[str]:
+    """Start ``command`` (text pipes for stdout/stderr) with Ctrl-C at its default disposition. A
+    process started in the background by a non-interactive shell (``pytest ... &``, a CI runner's
+    job) has SIGINT ignored, every child inherits that, and a Python child that finds SIGINT ignored
+    rightly keeps ignoring it: a test of Ctrl-C handling must not depend on how pytest was started."""
+    return subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, preexec_fn=_default_sigint, **kwargs)  # type: ignore[call-overload]
 
 
 def interrupt_when_ready(process: subprocess.Popen[str], ready: Callable[[], bool], what: str, poll_s: float = 0.1) -> str:

@@ -102,6 +102,33 @@ def test_gate_failure_names_variant_and_publishes_nothing(own_copy: Path, tmp_pa
     assert stages["accuracy"]["status"] == "failed" and "publish" not in stages
 
 
+def test_int8_gate_failure_names_the_layers_to_keep_float_and_the_flag_keeps_them(own_copy: Path, tmp_path: Path) -> None:
+    repo = tmp_path / "repo"
+    build = cli("build", "--int8", "--int8-atol", "1e-9", "--workdir", str(own_copy / "build"), "--repository", str(repo))
+    line = one_line_error(build, status=1)
+    assert "accuracy gate failed: int8-onnx: output 'probs' max abs error" in line
+    report = json.loads((own_copy / "build" / "digits" / "accuracy.json").read_text())
+    [int8] = [v for v in report["variants"] if v["variant"] == "int8-onnx"]
+    layers = {layer["node"]: layer for layer in int8["layers"]}
+    int8_failed = onnx.load(str(own_copy / "build" / "digits" / "model.int8.onnx"))
+    # every weighted layer, named as in the INT8 graph (ORT's pre-processing fuses MatMul + bias Add into a Gemm)
+    assert set(layers) == {n.name for n in int8_failed.graph.node if n.op_type in ("Conv", "Gemm", "MatMul")}
+    assert all(0 < layer["output_error"] < 0.5 for layer in layers.values())
+    named = line.split("--int8-keep-nodes ", 1)[1].split()[0].rstrip(";,").split(",")
+    assert named and set(named) <= set(layers), line  # the fix names real layers of this model
+
+    kept = cli("build", "--int8", "--int8-keep-nodes", named[0], "--workdir", str(own_copy / "build"), "--repository", str(repo))
+    assert kept.returncode == 0, kept.stderr[-3000:]
+    int8_model = onnx.load(str(own_copy / "build" / "digits" / "model.int8.onnx"))
+    producers = {o: n for n in int8_model.graph.node for o in n.output}
+    node = next(n for n in int8_model.graph.node if n.name == named[0])
+    assert all(getattr(producers.get(i), "op_type", "") != "DequantizeLinear" for i in node.input)  # left in float
+    assert f"INT8: 1 layer(s) kept in float (--int8-keep-nodes): {named[0]}" in kept.stderr
+
+    typo = cli("build", "--int8", "--int8-keep-nodes", named[0] + "x", "--workdir", str(own_copy / "build"), "--repository", str(repo))
+    assert f"--int8-keep-nodes names node '{named[0]}x' (did you mean '{named[0]}'?)" in one_line_error(typo, status=2)
+
+
 def _npz(path: Path, **arrays: np.ndarray) -> Path:
     np.savez(path, **arrays)
     return path

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from pipeline.errors import EXIT_CHECK_FAILED, EXIT_INTERRUPTED, EXIT_USER_ERROR, CheckFailed, PipelineError
-from tests.conftest import ROOT, Built, cli, interrupt_when_ready, one_line_error
+from tests.conftest import ROOT, Built, cli, interrupt_when_ready, one_line_error, popen_interruptible
 
 
 def test_the_codes_and_which_error_carries_which() -> None:
@@ -52,7 +52,7 @@ def test_ctrl_c_during_a_build_exits_130_and_leaves_nothing_half_written(built: 
                PIPELINE_PAUSE_AT="int8.calibration-batch#2", PIPELINE_PAUSE_FILE=str(marker))  # fmt: skip
     command = [sys.executable, "-m", "pipeline", "build", "--int8", "--calibration-method", "minmax",  # not the default: INT8 reruns
                "--workdir", str(workdir), "--repository", str(repo)]  # fmt: skip
-    process = subprocess.Popen(command, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    process = popen_interruptible(command, cwd=ROOT, env=env)
     interrupt_when_ready(process, marker.exists, "the second calibration batch")
     assert int8.read_bytes() == before  # the old INT8 model, not a half-calibrated one
     assert not list(int8.parent.glob(".model.int8.onnx.*"))  # no temporaries left behind

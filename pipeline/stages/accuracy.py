@@ -10,7 +10,8 @@ with its confidence bounds, cosine similarity for non-classifier outputs) is pip
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+import logging
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -23,7 +24,10 @@ from pipeline.evaldata import EvalData
 from pipeline.progress import progress
 from pipeline.gates import Gates, Tolerance, classifier_output, disagreement, judge_cosine, judge_drop, paired_drop, tolerance_for
 from pipeline.runners import runner_for_onnx
+from pipeline.stages.layer_errors import LayerError, describe, layer_errors_from_models
 from pipeline.tensors import ModelSignature
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -75,6 +79,7 @@ def accuracy_report_from_variants(
             reference, [runner_for_artifact(a) for a in candidates], bar.track(data.batches(batch_size)), labels=data.labels, classifier_output=output
         )
     results = [judge_variant(a, c, tolerance_for(a.precision, gates), output) for a, c in zip(candidates, comparisons)]
+    layers = {r.variant: _int8_layer_errors(fp32_onnx, a, data) for a, r in zip(candidates, results) if r.failures and a.precision == "int8" and a.kind == "onnx"}
     report = {
         "reference": "fp32-onnx (ONNX Runtime CPU)",
         "data": data.source,
@@ -84,13 +89,25 @@ def accuracy_report_from_variants(
         "int8_semantics": "Q/DQ evaluated exactly (ONNX Runtime with graph optimizations off), as TensorRT computes them",
         "variants": [
             {"variant": r.variant, "precision": r.precision, "kind": r.kind, "passed": r.passed, "failures": r.failures + r.undecided,
-             "gate": vars(r.tolerance), "drop": r.drop, **r.comparison}
+             "gate": vars(r.tolerance), "drop": r.drop, **r.comparison,
+             **({"layers": [e.as_dict() for e in layers[r.variant]], "layers_summary": describe(layers[r.variant])} if r.variant in layers else {})}
             for r in results
         ],
     }
     dst.write_text(json.dumps(report, indent=2) + "\n")
-    raise_for_failures(results, dst)
+    raise_for_failures(results, dst, {variant: describe(errors) for variant, errors in layers.items()})
     return results
+
+
+LAYER_ERROR_SAMPLES = 32
+
+
+def _int8_layer_errors(fp32_onnx: Path, artifact: Artifact, data: EvalData) -> list[LayerError]:
+    """Per-layer INT8 error on the first evaluation samples (a failed INT8 gate says where it comes from)."""
+    feed = data.head(LAYER_ERROR_SAMPLES)
+    errors = layer_errors_from_models(fp32_onnx, artifact.path, feed)
+    log.info("%s: %s", artifact.path.name, describe(errors))
+    return errors
 
 
 def judge_variant(artifact: Artifact, comparison: Comparison, tolerance: Tolerance, classifier: str | None) -> VariantResult:
@@ -118,9 +135,10 @@ def judge_variant(artifact: Artifact, comparison: Comparison, tolerance: Toleran
     return result
 
 
-def raise_for_failures(results: Sequence[VariantResult], report: Path) -> None:
+def raise_for_failures(results: Sequence[VariantResult], report: Path, layer_notes: Mapping[str, str] | None = None) -> None:
     """One error naming every variant that failed or could not be judged, with the fixes: CheckFailed
-    (exit 1) when a gate failed, PipelineError (exit 2: give more data) when the data could not decide."""
+    (exit 1) when a gate failed, PipelineError (exit 2: give more data) when the data could not decide.
+    ``layer_notes`` (variant → where its INT8 error comes from) are added to the fixes."""
     failed = [r for r in results if not r.passed]
     if not failed:
         return
@@ -128,7 +146,9 @@ def raise_for_failures(results: Sequence[VariantResult], report: Path) -> None:
     if any(r.undecided for r in failed):
         fixes.append("give more labeled samples with --eval-data, or a looser --fp16-max-drop/--int8-max-drop")
     if any(r.failures and r.precision == "int8" for r in failed):
-        fixes.append("for INT8 try --calibration-method entropy or percentile or more calibration data, or loosen --int8-max-drop")
+        notes = [f"{variant}: {note}" for variant, note in (layer_notes or {}).items()]
+        fixes.append("; ".join(notes) if notes else "for INT8 keep the layers that add the most error in float (--int8-keep-nodes)")
+        fixes.append("or try --calibration-method entropy or more calibration data, or loosen --int8-max-drop")
     if any(r.failures and r.precision != "int8" for r in failed):
         fixes.append("for FP16 keep sensitive ops in FP32 (--fp16-keep-op-types) or loosen --fp16-atol / --fp16-max-drop if the error is acceptable")
     kind = "accuracy gate failed" if any(r.failures for r in failed) else "accuracy gate undecided"

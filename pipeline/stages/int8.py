@@ -15,12 +15,14 @@ to ``quantize_static`` through its calibration cache file.
 from __future__ import annotations
 
 import contextlib
+import difflib
 import io
 import logging
 import os
 import shutil
 import tempfile
 import time
+from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
@@ -54,6 +56,7 @@ def qdq_onnx_from_onnx(
     percentile: float = 99.999,
     batch_size: int | None = None,
     max_memory_gib: float = DEFAULT_MAX_MEMORY_GIB,
+    keep_nodes: Sequence[str] = (),
 ) -> Path:
     """Write an INT8 Q/DQ variant of the FP32 ONNX model ``src`` to ``dst`` and return ``dst``.
 
@@ -63,8 +66,9 @@ def qdq_onnx_from_onnx(
     sized so the estimated memory (weights plus every activation of a batch, see
     :mod:`pipeline.budget`) stays within ``max_memory_gib``, at most
     :data:`MAX_CALIBRATION_BATCH`; ``batch_size`` overrides that, and a model with a fixed batch
-    dim uses its own. The result is checked with ``onnx.checker`` and
-    :func:`check_qdq_int8_symmetric`.
+    dim uses its own. ``keep_nodes`` (names of weighted nodes of ``src``; items may be
+    comma-separated) stay float: no Q/DQ on their inputs. The result is checked with
+    ``onnx.checker`` and :func:`check_qdq_int8_symmetric`.
     """
     import onnx
     from onnxruntime.quantization import QuantFormat, QuantType, quantize_static
@@ -77,7 +81,8 @@ def qdq_onnx_from_onnx(
         f"use one of: {', '.join(CALIBRATION_METHODS)}",
     )
     require(0.0 < percentile <= 100.0, f"percentile must be in (0, 100], got {percentile}", "use e.g. 99.99 or 99.999")
-    layers = {node.op_type for node in onnx.load(str(src), load_external_data=False).graph.node}
+    graph = onnx.load(str(src), load_external_data=False).graph
+    layers = {node.op_type for node in graph.node}
     require(
         bool(layers & set(QUANTIZED_OP_TYPES)),
         f"'{src}' has no {'/'.join(QUANTIZED_OP_TYPES)} layers, so an INT8 variant would change nothing",
@@ -97,6 +102,7 @@ def qdq_onnx_from_onnx(
     with tempfile.TemporaryDirectory(prefix=f".{dst.name}.", dir=dst.parent) as tmp_dir:
         tmp = Path(tmp_dir)
         prepared = _prepared_model(src, tmp / "prepared.onnx")
+        kept = _checked_keep_nodes(prepared, keep_nodes, src)
         if batch_size is None:
             estimate = memory_estimate(prepared, calibration.largest_shapes())
             budgeted = batch_for_budget(estimate, max_memory_gib, max_batch=MAX_CALIBRATION_BATCH)
@@ -115,6 +121,7 @@ def qdq_onnx_from_onnx(
                 None,  # ranges come from the cache written by _calibrate
                 quant_format=QuantFormat.QDQ,
                 op_types_to_quantize=list(QUANTIZED_OP_TYPES),
+                nodes_to_exclude=sorted(kept),
                 per_channel=True,
                 reduce_range=False,  # full 8 bits: TensorRT accumulates in int32, no saturation to avoid
                 activation_type=QuantType.QInt8,
@@ -145,8 +152,41 @@ def qdq_onnx_from_onnx(
         check_qdq_int8_symmetric(out)
         _drop_unused_opsets(out)
         os.replace(out, dst)
+    if kept:  # what runs in float on the GPU matters for speed: say it where the user sees it
+        log.warning("INT8: %d layer(s) kept in float (%s): %s", len(kept), KEEP_NODES_FLAG, ", ".join(sorted(kept)))
     log.info("wrote INT8 Q/DQ model %s (%s calibration, %d samples)", dst, method, calibration.num_samples)
     return dst
+
+
+KEEP_NODES_FLAG = "--int8-keep-nodes"
+
+
+def _checked_keep_nodes(prepared: Path, names: Sequence[str], src: Path) -> set[str]:
+    """The weighted nodes to keep float, named as in ``src`` or in ONNX Runtime's pre-processed
+    model (which fuses a MatMul and its bias Add into a Gemm, and BatchNorm into Conv); an unknown
+    name, or one that is not a weighted layer, is one error line."""
+    import onnx
+
+    wanted = [n.strip() for item in names for n in item.split(",") if n.strip()]
+    if not wanted:
+        return set()
+    op_types = {node.name: node.op_type for node in onnx.load(str(prepared), load_external_data=False).graph.node}
+    weighted = sorted(name for name, op in op_types.items() if op in QUANTIZED_OP_TYPES)
+    original = {node.name: node.op_type for node in onnx.load(str(src), load_external_data=False).graph.node}
+    for name in wanted:
+        if name not in op_types:
+            close = difflib.get_close_matches(name, weighted, n=1)
+            fused = " (ONNX Runtime's pre-quantization pass fuses it into another node: a failed INT8 gate lists the fused names)" if name in original else ""
+            raise PipelineError(
+                f"{KEEP_NODES_FLAG} names node '{name}'" + (f" (did you mean '{close[0]}'?)" if close else "") + f" that '{src}' does not have{fused}",
+                f"pass names of {'/'.join(QUANTIZED_OP_TYPES)} nodes (a failed INT8 gate lists the ones that add the most error)",
+            )
+        require(
+            op_types[name] in QUANTIZED_OP_TYPES,
+            f"{KEEP_NODES_FLAG} names '{name}', a {op_types[name]}: only {'/'.join(QUANTIZED_OP_TYPES)} layers are quantized",
+            "name the weighted layer that consumes it instead",
+        )
+    return set(wanted)
 
 
 def _place_for_tensorrt(path: Path, cache: Path) -> None:

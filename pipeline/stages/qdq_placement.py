@@ -69,7 +69,8 @@ def place_qdq(model, ranges: Mapping[str, tuple[float, float]]) -> dict[str, int
 def _is_residual(node, editor: _Editor) -> bool:
     if len(node.input) != 2 or any(editor.is_constant(i) for i in node.input):
         return False  # a bias or constant add, not a skip connection
-    return any(editor.float_producer_type(i) in ("Conv", "ConvTranspose") for i in node.input)
+    # Only a quantized Conv fuses with the Add as an int8 residual; one kept float (--int8-keep-nodes) does not.
+    return any(editor.float_producer_type(i) in ("Conv", "ConvTranspose") and editor.produced_by_quantized(i) for i in node.input)
 
 
 def _concat_needs_qdq(node, editor: _Editor) -> bool:
@@ -123,6 +124,11 @@ class _Editor:
     def float_producer_type(self, name: str) -> str | None:
         producer = self.producers.get(self.float_source(name))
         return producer.op_type if producer is not None else None
+
+    def produced_by_quantized(self, name: str) -> bool:
+        """Whether the node behind ``name`` (looking through a DQ(Q(x)) pair) reads its data input through a DQ."""
+        producer = self.producers.get(self.float_source(name))
+        return producer is not None and bool(producer.input) and self.dq_of(producer.input[0]) is not None
 
     def output_feeds_quantized(self, name: str) -> bool:
         for consumer in self.consumers.get(name, []):

@@ -15,7 +15,7 @@ import pytest
 
 from pipeline.errors import PipelineError
 from pipeline.loadtest.loadtest_cli import register
-from tests.conftest import ROOT, cli, interrupt_when_ready, one_line_error
+from tests.conftest import ROOT, cli, interrupt_when_ready, one_line_error, popen_interruptible
 
 FAST = ["--window-ms", "300", "--warmup-ms", "200", "--max-seconds", "2", "--timeout-ms", "2000"]
 _DIRECT = urllib.request.build_opener(urllib.request.ProxyHandler({}))
@@ -74,7 +74,7 @@ def test_ctrl_c_exits_130_and_writes_no_report(server: object, workspace: Path, 
                "--calibration-root", str(workspace / "calibration"), "--concurrency", "1", "--max-seconds", "600",
                "--report-dir", str(reports)]  # fmt: skip
     before = _executions(server, "sleepy")
-    process = subprocess.Popen(command, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    process = popen_interruptible(command, cwd=ROOT, env=env)
     # Interrupt only once the load runs: the server has executed requests from this client.
     interrupt_when_ready(process, lambda: _executions(server, "sleepy") >= before + 5, "the load reaching the server", poll_s=0.2)
     assert not reports.exists()

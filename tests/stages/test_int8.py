@@ -379,3 +379,47 @@ def test_calibration_buckets_of_different_lengths(tmp_path: Path, onnx_file: Any
         fp32 = session_from_onnx(src).run(None, feed)[0]
         int8 = session_from_onnx(out, exact_qdq=True).run(None, feed)[0]
         assert np.abs(int8 - fp32).max() < 0.05
+
+
+def test_keep_nodes_stay_float_and_their_residual_add_is_not_quantized(placed: tuple[Path, Path, onnx.ModelProto], tmp_path: Path) -> None:
+    src, _, _ = placed
+    calib = calibration_from_path(src.parent / "calib.npz", signature_from_onnx(src))
+    out = qdq_onnx_from_onnx(src, tmp_path / "kept.onnx", calib, keep_nodes=["conv4,projection", "gemm_t"])
+    check_qdq_int8_symmetric(out)
+    model = onnx.load(str(out))
+    for name in ("conv4", "projection", "gemm_t"):
+        assert _inputs_dq(model, name) == [None] * 3, name  # no Q/DQ on data, weight or bias
+    assert all(dq is not None for dq in _inputs_dq(model, "conv1")[:2])  # the others are still quantized
+    assert _inputs_dq(model, "projection_add") == [None, None]  # both Convs float: no int8 residual to fuse
+    assert all(dq is not None for dq in _inputs_dq(model, "identity_add"))
+
+
+def test_keep_nodes_errors_name_the_fix(placed: tuple[Path, Path, onnx.ModelProto], tmp_path: Path) -> None:
+    src, _, _ = placed
+    calib = calibration_from_path(src.parent / "calib.npz", signature_from_onnx(src))
+    with pytest.raises(PipelineError, match=r"--int8-keep-nodes names node 'conv44' \(did you mean 'conv4'\?\) that .* does not have"):
+        qdq_onnx_from_onnx(src, tmp_path / "a.onnx", calib, keep_nodes=["conv44"])
+    with pytest.raises(PipelineError, match=r"--int8-keep-nodes names 'relu1', a Relu: only Conv/ConvTranspose/Gemm/MatMul layers are quantized"):
+        qdq_onnx_from_onnx(src, tmp_path / "b.onnx", calib, keep_nodes=["relu1"])
+    assert not list(tmp_path.iterdir())  # nothing written
+
+
+def test_layer_errors_find_the_layer_that_adds_the_error(placed: tuple[Path, Path, onnx.ModelProto], tmp_path: Path) -> None:
+    from pipeline.stages.layer_errors import describe, layer_errors_from_models, worst_layers
+
+    src, out, _ = placed
+    feed = {"x": np.random.default_rng(5).standard_normal((16, 3, 8, 8)).astype(np.float32)}
+    errors = layer_errors_from_models(src, out, feed)
+    assert [e.node for e in errors] == ["stem", "conv1", "conv2", "conv4", "projection", "deconv", "conv3", "gemm_t", "matmul"]
+    # the graph input is the same in both; each layer's jump includes quantizing its own input
+    assert errors[0].input_error == 0 and all(0 < e.output_error < 0.5 for e in errors)  # real INT8 noise, not garbage
+    # Spoil one layer's weight scale by 20x in a copy: that layer's jump must stand out.
+    spoiled = onnx.load(str(out))
+    producers = {o: n for n in spoiled.graph.node for o in n.output}
+    conv2 = next(n for n in spoiled.graph.node if n.name == "conv2")
+    scale = next(i for i in spoiled.graph.initializer if i.name == producers[conv2.input[1]].input[1])
+    scale.CopyFrom(numpy_helper.from_array(numpy_helper.to_array(scale) * 20, scale.name))
+    onnx.save(spoiled, str(tmp_path / "spoiled.onnx"))
+    errors = layer_errors_from_models(src, tmp_path / "spoiled.onnx", feed)
+    assert worst_layers(errors, 1)[0].node == "conv2"
+    assert "keep them in float with --int8-keep-nodes conv2" in describe(errors)

@@ -1,0 +1,117 @@
+"""Where an INT8 model's error comes from: the error of every quantized layer, compared with FP32.
+
+Polygraphy's way (``polygraphy run --onnx-outputs mark all``): both models run on the same batch
+with the inputs and outputs of every weighted layer (Conv, ConvTranspose, Gemm, MatMul) marked as
+extra outputs; tensor names are shared, because the INT8 model is the FP32 graph with Q/DQ pairs
+inserted in front of those layers. For each layer the relative L2 error (``‖int8 − fp32‖ / ‖fp32‖``)
+of its data input and of its output are measured; their difference, the *jump*, is the error that
+layer's quantization adds. The layers with the largest jumps are the ones to keep in float
+(``--int8-keep-nodes``). A model whose error grows steadily through every layer, with no layer
+standing out, is amplifying small perturbations (an untrained or chaotic network), which no Q/DQ
+placement can fix.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import numpy as np
+
+log = logging.getLogger(__name__)
+
+WEIGHTED = ("Conv", "ConvTranspose", "Gemm", "MatMul")
+
+
+@dataclass(frozen=True)
+class LayerError:
+    """The INT8-vs-FP32 error of one weighted layer (relative L2 of its data input and its output)."""
+
+    node: str
+    op_type: str
+    input_error: float
+    output_error: float
+
+    @property
+    def jump(self) -> float:
+        return self.output_error - self.input_error
+
+    def as_dict(self) -> dict[str, object]:
+        return {**asdict(self), "jump": self.jump}
+
+
+def layer_errors_from_models(fp32: Path, int8: Path, feed: Mapping[str, np.ndarray]) -> list[LayerError]:
+    """Run ``fp32`` and ``int8`` (ONNX, the INT8 one with exact Q/DQ semantics) on ``feed`` with
+    every weighted layer's data input and output marked, and return one LayerError per weighted
+    layer of the INT8 model in graph order, named as there (ONNX Runtime's pre-quantization pass
+    may have fused a MatMul and its bias Add into one Gemm). Layers whose tensors the FP32 model
+    lacks are left out."""
+    import onnx
+
+    quantized = onnx.load(str(int8))
+    producers = {o: n for n in quantized.graph.node for o in n.output}
+    layers = [(n.name, n.op_type, _float_source(n.input[0], producers), n.output[0]) for n in quantized.graph.node if n.op_type in WEIGHTED]
+    wanted = sorted({name for _, _, i, o in layers for name in (i, o)})
+    values32 = _run_marked(onnx.load(str(fp32)), wanted, feed)
+    values8 = _run_marked(quantized, wanted, feed)
+    errors = []
+    for name, op_type, inp, out in layers:
+        if out in values32 and out in values8:
+            in_error = _relative_l2(values32[inp], values8[inp]) if inp in values32 and inp in values8 else 0.0
+            errors.append(LayerError(name, op_type, in_error, _relative_l2(values32[out], values8[out])))
+    return errors
+
+
+def _float_source(name: str, producers: Mapping[str, object]) -> str:
+    """The float tensor behind a DequantizeLinear(QuantizeLinear(x)) pair, else ``name``."""
+    dq = producers.get(name)
+    if getattr(dq, "op_type", "") == "DequantizeLinear":
+        q = producers.get(dq.input[0])  # type: ignore[attr-defined]
+        if getattr(q, "op_type", "") == "QuantizeLinear":
+            return str(q.input[0])  # type: ignore[attr-defined]
+    return name
+
+
+def worst_layers(errors: list[LayerError], count: int = 3) -> list[LayerError]:
+    """The ``count`` layers whose quantization adds the most error (largest jumps, positive only)."""
+    return sorted((e for e in errors if e.jump > 0), key=lambda e: e.jump, reverse=True)[:count]
+
+
+def describe(errors: list[LayerError], count: int = 3) -> str:
+    """One sentence: how the error grows and which layers add the most, with the flag to keep them float."""
+    if not errors:
+        return "no weighted layer could be compared"
+    worst = worst_layers(errors, count)
+    first, last = errors[0], errors[-1]
+    growth = f"INT8 error grows from {first.output_error:.1%} after '{first.node}' to {last.output_error:.1%} after '{last.node}'"
+    if not worst:
+        return growth
+    shown = ", ".join(f"'{e.node}' (+{e.jump:.1%})" for e in worst)
+    return f"{growth}; largest added by {shown}: keep them in float with --int8-keep-nodes {','.join(e.node for e in worst)}"
+
+
+def _run_marked(model, names: list[str], feed: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+    import onnx
+    import onnxruntime as ort
+
+    produced = {o for n in model.graph.node for o in n.output} | {i.name for i in model.graph.input}
+    present = {o.name for o in model.graph.output}
+    marked = [n for n in names if n in produced and n not in present]
+    model.graph.output.extend(onnx.helper.make_tensor_value_info(n, onnx.TensorProto.FLOAT, None) for n in marked)
+    options = ort.SessionOptions()
+    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL  # exact Q/DQ, as the accuracy gate
+    options.enable_mem_pattern = False
+    session = ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
+    outputs = [o.name for o in session.get_outputs() if o.name in names]
+    inputs = {i.name for i in session.get_inputs()}
+    values = dict(zip(outputs, session.run(outputs, {k: v for k, v in feed.items() if k in inputs})))
+    values.update({k: np.asarray(v) for k, v in feed.items() if k in names})
+    return values
+
+
+def _relative_l2(reference: np.ndarray, other: np.ndarray) -> float:
+    reference, other = np.asarray(reference, np.float64), np.asarray(other, np.float64)
+    norm = float(np.linalg.norm(reference))
+    return float(np.linalg.norm(other - reference) / norm) if norm > 0 else float(np.linalg.norm(other))
