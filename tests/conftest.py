@@ -28,6 +28,17 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             item.add_marker(skip)
 
 
+def pytest_terminal_summary(terminalreporter: object, exitstatus: int, config: pytest.Config) -> None:
+    """Print the random-order seed at the end even with ``-q`` (which hides the header that names
+    it), so a failure in a shuffled run can be replayed with ``--random-order-seed=N``."""
+    if config.pluginmanager.hasplugin("random_order"):
+        from random_order.config import Config
+
+        order = Config(config)
+        if order.is_enabled:
+            terminalreporter.write_line(f"random order: --random-order-bucket={order.bucket_type} --random-order-seed={order.seed}")  # type: ignore[attr-defined]
+
+
 @pytest.fixture(autouse=True)
 def _sigint_untouched() -> object:
     """No test may leave Ctrl-C handling changed in the pytest process: an ignored SIGINT is inherited
