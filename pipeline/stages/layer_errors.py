@@ -13,16 +13,15 @@ placement can fix.
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import numpy as np
 
-log = logging.getLogger(__name__)
+from pipeline.onnxrt import session_from_onnx
+from pipeline.stages.qdq_placement import WEIGHTED, float_source
 
-WEIGHTED = ("Conv", "ConvTranspose", "Gemm", "MatMul")
 
 
 @dataclass(frozen=True)
@@ -52,7 +51,7 @@ def layer_errors_from_models(fp32: Path, int8: Path, feed: Mapping[str, np.ndarr
 
     quantized = onnx.load(str(int8))
     producers = {o: n for n in quantized.graph.node for o in n.output}
-    layers = [(n.name, n.op_type, _float_source(n.input[0], producers), n.output[0]) for n in quantized.graph.node if n.op_type in WEIGHTED]
+    layers = [(n.name, n.op_type, float_source(n.input[0], producers), n.output[0]) for n in quantized.graph.node if n.op_type in WEIGHTED]
     wanted = sorted({name for _, _, i, o in layers for name in (i, o)})
     values32 = _run_marked(onnx.load(str(fp32)), wanted, feed)
     values8 = _run_marked(quantized, wanted, feed)
@@ -62,16 +61,6 @@ def layer_errors_from_models(fp32: Path, int8: Path, feed: Mapping[str, np.ndarr
             in_error = _relative_l2(values32[inp], values8[inp]) if inp in values32 and inp in values8 else 0.0
             errors.append(LayerError(name, op_type, in_error, _relative_l2(values32[out], values8[out])))
     return errors
-
-
-def _float_source(name: str, producers: Mapping[str, object]) -> str:
-    """The float tensor behind a DequantizeLinear(QuantizeLinear(x)) pair, else ``name``."""
-    dq = producers.get(name)
-    if getattr(dq, "op_type", "") == "DequantizeLinear":
-        q = producers.get(dq.input[0])  # type: ignore[attr-defined]
-        if getattr(q, "op_type", "") == "QuantizeLinear":
-            return str(q.input[0])  # type: ignore[attr-defined]
-    return name
 
 
 def worst_layers(errors: list[LayerError], count: int = 3) -> list[LayerError]:
@@ -93,17 +82,18 @@ def describe(errors: list[LayerError], count: int = 3) -> str:
 
 
 def _run_marked(model, names: list[str], feed: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+    import tempfile
+
     import onnx
-    import onnxruntime as ort
 
     produced = {o for n in model.graph.node for o in n.output} | {i.name for i in model.graph.input}
     present = {o.name for o in model.graph.output}
     marked = [n for n in names if n in produced and n not in present]
     model.graph.output.extend(onnx.helper.make_tensor_value_info(n, onnx.TensorProto.FLOAT, None) for n in marked)
-    options = ort.SessionOptions()
-    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL  # exact Q/DQ, as the accuracy gate
-    options.enable_mem_pattern = False
-    session = ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
+    with tempfile.TemporaryDirectory(prefix="layer-errors.") as tmp:
+        path = Path(tmp) / "marked.onnx"
+        onnx.save(model, str(path))
+        session = session_from_onnx(path, exact_qdq=True)  # exact Q/DQ, as the accuracy gate
     outputs = [o.name for o in session.get_outputs() if o.name in names]
     inputs = {i.name for i in session.get_inputs()}
     values = dict(zip(outputs, session.run(outputs, {k: v for k, v in feed.items() if k in inputs})))

@@ -66,6 +66,16 @@ def place_qdq(model, ranges: Mapping[str, tuple[float, float]]) -> dict[str, int
     return counts
 
 
+def float_source(name: str, producers: Mapping[str, object]) -> str:
+    """The float tensor behind a DequantizeLinear(QuantizeLinear(x)) pair, else ``name`` itself
+    (``producers``: tensor name → the node that outputs it)."""
+    dq = producers.get(name)
+    if getattr(dq, "op_type", None) != "DequantizeLinear":
+        return name
+    q = producers.get(dq.input[0])  # type: ignore[union-attr]
+    return str(q.input[0]) if getattr(q, "op_type", None) == "QuantizeLinear" else name  # type: ignore[union-attr]
+
+
 def _is_residual(node, editor: _Editor) -> bool:
     if len(node.input) != 2 or any(editor.is_constant(i) for i in node.input):
         return False  # a bias or constant add, not a skip connection
@@ -114,12 +124,7 @@ class _Editor:
         return producer if producer is not None and producer.op_type == "DequantizeLinear" else None
 
     def float_source(self, name: str) -> str:
-        """The float tensor behind a DQ(Q(x)) pair, else ``name`` itself."""
-        dq = self.dq_of(name)
-        if dq is None:
-            return name
-        q = self.producers.get(dq.input[0])
-        return q.input[0] if q is not None and q.op_type == "QuantizeLinear" else name
+        return float_source(name, self.producers)
 
     def float_producer_type(self, name: str) -> str | None:
         producer = self.producers.get(self.float_source(name))
