@@ -41,13 +41,16 @@ from pipeline.errors import PipelineError, require
 from pipeline.progress import progress
 from pipeline.triton.servable import has_gpu, servable_models, write_view
 from pipeline.triton.server_args import ADMIN_HEADER, ADMIN_KEY_ENV, ServerArgs, tritonserver_args
-from pipeline.triton.server_log import last_errors, startup_error
+from pipeline.triton.server_log import PortInUseError, last_errors, startup_error
 
 log = logging.getLogger(__name__)
 
 OUR_BACKENDS = Path(__file__).parent / "backends"
 SHM_DIR = Path("/dev/shm")
 EXIT_TIMEOUT_S = 5
+# Ports the OS called free can be taken before tritonserver binds them (a client's outgoing connection
+# or another server starting at the same moment): free ports are picked again this many times.
+PORT_ATTEMPTS = 3
 # Talk to our own server directly, whatever http_proxy says.
 _DIRECT = urllib.request.build_opener(urllib.request.ProxyHandler({}))
 _LOOPBACK = ("127.0.0.1", "localhost", "::1")
@@ -206,12 +209,30 @@ class TritonServer:
         began = time.monotonic()
         self._check_cpus()
         models = self._scan_repository()
-        self._assign_ports()
         if self.host not in _LOOPBACK:
             log.warning(
                 "tritonserver binds to %s: its inference, model-repository and metrics endpoints have no "
                 "authentication — anyone who can reach this address can use them", self.host,
             )
+        requested = (self.http_port, self.grpc_port, self.metrics_port, self.log_path)
+        for attempt in range(1, PORT_ATTEMPTS + 1):
+            self._assign_ports()
+            try:
+                self._start_once(models, began + timeout)
+                break
+            except PortInUseError as exc:
+                if attempt == PORT_ATTEMPTS or all(requested[:3]):
+                    raise
+                log.info("%s; picking free ports again", exc.problem)
+                self.http_port, self.grpc_port, self.metrics_port, self.log_path = requested
+        self.startup_seconds = time.monotonic() - began
+        log.info(
+            "tritonserver ready in %.1f s: http %s, grpc %s, metrics %s; models %s (log: %s)",
+            self.startup_seconds, self.http_url, self.grpc_url, self.metrics_url,
+            ", ".join(self.ready_models), self.log_path,
+        )
+
+    def _start_once(self, models: list[str], deadline: float) -> None:
         self._workdir = Path(tempfile.mkdtemp(prefix="pipeline-triton-"))
         try:
             backends = self._prepare_backends(self._workdir / "backends")
@@ -220,16 +241,10 @@ class TritonServer:
             self.cpu_models = write_view(self.repository, models, view, self.model_config_name, cpu_only=not has_gpu())
             with progress(f"starting tritonserver ({len(models)} models)", summary=False):  # it logs its own ready line
                 self._launch(view, backends)
-                self._wait_ready(models, began + timeout)
+                self._wait_ready(models, deadline)
         except BaseException:
             self.stop()
             raise
-        self.startup_seconds = time.monotonic() - began
-        log.info(
-            "tritonserver ready in %.1f s: http %s, grpc %s, metrics %s; models %s (log: %s)",
-            self.startup_seconds, self.http_url, self.grpc_url, self.metrics_url,
-            ", ".join(self.ready_models), self.log_path,
-        )
 
     def stop(self, timeout: float = 30.0) -> None:
         """SIGTERM the server (SIGKILL its process group after ``timeout``), then remove its temp files."""

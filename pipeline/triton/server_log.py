@@ -8,6 +8,10 @@ from pathlib import Path
 from pipeline.errors import PipelineError
 
 _FAILED_LOAD = re.compile(r"failed to load '([^']+)' version \d+: (.*?)\"?$")
+class PortInUseError(PipelineError):
+    """tritonserver could not bind a port: another process holds it."""
+
+
 _PORT_IN_USE = re.compile(r"failed to start (\w+) service: .*Socket '([^']+)' already in use")
 _NO_GPU_NOISE = ("CudaDriverHelper", "NVML", "DCGM")  # expected on a machine without a GPU
 
@@ -60,7 +64,7 @@ def startup_error(log_path: Path | None, exit_code: int, replace: dict[str, str]
     in_use = next((m for m in map(_PORT_IN_USE.search, lines) if m), None)
     if in_use:
         service, address = in_use.groups()
-        return PipelineError(
+        return PortInUseError(
             f"tritonserver could not start its {service} service: {address} is already in use",
             "another process took the port meanwhile; retry, or choose ports with --http-port/--grpc-port/--metrics-port",
         )

@@ -107,6 +107,36 @@ def test_port_in_use_is_one_clear_error_and_starts_nothing(repository: Path, tmp
     assert child_pids() == before
 
 
+class _RacedServer(TritonServer):
+    """Its first pick of free ports hands out a port another process took meanwhile (the race that
+    a client's outgoing connection or a second server starting at the same moment can cause)."""
+
+    def __init__(self, *args, taken: int, **kwargs) -> None:  # type: ignore[no-untyped-def]
+        super().__init__(*args, **kwargs)
+        self.taken, self.picks = taken, []
+
+    def _assign_ports(self) -> None:
+        super()._assign_ports()
+        if not self.picks:
+            self.http_port = self.taken
+        self.picks.append(self.http_port)
+
+
+@pytest.mark.slow
+def test_a_free_port_taken_before_the_server_binds_it_is_picked_again(repository: Path, tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    with socket.socket() as squatter:
+        squatter.bind(("127.0.0.1", 0))
+        squatter.listen()
+        taken = squatter.getsockname()[1]
+        caplog.set_level("INFO", logger="pipeline.triton.server")
+        with _RacedServer(repository, taken=taken, log_path=tmp_path / "t.log") as server:
+            assert server.picks[0] == taken and server.http_port not in (taken, 0)
+            assert "tiny" in server.ready_models
+            with _DIRECT.open(f"http://{server.http_url}/v2/health/ready", timeout=5) as response:
+                assert response.status == 200
+    assert any(f"127.0.0.1:{taken} is already in use; picking free ports again" in r.getMessage() for r in caplog.records)
+
+
 def test_missing_repository_is_a_clear_error(tmp_path: Path) -> None:
     with pytest.raises(PipelineError, match="does not exist"):
         TritonServer(tmp_path / "nope").start()
