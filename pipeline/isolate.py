@@ -6,12 +6,20 @@ the memory budget. :func:`call_in_child` runs such a function in a spawned inter
 process that holds TensorFlow threads) and hands back its return value; a
 :class:`~pipeline.errors.PipelineError` raised there is raised here unchanged (one line for the
 user), any other exception as a ``RuntimeError`` carrying the child's traceback.
+
+A child must not outlive the build: a build killed with SIGTERM or SIGKILL runs no cleanup, and its
+converting child would go on for minutes, orphaned. :func:`die_with_parent` asks the kernel to kill
+the child when its parent goes (both the spawned children here and the tf2onnx subprocess use it).
 """
 
 from __future__ import annotations
 
+import ctypes
+import ctypes.util
 import logging
 import multiprocessing
+import os
+import signal
 import traceback
 from typing import Any, Callable, TypeVar
 
@@ -22,7 +30,20 @@ T = TypeVar("T")
 log = logging.getLogger(__name__)
 
 
-def _child(conn: Any, level: int, fn: Callable[..., Any], args: tuple, kwargs: dict) -> None:
+_PR_SET_PDEATHSIG = 1
+
+
+def die_with_parent(sig: int = signal.SIGKILL) -> None:
+    """Have the kernel send ``sig`` to this process when the thread that started it exits
+    (Linux ``PR_SET_PDEATHSIG``); call it first thing in a child, or as a ``preexec_fn``."""
+    libc = ctypes.CDLL(ctypes.util.find_library("c"), use_errno=True)
+    libc.prctl(_PR_SET_PDEATHSIG, sig)
+
+
+def _child(conn: Any, parent: int, level: int, fn: Callable[..., Any], args: tuple, kwargs: dict) -> None:
+    die_with_parent()
+    if os.getppid() != parent:  # the parent died before the line above: nobody waits for the result
+        os._exit(1)
     logging.basicConfig(level=level, format="%(message)s")
     try:
         conn.send(("ok", fn(*args, **kwargs)))
@@ -40,7 +61,7 @@ def call_in_child(fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
     """``fn(*args, **kwargs)`` in a spawned child process; arguments and result must pickle."""
     ctx = multiprocessing.get_context("spawn")
     receive, send = ctx.Pipe(duplex=False)
-    proc = ctx.Process(target=_child, args=(send, logging.getLogger().getEffectiveLevel(), fn, args, kwargs), daemon=True)
+    proc = ctx.Process(target=_child, args=(send, os.getpid(), logging.getLogger().getEffectiveLevel(), fn, args, kwargs), daemon=True)
     proc.start()
     send.close()
     try:

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING
 
 from pipeline.atomic import atomic_path
 from pipeline.errors import PipelineError
+from pipeline.isolate import die_with_parent
 from pipeline.tensors import SIGNATURE
 
 if TYPE_CHECKING:
@@ -49,7 +50,7 @@ def onnx_from_savedmodel(saved: Path, dst: Path, opset: int) -> Path:
     with atomic_path(dst) as tmp:  # hidden .<name>.*.tmp.onnx beside dst, renamed into place at the end
         cmd = tf2onnx_command(saved, tmp, opset)
         log.info("tf2onnx: %s", shlex.join(cmd[1:]))
-        proc = subprocess.run(cmd, capture_output=True, text=True)
+        proc = subprocess.run(cmd, capture_output=True, text=True, preexec_fn=die_with_parent)
         unsupported = re.findall(r"Tensorflow op \[[^\]]*: (\w+)\] is not supported", proc.stderr)
         if unsupported or "Unsupported ops" in proc.stderr:
             ops = sorted(set(unsupported)) or re.findall(r"Unsupported ops: (.*)", proc.stderr)

@@ -92,6 +92,9 @@ def savedmodel_from_source(source: "ModelSource", dst: Path) -> Path:
 
 
 def _export_source(source: "ModelSource", dst: Path) -> Path:
+    from pipeline.pausepoints import pause_point
+
+    pause_point("savedmodel.export")
     from pipeline.stages.source import keras_model_from_source
 
     return savedmodel_from_keras(keras_model_from_source(source), dst)

@@ -25,6 +25,8 @@ import os
 from collections import OrderedDict
 from typing import Any, Callable
 
+from pipeline.pausepoints import pause_point
+
 log = logging.getLogger("pipeline.tf2onnx_run")
 
 M_MMAP_THRESHOLD = -3  # glibc mallopt parameter
@@ -156,6 +158,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--opset", type=int, required=True)
     parser.add_argument("--output", required=True)
     args = parser.parse_args(argv)
+    pause_point("tf2onnx.convert")
     _use_mmap_for_large_blocks()
 
     from tf2onnx import logging as tf2onnx_logging

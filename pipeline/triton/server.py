@@ -16,8 +16,6 @@ The command line comes from :mod:`pipeline.triton.server_args`, shared with the 
 from __future__ import annotations
 
 import contextlib
-import ctypes
-import ctypes.util
 import functools
 import json
 import logging
@@ -38,6 +36,7 @@ from pathlib import Path
 from types import TracebackType
 
 from pipeline.errors import PipelineError, require
+from pipeline.isolate import die_with_parent
 from pipeline.progress import progress
 from pipeline.triton.servable import has_gpu, servable_models, write_view
 from pipeline.triton.server_args import ADMIN_HEADER, ADMIN_KEY_ENV, ServerArgs, tritonserver_args
@@ -388,8 +387,7 @@ class TritonServer:
 
         def child_setup() -> None:
             # Die with the parent (no stray server if Python is killed), and pin before any thread starts.
-            libc = ctypes.CDLL(ctypes.util.find_library("c"), use_errno=True)
-            libc.prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+            die_with_parent(signal.SIGTERM)
             if cpus is not None:
                 os.sched_setaffinity(0, cpus)
 

@@ -57,7 +57,7 @@ def build_zoo_model(entry: ZooModel, root: Path) -> ZooRun:
     proc = cli(
         "build", "--model", entry.source, "--name", entry.name, "--fp16", "--int8",
         "--workdir", str(paths["workdir"]), "--repository", str(paths["repository"]),
-        "--calibration-root", str(paths["calibration"]), timeout=1800,
+        "--calibration-root", str(paths["calibration"]), *entry.build_args, timeout=1800,
     )
     run.build_seconds = round(time.perf_counter() - began, 1)
     if proc.returncode != 0:
