@@ -101,7 +101,7 @@ def qdq_onnx_from_onnx(
     clear_leftovers(dst)
     with tempfile.TemporaryDirectory(prefix=f".{dst.name}.", dir=dst.parent) as tmp_dir:
         tmp = Path(tmp_dir)
-        prepared = _prepared_model(src, tmp / "prepared.onnx")
+        prepared = prepared_model(src, tmp / "prepared.onnx")
         kept = _checked_keep_nodes(prepared, keep_nodes, src)
         if batch_size is None:
             estimate = memory_estimate(prepared, calibration.largest_shapes())
@@ -274,7 +274,7 @@ def _calibration_batch(signature: ModelSignature, requested: int, num_samples: i
     return size, True
 
 
-def _prepared_model(src: Path, out: Path) -> Path:
+def prepared_model(src: Path, out: Path) -> Path:
     """ORT's pre-quantization pass (shape inference, basic graph optimizations such as folding
     BatchNorm into Conv, so the folded weights are what gets quantized); the original model if
     the pass cannot handle it."""

@@ -47,13 +47,21 @@ def layer_errors_from_models(fp32: Path, int8: Path, feed: Mapping[str, np.ndarr
     layer of the INT8 model in graph order, named as there (ONNX Runtime's pre-quantization pass
     may have fused a MatMul and its bias Add into one Gemm). Layers whose tensors the FP32 model
     lacks are left out."""
+    import tempfile
+
     import onnx
+
+    from pipeline.stages.int8 import prepared_model
 
     quantized = onnx.load(str(int8))
     producers = {o: n for n in quantized.graph.node for o in n.output}
     layers = [(n.name, n.op_type, float_source(n.input[0], producers), n.output[0]) for n in quantized.graph.node if n.op_type in WEIGHTED]
     wanted = sorted({name for _, _, i, o in layers for name in (i, o)})
-    values32 = _run_marked(onnx.load(str(fp32)), wanted, feed)
+    # The INT8 graph was quantized from ORT's prepared FP32 graph (BatchNorm folded, tensors renamed):
+    # its float tensors carry that graph's names, so that graph is the reference.
+    with tempfile.TemporaryDirectory(prefix="layer-errors.") as tmp:
+        reference = onnx.load(str(prepared_model(fp32, Path(tmp) / "prepared.onnx")))
+    values32 = _run_marked(reference, wanted, feed)
     values8 = _run_marked(quantized, wanted, feed)
     errors = []
     for name, op_type, inp, out in layers:

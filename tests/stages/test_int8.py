@@ -423,3 +423,41 @@ def test_layer_errors_find_the_layer_that_adds_the_error(placed: tuple[Path, Pat
     errors = layer_errors_from_models(src, tmp_path / "spoiled.onnx", feed)
     assert worst_layers(errors, 1)[0].node == "conv2"
     assert "keep them in float with --int8-keep-nodes conv2" in describe(errors)
+
+
+
+def test_layer_errors_measure_every_input_when_the_prepared_graph_renames_tensors(tmp_path: Path) -> None:
+    """A tf2onnx graph is NHWC with Transposes around each Conv; ONNX Runtime's pre-quantization pass
+    cancels them and rewrites the ops between, so the INT8 graph's float tensors get new names. Every
+    layer's input error must still be measured (it was 0.0, unmeasured, for 53 of MobileNetV3Small's
+    54 layers, which made the ranking of layers wrong)."""
+    from pipeline.stages.layer_errors import layer_errors_from_models
+
+    rng = np.random.default_rng(3)
+    to_nchw, to_nhwc = [0, 3, 1, 2], [0, 2, 3, 1]
+    nodes = [
+        helper.make_node("Transpose", ["x"], ["t1:0"], name="t1", perm=to_nchw),
+        helper.make_node("Conv", ["t1:0", "w1", "b1"], ["c1:0"], name="conv1", pads=[1, 1, 1, 1]),
+        helper.make_node("Transpose", ["c1:0"], ["t2:0"], name="t2", perm=to_nhwc),
+        helper.make_node("Relu", ["t2:0"], ["act:0"], name="act"),
+        helper.make_node("Transpose", ["act:0"], ["t3:0"], name="t3", perm=to_nchw),
+        helper.make_node("Conv", ["t3:0", "w2", "b2"], ["c2:0"], name="conv2", pads=[1, 1, 1, 1]),
+        helper.make_node("Transpose", ["c2:0"], ["y"], name="t4", perm=to_nhwc),
+    ]
+    inits = {"w1": rng.standard_normal((8, 3, 3, 3)).astype(np.float32) * 0.3, "b1": np.zeros(8, np.float32),
+             "w2": rng.standard_normal((4, 8, 3, 3)).astype(np.float32) * 0.2, "b2": np.zeros(4, np.float32)}
+    graph = helper.make_graph(nodes, "nhwc", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 8, 8, 3])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", 8, 8, 4])],
+                              [numpy_helper.from_array(v, k) for k, v in inits.items()])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    src = tmp_path / "nhwc.onnx"
+    onnx.save(model, str(src))
+    np.savez(tmp_path / "calib.npz", x=rng.standard_normal((128, 8, 8, 3)).astype(np.float32))
+    int8 = qdq_onnx_from_onnx(src, tmp_path / "int8.onnx", calibration_from_path(tmp_path / "calib.npz", signature_from_onnx(src)))
+    produced = {o for n in onnx.load(str(int8)).graph.node for o in n.output}
+    assert not {"act:0", "t3:0"} <= produced, "ONNX Runtime kept the tf2onnx names: this test would test nothing"
+    feed = {"x": rng.standard_normal((16, 8, 8, 3)).astype(np.float32)}
+    errors = layer_errors_from_models(src, int8, feed)
+    assert [e.node for e in errors] == ["conv1", "conv2"]
+    assert errors[0].input_error == 0 and errors[1].input_error > 0.5 * errors[0].output_error, errors  # conv2 sees conv1's error

@@ -314,12 +314,18 @@ def _image_and_label(drawn: tuple[np.ndarray, np.ndarray]) -> tuple[dict[str, np
 # 4096 samples: INT8 disagrees with FP32 on ~4% of MobileNetV3Small's samples, and at 1024 the
 # drop's 95% bounds (±0.95 points) cannot judge the 1-point limit.
 BACKBONE_EVAL, BACKBONE_ARGS = 4096, ("--fp16-atol", "0.05")
+# MobileNetV3Small's INT8 loses 0.61 points [0.15, 1.09]: undecided against the 1-point limit even on
+# 4096 samples (MobileNetV3 is known to be hard to quantize after training). Its owner does what the
+# failed gate's message says (run with a tight --int8-max-drop to get it): keep the three layers that
+# add the most error in float. Then 0.51 points [0.09, 0.94]: a real drop, within the limit.
+MOBILENET_KEEP = ",".join(f"StatefulPartitionedCall/MobileNetV3Small_1/{node}" for node in (
+    "logits_1/BiasAdd", "expanded_conv_depthwise_1/depthwise", "expanded_conv_1_depthwise_1/depthwise"))
 
 ZOO = {
     z.name: z
     for z in (
         ZooModel("resnet50", resnet50, lambda rng, n, _: _image_and_label(_normal_images(rng, n))),  # the defaults hold
-        ZooModel("mobilenet_v3_small", mobilenet_v3_small, lambda rng, n, _: _image_and_label(_pixel_images(rng, n)), eval_samples=BACKBONE_EVAL, build_args=BACKBONE_ARGS),
+        ZooModel("mobilenet_v3_small", mobilenet_v3_small, lambda rng, n, _: _image_and_label(_pixel_images(rng, n)), eval_samples=BACKBONE_EVAL, build_args=(*BACKBONE_ARGS, "--int8-keep-nodes", MOBILENET_KEEP)),
         ZooModel("densenet121", densenet121, lambda rng, n, _: _image_and_label(_normal_images(rng, n)), eval_samples=BACKBONE_EVAL, build_args=BACKBONE_ARGS),
         ZooModel("transformer", transformer_classifier, _tokens, sequence=True),
         ZooModel("lstm", lstm_classifier, _frames, sequence=True),
