@@ -94,6 +94,15 @@ class Comparison:
         task = self.tasks.get(output)
         return task.summary() if task else {}
 
+    def add(self, ref: Mapping[str, np.ndarray], out: Mapping[str, np.ndarray], target: Mapping[str, np.ndarray]) -> None:
+        """One batch: every output of the reference and of the candidate, and the labels of the outputs that have them."""
+        for key, ref_value in ref.items():
+            ref_array, out_array = np.asarray(ref_value), np.asarray(out[key])
+            self.outputs.setdefault(key, OutputStats()).add(ref_array, out_array)
+            if key in self.tasks:
+                self.tasks[key].add(ref_array, out_array, target.get(key))
+        self.samples += len(next(iter(ref.values())))
+
     def as_dict(self) -> dict:
         """JSON form: per output, its error statistics and task summary."""
         return {"runner": self.runner, "samples": self.samples,
@@ -117,32 +126,23 @@ def compare_runners(
     """
     from polygraphy.comparator import Comparator
 
-    results = {c.name: Comparison(c.name) for c in candidates}
-    for comparison in results.values():
-        comparison.tasks = {name: task_stats_for(kind, threshold) for name, kind in (kinds or {}).items()}
+    results = {c.name: new_comparison(c.name, kinds, threshold) for c in candidates}
     stream = Comparator.run([reference, *candidates], data_loader=batches, streaming=True)
     try:
         for run in stream:
             per_runner = {name: iterations[0] for name, iterations in run.items()}
-            _accumulate(per_runner, reference.name, results, next(targets) if targets is not None else {})
+            target = next(targets) if targets is not None else {}
+            ref = per_runner[reference.name]
+            for name, comparison in results.items():
+                if set(per_runner[name]) != set(ref):
+                    raise PipelineError(f"'{name}' has outputs {sorted(per_runner[name])} but '{reference.name}' has {sorted(ref)}",
+                                        "compare models with the same output names")
+                comparison.add(ref, per_runner[name], target)
     finally:
         stream.close()  # deactivates the runners even when a batch fails
     return list(results.values())
 
 
-def _accumulate(per_runner: dict, reference: str, results: dict[str, Comparison], target: Mapping[str, np.ndarray]) -> None:
-    ref = per_runner[reference]
-    batch = len(next(iter(ref.values())))
-    for name, comparison in results.items():
-        out = per_runner[name]
-        if set(out) != set(ref):
-            raise PipelineError(
-                f"'{name}' has outputs {sorted(out)} but '{reference}' has {sorted(ref)}",
-                "compare models with the same output names",
-            )
-        for key, ref_value in ref.items():
-            ref_array, out_array = np.asarray(ref_value), np.asarray(out[key])
-            comparison.outputs.setdefault(key, OutputStats()).add(ref_array, out_array)
-            if key in comparison.tasks:
-                comparison.tasks[key].add(ref_array, out_array, target.get(key))
-        comparison.samples += batch
+def new_comparison(name: str, kinds: Mapping[str, OutputKind] | None, threshold: float) -> Comparison:
+    """An empty comparison that judges each output of ``kinds`` by its kind (see :meth:`Comparison.add`)."""
+    return Comparison(name, tasks={output: task_stats_for(kind, threshold) for output, kind in (kinds or {}).items()})

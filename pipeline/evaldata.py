@@ -138,7 +138,7 @@ def eval_data_from_path(path: Path, signature: ModelSignature) -> EvalData:
     arrays = read_arrays(path)
     groups = split_buckets(path, arrays, signature, what="evaluation data")
     targets = label_arrays(path, arrays)
-    stray = sorted(_label_key(key, bucket).strip("'") for key, bucket in targets if bucket not in groups)
+    stray = sorted(_label_key(key, bucket) for key, bucket in targets if bucket not in groups)
     if stray:
         raise PipelineError(f"evaluation data '{path}' has {stray} but no inputs of that bucket", f"name labels after their bucket: labels{BUCKET_SEP}<bucket>")
     buckets = []
@@ -150,7 +150,7 @@ def eval_data_from_path(path: Path, signature: ModelSignature) -> EvalData:
         mine = {key: array for (key, bucket), array in targets.items() if bucket == name}
         for key, array in mine.items():
             if len(array) != n:
-                raise PipelineError(f"{_label_key(key, name)} in '{path}' has {len(array)} samples but the inputs have {n}", "give one label per sample")
+                raise PipelineError(f"'{_label_key(key, name)}' in '{path}' has {len(array)} samples but the inputs have {n}", "give one label per sample")
         buckets.append(EvalBucket(name, inputs, {key: _as_target(array) for key, array in mine.items()}))
     keys = {k for b in buckets for k in b.targets}
     for key in sorted(keys):
@@ -158,7 +158,7 @@ def eval_data_from_path(path: Path, signature: ModelSignature) -> EvalData:
         if missing:
             have = [b.name for b in buckets if key in b.targets]
             raise PipelineError(f"evaluation data '{path}' has labels for buckets {have} but not for {missing}",
-                                f"add {_label_key(key, '<bucket>').strip(chr(39))} for every bucket, or none")
+                                f"add {_label_key(key, '<bucket>')} for every bucket, or none")
     return EvalData(tuple(buckets), str(path), hash_path(path))
 
 
@@ -185,7 +185,7 @@ def label_arrays(path: Path, arrays: Mapping[str, np.ndarray]) -> dict[tuple[str
 
 
 def _label_key(output: str, bucket: str) -> str:
-    return "'labels" + (f":{output}" if output else "") + (f"{BUCKET_SEP}{bucket}" if bucket else "") + "'"
+    return "labels" + (f":{output}" if output else "") + (f"{BUCKET_SEP}{bucket}" if bucket else "")
 
 
 def _as_target(array: np.ndarray) -> np.ndarray:
