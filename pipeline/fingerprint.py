@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 from pathlib import Path
@@ -28,3 +29,13 @@ def hash_settings(settings: Any) -> str:
     """sha256 of a JSON-able settings object (keys sorted, so order does not matter)."""
     blob = json.dumps(settings, sort_keys=True, default=str).encode()
     return hashlib.sha256(blob).hexdigest()
+
+
+@functools.cache
+def code_hash(package: Path = Path(__file__).resolve().parent) -> str:
+    """sha256 of the pipeline package's own Python sources: part of every stage key, so a new quantizer
+    or gate reruns the stages instead of reusing artifacts and verdicts of the old code."""
+    digest = hashlib.sha256()
+    for file in sorted(package.rglob("*.py")):
+        digest.update(file.relative_to(package).as_posix().encode() + b"\0" + file.read_bytes())
+    return digest.hexdigest()

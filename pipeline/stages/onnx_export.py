@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING
 from pipeline.atomic import atomic_path
 from pipeline.errors import PipelineError
 from pipeline.isolate import die_with_parent
+from pipeline.stages.mixed import float32_from_mixed
 from pipeline.tensors import SIGNATURE
 
 if TYPE_CHECKING:
@@ -64,6 +65,7 @@ def onnx_from_savedmodel(saved: Path, dst: Path, opset: int) -> Path:
 
         model = onnx.load(str(tmp))
         _keras_output_order(model, saved)
+        float32_from_mixed(model)
         _name_dynamic_axes(model)
         try:
             onnx.checker.check_model(model, full_check=True)
