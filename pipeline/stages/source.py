@@ -107,7 +107,8 @@ def _model_source(spec: str) -> ModelSource:
 
 def _cause(exc: Exception) -> str:
     """An exception's message on one line, whole, less the object configs Keras appends."""
-    text = " ".join(str(exc).split("Full object config")[0].split("Config:")[0].split())
+    text = str(exc).rsplit("Exception encountered:", 1)[-1]  # Keras wraps the cause in the outer layer's config
+    text = " ".join(text.split("Full object config")[0].split("Config:")[0].split())
     return text.rstrip(" .:") or type(exc).__name__
 
 
