@@ -266,8 +266,26 @@ def onnx_producers(model: onnx.ModelProto) -> dict[str, str]:
         while node is not None and node.op_type in _PASS_THROUGH and node.input:
             node = made_by.get(node.input[0])
         if node is not None:
-            producers[output.name] = node.op_type
+            producers[output.name] = "LpNormalization" if _divides_by_its_norm(node, made_by) else node.op_type
     return producers
+
+
+def _divides_by_its_norm(node: onnx.NodeProto, made_by: Mapping[str, onnx.NodeProto]) -> bool:
+    """x · rsqrt(Σx²) or x / sqrt(Σx²): what tf.math.l2_normalize and UnitNormalization become in ONNX."""
+    if node.op_type not in ("Mul", "Div"):
+        return False
+    frontier = [made_by.get(name) for name in node.input]
+    for _ in range(4):
+        frontier = [n for n in frontier if n is not None]
+        if any(n.op_type in ("ReduceSumSquare", "ReduceL2") or (n.op_type == "ReduceSum" and _squares(n, made_by)) for n in frontier):
+            return True
+        frontier = [made_by.get(name) for n in frontier if n.op_type in ("Rsqrt", "Sqrt", "Reciprocal", "Max", "Min", "Add", "Clip") for name in n.input]
+    return False
+
+
+def _squares(node: onnx.NodeProto, made_by: Mapping[str, onnx.NodeProto]) -> bool:
+    source = made_by.get(node.input[0]) if node.input else None
+    return source is not None and (source.op_type == "Square" or (source.op_type in ("Mul", "Pow") and (source.op_type == "Pow" or source.input[0] == source.input[-1])))
 
 
 def kinds_to_json(kinds: Mapping[str, OutputKind]) -> list[dict[str, Any]]:

@@ -183,3 +183,20 @@ def test_labels_the_output_cannot_produce_are_one_error(targets: dict, message: 
 
 def test_good_labels_pass_the_check() -> None:
     check_targets({UNNAMED: np.array([0, 2, 1]), "box": np.zeros((3, 4), np.float32), "mask": np.zeros((3, 4, 4), np.int64)}, OUTPUTS, "d.npz")
+
+
+def test_an_l2_normalised_onnx_output_is_an_embedding() -> None:
+    from onnx import TensorProto, helper
+
+    from pipeline.outputkinds import onnx_producers
+
+    nodes = [helper.make_node("Mul", ["x", "x"], ["sq"]), helper.make_node("ReduceSum", ["sq", "axes"], ["ss"], keepdims=1),
+             helper.make_node("Sqrt", ["ss"], ["norm"]), helper.make_node("Reciprocal", ["norm"], ["inv"]),
+             helper.make_node("Mul", ["x", "inv"], ["emb"]), helper.make_node("Softmax", ["x"], ["probs"])]
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["b", 8])],
+                              [helper.make_tensor_value_info("emb", TensorProto.FLOAT, ["b", 8]), helper.make_tensor_value_info("probs", TensorProto.FLOAT, ["b", 8])],
+                              [helper.make_tensor("axes", TensorProto.INT64, [1], [1])])
+    producers = onnx_producers(helper.make_model(graph))
+    assert producers == {"emb": "LpNormalization", "probs": "Softmax"}
+    kinds = decide_kinds(signature(("emb", ("b", 8)), ("probs", ("b", 8))), described=None, producers=producers, overrides={})
+    assert (kinds["emb"].kind, kinds["probs"].kind) == ("embedding", "classes")
