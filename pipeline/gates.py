@@ -226,8 +226,9 @@ def judge_figure(output: str, kind: str, metric: str, value: float, low: float, 
     """``("pass" | "fail" | "undecided", why)`` of one figure against its limit: it passes when its
     bound on the worse side is within the limit, fails when the bound on the better side is beyond it."""
     fmt = (lambda x: f"{x:.2f}") if unit == "points" else (lambda x: f"{x:.4g}")
-    shown = f"output '{output}' ({kind}): {metric} {fmt(value)}{' points' if unit == 'points' else ''} [{fmt(low)}, {fmt(high)}] " \
-            f"({confidence:.0%} bounds, {samples} samples)"
+    shown = f"output '{output}' ({kind}): {metric} {fmt(value)}{' points' if unit == 'points' else ''}"
+    if not low == high == value:  # a measured maximum (max abs error) has no bounds to show
+        shown += f" [{fmt(low)}, {fmt(high)}] ({confidence:.0%} bounds, {samples} samples)"
     bad, good = (high, low) if worse == "higher" else (low, high)
     within = (lambda x: x <= limit) if worse == "higher" else (lambda x: x >= limit)
     sign = ">" if worse == "higher" else "<"

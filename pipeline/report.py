@@ -65,14 +65,14 @@ def served_data(rows: list[dict[str, Any]]) -> TableData:
     """Every output of every served model (``verify``): served against in process, and the verdict of the
     model's checks (its gates against served FP32 included); what could not be verified, and why."""
     table = TableData("served through Triton vs in process (metric: accuracy, R² or mIoU with labels; else agreement)",
-                      ["model", "output", "kind", "served", "in-process", "max abs diff", "check"])  # fmt: skip
+                      ["model", "ver", "output", "kind", "served", "in-process", "max abs diff", "check"], align="lrllrrrl")  # fmt: skip
     for r in rows:
         if "not_verified" in r:
-            table.add([r["model"], r["not_verified"], "", "", "", "", "not verified"])
+            table.add([r["model"], "", r["not_verified"], "", "", "", "", "not verified"])
             continue
         for name, out in r["outputs"].items():
             served = out["served_metric"] if out["served_metric"] is not None else out["agreement"]
-            table.add([f"{r['model']} v{r['version']}", name, out["kind"], _pct(served), _pct(out["inprocess_metric"]),
+            table.add([r["model"], str(r["version"]), name, out["kind"], _pct(served), _pct(out["inprocess_metric"]),
                        f"{out['max_abs_diff']:.1e}", _verdict(r["passed"])], "" if r["passed"] else "bad")  # fmt: skip
     return table
 
