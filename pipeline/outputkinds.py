@@ -230,7 +230,8 @@ def _decide(spec: TensorSpec, keras: Mapping[str, Any] | None, producer: str | N
     if override:
         return make(override, "--output-kind")
     loss = (keras or {}).get("loss")
-    trained = _LOSS_KINDS.get((loss or "").lower().replace("_", "").removesuffix("loss") or "") or _LOSS_KINDS.get((loss or "").lower().replace("_", ""))
+    key = (loss or "").lower().replace("_", "")
+    trained = _LOSS_KINDS.get(key) or _LOSS_KINDS.get(key.removesuffix("loss"))
     if trained:
         kind = _shaped(trained, k, per_position)
         return make(kind, f"trained with {loss}")
