@@ -70,6 +70,7 @@ class PointResult:
     aggregate: EndpointResult
     endpoints: list[EndpointResult] = field(default_factory=list)
     aborted: str | None = None
+    incomplete: str | None = None  # load generators (worker processes, shards) whose share is missing, and why
 
     @property
     def label(self) -> str:

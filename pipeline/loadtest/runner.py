@@ -3,10 +3,12 @@ against tritonclient, then measure every load point of the sweep on every endpoi
 
 from __future__ import annotations
 
+import contextlib
 import datetime as _dt
 import functools
 import logging
 import platform
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -16,7 +18,6 @@ import numpy as np
 from pipeline.errors import PipelineError
 from pipeline.loadtest import payload as pl
 from pipeline.loadtest.client import Endpoint, post_request_bytes
-from pipeline.loadtest.engine import HttpEngine
 from pipeline.loadtest import metrics as pm
 from pipeline.loadtest.measure import (
     Measurement,
@@ -36,6 +37,7 @@ from pipeline.loadtest.targets import (
     server_metadata,
 )
 from pipeline.loadtest.request_check import check_request
+from pipeline.loadtest.workers import EngineSpec, WorkerPool, build_engine
 from pipeline.progress import progress
 
 log = logging.getLogger(__name__)
@@ -62,6 +64,7 @@ class LoadTestSettings:
     repository: Path | None = None  # where the builds recorded their evaluation data (embedded server's repository)
     distinct_requests: int = 16
     metrics_endpoints: tuple[Endpoint | None, ...] = ()  # Prometheus /metrics per HTTP endpoint (None: not scraped)
+    workers: int = 1  # load-generating processes on this machine (pipeline.loadtest.workers)
 
 
 def run_loadtest(settings: LoadTestSettings) -> RunResult:
@@ -95,13 +98,14 @@ def _run_model(settings: LoadTestSettings, model: str, result: RunResult) -> boo
     io = model_io(settings.endpoints[0], model)
     samples = pl.load_samples(settings.data or pl.eval_data_path(model, settings.calibration_dir, settings.repository))
     batches = pl.request_batches(samples, io, settings.batch_size, settings.distinct_requests)
-    targets = _targets(settings, io, batches)
-    log.info("%s: %d distinct requests of batch %d, %s/%s", model, len(batches), settings.batch_size, settings.protocol,
-             settings.encoding if settings.protocol == "http" else "protobuf")
-    with progress(f"load test {model}", len(settings.policies), unit="points", summary=False) as bar:  # each point logs its line
-        for policy in bar.track(settings.policies):
+    spec = EngineSpec(settings.protocol, _targets(settings, io, batches), settings.timeout_s, settings.max_connections)
+    log.info("%s: %d distinct requests of batch %d, %s/%s, %d process(es)", model, len(batches), settings.batch_size,
+             settings.protocol, settings.encoding if settings.protocol == "http" else "protobuf", settings.workers)
+    with contextlib.ExitStack() as stack, progress(f"load test {model}", len(settings.policies), unit="points", summary=False) as bar:
+        pool = stack.enter_context(WorkerPool(settings.workers, spec)) if settings.workers > 1 else None
+        for policy in bar.track(settings.policies):  # each point logs its line
             bar.note(policy.label)
-            point = _run_point(settings, model, policy, targets)
+            point = _run_point(settings, model, policy, spec, pool)
             result.points.append(point)
             if not _point_done(settings, model, point, result):
                 return False
@@ -110,16 +114,19 @@ def _run_model(settings: LoadTestSettings, model: str, result: RunResult) -> boo
     return True
 
 
-def _run_point(settings: LoadTestSettings, model: str, policy: Policy, targets: list[tuple[Endpoint, list[bytes]]]) -> PointResult:
+def _run_point(settings: LoadTestSettings, model: str, policy: Policy, spec: EngineSpec, pool: WorkerPool | None) -> PointResult:
     """Measure one load point, with Triton's Prometheus metrics scraped when it starts and ends."""
     log.debug("%s: %s", model, policy.label)
-    engine = _engine(settings, targets, policy)
+    engine = pool.engine(policy) if pool is not None else build_engine(spec, policy)
     fetchers = [functools.partial(fetch_counters, e, model) for e in settings.endpoints]
-    offered = policy.rate * len(targets) if isinstance(policy, OpenLoop) else None
+    offered = policy.rate * len(spec.targets) if isinstance(policy, OpenLoop) else None
     before = [_scrape(m) for m in _metrics_endpoints(settings)]
-    measurement = measure(engine, settings.windows, fetchers, offered)
+    cpu = engine.cpu_seconds if pool is not None else time.process_time
+    measurement = measure(engine, settings.windows, fetchers, offered, cpu=cpu)
     after = [_scrape(m) for m in _metrics_endpoints(settings)]
     point = point_from_measurement(settings, model, policy, measurement)
+    if pool is not None:
+        point.incomplete = "; ".join(engine.failures) or None
     _attach_metrics(point, model, before, after)
     return point
 
@@ -132,6 +139,8 @@ def _point_done(settings: LoadTestSettings, model: str, point: PointResult, resu
         model, point.label, agg.infer_per_s, agg.latency.p50_ms, agg.latency.p99_ms, agg.error_count,
         " (overloaded: below the offered rate)" if point.overloaded else ("" if point.stable else " (not stable)"), f" — aborted: {point.aborted}" if point.aborted else "",
     )
+    if point.incomplete:
+        result.failures.append(f"{model} {point.label}: incomplete — {point.incomplete}; the other workers' results are kept")
     if point.aborted:
         for endpoint in settings.endpoints:
             try:
@@ -189,14 +198,6 @@ def _targets(settings: LoadTestSettings, io: pl.ModelIO, batches: list[dict[str,
     targets = [(e, [post_request_bytes(e, path, body, head) for body, head in encoded]) for e in settings.endpoints]
     check_request(settings.endpoints[0], io, targets[0][1][0], batches[0])
     return targets
-
-
-def _engine(settings: LoadTestSettings, targets: list[tuple[Endpoint, list[bytes]]], policy: Policy):  # type: ignore[no-untyped-def]
-    if settings.protocol == "grpc":
-        from pipeline.loadtest.grpc_load import GrpcEngine
-
-        return GrpcEngine(targets, policy, timeout_s=settings.timeout_s, max_in_flight=settings.max_connections)
-    return HttpEngine(targets, policy, timeout_s=settings.timeout_s, max_connections=settings.max_connections)
 
 
 def point_from_measurement(settings: LoadTestSettings, model: str, policy: Policy, m: Measurement) -> PointResult:
@@ -297,6 +298,7 @@ def _settings_dict(s: LoadTestSettings, models: list[str]) -> dict[str, Any]:
         "stability": f"last {s.windows.stable_windows} windows within {s.windows.threshold:.0%}",
         "timeout_s": s.timeout_s,
         "data": str(s.data) if s.data else None,
+        "workers": s.workers,
     }
 
 
@@ -306,4 +308,4 @@ def _generator_info(s: LoadTestSettings) -> dict[str, Any]:
         if s.protocol == "grpc"
         else "epoll loop, HTTP/1.1 keep-alive, one connection per in-flight request, pre-encoded requests"
     )
-    return {"engine": engine, "python": platform.python_version(), "processes": 1}
+    return {"engine": engine, "python": platform.python_version(), "processes": s.workers}
