@@ -9,6 +9,7 @@ import logging
 import math
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 from pipeline.errors import EXIT_CHECK_FAILED, PipelineError, require
 from pipeline.loadtest.client import Endpoint, endpoint_from_url
@@ -102,6 +103,21 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                       "is reported as such when it is reached (default: %(default)g)")
     meas.add_argument("--stability-percentage", type=float, default=10,
                       help="the last 3 windows' throughput and mean latency must lie within this %% of their mean (default: %(default)g)")
+    dist = p.add_argument_group("distributed (several machines: one shard per machine, merged afterwards)")
+    dist.add_argument("--shard", metavar="I/N", help="run shard I of N: 1/N of every point's load, on the schedule that "
+                      "--start-at fixes for all shards, writing raw results to --shard-output instead of reports")
+    dist.add_argument("--start-at", metavar="TIME", help="wall-clock start of the first point, the same for every shard: "
+                      "ISO 8601 with a zone (2026-12-01T21:00:00Z), epoch seconds, or +SECONDS from now")
+    dist.add_argument("--shard-output", type=Path, metavar="DIR", help="with --shard: where shard-<i>-of-<n>.npz is written")
+    dist.add_argument("--merge", type=Path, nargs="+", metavar="PATH",
+                      help="merge shard files (or folders of them) into one report with exact percentiles; runs no load")
+    dist.add_argument("--k8s-job", type=Path, metavar="DIR", help="write a Kubernetes Indexed Job (one pod per shard, "
+                      "against --url, e.g. the Triton Service) and its results volume claim into DIR; runs no load")
+    dist.add_argument("--pods", type=int, default=2, help="with --k8s-job: shards, one pod each (default: %(default)s)")
+    dist.add_argument("--image", default="", help="with --k8s-job: an image with this project (and the evaluation data) installed")
+    dist.add_argument("--job-name", default="triton-loadtest", help="with --k8s-job: the Job's name (default: %(default)s)")
+    dist.add_argument("--results-claim", default="triton-loadtest-results",
+                      help="with --k8s-job: the ReadWriteMany PersistentVolumeClaim the pods write to (default: %(default)s)")
     out = p.add_argument_group("output")
     out.add_argument("--slo-p99-ms", type=float, metavar="MS", help="exit 1 when no point has p99 ≤ MS (and no errors); name the best one that does")
     out.add_argument("--report-dir", type=Path, help="where reports go (default: reports/<timestamp>)")
@@ -195,13 +211,26 @@ def run(args: argparse.Namespace) -> int:
     from pipeline.console import console as make_console
 
     console = make_console()
+    report_dir = args.report_dir or Path("reports") / _dt.datetime.now().strftime("%Y%m%d-%H%M%S")
+    if args.merge:
+        from pipeline.loadtest.merge import merge_shards
+
+        return _show(merge_shards(args.merge), args, report_dir, console)
     # Options are checked before any server starts, so a typo costs no startup time.
     settings_from_args(args, [Endpoint("127.0.0.1", 1)], [Endpoint("127.0.0.1", 1)], [])
-    report_dir = args.report_dir or Path("reports") / _dt.datetime.now().strftime("%Y%m%d-%H%M%S")
+    if args.k8s_job or args.shard:
+        require(bool(args.url), f"{'--k8s-job' if args.k8s_job else '--shard'} needs the address of the servers to load",
+                "pass --url HOST:PORT (in Kubernetes: the Triton Service, e.g. --url triton-mig-1g-18gb:8000)")
+        return _write_k8s_job(args, console) if args.k8s_job else _run_shard(args, console)
     with _servers(args) as (endpoints, grpc, models, skipped, metrics):
         settings = settings_from_args(args, endpoints, grpc, models, metrics)
         result = run_loadtest(settings)
         result.skipped_models = skipped
+    return _show(result, args, report_dir, console)
+
+
+def _show(result: RunResult, args: argparse.Namespace, report_dir: Path, console: Any) -> int:
+    """The tables, the reports, the exit status."""
     if not result.points:
         raise PipelineError("no load point was measured", "check the server and the --model names")
     from pipeline.loadtest.report import metrics_table, table, write_reports
@@ -216,6 +245,47 @@ def run(args: argparse.Namespace) -> int:
     if page:
         console.print(f"report: {page}")
     return _verdict(result, args.slo_p99_ms, console)
+
+
+# the options a shard pod repeats (everything that shapes the load and its measurement)
+_SHARD_OPTIONS = (
+    "url", "grpc_url", "model", "batch_size", "protocol", "encoding", "data", "calibration_root", "timeout_ms",
+    "concurrency", "request_rate", "arrivals", "seed", "workers", "max_connections", "window_ms", "warmup_ms",
+    "max_seconds", "stability_percentage",
+)  # fmt: skip
+
+
+def _write_k8s_job(args: argparse.Namespace, console: Any) -> int:
+    from pipeline.loadtest.k8s_job import job_manifests, write_job
+    from pipeline.loadtest.shards import parse_start
+
+    forwarded: list[str] = []
+    for name in _SHARD_OPTIONS:
+        value = getattr(args, name)
+        for v in value if isinstance(value, list) else [value]:
+            if v is not None:
+                forwarded += [f"--{name.replace('_', '-')}", str(v)]
+    start = parse_start(args.start_at or "+300")
+    docs = job_manifests(args.job_name, args.image, args.pods, forwarded, start, args.results_claim)
+    written = write_job(args.k8s_job, docs)
+    console.print(f"wrote {', '.join(str(p) for p in written)}")
+    console.print(f"the {args.pods} pods start the load at {_dt.datetime.fromtimestamp(start).astimezone():%Y-%m-%d %H:%M:%S %Z}: "
+                  f"kubectl apply -f {args.k8s_job} before then; afterwards, where the claim is mounted: "
+                  f"python -m pipeline loadtest --merge /results/{args.job_name}")
+    return 0
+
+
+def _run_shard(args: argparse.Namespace, console: Any) -> int:
+    from pipeline.loadtest.shards import ShardPlan, parse_shard, parse_start, run_shard
+
+    index, count = parse_shard(args.shard)
+    require(args.start_at is not None, "--shard needs --start-at, the same for every shard", "e.g. --start-at 2026-12-01T21:00:00Z")
+    require(args.shard_output is not None, "--shard needs --shard-output", "e.g. --shard-output /results/run1")
+    with _servers(args) as (endpoints, grpc, models, _, metrics):
+        settings = settings_from_args(args, endpoints, grpc, models, metrics)
+        path = run_shard(settings, ShardPlan(index, count, parse_start(args.start_at)), args.shard_output)
+    console.print(f"shard results: {path}")
+    return 0
 
 
 def _verdict(result: RunResult, slo_p99_ms: float | None, console: object) -> int:

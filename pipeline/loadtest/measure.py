@@ -26,6 +26,7 @@ from pipeline.loadtest.window import Mark, Window, is_stable
 log = logging.getLogger(__name__)
 
 _STATS_TIMEOUT_S = 3.0
+_READ_BEFORE_START_NS = 500_000_000  # a shard's first server read, this long before its shared start
 
 
 class Engine(Protocol):
@@ -98,11 +99,14 @@ def measure(
     can never be stable and ends at once, marked ``overloaded``."""
     recorders = engine.recorders
     notes = [""] * len(fetchers)
+    if start_ns is not None:
+        # the other shards' preparation (their request checks) is done by now, and their load not begun
+        _sleep_until(start_ns - _READ_BEFORE_START_NS)
     before = [_read_now(f, notes, i) for i, f in enumerate(fetchers)]
     probe = _Probe(fetchers)
     try:
         if start_ns is not None:
-            time.sleep(max(0.0, (start_ns - time.perf_counter_ns()) / 1e9))
+            _sleep_until(start_ns)
         began = time.perf_counter_ns() if start_ns is None else start_ns
         bound = began + int(settings.max_s * 1e9)
         start = Mark.take(recorders, began, cpu())
@@ -162,6 +166,10 @@ def measure(
         server_total=[_delta(a, b) for b, a in zip(before, after)],
         server_notes=notes,
     )
+
+
+def _sleep_until(at_ns: int) -> None:
+    time.sleep(max(0.0, (at_ns - time.perf_counter_ns()) / 1e9))
 
 
 def _dead(window: Window) -> str | None:

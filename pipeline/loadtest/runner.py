@@ -69,6 +69,15 @@ class LoadTestSettings:
 
 def run_loadtest(settings: LoadTestSettings) -> RunResult:
     """Measure every model × load point; stops early (with a failure noted) if a server dies."""
+    result = new_run(settings)
+    for model in result.settings["models"]:
+        if not _run_model(settings, model, result):
+            break
+    return result
+
+
+def new_run(settings: LoadTestSettings) -> RunResult:
+    """Check the settings and the servers (every model ready everywhere); the run's empty result."""
     if settings.protocol not in PROTOCOLS:
         raise PipelineError(f"unknown --protocol '{settings.protocol}'", f"use one of: {', '.join(PROTOCOLS)}")
     if settings.protocol == "grpc" and len(settings.grpc_endpoints) != len(settings.endpoints):
@@ -87,20 +96,12 @@ def run_loadtest(settings: LoadTestSettings) -> RunResult:
     for model in models:
         for endpoint in settings.endpoints:
             require_ready(endpoint, model)
-    for model in models:
-        if not _run_model(settings, model, result):
-            break
     return result
 
 
 def _run_model(settings: LoadTestSettings, model: str, result: RunResult) -> bool:
     """Run the sweep of one model; False when the run must stop (a server is gone)."""
-    io = model_io(settings.endpoints[0], model)
-    samples = pl.load_samples(settings.data or pl.eval_data_path(model, settings.calibration_dir, settings.repository))
-    batches = pl.request_batches(samples, io, settings.batch_size, settings.distinct_requests)
-    spec = EngineSpec(settings.protocol, _targets(settings, io, batches), settings.timeout_s, settings.max_connections)
-    log.info("%s: %d distinct requests of batch %d, %s/%s, %d process(es)", model, len(batches), settings.batch_size,
-             settings.protocol, settings.encoding if settings.protocol == "http" else "protobuf", settings.workers)
+    spec = model_spec(settings, model)
     with contextlib.ExitStack() as stack, progress(f"load test {model}", len(settings.policies), unit="points", summary=False) as bar:
         pool = stack.enter_context(WorkerPool(settings.workers, spec)) if settings.workers > 1 else None
         for policy in bar.track(settings.policies):  # each point logs its line
@@ -112,6 +113,16 @@ def _run_model(settings: LoadTestSettings, model: str, result: RunResult) -> boo
             if point.aborted:
                 return True
     return True
+
+
+def model_spec(settings: LoadTestSettings, model: str) -> EngineSpec:
+    """The engine's requests for ``model``: samples encoded once, the first checked against tritonclient."""
+    io = model_io(settings.endpoints[0], model)
+    samples = pl.load_samples(settings.data or pl.eval_data_path(model, settings.calibration_dir, settings.repository))
+    batches = pl.request_batches(samples, io, settings.batch_size, settings.distinct_requests)
+    log.info("%s: %d distinct requests of batch %d, %s/%s, %d process(es)", model, len(batches), settings.batch_size,
+             settings.protocol, settings.encoding if settings.protocol == "http" else "protobuf", settings.workers)
+    return EngineSpec(settings.protocol, _targets(settings, io, batches), settings.timeout_s, settings.max_connections)
 
 
 def _run_point(settings: LoadTestSettings, model: str, policy: Policy, spec: EngineSpec, pool: WorkerPool | None) -> PointResult:
