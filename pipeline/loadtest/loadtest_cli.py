@@ -17,7 +17,7 @@ from pipeline.loadtest.measure import WindowSettings
 from pipeline.loadtest.metrics import default_metrics_endpoint
 from pipeline.loadtest.payload import ENCODINGS, eval_data_path
 from pipeline.loadtest.policy import ARRIVALS, policies_from_options
-from pipeline.loadtest.results import RunResult, best_point
+from pipeline.loadtest.results import RunResult, best_point, unstable_hint
 from pipeline.loadtest.runner import PROTOCOLS, LoadTestSettings, run_loadtest
 
 log = logging.getLogger(__name__)
@@ -305,6 +305,9 @@ def _verdict(result: RunResult, slo_p99_ms: float | None, console: object) -> in
         console.print(f"[red]{total} failed requests in {len(errored)} point(s): "  # type: ignore[attr-defined]
                       f"{', '.join(f'{k} ×{v}' for k, v in sorted(kinds.items()))}[/]")
         status = EXIT_CHECK_FAILED
+    hint = unstable_hint(result.points, result.settings.get("stability_threshold", 0.1), result.settings["window_s"], result.settings["max_s_per_point"])
+    if hint:
+        console.print(f"[yellow]{hint}[/]")  # type: ignore[attr-defined]
     cpu = [p.client_cpu_us_per_request for p in result.points if not math.isnan(p.client_cpu_us_per_request)]
     if cpu:
         console.print(f"client CPU per request: {min(cpu):.1f}-{max(cpu):.1f} µs ({result.generator['engine']})")  # type: ignore[attr-defined]

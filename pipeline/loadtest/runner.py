@@ -37,6 +37,7 @@ from pipeline.loadtest.targets import (
     server_metadata,
 )
 from pipeline.loadtest.request_check import check_request
+from pipeline.loadtest.window import spread
 from pipeline.loadtest.workers import EngineSpec, WorkerPool, build_engine
 from pipeline.progress import progress
 
@@ -131,6 +132,7 @@ def _run_point(settings: LoadTestSettings, model: str, policy: Policy, spec: Eng
     engine = pool.engine(policy) if pool is not None else build_engine(spec, policy)
     fetchers = [functools.partial(fetch_counters, e, model) for e in settings.endpoints]
     offered = policy.rate * len(spec.targets) if isinstance(policy, OpenLoop) else None
+    scraped_ns = time.perf_counter_ns()
     before = [_scrape(m) for m in _metrics_endpoints(settings)]
     cpu = engine.cpu_seconds if pool is not None else time.process_time
     measurement = measure(engine, settings.windows, fetchers, offered, cpu=cpu)
@@ -138,7 +140,7 @@ def _run_point(settings: LoadTestSettings, model: str, policy: Policy, spec: Eng
     point = point_from_measurement(settings, model, policy, measurement)
     if pool is not None:
         point.incomplete = "; ".join(engine.failures) or None
-    _attach_metrics(point, model, before, after)
+    _attach_metrics(point, model, before, after, (time.perf_counter_ns() - scraped_ns) / 1e9)
     return point
 
 
@@ -177,23 +179,33 @@ def _scrape(endpoint: Endpoint | None) -> pm.MetricsSnapshot | str:
         return f"Prometheus metrics at {endpoint.address} unavailable: {exc}"
 
 
-def _attach_metrics(point: PointResult, model: str, before: list[pm.MetricsSnapshot | str], after: list[pm.MetricsSnapshot | str]) -> None:
-    """Per endpoint and aggregated: counter deltas over the point and the gauges at its end."""
+def _attach_metrics(
+    point: PointResult, model: str, before: list[pm.MetricsSnapshot | str], after: list[pm.MetricsSnapshot | str], seconds: float
+) -> None:
+    """Per endpoint and aggregated: counter deltas over the point and the gauges at its end.
+
+    The deltas span the whole point (warm-up, every window, drain: ``seconds``), not the last
+    windows the load table's infer/s is computed from; each summary says its interval and rate."""
     deltas, ends = [], []
     for result, start, end in zip(point.endpoints, before, after):
         if isinstance(start, str) or isinstance(end, str):
             result.metrics_note = start if isinstance(start, str) else str(end)
             continue
         delta = end.models.get(model, pm.ModelCounters()) - start.models.get(model, pm.ModelCounters())
-        result.metrics = pm.summarize(delta, end)
+        result.metrics = _over(pm.summarize(delta, end), seconds)
         deltas.append(delta)
         ends.append(end)
     if len(point.endpoints) == 1:
         point.aggregate.metrics, point.aggregate.metrics_note = point.endpoints[0].metrics, point.endpoints[0].metrics_note
     elif deltas and len(deltas) == len(point.endpoints):
-        point.aggregate.metrics = pm.summarize(sum(deltas, pm.ModelCounters()), pm.combined(ends))
+        point.aggregate.metrics = _over(pm.summarize(sum(deltas, pm.ModelCounters()), pm.combined(ends)), seconds)
     else:
         point.aggregate.metrics_note = "; ".join(e.metrics_note for e in point.endpoints if e.metrics_note)
+
+
+def _over(summary: dict[str, Any], seconds: float) -> dict[str, Any]:
+    inferences = summary.get("inferences")
+    return {**summary, "seconds": seconds, "infer_per_s": inferences / seconds if isinstance(inferences, int) and seconds > 0 else None}
 
 
 def _targets(settings: LoadTestSettings, io: pl.ModelIO, batches: list[dict[str, np.ndarray]]) -> list[tuple[Endpoint, list[bytes]]]:
@@ -241,6 +253,10 @@ def point_from_measurement(settings: LoadTestSettings, model: str, policy: Polic
             )
         )
     aggregate = _aggregate(endpoints, m, used_count, seconds, settings.batch_size, open_loop)
+    window_spread = {
+        "throughput": spread([w.throughput for w in used]),
+        "latency": spread([w.mean_latency_ns(m.recorders) for w in used]),
+    }
     requests = sum(w.successes + w.errors for w in used)
     cpu = (used[-1].end.cpu_s - used[0].start.cpu_s) if used else 0.0
     return PointResult(
@@ -260,6 +276,7 @@ def point_from_measurement(settings: LoadTestSettings, model: str, policy: Polic
         aggregate=aggregate,
         endpoints=endpoints,
         aborted=m.aborted,
+        window_spread=window_spread,
     )
 
 
@@ -307,6 +324,7 @@ def _settings_dict(s: LoadTestSettings, models: list[str]) -> dict[str, Any]:
         "warmup_s": s.windows.warmup_s,
         "max_s_per_point": s.windows.max_s,
         "stability": f"last {s.windows.stable_windows} windows within {s.windows.threshold:.0%}",
+        "stability_threshold": s.windows.threshold,
         "timeout_s": s.timeout_s,
         "data": str(s.data) if s.data else None,
         "workers": s.workers,
