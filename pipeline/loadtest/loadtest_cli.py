@@ -73,8 +73,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     req = p.add_argument_group("requests")
     req.add_argument("--batch-size", type=int, default=1, help="samples per request; infer/s = requests/s × this (default: %(default)s)")
     req.add_argument("--protocol", choices=PROTOCOLS, default="http",
-                     help="http: the lean generator; grpc: grpcio futures with pre-serialized requests — roughly ten "
-                          "times the client CPU per request (taken from a server on the same machine), reported per "
+                     help="http: HTTP/1.1 keep-alive connections; grpc: gRPC over one HTTP/2 connection per endpoint, "
+                          "requests serialized once — both driven by one epoll loop, client CPU per request reported per "
                           "point (default: %(default)s)")
     req.add_argument("--encoding", choices=ENCODINGS, default="binary",
                      help="HTTP body: binary tensor extension (JSON header + raw tensor bytes, outputs binary) or plain "

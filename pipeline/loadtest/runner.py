@@ -333,7 +333,7 @@ def _settings_dict(s: LoadTestSettings, models: list[str]) -> dict[str, Any]:
 
 def _generator_info(s: LoadTestSettings) -> dict[str, Any]:
     engine = (
-        "grpcio futures, pre-serialized ModelInferRequest, one channel per endpoint"
+        "HTTP/2 gRPC framed in an epoll loop, pre-serialized ModelInferRequest, one connection per endpoint"
         if s.protocol == "grpc"
         else "epoll loop, HTTP/1.1 keep-alive, one connection per in-flight request, pre-encoded requests"
     )

@@ -45,9 +45,9 @@ class EngineSpec:
 def build_engine(spec: EngineSpec, policy: Policy) -> Any:
     """The HTTP or gRPC engine for ``policy`` (also used by the runner in one process)."""
     if spec.protocol == "grpc":
-        from pipeline.loadtest.grpc_load import GrpcEngine
+        from pipeline.loadtest.h2_load import H2GrpcEngine
 
-        return GrpcEngine(spec.targets, policy, timeout_s=spec.timeout_s, max_in_flight=spec.max_connections)
+        return H2GrpcEngine(spec.targets, policy, timeout_s=spec.timeout_s, max_in_flight=spec.max_connections)
     from pipeline.loadtest.engine import HttpEngine
 
     return HttpEngine(spec.targets, policy, timeout_s=spec.timeout_s, max_connections=spec.max_connections)
