@@ -20,7 +20,6 @@ with a growing back-off, as in the HTTP engine.
 
 from __future__ import annotations
 
-import errno
 import select
 import socket
 import struct
@@ -31,9 +30,9 @@ from typing import Any
 from pipeline._lazy import import_optional
 from pipeline.errors import PipelineError
 from pipeline.loadtest.client import Endpoint
+from pipeline.loadtest.loop import EpollLoop, backoff_ns, new_socket
 from pipeline.loadtest.policy import ClosedLoop, OpenLoop, Policy
 from pipeline.loadtest.recorder import Recorder, connect_kind, lost_kind
-from pipeline.loadtest.timer import DueTimer
 
 _PATH = b"/inference.GRPCInferenceService/ModelInfer"
 _PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
@@ -43,7 +42,6 @@ _MAX_WINDOW = 2**31 - 1
 _TOP_UP = 2**30  # received bytes after which the connection window is re-opened
 _LAST_STREAM_ID = 2**31 - 1
 _RECV = 262144
-_BACKOFF_NS = (10_000_000, 20_000_000, 50_000_000, 100_000_000, 200_000_000, 500_000_000)
 _IN, _OUT = select.EPOLLIN, select.EPOLLOUT
 _STATUS_NAMES = (
     "ok", "cancelled", "unknown", "invalid_argument", "deadline_exceeded", "not_found", "already_exists",
@@ -131,7 +129,7 @@ class _Target:
         self.conn: _Conn | None = None
         self.backlog: deque[int] = deque()
         self.failures = 0
-        self.retry_at = 0
+        self.retry_armed = False
         self.next_due_ns = 0
         self.gaps: Any = None
         self.unsent = 0
@@ -143,105 +141,37 @@ class _Target:
         self.family, self.sockaddr = info[0], info[4]
 
 
-class H2GrpcEngine:
+class H2GrpcEngine(EpollLoop):
     """Closed or open loop of gRPC ModelInfer calls, one HTTP/2 connection per endpoint; the
     interface of :class:`pipeline.loadtest.engine.HttpEngine`."""
 
     def __init__(self, targets: list[tuple[Endpoint, list[bytes]]], policy: Policy, *, timeout_s: float, max_in_flight: int = 256) -> None:
+        super().__init__(policy, timeout_s)
         self._hpack = import_optional("hpack", None, "gRPC load")
-        self._policy = policy
         self._targets = [_Target(e, p, policy, max_in_flight) for e, p in targets]
-        self.recorders = [t.recorder for t in self._targets]
-        self._timeout_ns = int(timeout_s * 1e9)
-        self._watch_every_ns = min(100_000_000, self._timeout_ns // 4)
-        self._next_watch_ns = 0
-        self._epoll = select.epoll()
         self._conns: dict[int, _Conn] = {}
-        self._running = False
-        self._due_timer: DueTimer | None = None
 
     # -- life cycle -----------------------------------------------------------------------------
     def start(self) -> None:
-        self._running = True
-        now = time.perf_counter_ns()
-        self._next_watch_ns = now + self._watch_every_ns
-        if isinstance(self._policy, OpenLoop):
-            self._due_timer = DueTimer.create()
-            if self._due_timer is not None:
-                self._epoll.register(self._due_timer.fileno(), _IN)
+        self._begin()
         for t in self._targets:
-            if isinstance(self._policy, OpenLoop):
-                t.gaps = self._policy.gaps_ns()
-                t.next_due_ns = now + next(t.gaps)
             self._connect(t)
 
     @property
     def in_flight(self) -> int:
         return sum(len(c.streams) for c in self._conns.values())
 
-    @property
-    def unsent(self) -> list[int]:
-        return [t.unsent for t in self._targets]
+    def _before_poll(self) -> None:
+        """Every frame this loop turn produced leaves now, one ``send`` per connection."""
+        for conn in list(self._conns.values()):
+            if conn.want_out and not conn.connecting:
+                self._flush(conn)
 
-    def run_until(self, deadline_ns: int) -> None:
-        poll, conns, pc = self._epoll.poll, self._conns, time.perf_counter_ns
-        open_loop = isinstance(self._policy, OpenLoop)
-        due_timer = self._due_timer
-        due_fd = due_timer.fileno() if due_timer is not None else -1
-        while True:
-            now = pc()
-            if now >= deadline_ns:
-                return
-            wake = deadline_ns
-            for t in self._targets:
-                if open_loop and self._running:
-                    if t.next_due_ns <= now:
-                        self._dispatch(t, now)
-                    wake = min(wake, t.next_due_ns)
-                if t.conn is None and self._running and t.retry_at:
-                    if t.retry_at <= now:
-                        self._connect(t)
-                    else:
-                        wake = min(wake, t.retry_at)
-            if open_loop and due_timer is not None and self._running:
-                due_timer.arm(wake)
-                wake = deadline_ns if wake < deadline_ns else wake
-            if now >= self._next_watch_ns:
-                self._watch(now)
-            wake = min(wake, self._next_watch_ns)
-            self._flush_all()
-            for fd, events in poll(max(0, wake - now) / 1e9):
-                conn = conns.get(fd)
-                if conn is None:
-                    if fd == due_fd:
-                        due_timer.clear()  # type: ignore[union-attr]
-                    continue
-                if conn.connecting:
-                    self._connected(conn)
-                    continue
-                if events & _OUT:
-                    self._flush(conn)
-                if events & (_IN | select.EPOLLHUP | select.EPOLLERR):
-                    self._readable(conn)
-
-    def stop(self) -> None:
-        self._running = False
-
-    def finish(self, drain_s: float) -> None:
-        self.stop()
-        deadline = time.perf_counter_ns() + int(drain_s * 1e9)
-        while self.in_flight and time.perf_counter_ns() < deadline:
-            self.run_until(min(deadline, time.perf_counter_ns() + 5_000_000))
+    def _close_all(self) -> None:
         for conn in list(self._conns.values()):
             conn.target.recorder.abandoned += len(conn.streams)
             conn.streams.clear()
             self._close(conn)
-        for t in self._targets:
-            t.unsent += len(t.backlog)
-            t.backlog.clear()
-        self._epoll.close()
-        if self._due_timer is not None:
-            self._due_timer.close()
 
     # -- requests -------------------------------------------------------------------------------
     def _send(self, t: _Target, stamp_ns: int) -> None:
@@ -321,15 +251,8 @@ class H2GrpcEngine:
 
     # -- responses ------------------------------------------------------------------------------
     def _readable(self, conn: _Conn) -> None:
-        try:
-            data = conn.sock.recv(_RECV)
-        except BlockingIOError:
-            return
-        except OSError as exc:
-            self._lost(conn, exc)
-            return
-        if not data:
-            self._lost(conn, None)
+        data = self._receive(conn, _RECV)
+        if data is None:
             return
         try:
             self._frames(conn, data)
@@ -488,18 +411,9 @@ class H2GrpcEngine:
 
     # -- connections ----------------------------------------------------------------------------
     def _connect(self, t: _Target) -> None:
-        t.retry_at = 0
-        sock = socket.socket(t.family, socket.SOCK_STREAM)
-        sock.setblocking(False)
-        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        conn = _Conn(sock, t, self._hpack.Decoder())
+        conn = _Conn(new_socket(t.family), t, self._hpack.Decoder())
         t.conn = conn
-        self._conns[conn.fd] = conn
-        code = sock.connect_ex(t.sockaddr)
-        if code not in (0, errno.EINPROGRESS):
-            self._connect_failed(conn, code)
-            return
-        self._epoll.register(conn.fd, _OUT)
+        self._dial(conn)
 
     def _connected(self, conn: _Conn) -> None:
         code = conn.sock.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR)
@@ -530,11 +444,17 @@ class H2GrpcEngine:
         self._reconnect(t, failed=True)
 
     def _reconnect(self, t: _Target, *, failed: bool) -> None:
-        if not self._running:
+        if not self._running or t.retry_armed:
             return
-        delay = _BACKOFF_NS[min(t.failures, len(_BACKOFF_NS)) - 1] if failed and t.failures else 0
-        t.retry_at = time.perf_counter_ns() + delay
-        if not delay:
+        if failed and t.failures:
+            t.retry_armed = True
+            self._after(backoff_ns(t.failures), lambda: self._retry(t))
+        else:
+            self._connect(t)
+
+    def _retry(self, t: _Target) -> None:
+        t.retry_armed = False
+        if self._running and t.conn is None:
             self._connect(t)
 
     def _close(self, conn: _Conn) -> None:
@@ -547,11 +467,6 @@ class H2GrpcEngine:
         except (OSError, ValueError):
             pass  # never registered, or epoll already closed
         conn.sock.close()
-
-    def _flush_all(self) -> None:
-        for conn in list(self._conns.values()):
-            if conn.want_out and not conn.connecting:
-                self._flush(conn)
 
     def _flush(self, conn: _Conn) -> None:
         if conn.out:

@@ -189,7 +189,7 @@ def _measurement(settings: LoadTestSettings, policy: Policy, recorders: list[Rec
         recorders=recorders,
         windows=windows,
         stable=is_stable(throughputs, latencies, count=w.stable_windows, threshold=w.threshold),
-        overloaded=bool(offered) and len(tail) == w.stable_windows and all(t < (1 - w.threshold) * offered for t in tail),
+        overloaded=offered is not None and len(tail) == w.stable_windows and all(t < (1 - w.threshold) * offered for t in tail),
         aborted=next((p["aborted"] for _, p, _ in parts if p["aborted"]), None) if len(parts) and all(p["aborted"] for _, p, _ in parts) else None,
         wall_seconds=max((p["wall_seconds"] for _, p, _ in parts), default=0.0),
         unsent=[sum(p["unsent"][i] for _, p, _ in parts) for i in range(endpoints)],

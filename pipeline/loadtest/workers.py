@@ -231,7 +231,7 @@ class PoolEngine:
             w.failure = self._death(w, exc)
             return False
 
-    def _answer(self, w: _Worker, after_ns: int | None = None) -> dict[str, Any] | None:
+    def _answer(self, w: _Worker, after_ns: int | None = None) -> Any:
         wait = _ANSWER_S + max(0.0, ((after_ns or 0) - time.perf_counter_ns()) / 1e9)
         try:
             if not w.pipe.poll(wait):
