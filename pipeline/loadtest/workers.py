@@ -29,6 +29,7 @@ from pipeline.loadtest.recorder import Recorder
 log = logging.getLogger(__name__)
 
 _IDLE_SLICE_NS = 1_000_000  # how long a worker serves its engine between looks at the pipe
+_START_S = 60.0  # a spawned worker imports numpy and the engines first
 _ANSWER_S = 30.0  # a worker that does not answer within this after its deadline is taken for dead
 
 
@@ -72,6 +73,7 @@ def worker_main(pipe: Any) -> None:
     """A worker's loop: ``("point", spec, policy)``, ``("run", deadline_ns)``, ``("finish", drain_s)``, ``("quit",)``."""
     engine: Any = None
     sent_pos: list[list[int]] = []
+    pipe.send(("ready", None))  # imports done: the parent starts no point before every worker is here
     while True:
         while engine is not None and not pipe.poll(0):
             engine.run_until(time.perf_counter_ns() + _IDLE_SLICE_NS)
@@ -128,6 +130,13 @@ class WorkerPool:
             process.start()
             child.close()
             self._workers.append(_Worker(i, process, parent))
+        for w in self._workers:
+            try:
+                ready = w.pipe.poll(_START_S) and w.pipe.recv()[0] == "ready"
+            except (EOFError, OSError):
+                ready = False
+            if not ready:
+                log.warning("load-test worker %d did not start within %g s", w.index, _START_S)
 
     def __enter__(self) -> WorkerPool:
         return self
@@ -198,8 +207,13 @@ class PoolEngine:
     def start(self) -> None:
         spec = self._pool.spec
         for w, share in zip(self._pool.workers, self._shares):
-            if share is not None and w.process.is_alive():
-                w.busy = self._send(w, ("point", spec, share))
+            if share is None:
+                continue
+            w.busy = True
+            if not w.process.is_alive():
+                w.failure = f"process {w.process.pid} exited before this point (code {w.process.exitcode})"
+            else:
+                self._send(w, ("point", spec, share))
         for w in self._live():
             w.cpu_base = self._answer(w) or 0.0  # what it spent before this point (start-up, earlier points) is not counted
 
