@@ -72,6 +72,16 @@ def run_ours(kind: str, http: Endpoint, grpc: Endpoint, concurrency: int, second
 
 
 def run_perf_analyzer(binary: Path, http: Endpoint, grpc: Endpoint, concurrency: int, seconds: float, cpus: list[int] | None, tmp: Path) -> dict[str, float]:
+    """perf_analyzer at one concurrency; on a busy machine it may find no stable windows: then again with windows twice as long."""
+    for attempt in range(3):
+        try:
+            return _perf_analyzer_once(binary, http, grpc, concurrency, seconds * 2**attempt, cpus, tmp)
+        except RuntimeError as exc:
+            print(f"  perf_analyzer c={concurrency}: {exc}; again with {seconds * 2 ** (attempt + 1):g} s windows", flush=True)
+    raise SystemExit(f"perf_analyzer found no stable measurement at c={concurrency}")
+
+
+def _perf_analyzer_once(binary: Path, http: Endpoint, grpc: Endpoint, concurrency: int, seconds: float, cpus: list[int] | None, tmp: Path) -> dict[str, float]:
     report = tmp / f"pa-{concurrency}.csv"
     cmd = [str(binary), "-m", MODEL, "-i", "grpc", "-u", grpc.address, "--concurrency-range", f"{concurrency}:{concurrency}",
            "-p", str(int(seconds * 1000 / 3)), "-s", "50", "-r", "10", "--percentile", "99", "-f", str(report)]  # fmt: skip
@@ -84,6 +94,8 @@ def run_perf_analyzer(binary: Path, http: Endpoint, grpc: Endpoint, concurrency:
     done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
     usage1 = resource.getrusage(resource.RUSAGE_CHILDREN)
     if done.returncode != 0:
+        if "stable measurement" in done.stdout + done.stderr:
+            raise RuntimeError("no stable measurement")
         raise SystemExit(f"perf_analyzer failed ({done.returncode}):\n{done.stdout[-2000:]}{done.stderr[-2000:]}")
     served = fetch_counters(http, MODEL).success_count - before
     cpu = (usage1.ru_utime - usage0.ru_utime) + (usage1.ru_stime - usage0.ru_stime)
