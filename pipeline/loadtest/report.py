@@ -28,7 +28,7 @@ def points_data(result: RunResult, slo_p99_ms: float | None = None) -> TableData
     """Every point (aggregate rows, then one row per endpoint if several); the best point meeting the SLO marked."""
     several = len(result.settings.get("endpoints", [])) > 1
     t = TableData(f"Triton load test — {result.settings['protocol']} ({result.points[0].encoding if result.points else ''}); "
-                  f"infer/s, latency and Triton's breakdown over each point's last {result.settings.get('stability', 'windows').split(' within')[0]}", [
+                  f"infer/s, latency and Triton's breakdown over each point's {result.settings.get('stability', 'measured windows').split(' within')[0]}", [
         "model", "load", "infer/s", "p50 ms", "p90", "p95", "p99", "max", "errors", "queue µs",
         "in µs", "infer µs", "out µs", "batch", "client µs/req", "stable",
     ])  # fmt: skip

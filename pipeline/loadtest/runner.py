@@ -205,7 +205,7 @@ def _attach_metrics(
 
 def _over(summary: dict[str, Any], seconds: float) -> dict[str, Any]:
     inferences = summary.get("inferences")
-    return {**summary, "seconds": seconds, "infer_per_s": inferences / seconds if isinstance(inferences, int) and seconds > 0 else None}
+    return {**summary, "seconds": seconds, "infer_per_s": inferences / seconds if isinstance(inferences, (int, float)) and seconds > 0 else None}
 
 
 def _targets(settings: LoadTestSettings, io: pl.ModelIO, batches: list[dict[str, np.ndarray]]) -> list[tuple[Endpoint, list[bytes]]]:

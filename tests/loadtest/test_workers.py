@@ -72,11 +72,15 @@ def test_a_worker_killed_mid_point_is_named_and_the_others_are_kept(server: obje
 def test_cli_workers_write_one_report_whose_counts_are_tritons(server: object, workspace: Path, tmp_path: Path) -> None:
     from .test_cli import FAST, run_cli
 
-    status = run_cli("--url", server.http_url, "--model", "add", "--workers", "2", "--concurrency", "16",  # type: ignore[attr-defined]
-                     "--calibration-root", str(workspace / "calibration"), "--report-dir", str(tmp_path), *FAST)
+    status = run_cli("--url", server.http_url, "--metrics-url", server.metrics_url, "--model", "add", "--workers", "2",  # type: ignore[attr-defined]
+                     "--concurrency", "16", "--calibration-root", str(workspace / "calibration"), "--report-dir", str(tmp_path), *FAST)
     assert status in (0, 1)  # 1 only for an unstable point on a busy machine: the counts below hold either way
     payload = json.loads((tmp_path / "results.json").read_text())
     (point,) = payload["points"]
     assert payload["generator"]["processes"] == 2 and point["incomplete"] is None
     agg = point["aggregate"]
     assert agg["client_successes_total"] == agg["server_successes_total"] > 0 and agg["error_count"] == 0
+    # Prometheus covers the same whole point (batch 1: one inference per request) and says over how long
+    metrics = agg["metrics"]
+    assert metrics["inferences"] == agg["server_successes_total"]
+    assert metrics["seconds"] >= point["wall_seconds"] and metrics["infer_per_s"] == metrics["inferences"] / metrics["seconds"]
