@@ -124,6 +124,8 @@ def _merge_point(settings: LoadTestSettings, k: int, record: dict[str, Any], sha
     notes = []
     full = max((len(p["marks"]) for _, p, _ in parts), default=0)
     for index, p, _ in parts:
+        if p.get("incomplete"):
+            notes.append(f"shard {index}: {p['incomplete']}")
         if len(p["marks"]) < full:
             notes.append(f"shard {index}: {p['aborted'] or 'fewer windows'} ({max(0, len(p['marks']) - 1)} of {full - 1} windows)")
     marks_n = min((len(p["marks"]) for _, p, _ in parts), default=0)

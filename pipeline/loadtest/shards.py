@@ -16,6 +16,7 @@ each window's boundary as positions into them — every sample, so a merge is ex
 
 from __future__ import annotations
 
+import contextlib
 import datetime as _dt
 import functools
 import io
@@ -35,7 +36,7 @@ from pipeline.loadtest.policy import OpenLoop, Policy, split
 from pipeline.loadtest.runner import LoadTestSettings, model_spec, new_run
 from pipeline.loadtest.server_stats import fetch_counters
 from pipeline.loadtest.window import Mark
-from pipeline.loadtest.workers import build_engine
+from pipeline.loadtest.workers import EngineSpec, WorkerPool, build_engine
 
 log = logging.getLogger(__name__)
 
@@ -93,39 +94,52 @@ def slot_seconds(settings: LoadTestSettings) -> float:
 def run_shard(settings: LoadTestSettings, plan: ShardPlan, out_dir: Path) -> Path:
     """Run this shard's share of every point on the shared schedule; write and return its file."""
     result = new_run(settings)
-    windows = _shard_windows(settings)
-    slot = slot_seconds(settings)
     meta: dict[str, Any] = {
-        "format": FORMAT, "shard": asdict(plan), "slot_s": slot, "settings": result.settings, "server": result.server,
-        "generator": result.generator, "windows": asdict(windows), "points": [],
+        "format": FORMAT, "shard": asdict(plan), "slot_s": slot_seconds(settings), "settings": result.settings, "server": result.server,
+        "generator": result.generator, "windows": asdict(_shard_windows(settings)), "points": [],
     }  # fmt: skip
     arrays: dict[str, np.ndarray] = {}
     k = 0
     for model in result.settings["models"]:
         spec = model_spec(settings, model)
-        for policy in settings.policies:
-            begin = plan.start_at + k * slot
-            late = time.time() - begin
-            if late > 0:
-                raise PipelineError(
-                    f"{plan.name}: point {k + 1} ({model} {policy.label}) was due to start {late:.1f} s ago",
-                    "give every shard a --start-at far enough ahead for the slowest one to start (pods pull images, models load)",
-                )
-            share = split(policy, plan.count)[plan.index]
-            record: dict[str, Any] = {"model": model, "policy": _policy_dict(policy), "share": share is not None}
-            if share is not None:
-                fetchers = [functools.partial(fetch_counters, e, model) for e in settings.endpoints] if plan.index == 0 else []
-                start_ns = time.perf_counter_ns() + int((begin - time.time()) * 1e9)
-                m = measure(build_engine(spec, share), windows, fetchers, cpu=time.process_time, start_ns=start_ns)
-                record.update(_measurement_dict(m, start_ns))
-                for i, r in enumerate(m.recorders):
-                    arrays[f"p{k}_e{i}_lat"] = np.frombuffer(r.latency_ns, dtype=np.int64)
-                    arrays[f"p{k}_e{i}_lag"] = np.frombuffer(r.lag_ns, dtype=np.int64)
-                log.info("%s %s %s: %d successes, %d errors", plan.name, model, policy.label,
-                         sum(len(r.latency_ns) for r in m.recorders), sum(r.error_count for r in m.recorders))
-            meta["points"].append(record)
-            k += 1
+        with contextlib.ExitStack() as stack:
+            pool = stack.enter_context(WorkerPool(settings.workers, spec)) if settings.workers > 1 else None
+            k = _run_points(settings, plan, model, spec, pool, k, meta, arrays)
     return write_shard(out_dir / f"{plan.name}.npz", meta, arrays)
+
+
+def _run_points(settings: LoadTestSettings, plan: ShardPlan, model: str, spec: EngineSpec, pool: WorkerPool | None,
+                k: int, meta: dict[str, Any], arrays: dict[str, np.ndarray]) -> int:
+    """This shard's share of every point of ``model``, from point ``k`` of the schedule; the next ``k``."""
+    windows = _shard_windows(settings)
+    slot = slot_seconds(settings)
+    for policy in settings.policies:
+        begin = plan.start_at + k * slot
+        late = time.time() - begin
+        if late > 0:
+            raise PipelineError(
+                f"{plan.name}: point {k + 1} ({model} {policy.label}) was due to start {late:.1f} s ago",
+                "give every shard a --start-at far enough ahead for the slowest one to start (pods pull images, models load)",
+            )
+        share = split(policy, plan.count)[plan.index]
+        record: dict[str, Any] = {"model": model, "policy": _policy_dict(policy), "share": share is not None}
+        if share is not None:
+            fetchers = [functools.partial(fetch_counters, e, model) for e in settings.endpoints] if plan.index == 0 else []
+            start_ns = time.perf_counter_ns() + int((begin - time.time()) * 1e9)
+            engine = pool.engine(share) if pool is not None else build_engine(spec, share)
+            cpu = engine.cpu_seconds if pool is not None else time.process_time
+            m = measure(engine, windows, fetchers, cpu=cpu, start_ns=start_ns)
+            record.update(_measurement_dict(m, start_ns))
+            if pool is not None and engine.failures:
+                record["incomplete"] = "; ".join(engine.failures)  # this shard's own worker processes
+            for i, r in enumerate(m.recorders):
+                arrays[f"p{k}_e{i}_lat"] = np.frombuffer(r.latency_ns, dtype=np.int64)
+                arrays[f"p{k}_e{i}_lag"] = np.frombuffer(r.lag_ns, dtype=np.int64)
+            log.info("%s %s %s: %d successes, %d errors", plan.name, model, policy.label,
+                     sum(len(r.latency_ns) for r in m.recorders), sum(r.error_count for r in m.recorders))
+        meta["points"].append(record)
+        k += 1
+    return k
 
 
 def write_shard(path: Path, meta: dict[str, Any], arrays: dict[str, np.ndarray]) -> Path:
