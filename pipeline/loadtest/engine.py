@@ -23,7 +23,7 @@ from collections.abc import Iterator
 
 from pipeline.errors import PipelineError
 from pipeline.loadtest.client import Endpoint, response_frame
-from pipeline.loadtest.loop import EpollLoop, backoff_ns, new_socket
+from pipeline.loadtest.loop import EpollLoop, backoff_ns, new_socket, take_payload
 from pipeline.loadtest.policy import ClosedLoop, OpenLoop, Policy
 from pipeline.loadtest.recorder import Recorder, connect_kind, error_detail, lost_kind
 
@@ -115,10 +115,7 @@ class HttpEngine(EpollLoop):
     # -- the hot path ---------------------------------------------------------------------------
     def _send(self, conn: _Conn, stamp_ns: int) -> None:
         t = conn.target
-        i = t.next_payload
-        payload = t.payloads[i]
-        t.next_payload = i + 1 if i + 1 < len(t.payloads) else 0
-        t.recorder.sent += 1
+        payload = take_payload(t)
         conn.busy = True
         conn.stamp_ns = stamp_ns
         conn.sent_ns = sent = time.perf_counter_ns()
@@ -228,10 +225,6 @@ class HttpEngine(EpollLoop):
         self._dial(conn)
 
     def _connected(self, conn: _Conn) -> None:
-        code = conn.sock.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR)
-        if code:
-            self._connect_failed(conn, code)
-            return
         t = conn.target
         conn.connecting = False
         t.connecting -= 1

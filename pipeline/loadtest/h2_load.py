@@ -30,52 +30,17 @@ from typing import Any
 from pipeline._lazy import import_optional
 from pipeline.errors import PipelineError
 from pipeline.loadtest.client import Endpoint
-from pipeline.loadtest.loop import EpollLoop, backoff_ns, new_socket
+from pipeline.loadtest.h2_frames import (
+    ACK, CONTINUATION, DATA, END_HEADERS, END_STREAM, GOAWAY, HEADERS, LAST_STREAM_ID, MAX_WINDOW, PADDED, PING, PREFACE,
+    PRIORITY, RST_STREAM, SETTINGS, STATUS_NAMES, WINDOW_UPDATE, all_indexed, frame, request_headers,
+)  # fmt: skip
+from pipeline.loadtest.loop import EpollLoop, backoff_ns, new_socket, take_payload
 from pipeline.loadtest.policy import ClosedLoop, OpenLoop, Policy
 from pipeline.loadtest.recorder import Recorder, connect_kind, lost_kind
 
-_PATH = b"/inference.GRPCInferenceService/ModelInfer"
-_PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
-_DATA, _HEADERS, _RST, _SETTINGS, _PING, _GOAWAY, _WINDOW, _CONTINUATION = 0, 1, 3, 4, 6, 7, 8, 9
-_END_STREAM, _ACK, _END_HEADERS, _PADDED, _PRIORITY = 0x1, 0x1, 0x4, 0x8, 0x20
-_MAX_WINDOW = 2**31 - 1
 _TOP_UP = 2**30  # received bytes after which the connection window is re-opened
-_LAST_STREAM_ID = 2**31 - 1
 _RECV = 262144
 _IN, _OUT = select.EPOLLIN, select.EPOLLOUT
-_STATUS_NAMES = (
-    "ok", "cancelled", "unknown", "invalid_argument", "deadline_exceeded", "not_found", "already_exists",
-    "permission_denied", "resource_exhausted", "failed_precondition", "aborted", "out_of_range", "unimplemented",
-    "internal", "unavailable", "data_loss", "unauthenticated",
-)  # fmt: skip
-
-
-def _frame(kind: int, flags: int, stream: int, payload: bytes = b"") -> bytes:
-    return len(payload).to_bytes(3, "big") + bytes((kind, flags)) + stream.to_bytes(4, "big") + payload
-
-
-def _string(value: bytes) -> bytes:
-    """An HPACK string literal, not Huffman-coded (7-bit prefix length)."""
-    n = len(value)
-    if n < 127:
-        return bytes((n,)) + value
-    out, n = bytearray((127,)), n - 127
-    while n >= 128:
-        out.append((n & 0x7F) | 0x80)
-        n >>= 7
-    out.append(n)
-    return bytes(out) + value
-
-
-def request_headers(authority: str) -> bytes:
-    """The HEADERS block of every request: static-table fields and literals never indexed."""
-    return (
-        b"\x83\x86"  # :method POST, :scheme http
-        + b"\x04" + _string(_PATH)  # :path (static name 4), literal value
-        + b"\x01" + _string(authority.encode())  # :authority (static name 1)
-        + b"\x0f\x10" + _string(b"application/grpc")  # content-type (static name 31)
-        + b"\x00" + _string(b"te") + _string(b"trailers")
-    )
 
 
 class _Stream:
@@ -121,7 +86,7 @@ class _Conn:
 class _Target:
     def __init__(self, endpoint: Endpoint, payloads: list[bytes], policy: Policy, max_in_flight: int) -> None:
         self.endpoint = endpoint
-        self.messages = [b"\x00" + len(p).to_bytes(4, "big") + p for p in payloads]
+        self.payloads = [b"\x00" + len(p).to_bytes(4, "big") + p for p in payloads]  # gRPC messages: uncompressed, length, protobuf
         self.next_payload = 0
         self.recorder = Recorder()
         self.want = policy.concurrency if isinstance(policy, ClosedLoop) else 0
@@ -176,13 +141,10 @@ class H2GrpcEngine(EpollLoop):
     # -- requests -------------------------------------------------------------------------------
     def _send(self, t: _Target, stamp_ns: int) -> None:
         conn = t.conn
-        i = t.next_payload
-        message = t.messages[i]
-        t.next_payload = i + 1 if i + 1 < len(t.messages) else 0
-        t.recorder.sent += 1
+        message = take_payload(t)
         sid = conn.next_id  # type: ignore[union-attr]
         conn.next_id = sid + 2  # type: ignore[union-attr]
-        if sid + 2 > _LAST_STREAM_ID:
+        if sid + 2 > LAST_STREAM_ID:
             conn.draining = True  # type: ignore[union-attr]
         now = time.perf_counter_ns()
         stream = _Stream(sid, stamp_ns or now, now, conn.peer_window)  # type: ignore[union-attr]
@@ -214,7 +176,7 @@ class H2GrpcEngine(EpollLoop):
                 if n <= 0:
                     return
                 last = n == len(data)
-                conn.out += n.to_bytes(3, "big") + bytes((_DATA, _END_STREAM if last else 0)) + stream.id.to_bytes(4, "big") + data[:n]
+                conn.out += n.to_bytes(3, "big") + bytes((DATA, END_STREAM if last else 0)) + stream.id.to_bytes(4, "big") + data[:n]
                 conn.send_window -= n
                 stream.window -= n
                 data = data[n:]
@@ -262,7 +224,7 @@ class H2GrpcEngine(EpollLoop):
         if conn.fd not in self._conns:
             return  # GOAWAY closed it
         if conn.received >= _TOP_UP:
-            conn.out += _frame(_WINDOW, 0, 0, conn.received.to_bytes(4, "big"))
+            conn.out += frame(WINDOW_UPDATE, 0, 0, conn.received.to_bytes(4, "big"))
             conn.received = 0
             conn.want_out = True
         if conn.draining and not conn.streams and conn is not conn.target.conn:
@@ -282,20 +244,20 @@ class H2GrpcEngine(EpollLoop):
             sid = int.from_bytes(buf[pos + 5 : pos + 9], "big") & 0x7FFFFFFF
             payload = buf[pos + 9 : pos + 9 + length]
             pos += 9 + length
-            if kind == _DATA:
+            if kind == DATA:
                 self._on_data(conn, sid, flags, payload, length)
-            elif kind == _HEADERS or kind == _CONTINUATION:
+            elif kind == HEADERS or kind == CONTINUATION:
                 self._on_headers(conn, kind, sid, flags, payload)
-            elif kind == _SETTINGS:
+            elif kind == SETTINGS:
                 self._on_settings(conn, flags, payload)
-            elif kind == _WINDOW:
+            elif kind == WINDOW_UPDATE:
                 self._on_window(conn, sid, payload)
-            elif kind == _PING and not flags & _ACK:
-                conn.out += _frame(_PING, _ACK, 0, bytes(payload))
+            elif kind == PING and not flags & ACK:
+                conn.out += frame(PING, ACK, 0, bytes(payload))
                 conn.want_out = True
-            elif kind == _RST:
+            elif kind == RST_STREAM:
                 self._end(conn, sid, "grpc_rst_stream", f"stream reset by the server (HTTP/2 error {int.from_bytes(payload[:4], 'big')})")
-            elif kind == _GOAWAY:
+            elif kind == GOAWAY:
                 self._on_goaway(conn, payload)
                 if conn.fd not in self._conns:
                     return
@@ -306,17 +268,17 @@ class H2GrpcEngine(EpollLoop):
         stream = conn.streams.get(sid)
         if stream is None:
             return
-        pad = payload[0] + 1 if flags & _PADDED else 0
+        pad = payload[0] + 1 if flags & PADDED else 0
         stream.got += length - pad
-        if flags & _END_STREAM:
+        if flags & END_STREAM:
             self._end(conn, sid, "grpc_no_status", "the response ended without gRPC trailers")
 
     def _on_headers(self, conn: _Conn, kind: int, sid: int, flags: int, payload: bytearray) -> None:
-        if kind == _HEADERS:
-            start = payload[0] + 1 if flags & _PADDED else 0
-            start += 5 if flags & _PRIORITY else 0
-            block = payload[start : len(payload) - (payload[0] if flags & _PADDED else 0)]
-            if not flags & _END_HEADERS:
+        if kind == HEADERS:
+            start = payload[0] + 1 if flags & PADDED else 0
+            start += 5 if flags & PRIORITY else 0
+            block = payload[start : len(payload) - (payload[0] if flags & PADDED else 0)]
+            if not flags & END_HEADERS:
                 conn.fragment = (sid, flags, bytearray(block))
                 return
         else:
@@ -324,7 +286,7 @@ class H2GrpcEngine(EpollLoop):
                 return
             sid, first_flags, block = conn.fragment
             block += payload
-            if not flags & _END_HEADERS:
+            if not flags & END_HEADERS:
                 return
             conn.fragment = None
             flags = first_flags
@@ -336,7 +298,7 @@ class H2GrpcEngine(EpollLoop):
         if status is not None and status != b"200":
             self._end(conn, sid, f"http_{status.decode('ascii', 'replace')}", "the server answered the gRPC call with HTTP " + status.decode("ascii", "replace"))
             return
-        if not flags & _END_STREAM:
+        if not flags & END_STREAM:
             stream.headers_seen = True
             return
         code = fields.get(b"grpc-status")
@@ -347,7 +309,7 @@ class H2GrpcEngine(EpollLoop):
             conn.target.failures = 0
             return
         try:
-            name = _STATUS_NAMES[int(code)] if code is not None else "no_status"
+            name = STATUS_NAMES[int(code)] if code is not None else "no_status"
         except (ValueError, IndexError):
             name = "unknown"
         message = fields.get(b"grpc-message", b"").decode("utf-8", "replace")
@@ -361,14 +323,14 @@ class H2GrpcEngine(EpollLoop):
             fields = {bytes(k): bytes(v) for k, v in conn.decoder.decode(block, raw=True)}
         except self._hpack.HPACKError as exc:
             raise ConnectionError(f"bad HPACK block from the server ({exc})") from None
-        if _all_indexed(block):
+        if all_indexed(block):
             conn.cache[block] = fields
         else:
             conn.cache.clear()  # the block may have changed the dynamic table that indexed blocks refer to
         return fields
 
     def _on_settings(self, conn: _Conn, flags: int, payload: bytearray) -> None:
-        if flags & _ACK:
+        if flags & ACK:
             return
         for pos in range(0, len(payload) - 5, 6):
             key, value = struct.unpack_from(">HI", payload, pos)
@@ -381,7 +343,7 @@ class H2GrpcEngine(EpollLoop):
                     stream.window += delta
             elif key == 0x5:
                 conn.peer_frame = value
-        conn.out += _frame(_SETTINGS, _ACK, 0)
+        conn.out += frame(SETTINGS, ACK, 0)
         conn.want_out = True
         self._unblock(conn)
 
@@ -416,14 +378,10 @@ class H2GrpcEngine(EpollLoop):
         self._dial(conn)
 
     def _connected(self, conn: _Conn) -> None:
-        code = conn.sock.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR)
-        if code:
-            self._connect_failed(conn, code)
-            return
         conn.connecting = False
         # no server push, a stream window of 2^31-1, a dynamic HPACK table as the server likes; then the connection window
-        settings = struct.pack(">HIHI", 0x2, 0, 0x4, _MAX_WINDOW)
-        conn.out += _PREFACE + _frame(_SETTINGS, 0, 0, settings) + _frame(_WINDOW, 0, 0, (_MAX_WINDOW - 65535).to_bytes(4, "big"))
+        settings = struct.pack(">HIHI", 0x2, 0, 0x4, MAX_WINDOW)
+        conn.out += PREFACE + frame(SETTINGS, 0, 0, settings) + frame(WINDOW_UPDATE, 0, 0, (MAX_WINDOW - 65535).to_bytes(4, "big"))
         conn.want_out = True
         self._epoll.modify(conn.fd, _IN)
         self._refill(conn.target)
@@ -498,20 +456,6 @@ class H2GrpcEngine(EpollLoop):
                 continue
             for sid in [s for s, st in conn.streams.items() if st.sent_ns < limit]:
                 self._end(conn, sid, "timeout", f"no response within {self._timeout_ns / 1e9:g} s")
-                conn.out += _frame(_RST, 0, sid, (8).to_bytes(4, "big"))  # CANCEL
+                conn.out += frame(RST_STREAM, 0, sid, (8).to_bytes(4, "big"))  # CANCEL
                 conn.want_out = True
             self._refill(conn.target)
-
-
-def _all_indexed(block: bytes) -> bool:
-    """Whether an HPACK block is only indexed fields (``1xxxxxxx`` with its integer), which read the table but never change it."""
-    pos, end = 0, len(block)
-    while pos < end:
-        if not block[pos] & 0x80:
-            return False
-        if block[pos] & 0x7F == 0x7F:  # multi-byte index
-            pos += 1
-            while pos < end and block[pos] & 0x80:
-                pos += 1
-        pos += 1
-    return True

@@ -35,6 +35,14 @@ def new_socket(family: int) -> socket.socket:
     return sock
 
 
+def take_payload(t: Any) -> bytes:
+    """The next of ``t.payloads`` in turn, counted as sent."""
+    i = t.next_payload
+    t.next_payload = i + 1 if i + 1 < len(t.payloads) else 0
+    t.recorder.sent += 1
+    return t.payloads[i]
+
+
 class EpollLoop:
     """Base of an engine whose ``_targets`` each have ``recorder``, ``backlog``, ``unsent``,
     ``gaps`` and ``next_due_ns``; the engine adds ``in_flight``, ``run_until`` and ``_close_all``."""
@@ -99,7 +107,11 @@ class EpollLoop:
                         due_timer.clear()  # type: ignore[union-attr]
                     continue
                 if conn.connecting:
-                    self._connected(conn)
+                    code = conn.sock.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR)
+                    if code:
+                        self._connect_failed(conn, code)
+                    else:
+                        self._connected(conn)
                     continue
                 if events & _OUT and conn.out is not None:
                     self._flush(conn)
@@ -115,6 +127,7 @@ class EpollLoop:
         raise NotImplementedError
 
     def _connected(self, conn: Any) -> None:
+        """``conn``'s connect succeeded."""
         raise NotImplementedError
 
     def _flush(self, conn: Any) -> None:

@@ -16,7 +16,8 @@ import grpc
 import pytest
 
 from pipeline.loadtest.client import Endpoint
-from pipeline.loadtest.h2_load import H2GrpcEngine, _all_indexed, _string
+from pipeline.loadtest.h2_frames import all_indexed, hpack_string
+from pipeline.loadtest.h2_load import H2GrpcEngine
 from pipeline.loadtest.policy import ClosedLoop, OpenLoop, Policy
 
 
@@ -124,6 +125,6 @@ def test_open_loop_sends_on_schedule_and_reports_the_lag(serve: Callable) -> Non
 
 
 def test_hpack_helpers() -> None:
-    assert _string(b"te") == b"\x02te" and _string(b"x" * 200)[:2] == bytes((127, 73))
-    assert _all_indexed(b"\x88\xbe\xc0") and not _all_indexed(b"\x88\x40\x01a\x01b")
-    assert _all_indexed(b"\xff\x81\x01")  # a multi-byte index
+    assert hpack_string(b"te") == b"\x02te" and hpack_string(b"x" * 200)[:2] == bytes((127, 73))
+    assert all_indexed(b"\x88\xbe\xc0") and not all_indexed(b"\x88\x40\x01a\x01b")
+    assert all_indexed(b"\xff\x81\x01")  # a multi-byte index
