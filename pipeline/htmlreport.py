@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from pipeline.atomic import write_text_atomic
+from pipeline.build_tables import accuracy_data, served_data, stage_data
 from pipeline.errors import PipelineError
 from pipeline.tables import TableData
 
@@ -103,8 +104,6 @@ def render_page(sections: list[Section], sources: list[Path]) -> str:
 
 def build_sections(workdir: Path) -> list[Section]:
     """One section per ``<workdir>/<name>/manifest.json``, newest first."""
-    from pipeline.report import accuracy_data, served_data, stage_data
-
     manifests = sorted(workdir.glob("*/manifest.json"), key=lambda p: p.stat().st_mtime, reverse=True) if workdir.is_dir() else []
     sections = []
     for path in manifests:

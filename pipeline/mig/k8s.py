@@ -25,7 +25,7 @@ from typing import Any
 
 import yaml
 
-from pipeline.mig.bundle import BundleSettings, _container_ports, k8s_name, mig_resource, profile_server
+from pipeline.mig.servers import BundleSettings, container_ports, k8s_name, mig_resource, profile_server
 from pipeline.mig.plan import MigPlan, ProfilePlan
 from pipeline.triton.bundle_files import CONTAINER_REPOSITORY
 from pipeline.triton.server_args import ADMIN_KEY_ENV, K8S_ADMIN_KEY, tritonserver_args
@@ -77,7 +77,7 @@ def deployment(profile_plan: ProfilePlan, replicas: int, settings: BundleSetting
     """The Deployment of one profile's servers."""
     profile = profile_plan.profile.name
     name, labels = f"{APP}-{k8s_name(profile)}", _labels(profile)
-    http, grpc, metrics = _container_ports(settings)
+    http, grpc, metrics = container_ports(settings)
     args = tritonserver_args(profile_server(profile_plan, CONTAINER_REPOSITORY, (http, grpc, metrics), K8S_ADMIN_KEY))
     container = {
         "name": "tritonserver",
@@ -117,7 +117,7 @@ def deployment(profile_plan: ProfilePlan, replicas: int, settings: BundleSetting
 
 def service(profile: str, settings: BundleSettings) -> dict[str, Any]:
     """The Service in front of one profile's servers (the metrics port is what the ServiceMonitor scrapes)."""
-    http, grpc, metrics = _container_ports(settings)
+    http, grpc, metrics = container_ports(settings)
     return {
         "apiVersion": "v1",
         "kind": "Service",

@@ -22,19 +22,14 @@ import yaml
 from google.protobuf import text_format
 from tritonclient.grpc.model_config_pb2 import DataType, ModelConfig, ModelInstanceGroup
 
-from pipeline.mig.bundle import (
-    BundleSettings,
-    bundle_files,
-    k8s_name,
-    launch_script,
-    mig_resource,
-)
+from pipeline.mig.bundle import bundle_files, launch_script
 from pipeline.mig.configs import mig_configs_for_repository, write_profile_configs
 from pipeline.mig.layout import parse_layout
 from pipeline.mig.memory import MemoryEstimate, memory_from_onnx
 from pipeline.mig.nvidia_smi import parse_list_gpus
 from pipeline.mig.plan import GIB, MigPlan, plan_instances
 from pipeline.mig.profiles import builtin_gpu
+from pipeline.mig.servers import BundleSettings, k8s_name, mig_resource
 from pipeline.triton.config import config_text
 
 from .conftest import NVIDIA_SMI_L_H200
