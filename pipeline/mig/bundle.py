@@ -20,6 +20,7 @@ both run (settings, the server of a profile): :mod:`pipeline.mig.servers`.
 
 from __future__ import annotations
 
+import logging
 from dataclasses import replace
 from pathlib import Path
 
@@ -27,24 +28,26 @@ from pipeline.mig.k8s import k8s_manifests
 from pipeline.mig.nvidia_smi import MigDevice
 from pipeline.mig.plan import MigPlan, ProfilePlan
 from pipeline.triton.bundle_files import (
+    BIND_ADDRESS,
+    BIND_ENV,
+    CONTAINER_ADDRESS,
     CONTAINER_REPOSITORY,
+    DEFAULT_BIND_ADDRESS,
     REPOSITORY_ENV,
     compose_service,
     compose_yaml,
     relative_repository,
     script_repository_lines,
+    exposure_note,
     write_bundle_files,
 )
 from pipeline.mig.servers import BundleSettings, container_ports, k8s_name, profile_server
-from pipeline.triton.server_args import ADMIN_KEY_ENV, SHELL_ADMIN_KEY, shell_command, tritonserver_args
+from pipeline.triton.server_args import ADMIN_KEY_ENV, shell_command, tritonserver_args
+
+log = logging.getLogger(__name__)
 
 LAUNCH_SCRIPT = "launch-mig.sh"
 COMPOSE_FILE = "docker-compose.yml"
-
-
-def server_args(profile_plan: ProfilePlan, repository: str, ports: tuple[int, int, int], admin_key: str = SHELL_ADMIN_KEY) -> list[str]:
-    """The tritonserver command line for one device of ``profile_plan``."""
-    return tritonserver_args(profile_server(profile_plan, repository, ports, admin_key))
 
 
 def _slot_ports(settings: BundleSettings, slot: int) -> tuple[int, int, int]:
@@ -57,7 +60,7 @@ def launch_script(plan: MigPlan, settings: BundleSettings = BundleSettings()) ->
     served = [p for p in plan.profiles if p.loaded]
     cases = []
     for p in served:
-        server = profile_server(p, f"${REPOSITORY_ENV}", ("$http", "$grpc", "$metrics"), binary="$TRITONSERVER")
+        server = profile_server(p, f"${REPOSITORY_ENV}", ("$http", "$grpc", "$metrics"), "$BIND_ADDRESS", binary="$TRITONSERVER")
         cases.append(f'    "{p.profile.name}") args=({shell_command(tritonserver_args(server))}) ;;')
     layout = str(plan.layout) if plan.layout else "any layout of these profiles"
     lines = "\n".join(script_repository_lines(settings.repository))
@@ -71,10 +74,13 @@ def launch_script(plan: MigPlan, settings: BundleSettings = BundleSettings()) ->
 #   MIG_DEVICES_FILE=<saved `nvidia-smi -L` output>  read devices from a file instead
 #   {REPOSITORY_ENV} (default: the repository next to this bundle), TRITONSERVER, HTTP_BASE, GRPC_BASE,
 #   METRICS_BASE, PORT_STRIDE  override
+#   {BIND_ENV} (default {DEFAULT_BIND_ADDRESS}) the address the servers listen on; inference and metrics
+#   carry no authentication: expose them only behind an authenticating proxy or a firewall
 set -euo pipefail
 : "${{{ADMIN_KEY_ENV}:?set {ADMIN_KEY_ENV}: the servers restrict their admin APIs to this key}}"
 {lines}
 TRITONSERVER="${{TRITONSERVER:-tritonserver}}"
+BIND_ADDRESS="{BIND_ADDRESS}"
 HTTP_BASE="${{HTTP_BASE:-{settings.http_port}}}"
 GRPC_BASE="${{GRPC_BASE:-{settings.grpc_port}}}"
 METRICS_BASE="${{METRICS_BASE:-{settings.metrics_port}}}"
@@ -148,7 +154,7 @@ def compose_file(plan: MigPlan, settings: BundleSettings = BundleSettings(), dev
         inside = container_ports(settings)
         services[name] = compose_service(
             image=settings.image,
-            server=profile_server(profile_plan, CONTAINER_REPOSITORY, inside),
+            server=profile_server(profile_plan, CONTAINER_REPOSITORY, inside, CONTAINER_ADDRESS),
             ports=list(zip(_slot_ports(settings, slot), inside)),
             rel_repo=settings.repository,
             devices={"device_ids": [device_id]},
@@ -178,4 +184,6 @@ def write_bundle(out_dir: Path, plan: MigPlan, settings: BundleSettings = Bundle
     relative to ``out_dir``. Returns the paths written (``<file>.new`` for files the user edited)."""
     if repository is not None:
         settings = replace(settings, repository=relative_repository(repository, out_dir))
-    return write_bundle_files(out_dir, bundle_files(plan, settings, devices), executable=[LAUNCH_SCRIPT])
+    paths = write_bundle_files(out_dir, bundle_files(plan, settings, devices), executable=[LAUNCH_SCRIPT])
+    log.info("%s", exposure_note())
+    return paths

@@ -40,13 +40,14 @@ def mig_resource(profile: str) -> str:
     return "nvidia.com/mig-" + profile.replace("+", ".")
 
 
-def profile_server(profile_plan: ProfilePlan, repository: str | None, ports: tuple[int | str | None, ...],
+def profile_server(profile_plan: ProfilePlan, repository: str | None, ports: tuple[int | str | None, ...], host: str | None,
                    admin_key: str = SHELL_ADMIN_KEY, binary: str | None = "tritonserver") -> ServerArgs:
     """How the server of one device of ``profile_plan`` runs: its profile's configs, exactly its models
-    (explicit model control, so load/unload go through the key-restricted repository API)."""
+    (explicit model control, so load/unload go through the key-restricted repository API), listening
+    on ``host`` (None: a platform such as KServe's runtime decides)."""
     http, grpc, metrics = ports
     return ServerArgs(
-        repository=repository, http_port=http, grpc_port=grpc, metrics_port=metrics,
+        repository=repository, http_port=http, grpc_port=grpc, metrics_port=metrics, host=host,
         model_control="explicit", load_models=tuple(profile_plan.loaded),
         config_name=config_name(profile_plan.profile.name), admin_key=admin_key, binary=binary,
     )
