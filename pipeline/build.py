@@ -17,7 +17,7 @@ from pathlib import Path
 
 from pipeline.artifacts import Artifact
 from pipeline.config import BuildConfig
-from pipeline.errors import PipelineError
+from pipeline.errors import PipelineError, require_creatable
 from pipeline.fingerprint import hash_path
 from pipeline.evaldata import EvalBucket, EvalData, eval_data_from_path, synthetic_eval_data
 from pipeline.gates import classifier_output
@@ -77,6 +77,8 @@ class BuildContext:
 def build(cfg: BuildConfig) -> BuildResult:
     """Keras model → SavedModel → ONNX (parity-checked against TF) → … (see README)."""
     cfg.validate()
+    require_creatable(cfg.workdir, "--workdir")
+    require_creatable(cfg.repository, "--repository")
     source = model_source(cfg.model)
     name = cfg.model_name(source)
     ws = Workspace(cfg.workdir / name)

@@ -11,7 +11,7 @@ import os
 import sys
 from collections.abc import Sequence
 
-from pipeline.errors import EXIT_INTERRUPTED, PipelineError
+from pipeline.errors import EXIT_INTERRUPTED, PipelineError, path_error
 
 EXIT_USER_ERROR = 2
 
@@ -115,6 +115,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     except PipelineError as exc:  # CheckFailed: 1 (a measured check said no); any other: 2 (usage or input)
         sys.stderr.write(f"error: {exc}\n")
         return exc.exit_code
+    except OSError as exc:
+        if exc.filename is None:  # not about a path: a bug, keep its traceback
+            raise
+        error = path_error(exc)
+        sys.stderr.write(f"error: {error}\n")
+        return error.exit_code
     except KeyboardInterrupt:
         sys.stderr.write("interrupted\n")
         return EXIT_INTERRUPTED
