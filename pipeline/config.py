@@ -47,7 +47,8 @@ class BuildConfig:
                                        "(default: the bundled digits CNN)", metavar="PATH|MODULE:FUNC", group=MODEL)
     name: str | None = option(None, "model name in the workdir and Triton (default: file stem, folder name, or module name)", group=MODEL)
     eval_data: Path | None = eval_data_option(MODEL)
-    workdir: Path = option(Path("build"), "build artifacts, manifest and reports", metavar="DIR", group=OUTPUTS)
+    workdir: Path = option(Path("build"), "build artifacts, manifest, server logs and the reports folder", metavar="DIR", group=OUTPUTS)
+    report_dir: Path | None = option(None, "where the HTML page index.html goes (default: <workdir>/reports)", metavar="DIR", group=OUTPUTS)
     repository: Path = repository_option(OUTPUTS)
     version_policy: str = option("new", "add a new numbered version, or replace the pipeline's versions", choices=("new", "replace"), group=OUTPUTS)
     triton_image: str | None = option(None, "NGC tritonserver image for the deploy bundle (default: nvcr.io/nvidia/tritonserver:24.10-py3, "

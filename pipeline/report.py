@@ -35,7 +35,7 @@ def served_table(rows: list[dict[str, Any]]) -> Table:
 
 
 def print_build_summary(
-    name: str, manifest_path: Path, repository: Path | None, console: Console | None = None, html_reports: Path | None = Path("reports")
+    name: str, manifest_path: Path, repository: Path | None, console: Console | None = None, html_reports: Path | None = None
 ) -> None:
     """Print the stage table, the accuracy table (when variants were gated) and the artifacts of a build;
     refresh the HTML report ``<html_reports>/index.html`` (None: leave it) and print its path."""

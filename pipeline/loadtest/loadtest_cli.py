@@ -4,13 +4,12 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import datetime as _dt
 import logging
 import math
 from collections.abc import Iterator
 from pathlib import Path
 
-from pipeline.errors import EXIT_CHECK_FAILED, PipelineError, require
+from pipeline.errors import EXIT_CHECK_FAILED, PipelineError, require, require_creatable
 from pipeline.loadtest.client import Endpoint, endpoint_from_url
 from pipeline.loadtest.measure import WindowSettings
 from pipeline.loadtest.metrics import default_metrics_endpoint
@@ -18,6 +17,7 @@ from pipeline.loadtest.payload import ENCODINGS, eval_data_path
 from pipeline.loadtest.policy import ARRIVALS, policies_from_options
 from pipeline.loadtest.results import RunResult, best_point
 from pipeline.loadtest.runner import PROTOCOLS, LoadTestSettings, run_loadtest
+from pipeline.reportdirs import REPORT_DIR_HELP, run_report_dirs
 
 log = logging.getLogger(__name__)
 
@@ -36,7 +36,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
             "throughput, client latency percentiles, errors by kind, and Triton's own breakdown from its statistics "
             "extension (queue, compute input/infer/output, average batch size) over the same windows.\n\n"
             "Without --url the embedded tritonserver is started on --repository, every served variant is measured, "
-            "and the server is stopped. Reports go to reports/<timestamp>/: results.json, results.csv and PNG plots."
+            "and the server is stopped. Reports go to <workdir>/reports/<timestamp>/ (or --report-dir): results.json, results.csv, PNG plots and the HTML page."
         ),
         epilog=(
             "load policies:\n"
@@ -100,7 +100,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                       help="the last 3 windows' throughput and mean latency must lie within this %% of their mean (default: %(default)g)")
     out = p.add_argument_group("output")
     out.add_argument("--slo-p99-ms", type=float, metavar="MS", help="exit 1 when no point has p99 ≤ MS (and no errors); name the best one that does")
-    out.add_argument("--report-dir", type=Path, help="where reports go (default: reports/<timestamp>)")
+    out.add_argument("--report-dir", type=Path, help=REPORT_DIR_HELP.format(run="<timestamp>"))
+    out.add_argument("--workdir", type=Path, default=Path("build"),
+                     help="server logs (<workdir>/triton), the reports folder and the builds the page shows (default: %(default)s)")
     p.set_defaults(handler=run)
 
 
@@ -161,7 +163,7 @@ def _servers(args: argparse.Namespace) -> Iterator[tuple[list[Endpoint], list[En
 
     _check_before_start(args)
     log.info("starting the embedded tritonserver on %s", args.repository)
-    with TritonServer(args.repository) as server:
+    with TritonServer(args.repository, workdir=args.workdir) as server:
         models = list(args.model) or list(server.ready_models)
         missing = [m for m in models if m not in server.ready_models]
         require(not missing, f"model(s) {', '.join(missing)} are not served from {args.repository} "
@@ -191,7 +193,8 @@ def run(args: argparse.Namespace) -> int:
     console = make_console()
     # Options are checked before any server starts, so a typo costs no startup time.
     settings_from_args(args, [Endpoint("127.0.0.1", 1)], [Endpoint("127.0.0.1", 1)], [])
-    report_dir = args.report_dir or Path("reports") / _dt.datetime.now().strftime("%Y%m%d-%H%M%S")
+    report_dir, page_folder = run_report_dirs(args.report_dir, args.workdir)
+    require_creatable(report_dir, "--report-dir")
     with _servers(args) as (endpoints, grpc, models, skipped, metrics):
         settings = settings_from_args(args, endpoints, grpc, models, metrics)
         result = run_loadtest(settings)
@@ -206,7 +209,7 @@ def run(args: argparse.Namespace) -> int:
     console.print(f"reports: {', '.join(str(p) for p in written)}")
     from pipeline.htmlreport import refresh_html_report
 
-    page = refresh_html_report(Path("build"), report_dir.parent)
+    page = refresh_html_report(args.workdir, page_folder)
     if page:
         console.print(f"report: {page}")
     return _verdict(result, args.slo_p99_ms, console)
