@@ -26,30 +26,42 @@ def stage_data(manifest: dict[str, Any], title: str) -> TableData:
 
 
 def accuracy_data(report: dict[str, Any]) -> TableData:
-    """Each variant against FP32 ONNX: accuracy, the drop with its confidence bounds, agreement, errors, verdict."""
-    table = TableData(f"accuracy vs FP32 ONNX on {report['samples']} samples ({report['data']})",
-                      ["variant", "acc", "FP32 acc", "drop (bounds) / max", "top-1 agree", "max abs", "min cos", "gate"])  # fmt: skip
+    """Each variant against FP32 ONNX, one row per judged figure of each output: the measured value with
+    its confidence bounds, the limit, and the verdict (pipeline.judging)."""
+    labels = ", ".join(report.get("labels") or []) or "none"
+    table = TableData(f"accuracy vs FP32 ONNX on {report['samples']} samples ({report['data']}; labels: {labels})",
+                      ["variant", "output", "kind", "figure", "measured [bounds]", "limit", "gate"], align="lllllrl")  # fmt: skip
     for v in report["variants"]:
-        d = v.get("drop")
-        label = "" if not d or d.get("paired", True) else "disagree "
-        drop = "—" if not d else f"{label}{d['drop_points']:.2f} [{d['low_points']:.2f}, {d['high_points']:.2f}] / {v['gate']['max_drop_points']:g}"
-        outputs = v["outputs"].values()
-        worst = max(outputs, key=lambda o: o["max_abs"])
-        table.add([
-            v["variant"], _pct(v["accuracy"]), _pct(v["reference_accuracy"]), drop, _pct(v["top1_agreement"]),
-            f"{worst['max_abs']:.1e}", f"{min(o.get('min_cosine', 1.0) for o in outputs):.4f}",
-            _verdict(v["passed"], bool(v.get("undecided"))),
-        ])  # fmt: skip
+        for row in v.get("gates", []):
+            table.add([v["variant"], row["output"], row["kind"], row["metric"], figure_text(row),
+                       "—" if row["limit"] is None else f"{row['limit']:g}", _row_verdict(row["verdict"])],
+                      "bad" if row["verdict"] == "fail" else "")  # fmt: skip
     return table
 
 
+def figure_text(row: dict[str, Any]) -> str:
+    """``value [low, high]`` of one gate row, in points or as a ratio."""
+    fmt = (lambda x: f"{x:.2f}") if row["unit"] == "points" else (lambda x: f"{x:.4g}")
+    if row["low"] == row["high"] == row["value"]:
+        return fmt(row["value"])
+    return f"{fmt(row['value'])} [{fmt(row['low'])}, {fmt(row['high'])}]"
+
+
+def _row_verdict(verdict: str) -> str:
+    return {"fail": "FAIL", "reported": "info"}.get(verdict, verdict)
+
+
 def served_data(rows: list[dict[str, Any]]) -> TableData:
-    """Served vs in-process accuracy per model (``verify``)."""
-    table = TableData("accuracy through Triton vs in process",
-                      ["model", "ver", "samples", "served", "in-process", "top-1 agree", "max abs diff", "check"])  # fmt: skip
+    """Every output of every served model (``verify``): served against in process, and the verdict of the
+    model's checks (its gates against served FP32 included); what could not be verified, and why."""
+    table = TableData("served through Triton vs in process (metric: accuracy, R² or mIoU with labels; else agreement)",
+                      ["model", "ver", "output", "kind", "served", "in-process", "max abs diff", "check"], align="lrllrrrl")  # fmt: skip
     for r in rows:
-        table.add([
-            r["model"], str(r["version"]), str(r["samples"]), _pct(r["served_accuracy"]), _pct(r["inprocess_accuracy"]),
-            _pct(r["top1_agreement"]), f"{r['max_abs_diff']:.1e}", _verdict(r["passed"]),
-        ])  # fmt: skip
+        if "not_verified" in r:
+            table.add([r["model"], "", r["not_verified"], "", "", "", "", "not verified"])
+            continue
+        for name, out in r["outputs"].items():
+            served = out["served_metric"] if out["served_metric"] is not None else out["agreement"]
+            table.add([r["model"], str(r["version"]), name, out["kind"], _pct(served), _pct(out["inprocess_metric"]),
+                       f"{out['max_abs_diff']:.1e}", _verdict(r["passed"])], "" if r["passed"] else "bad")  # fmt: skip
     return table

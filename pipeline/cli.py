@@ -71,7 +71,7 @@ def _setup_logging(verbose: bool, command: str | None = None) -> None:
         # Piped, a build says what each stage did (one line each, and one per long step) and prints its
         # tables; the details stay behind -v. Warnings (e.g. TensorRT missing) always show.
         logging.getLogger("pipeline").setLevel(logging.WARNING)
-        for keep in ("pipeline.stagecache", "pipeline.progress", "pipeline.build_cli", "pipeline.stages.shapes"):  # shapes: the profiles and the --shape that reproduces them
+        for keep in ("pipeline.stagecache", "pipeline.progress", "pipeline.build_cli", "pipeline.stages.shapes", "pipeline.outputkinds"):  # shapes: the profiles and the --shape that reproduces them
             logging.getLogger(keep).setLevel(logging.INFO)
 
 
