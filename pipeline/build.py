@@ -19,7 +19,7 @@ import numpy as np
 
 from pipeline.artifacts import Artifact
 from pipeline.config import BuildConfig
-from pipeline.errors import PipelineError
+from pipeline.errors import PipelineError, require_creatable
 from pipeline.fingerprint import hash_path
 from pipeline.buckets import read_arrays
 from pipeline.evaldata import UNNAMED, EvalBucket, EvalData, check_targets, eval_data_from_path, label_arrays, plain_labels_owner, synthetic_eval_data
@@ -82,6 +82,8 @@ class BuildContext:
 def build(cfg: BuildConfig) -> BuildResult:
     """Keras model → SavedModel → ONNX (parity-checked against TF) → … (see README)."""
     cfg.validate()
+    require_creatable(cfg.workdir, "--workdir")
+    require_creatable(cfg.repository, "--repository")
     source = model_source(cfg.model, cfg.imports)
     name = cfg.model_name(source)
     ws = Workspace(cfg.workdir / name)

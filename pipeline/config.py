@@ -53,7 +53,8 @@ class BuildConfig:
     imports: tuple[str, ...] = option((), "import these Python modules before loading the model (modules that register custom Keras layers "
                                           "with @keras.saving.register_keras_serializable), comma-separated or repeated", flag="--import",
                                       metavar="MODULE", group=MODEL)
-    workdir: Path = option(Path("build"), "build artifacts, manifest and reports", metavar="DIR", group=OUTPUTS)
+    workdir: Path = option(Path("build"), "build artifacts, manifest, server logs and the reports folder", metavar="DIR", group=OUTPUTS)
+    report_dir: Path | None = option(None, "where the HTML page index.html goes (default: <workdir>/reports)", metavar="DIR", group=OUTPUTS)
     repository: Path = repository_option(OUTPUTS)
     version_policy: str = option("new", "add a new numbered version, or replace the pipeline's versions", choices=("new", "replace"), group=OUTPUTS)
     triton_image: str | None = option(None, "NGC tritonserver image for the deploy bundle (default: nvcr.io/nvidia/tritonserver:24.10-py3, "

@@ -11,7 +11,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from pipeline.errors import EXIT_CHECK_FAILED, PipelineError, require
+from pipeline.errors import EXIT_CHECK_FAILED, PipelineError, require, require_creatable
 from pipeline.loadtest.client import Endpoint, endpoint_from_url
 from pipeline.loadtest.measure import WindowSettings
 from pipeline.loadtest.metrics import default_metrics_endpoint
@@ -19,6 +19,7 @@ from pipeline.loadtest.payload import ENCODINGS, eval_data_path
 from pipeline.loadtest.policy import ARRIVALS, policies_from_options
 from pipeline.loadtest.results import RunResult, best_point, unstable_hint
 from pipeline.loadtest.runner import PROTOCOLS, LoadTestSettings, run_loadtest
+from pipeline.reportdirs import REPORT_DIR_HELP, run_report_dirs
 
 log = logging.getLogger(__name__)
 
@@ -37,7 +38,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
             "throughput, client latency percentiles, errors by kind, and Triton's own breakdown from its statistics "
             "extension (queue, compute input/infer/output, average batch size) over the same windows.\n\n"
             "Without --url the embedded tritonserver is started on --repository, every served variant is measured, "
-            "and the server is stopped. Reports go to reports/<timestamp>/: results.json, results.csv and PNG plots."
+            "and the server is stopped. Reports go to <workdir>/reports/<timestamp>/ (or --report-dir): results.json, results.csv, PNG plots and the HTML page."
         ),
         epilog=(
             "load policies:\n"
@@ -120,7 +121,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                       help="with --k8s-job: the ReadWriteMany PersistentVolumeClaim the pods write to (default: %(default)s)")
     out = p.add_argument_group("output")
     out.add_argument("--slo-p99-ms", type=float, metavar="MS", help="exit 1 when no point has p99 ≤ MS (and no errors); name the best one that does")
-    out.add_argument("--report-dir", type=Path, help="where reports go (default: reports/<timestamp>)")
+    out.add_argument("--report-dir", type=Path, help=REPORT_DIR_HELP.format(run="<timestamp>"))
+    out.add_argument("--workdir", type=Path, default=Path("build"),
+                     help="server logs (<workdir>/triton), the reports folder and the builds the page shows (default: %(default)s)")
     p.set_defaults(handler=run)
 
 
@@ -183,7 +186,7 @@ def _servers(args: argparse.Namespace) -> Iterator[tuple[list[Endpoint], list[En
 
     _check_before_start(args)
     log.info("starting the embedded tritonserver on %s", args.repository)
-    with TritonServer(args.repository) as server:
+    with TritonServer(args.repository, workdir=args.workdir) as server:
         models = list(args.model) or list(server.ready_models)
         missing = [m for m in models if m not in server.ready_models]
         require(not missing, f"model(s) {', '.join(missing)} are not served from {args.repository} "
@@ -211,25 +214,27 @@ def run(args: argparse.Namespace) -> int:
     from pipeline.console import console as make_console
 
     console = make_console()
-    report_dir = args.report_dir or Path("reports") / _dt.datetime.now().strftime("%Y%m%d-%H%M%S")
+    report_dir, page_folder = run_report_dirs(args.report_dir, args.workdir)
     if args.merge:
         from pipeline.loadtest.merge import merge_shards
 
-        return _show(merge_shards(args.merge), args, report_dir, console)
+        require_creatable(report_dir, "--report-dir")
+        return _show(merge_shards(args.merge), args, report_dir, page_folder, console)
     # Options are checked before any server starts, so a typo costs no startup time.
     settings_from_args(args, [Endpoint("127.0.0.1", 1)], [Endpoint("127.0.0.1", 1)], [])
     if args.k8s_job or args.shard:
         require(bool(args.url), f"{'--k8s-job' if args.k8s_job else '--shard'} needs the address of the servers to load",
                 "pass --url HOST:PORT (in Kubernetes: the Triton Service, e.g. --url triton-mig-1g-18gb:8000)")
         return _write_k8s_job(args, console) if args.k8s_job else _run_shard(args, console)
+    require_creatable(report_dir, "--report-dir")
     with _servers(args) as (endpoints, grpc, models, skipped, metrics):
         settings = settings_from_args(args, endpoints, grpc, models, metrics)
         result = run_loadtest(settings)
         result.skipped_models = skipped
-    return _show(result, args, report_dir, console)
+    return _show(result, args, report_dir, page_folder, console)
 
 
-def _show(result: RunResult, args: argparse.Namespace, report_dir: Path, console: Any) -> int:
+def _show(result: RunResult, args: argparse.Namespace, report_dir: Path, page_folder: Path, console: Any) -> int:
     """The tables, the reports, the exit status."""
     if not result.points:
         raise PipelineError("no load point was measured", "check the server and the --model names")
@@ -241,7 +246,7 @@ def _show(result: RunResult, args: argparse.Namespace, report_dir: Path, console
     console.print(f"reports: {', '.join(str(p) for p in written)}")
     from pipeline.htmlreport import refresh_html_report
 
-    page = refresh_html_report(Path("build"), report_dir.parent)
+    page = refresh_html_report(args.workdir, page_folder)
     if page:
         console.print(f"report: {page}")
     return _verdict(result, args.slo_p99_ms, console)

@@ -10,7 +10,8 @@ from typing import Any
 
 from pipeline.errors import PipelineError, require
 from pipeline.mig import nvidia_smi
-from pipeline.mig.bundle import LAUNCH_SCRIPT, BundleSettings, write_bundle
+from pipeline.mig.bundle import LAUNCH_SCRIPT, write_bundle
+from pipeline.mig.servers import BundleSettings
 from pipeline.mig.configs import profile_configs, write_profile_configs
 from pipeline.mig.layout import Layout, layout_from_devices, parse_layout
 from pipeline.mig.memory import (

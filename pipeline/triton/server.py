@@ -39,7 +39,7 @@ from pipeline.errors import PipelineError, require
 from pipeline.isolate import die_with_parent
 from pipeline.progress import progress
 from pipeline.triton.servable import has_gpu, servable_models, write_view
-from pipeline.triton.server_args import ADMIN_HEADER, ADMIN_KEY_ENV, ServerArgs, tritonserver_args
+from pipeline.triton.server_args import ADMIN_HEADER, ADMIN_KEY_ENV, ServerArgs, redacted, tritonserver_args
 from pipeline.triton.server_log import PortInUseError, last_errors, startup_error
 
 log = logging.getLogger(__name__)
@@ -392,7 +392,7 @@ class TritonServer:
                 os.sched_setaffinity(0, cpus)
 
         command = self._command(view, backends)
-        log.debug("starting %s", " ".join(command))
+        log.debug("starting %s", redacted(command))
         # Server and stubs print outside the log file too (startup errors, Python tracebacks): same file.
         with open(self.log_path, "ab") as console:
             self._process = subprocess.Popen(

@@ -38,7 +38,9 @@ class VerifyConfig:
     fp16_max_drop: float = fp16_max_drop_option()
     int8_max_drop: float = int8_max_drop_option()
     gate_confidence: float = confidence_option()
-    report: Path = option(Path("build") / "verify.json", "JSON report")
+    workdir: Path = option(Path("build"), "where the JSON report and the reports folder go", metavar="DIR")
+    report: Path | None = option(None, "JSON report (default: <workdir>/verify.json, which the HTML page shows)")
+    report_dir: Path | None = option(None, "where the HTML page index.html goes (default: <workdir>/reports)", metavar="DIR")
 
     def gates(self) -> Gates:
         """The build's gate type with this command's limits."""
@@ -88,7 +90,13 @@ def run(args: argparse.Namespace) -> int:
         batch_size=cfg.batch_size,
         atol=cfg.atol,
         gates=cfg.gates(),
-        report_path=cfg.report,
+        report_path=cfg.report or cfg.workdir / "verify.json",
         show=lambda rows: console().print(served_table(rows)),
     )
+    from pipeline.htmlreport import refresh_html_report
+    from pipeline.reportdirs import page_dir
+
+    page = refresh_html_report(cfg.workdir, page_dir(cfg.report_dir, cfg.workdir))
+    if page:
+        console().print(f"report: {page}")
     return 0

@@ -228,11 +228,17 @@ def test_loopback_traffic_ignores_an_unreachable_proxy(repository: Path, tmp_pat
 
 
 @pytest.mark.slow
-def test_admin_key_restricts_the_repository_api_and_readiness_still_works(repository: Path, tmp_path: Path) -> None:
+def test_admin_key_restricts_the_repository_api_and_readiness_still_works(
+    repository: Path, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
     """With an admin key (serve --restricted-api), the server's own readiness checks send the key:
-    it starts, and the repository API answers only requests that carry it."""
+    it starts, and the repository API answers only requests that carry it. The key is in no log line
+    (ours at DEBUG, the server's file); Triton 2.51 reads it only from its command line (README)."""
     write_model(tmp_path / "repo", softmax_config("tiny"), (repository / "tiny" / "1" / "model.onnx").read_bytes())
+    caplog.set_level("DEBUG", logger="pipeline")
     with TritonServer(tmp_path / "repo", log_path=tmp_path / "t.log", model_control="explicit", admin_key="s3cret") as server:
+        assert "--http-restricted-api=" in caplog.text and "admin-key=***" in caplog.text
+        assert "s3cret" not in caplog.text and "s3cret" not in (tmp_path / "t.log").read_text()
         assert server.ready_models == ["tiny"]
         index = f"http://{server.http_url}/v2/repository/index"
         with pytest.raises(urllib.error.HTTPError) as denied:
