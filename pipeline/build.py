@@ -300,6 +300,7 @@ def _served_stage(artifacts: list[Artifact], data: EvalData, ctx: BuildContext) 
         atol=1e-3,
         gates=cfg.gates,
         report_path=ctx.ws.served,
+        workdir=cfg.workdir,
     )
     ctx.manifest.results["served"] = report
     ctx.manifest.ran("served", time.perf_counter() - started, f"through {cfg.verify_url or 'the embedded tritonserver'}")

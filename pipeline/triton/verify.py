@@ -140,6 +140,7 @@ def verify_repository(
     report_path: Path,
     eval_data: Mapping[str, EvalData | Path] | None = None,
     show: Callable[[list[dict]], None] | None = None,
+    workdir: Path = Path("build"),
 ) -> dict:
     """Verify the pipeline's ONNX variants in ``repository`` through Triton at ``url`` (None: the
     embedded server on ``repository``), every output by the kind its build recorded; write
@@ -187,7 +188,7 @@ def verify_repository(
     if not planned:
         raise PipelineError(f"no evaluation data for any of {sorted(chosen)}", "pass --eval-data PATH.npz (one array per input name, plus labels)")
 
-    server = None if url else TritonServer(repository)
+    server = None if url else TritonServer(repository, workdir=workdir)
     results = []
     with server if server else contextlib.nullcontext(), progress("served verification", len(planned), unit="models") as bar:
         endpoint = url or server.http_url  # type: ignore[union-attr]

@@ -91,6 +91,7 @@ def run(args: argparse.Namespace) -> int:
         atol=cfg.atol,
         gates=cfg.gates(),
         report_path=cfg.report or cfg.workdir / "verify.json",
+        workdir=cfg.workdir,
         show=lambda rows: console().print(served_table(rows)),
     )
     from pipeline.htmlreport import refresh_html_report
