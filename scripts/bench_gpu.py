@@ -120,9 +120,19 @@ def _smi(*query: str) -> list[list[str]]:
     return [[c.strip() for c in line.split(",")] for line in text.strip().splitlines() if line.strip()]
 
 
-def gpu_processes() -> dict[int, int]:
-    """MiB of GPU memory per process (nvidia-smi's compute apps): one per Python-backend stub, i.e. per instance."""
-    return {int(pid): int(mib) for pid, mib in _smi("--query-compute-apps=pid,used_memory")}
+def gpu_processes() -> dict[str, int]:
+    """MiB of GPU memory per process (nvidia-smi's compute apps), keyed by what the process is: a
+    Python-backend stub is one model instance (its instance name, e.g. ``mobilenetv2_fp16_0_0``)."""
+    out = {}
+    for pid, mib in _smi("--query-compute-apps=pid,used_memory"):
+        try:
+            args = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+        except OSError:
+            args = []
+        stub = args[0].endswith(b"triton_python_backend_stub") and len(args) > 8
+        label = args[8].decode() if stub else ("this script" if int(pid) == os.getpid() else Path(args[0].decode() if args else "?").name)
+        out[f"{pid} {label}"] = int(mib)
+    return out
 
 
 def environment() -> dict:
