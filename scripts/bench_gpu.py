@@ -101,14 +101,20 @@ def prepare(args: argparse.Namespace) -> None:
 DIGITS_MODELS = ("digits_fp32", "digits_fp16", "digits_int8")
 MOBILENET_MODELS = (f"{MOBILENET}_fp32", f"{MOBILENET}_fp16", f"{MOBILENET}_int8")
 WHOLE_GPU = "whole-gpu"  # the `tune --profile` label `mig-plan --from-tune` reads as the unpartitioned GPU
-LOAD = ("--window-ms", "500", "--warmup-ms", "500", "--max-seconds", "5")
+LOAD = ("--window-ms", "400", "--warmup-ms", "400", "--max-seconds", "3")
+
+
+# The client commands (verify, loadtest, tune --url) may run under another interpreter than the server:
+# the Python backend stub needs numpy < 2, where an image's scipy may need numpy 2.
+CLIENT_PYTHON = os.environ.get("BENCH_CLIENT_PYTHON", sys.executable)
+CLIENT_PATH = os.environ.get("BENCH_CLIENT_PYTHONPATH", os.environ.get("PYTHONPATH", ""))
 
 
 def _cli(out: Path, name: str, *args: str, check: bool = False) -> int:
     """``python -m pipeline ARGS``, its output to ``out/<name>.log``; returns the exit status."""
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]), PYTHONUNBUFFERED="1")
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT), CLIENT_PATH]), PYTHONUNBUFFERED="1")
     with open(out / f"{name}.log", "w") as log:
-        code = subprocess.run([sys.executable, "-m", "pipeline", *args], cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT).returncode
+        code = subprocess.run([CLIENT_PYTHON, "-m", "pipeline", *args], cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT).returncode
     print(f"{name}: exit {code}", flush=True)
     if check and code:
         raise SystemExit(f"{name} failed: see {out / (name + '.log')}")
