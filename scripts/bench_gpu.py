@@ -264,6 +264,36 @@ def memory_snapshot(server: Server, label: str) -> dict:
     return snapshot
 
 
+def first_execution_per_batch(url: str, model: str, data: Path, sizes: list[int]) -> list[dict]:
+    """Send one request of every batch size in ``sizes`` twice; the first of each is the first execution
+    the instance sees at that shape (ONNX Runtime's CUDA provider builds its cuDNN plans per shape)."""
+    import time
+
+    import numpy as np
+    import tritonclient.http as http
+
+    with np.load(data) as npz:
+        pool = {k: npz[k] for k in npz.files if k != "labels"}
+    client = http.InferenceServerClient(url, network_timeout=600)
+    rows = []
+    for size in sizes:
+        times = []
+        for _ in range(2):
+            inputs = []
+            for name, array in pool.items():
+                batch = np.ascontiguousarray(np.resize(array, (size, *array.shape[1:])))
+                tensor = http.InferInput(name, list(batch.shape), "FP32")
+                tensor.set_data_from_numpy(batch)
+                inputs.append(tensor)
+            began = time.perf_counter()
+            client.infer(model, inputs)
+            times.append(round((time.perf_counter() - began) * 1000, 2))
+        rows.append({"model": model, "batch": size, "first_ms": times[0], "second_ms": times[1]})
+        print(json.dumps(rows[-1]), flush=True)
+    client.close()
+    return rows
+
+
 def run(args: argparse.Namespace) -> None:
     out = args.out.resolve()
     out.mkdir(parents=True, exist_ok=True)
@@ -285,6 +315,14 @@ def run(args: argparse.Namespace) -> None:
             for base, models in (("digits", DIGITS_MODELS), (MOBILENET, MOBILENET_MODELS)):
                 _cli(out, f"verify_{base}", "verify", "--url", url, "--repository", str(repository), *[a for m in models for a in ("--model", m)],
                      "--eval-data", str(data[base]), "--report", str(out / f"verify_{base}.json"), *(DROPS_OFF if base == MOBILENET else ()))
+        if "shapes" in phases:
+            summary["first_execution"] = []
+            for model in args.shape_models:
+                base = model.rsplit("_", 1)[0]
+                summary["first_execution"] += first_execution_per_batch(url, model, data[base], list(range(1, args.shape_max + 1)))
+                _cli(out, f"warmed_{model}_b1", "loadtest", "--url", url, "--repository", str(repository), "--calibration-root",
+                     str(calibration), "--batch-size", "1", "--concurrency", "1,4,16,64", *LOAD,
+                     "--report-dir", str(out / f"warmed_{model}_b1"), "--model", model)
         if "load" in phases:
             for batch, base, models, concurrency in (
                 ("1", "all", (*DIGITS_MODELS, *MOBILENET_MODELS), "1,4,16,64"),
@@ -326,9 +364,12 @@ def main() -> None:
     r = sub.add_parser("run", help="measure on this GPU machine (needs onnxruntime-gpu)")
     r.add_argument("--repository", type=Path, default=Path("gpu-repo/repository"))
     r.add_argument("--out", type=Path, default=Path("reports/gpu"))
-    r.add_argument("--phase", action="append", choices=("sessions", "verify", "load", "instances", "tune"),
+    r.add_argument("--phase", action="append", choices=("sessions", "verify", "shapes", "load", "instances", "tune"),
                    help="what to run (repeatable; default: all)")
     r.add_argument("--eval-samples", type=int, default=256)
+    r.add_argument("--shape-models", nargs="+", default=[f"{MOBILENET}_fp16"],
+                   help="shapes phase: one request per batch size 1..--shape-max, then a load test at batch 1")
+    r.add_argument("--shape-max", type=int, default=64)
     r.add_argument("--instance-models", nargs="+", default=[f"{MOBILENET}_fp16", "digits_fp32"])
     r.add_argument("--tune-models", nargs="+", default=[f"{MOBILENET}_fp16"])
     r.add_argument("--slo-p99-ms", type=float, default=20.0)
