@@ -211,7 +211,7 @@ def print_measured_plan(console: Any, measured: list[Measured], gpu: GpuMig | No
         console.print("Estimated profiles scale the whole GPU's measured capacity by their share of the SMs (memory "
                       "bandwidth and per-request overheads do not scale that way): tune one slice of each to measure them.",
                       highlight=False)
-    if gpu is not None and any(r["source"] != "measured" for r in profile_rows(measured, gpu)):
+    if gpu is not None and any(r["source"].startswith("heuristic") for r in profile_rows(measured, gpu)):
         console.print("Profiles marked 'not measured' use the SMs // 8 heuristic and are left out of the ranking: "
                       "tune one slice of each to rank layouts with them.", highlight=False)
     return ranked

@@ -19,10 +19,6 @@ Decisions (keys as the backend's ``src/onnxruntime.cc`` parses them; the same fi
   outputs by up to 1.5e-3 from CPU FP32 (7.5e-7 with it off), beyond ``verify``'s 1e-3 served-vs-
   in-process tolerance. The FP16 variant is the fast one; FP32 stays FP32. (TensorRT itself may still
   pick TF32 kernels for FP32 layers: its builder allows TF32 by default and the EP has no switch.)
-  ``cudnn_conv_algo_search: "HEURISTIC"``: ONNX Runtime's default, EXHAUSTIVE, benchmarks every cuDNN
-  convolution algorithm the first time it sees an input shape, and the dynamic batcher makes a new
-  shape of every batch size it forms. On an H200, MobileNetV2 224 executions of newly formed batches
-  took 2.6-5.9 s that way and every request at concurrency 4 and above timed out.
 * Nothing sends INT8 nodes back to the CPU: INT8 configs keep ``graph { level: 2 }`` (all ONNX Runtime
   graph optimizations off), which also keeps ORT's ``WeightBiasQuantization`` pass from adding int32
   bias DequantizeLinear nodes that have no CUDA kernel (measured on an H200: with default
@@ -38,7 +34,6 @@ from pipeline.tensors import ModelSignature
 TRT_PRECISION = {"fp32": "FP32", "fp16": "FP16", "int8": "INT8"}
 TRT_WORKSPACE_BYTES = 1 << 30
 TRT_CACHE_ROOT = "/tmp/trt-engine-cache"
-CUDNN_CONV_ALGO_SEARCH = "HEURISTIC"
 
 
 def trt_profile_shapes(signature: ModelSignature, max_batch: int, opt_batch: int) -> dict[str, str] | None:
@@ -71,7 +66,6 @@ def add_gpu_accelerators(cfg: Any, *, precision: str, signature: ModelSignature)
         trt.parameters[key] = value
     cuda = accelerators.add(name="cuda")
     cuda.parameters["use_tf32"] = "0"
-    cuda.parameters["cudnn_conv_algo_search"] = CUDNN_CONV_ALGO_SEARCH
 
 
 def gpu_accelerator_parameters(cfg: Any, name: str) -> dict[str, str] | None:

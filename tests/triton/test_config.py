@@ -289,7 +289,7 @@ def test_gpu_instances_get_tensorrt_with_the_variants_precision_and_cuda_without
     assert _accelerators(cfg) == {
         "tensorrt": {"precision_mode": mode, "max_workspace_size_bytes": str(1 << 30), "trt_engine_cache_enable": "1",
                      "trt_engine_cache_path": f"/tmp/trt-engine-cache/digits_{precision}"},
-        "cuda": {"use_tf32": "0", "cudnn_conv_algo_search": "HEURISTIC"},
+        "cuda": {"use_tf32": "0"},
     }
     text = config_text(cfg)
     assert 'gpu_execution_accelerator {\n      name: "tensorrt"' in text
