@@ -1,4 +1,4 @@
-"""Which models of a Triton repository the CPU-only embedded tritonserver can serve, why not the others,
+"""Which models of a Triton repository the embedded tritonserver can serve, why not the others,
 and the private *view* of the repository it is started on.
 
 The view holds one symlink per servable model, so the on-disk repository stays untouched. On a
@@ -42,7 +42,7 @@ def skip_reason(config: Any | None, backends: set[str], skipped: dict[str, str])
         return f"ensemble uses skipped models {blocked}" if blocked else None
     backend = config.backend or PLATFORM_BACKENDS.get(config.platform, "")
     if backend == "tensorrt":
-        return "TensorRT plan: needs the TensorRT backend and an NVIDIA GPU (this embedded server is CPU-only)"
+        return "TensorRT plan: needs the TensorRT backend and an NVIDIA GPU (the embedded server has only the Python backend)"
     if backend not in backends:
         return f"backend '{backend or config.platform}' is not in the embedded server (it has: {', '.join(sorted(backends))})"
     return None
@@ -64,7 +64,7 @@ def servable_models(
     served = [name for name in configs if name not in skipped]
     require(
         bool(served),
-        f"none of the models in {repository} can be served by the CPU-only embedded tritonserver "
+        f"none of the models in {repository} can be served by the embedded tritonserver (Python backends only) "
         f"(skipped: {'; '.join(f'{n}: {r}' for n, r in skipped.items())})",
         "build ONNX variants too; the onnxruntime backend serves them here",
     )
