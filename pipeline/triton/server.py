@@ -39,9 +39,10 @@ from pathlib import Path
 from types import TracebackType
 
 from pipeline.errors import PipelineError, require
+from pipeline.triton.servable import gpu_instance_models, require_gpu_runtime  # noqa: I001 (GPU runtime check)
 from pipeline.isolate import die_with_parent
 from pipeline.progress import progress
-from pipeline.triton.servable import gpu_instance_models, has_gpu, require_gpu_runtime, servable_models, write_view
+from pipeline.triton.servable import has_gpu, servable_models, write_view
 from pipeline.triton.server_args import ADMIN_HEADER, ADMIN_KEY_ENV, ServerArgs, tritonserver_args
 from pipeline.triton.server_log import PortInUseError, last_errors, startup_error
 
