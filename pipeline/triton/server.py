@@ -39,7 +39,7 @@ from pathlib import Path
 from types import TracebackType
 
 from pipeline.errors import PipelineError, require
-from pipeline.triton.servable import gpu_instance_models, require_gpu_runtime  # noqa: I001 (GPU runtime check)
+from pipeline.triton.servable import gpu_instance_models, require_gpu_runtime
 from pipeline.isolate import die_with_parent
 from pipeline.progress import progress
 from pipeline.triton.servable import has_gpu, servable_models, write_view
