@@ -48,7 +48,8 @@ class MigPlanConfig:
     max_gpus: int = option(BundleSettings.max_gpus, "Kubernetes autoscaling: grow each profile up to N GPUs' worth of MIG devices",
                            metavar="N", check=at_least(1), fix="use 1 or more GPUs")
     from_tune: tuple[Path, ...] = option((), "report dirs of `tune --profile P` runs (one per slice type): instances, batching and "
-                                             "layout ranking from those measurements instead of the heuristic; profiles cpu-N rehearse "
+                                             "layout ranking from those measurements instead of the heuristic; a 'whole-gpu' run is the full "
+                                             "profile's capacity, scaled by SM share to the others (estimated); profiles cpu-N rehearse "
                                              "on this CPU", metavar="DIR")
 
 

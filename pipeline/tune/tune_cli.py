@@ -71,7 +71,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                         help="tune on a running Triton in explicit model-control mode instead (HTTP address); the admin "
                              "key comes from $TRITON_ADMIN_KEY when its repository API is restricted")
     target.add_argument("--profile", metavar="NAME",
-                        help="label this run with a MIG profile (e.g. 2g.35gb, or cpu-1/cpu-2 on CPU) for "
+                        help="label this run with a MIG profile (e.g. 2g.35gb, whole-gpu for a GPU without MIG, or cpu-1/cpu-2 on CPU) for "
                              "`mig-plan --from-tune`; with --apply the best config goes to configs/NAME.pbtxt")
     space = p.add_argument_group("search space (comma-separated values; defaults from the model)")
     space.add_argument("--instances", metavar="N,N", help="instance counts (default: 1,2,4 and the published one)")
