@@ -195,7 +195,8 @@ def verify_repository(
         for name, (version, model_file, data, kinds, batch) in bar.track(planned.items()):
             bar.note(name)
             log.info("verifying %s v%d through %s (%d samples from %s)", name, version, endpoint, data.num_samples, data.source)
-            results.append(verify_served_model(endpoint, name, model_file, data, kinds, batch_size=batch, atol=atol, threshold=limits[name].binary_threshold))
+            results.append(verify_served_model(endpoint, name, model_file, data, kinds, batch_size=batch, atol=_served_atol(name, atol, limits[name]),
+                                               threshold=limits[name].binary_threshold))
     gate_against_fp32(results, limits)
 
     report = {"url": url or "embedded", "repository": str(repository), "time": time.strftime("%Y-%m-%dT%H:%M:%S"),
@@ -239,6 +240,13 @@ def _plan(name: str, model: Any, base: str, given: EvalData | Path | None, calib
     for bucket in data.buckets:
         check_targets(bucket.targets, output_info(signature, kinds), data.source)
     return version, model_file, data, kinds
+
+
+def _served_atol(model: str, atol: float, gates: Gates) -> float:
+    """FP16 served on other hardware (a GPU's FP16 kernels against this CPU's) differs at FP16's own
+    precision: it is held to ``--fp16-atol`` where that is looser than ``atol``."""
+    precision = (parse_variant(model) or (model, "fp32"))[1]
+    return max(atol, gates.fp16_atol or 0.0) if precision == "fp16" else atol
 
 
 def _recorded_gates(model_dir: Path, gates: Gates) -> Gates:
