@@ -1,8 +1,9 @@
 """INT8 ONNX variant with explicit Q/DQ (QuantizeLinear/DequantizeLinear), calibrated on real data.
 
 The graph is what TensorRT's explicit quantization wants: symmetric int8 everywhere (zero
-point 0), weights per output channel, biases left in float, Q/DQ on the *inputs* of
-Conv/ConvTranspose/Gemm/MatMul (ONNX Runtime's QDQ quantizer), then placed where TensorRT fuses
+point 0), weights stored as int8 initializers with a per-output-channel DequantizeLinear (a
+quarter of the FP32 file), biases left in float, Q/DQ on the *inputs* of Conv/ConvTranspose/
+Gemm/MatMul (ONNX Runtime's QDQ quantizer), then placed where TensorRT fuses
 (:mod:`pipeline.stages.qdq_placement`: both inputs of residual Adds, AveragePool inputs, one
 scale across Concat inputs). Graph outputs and the final Softmax stay float.
 
@@ -136,9 +137,11 @@ def qdq_onnx_from_onnx(
                     # Q/DQ on layer inputs only: TensorRT fuses DQ→Conv/Gemm/MatMul and chooses the
                     # output precision itself; quantized outputs would force extra reformatting.
                     "OpTypesToExcludeOutputQuantization": list(QUANTIZED_OP_TYPES),
-                    # Float weights → Q → DQ (as NVIDIA's ModelOpt emits): TensorRT constant-folds the
-                    # pair into int8 weights; the ONNX keeps its FP32 weights for inspection.
-                    "AddQDQPairToWeight": True,
+                    # Weights stored as int8 initializers → DequantizeLinear (per channel, zero point 0):
+                    # a quarter of the FP32 file, and the dequantized values are exactly those of a
+                    # float weight → Q → DQ pair (ORT rounds half to even, as QuantizeLinear does).
+                    # TensorRT parses both forms.
+                    "AddQDQPairToWeight": False,
                 },
             )
         _place_for_tensorrt(out, cache)
