@@ -77,8 +77,8 @@ class Tolerance:
 
 
 def tolerance_for(precision: str, gates: Gates) -> Tolerance:
-    """INT8 has its own tolerance; FP16 and FP32 engines (TF32 may be used) share FP16's."""
-    if precision == "int8":
+    """INT8 (``int8``, and ``int8cpu``, the CPU variant) has its own tolerance; FP16 and FP32 engines (TF32 may be used) share FP16's."""
+    if precision.startswith("int8"):
         return Tolerance(gates.int8_max_drop, gates.int8_atol, gates.int8_min_cosine, gates.gate_confidence)
     return Tolerance(gates.fp16_max_drop, gates.fp16_atol, gates.fp16_min_cosine, gates.gate_confidence)
 
