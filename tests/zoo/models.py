@@ -66,11 +66,11 @@ def damp_residual_branches(model: keras.Model, gamma: float = RESIDUAL_GAMMA) ->
 
 
 def _image_app(app: Callable[..., keras.Model], seed: int, draw: Callable[[np.random.Generator, int], tuple[np.ndarray, np.ndarray]],
-               *, damp: float | None = None) -> keras.Model:
+               *, damp: float | None = None, shape: tuple[int, int, int] = IMAGE, bn_samples: int = 256) -> keras.Model:
     keras.utils.set_random_seed(seed)
-    model = app(weights=None, input_tensor=keras.Input(IMAGE, name="image"), classes=CLASSES)
+    model = app(weights=None, input_tensor=keras.Input(shape, name="image"), classes=CLASSES)
     x, label = draw(np.random.default_rng(seed), 512)
-    model = batchnorm_from_data(model, x[:256])
+    model = batchnorm_from_data(model, x[:bn_samples])
     return class_mean_head(model if damp is None else damp_residual_branches(model, damp), x, label)
 
 
@@ -99,7 +99,7 @@ PROTO_FREQ = _PROTOTYPES.integers(1, 5, CLASSES)
 PROTO_PHASE = _PROTOTYPES.uniform(0, 2 * np.pi, CLASSES)
 
 
-def _prototype_scenes(rng: np.random.Generator, n: int) -> tuple[np.ndarray, np.ndarray]:
+def _prototype_scenes(rng: np.random.Generator, n: int, shape: tuple[int, int, int] = IMAGE) -> tuple[np.ndarray, np.ndarray]:
     """Images in 0..1 of ten classes, each a scene prototype with per-image jitter (colour ±0.06,
     stripe angle ±0.08 rad, phase ±0.3 rad, brightness gradient ±0.1, pixel noise), and their true labels. The classes are separable, as
     a trained network makes its classes: a random backbone's features then cluster by class and a
@@ -111,7 +111,7 @@ def _prototype_scenes(rng: np.random.Generator, n: int) -> tuple[np.ndarray, np.
     phase = PROTO_PHASE[label] + rng.normal(0, 0.3, n)
     # Gradient 0.1, not the small models' 0.3: a random backbone's features are dominated by such
     # class-free nuisance (MobileNetV3Small: 60% FP32 accuracy and a 25k-norm head at 0.3, 85% at 0.1).
-    return _scenes(rng, n, IMAGE, colour.astype(np.float32), angle=angle, freq=PROTO_FREQ[label], phase=phase, gradient=0.1), label
+    return _scenes(rng, n, shape, colour.astype(np.float32), angle=angle, freq=PROTO_FREQ[label], phase=phase, gradient=0.1), label
 
 
 def _normal_images(rng: np.random.Generator, n: int) -> tuple[np.ndarray, np.ndarray]:
@@ -158,6 +158,21 @@ def mobilenet_v3_small() -> keras.Model:
 def densenet121() -> keras.Model:
     """Keras Applications DenseNet121 (deep Concat chains), random weights, 32×32×3."""
     return _image_app(keras.applications.DenseNet121, 12, _normal_images)
+
+
+MOBILENET_V2_IMAGE = (224, 224, 3)
+
+
+def _unit_scenes_224(rng: np.random.Generator, n: int) -> tuple[np.ndarray, np.ndarray]:
+    images, label = _prototype_scenes(rng, n, MOBILENET_V2_IMAGE)
+    return images * 2 - 1, label  # MobileNetV2's preprocessing: -1..1
+
+
+def mobilenet_v2_224() -> keras.Model:
+    """Keras Applications MobileNetV2 at its ImageNet size, 224×224×3 in -1..1, random weights: the
+    CPU INT8 benchmark's model (scripts/bench_int8_cpu.py), not in the zoo run. BatchNorm statistics
+    from 32 images (256 at 224×224 hold ~8 GB of training-mode activations)."""
+    return _image_app(keras.applications.MobileNetV2, 13, _unit_scenes_224, shape=MOBILENET_V2_IMAGE, bn_samples=32)
 
 
 class PositionEmbedding(keras.layers.Layer):
