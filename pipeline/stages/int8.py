@@ -53,7 +53,7 @@ ENTROPY_QUANTIZED_BINS = 128
 class QuantRecipe:
     """What one INT8 variant asks of the shared calibrate-and-quantize flow (:func:`quantized_onnx_from_onnx`)."""
 
-    label: str  # for log lines: "INT8 Q/DQ", "CPU INT8"
+    label: str  # for log lines and progress: "INT8" (TensorRT's), "CPU INT8"
     symmetric: bool  # calibrate magnitudes (symmetric ranges) or low/high
     calibrated_op_types: tuple[str, ...]  # nodes whose tensors the calibrator records; () = every float tensor
     op_types_to_quantize: tuple[str, ...] | None  # None: every op type ORT's quantizer knows, less float_op_types
@@ -77,7 +77,7 @@ def _finish_for_tensorrt(path: Path, cache: Path) -> None:
 
 
 TENSORRT_RECIPE = QuantRecipe(
-    label="INT8 Q/DQ",
+    label="INT8",
     symmetric=True,
     calibrated_op_types=CALIBRATED_OP_TYPES,
     op_types_to_quantize=QUANTIZED_OP_TYPES,
