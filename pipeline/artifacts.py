@@ -43,11 +43,12 @@ class Artifact:
         return hash_path(self.path)
 
 
-_VARIANT = re.compile(rf"^(?P<base>.+)_(?P<precision>{'|'.join(sorted(VARIANTS, key=len, reverse=True))})(?P<trt>_trt)?$")
+# A Triton model name the pipeline publishes: groups base, precision, trt (``_trt`` for plans).
+VARIANT_NAME = re.compile(rf"^(?P<base>.+)_(?P<precision>{'|'.join(sorted(VARIANTS, key=len, reverse=True))})(?P<trt>_trt)?$")
 
 
 def parse_variant(triton_name: str) -> tuple[str, str] | None:
     """The inverse of :meth:`Artifact.triton_name`: ``digits_int8_trt`` → (``digits``, ``int8``), ``digits_int8cpu`` →
     (``digits``, ``int8cpu``); None for other names."""
-    match = _VARIANT.match(triton_name)
+    match = VARIANT_NAME.match(triton_name)
     return (match["base"], match["precision"]) if match else None
