@@ -129,6 +129,7 @@ def main() -> int:
     pairs = [(f"{name}_fp32", f"{name}_int8cpu") for name in args.models]
     repository = root / "model_repository"
 
+    load_before = os.getloadavg()  # a shared machine: the load others put on it is part of the result
     local: dict[str, list[float]] = {}
     served: dict[tuple[str, float], list[float]] = {}
     for round_index in range(args.rounds):
@@ -151,7 +152,8 @@ def main() -> int:
                          "fp32_runs": [round(x, 1) for x in a], "int8cpu_runs": [round(x, 1) for x in b]})
 
     header = f"{'model':<18} {'mode':<13} {'FP32 samples/s':>15} {'INT8 CPU samples/s':>19} {'INT8/FP32':>10}"
-    print(f"\nbatch {BATCH}, median of {args.rounds} round(s)\n{header}\n{'-' * len(header)}")
+    print(f"\nbatch {BATCH}, median of {args.rounds} round(s); 1-min load average {load_before[0]:.1f} before, "
+          f"{os.getloadavg()[0]:.1f} after, on {os.cpu_count()} CPUs\n{header}\n{'-' * len(header)}")
     for r in rows:
         print(f"{r['model']:<18} {r['mode']:<13} {r['fp32_samples_per_s']:>15.1f} {r['int8cpu_samples_per_s']:>19.1f} {r['ratio']:>10.2f}")
 
@@ -162,6 +164,7 @@ def main() -> int:
                 if line.startswith("Model name")), platform.processor())
     report = {"batch": BATCH, "rounds": args.rounds, "concurrency": args.concurrency, "cpu": cpu, "cpu_count": os.cpu_count(),
               "onnxruntime": onnxruntime.__version__, "python": platform.python_version(), "time": time.strftime("%Y-%m-%dT%H:%M:%S"),
+              "loadavg_before": [round(x, 2) for x in load_before], "loadavg_after": [round(x, 2) for x in os.getloadavg()],
               "model_bytes": sizes, "rows": rows}
     args.report.parent.mkdir(parents=True, exist_ok=True)
     args.report.write_text(json.dumps(report, indent=2) + "\n")
