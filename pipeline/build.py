@@ -169,7 +169,8 @@ def _int8_stage(onnx_fp32: Path, calib: CalibrationData, ctx: BuildContext) -> A
     dst = ctx.ws.onnx("int8")
     ctx.run(Stage("int8", qdq_onnx_from_onnx, inputs={"src": onnx_fp32, "calibration": calib},
                   settings={"method": ctx.cfg.calibration_method, "max_memory_gib": ctx.cfg.max_memory_gib,
-                            "keep_nodes": ctx.cfg.int8_keep_nodes}, outputs={"dst": dst}))
+                            "keep_nodes": ctx.cfg.int8_keep_nodes}, outputs={"dst": dst},
+                  environment={"weights": "int8 initializers"}))  # workdirs holding the former float-weight form rebuild it
     check_qdq_int8_symmetric(dst)  # also on a cache hit: what is published must be symmetric int8
     return Artifact("int8", "onnx", dst)
 

@@ -141,6 +141,7 @@ def quantized_onnx_from_onnx(
 ) -> Path:
     """Calibrate ``src`` on ``calibration`` and quantize it with ORT's QDQ quantizer as ``recipe`` says;
     write ``dst`` atomically (the arguments are those of :func:`qdq_onnx_from_onnx`)."""
+    import onnx
     from onnxruntime.quantization import QuantFormat, QuantType, quantize_static
 
     src, dst = Path(src), Path(dst)
@@ -151,8 +152,6 @@ def quantized_onnx_from_onnx(
         f"use one of: {', '.join(CALIBRATION_METHODS)}",
     )
     require(0.0 < percentile <= 100.0, f"percentile must be in (0, 100], got {percentile}", "use e.g. 99.99 or 99.999")
-    import onnx
-
     graph = onnx.load(str(src), load_external_data=False).graph
     layers = {node.op_type for node in graph.node}
     require(
