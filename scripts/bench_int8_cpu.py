@@ -79,13 +79,16 @@ def served_round(root: Path, models: list[str], concurrency: str, window_ms: int
     """One ``pipeline loadtest`` run over ``models`` (in that order); infer/s per (model, concurrency)."""
     command = [sys.executable, "-m", "pipeline", "loadtest", "--repository", str(root / "model_repository"),
                "--calibration-root", str(root / "calibration"), "--batch-size", str(BATCH), "--concurrency", concurrency,
-               "--window-ms", str(window_ms), "--max-seconds", str(max_seconds), "--report-dir", str(report_dir)]
+               "--window-ms", str(window_ms), "--max-seconds", str(max_seconds), "--report-dir", str(report_dir),
+               "--timeout-ms", "60000"]  # a 19 MB MobileNetV2 request on 2 cores shared with other work can take seconds
     for model in models:
         command += ["--model", model]
     proc = subprocess.run(command, cwd=ROOT, env=ENV, capture_output=True, text=True)
-    if proc.returncode != 0:
+    if not (report_dir / "results.json").is_file():
         raise SystemExit(f"loadtest failed:\n{proc.stdout[-2000:]}\n{proc.stderr[-2000:]}")
     results = json.loads((report_dir / "results.json").read_text())
+    if proc.returncode != 0:  # failed requests: the point's throughput still counts the successful ones
+        print(f"loadtest exit {proc.returncode}: {results.get('failures')}", flush=True)
     rates = {}
     for point in results["points"]:
         agg = point["aggregate"]
