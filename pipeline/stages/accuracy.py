@@ -150,6 +150,8 @@ def raise_for_failures(results: Sequence[VariantResult], report: Path, layer_not
         notes = [f"{variant}: {note}" for variant, note in (layer_notes or {}).items()]
         fixes.append("; ".join(notes) if notes else "for INT8 keep the layers that add the most error in float (--int8-keep-nodes)")
         fixes.append("or try --calibration-method entropy or more calibration data, or loosen --int8-max-drop")
+    if any(r.failures and r.precision == "int8cpu" for r in failed):
+        fixes.append("or leave the CPU INT8 out with --no-int8-cpu")
     if any(r.failures and not r.precision.startswith("int8") for r in failed):
         fixes.append("for FP16 keep sensitive ops in FP32 (--fp16-keep-op-types) or loosen --fp16-atol / --fp16-max-drop if the error is acceptable")
     kind = "accuracy gate failed" if any(r.failures for r in failed) else "accuracy gate undecided"
