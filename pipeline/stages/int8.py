@@ -61,6 +61,7 @@ class QuantRecipe:
     extra_options: Mapping[str, object]
     finish: Callable[[Path, Path], None]  # (quantized model, calibration cache): rewrite it in place, check it
     float_op_types: tuple[str, ...] = ()
+    float_output_layers: bool = False  # keep the layers that compute graph outputs in float (see output_layers)
 
     def quantized_op_types(self) -> list[str]:
         """``op_types_to_quantize`` for ORT's ``quantize_static``."""
@@ -192,7 +193,7 @@ def quantized_onnx_from_onnx(
                 None,  # ranges come from the cache written by _calibrate
                 quant_format=QuantFormat.QDQ,
                 op_types_to_quantize=recipe.quantized_op_types(),
-                nodes_to_exclude=sorted(kept),
+                nodes_to_exclude=sorted(kept | (output_layers(prepared) if recipe.float_output_layers else set())),
                 per_channel=True,
                 reduce_range=False,  # full 8 bits: TensorRT and VNNI accumulate in int32, no saturation to avoid
                 activation_type=QuantType[recipe.activation_type],
@@ -225,6 +226,23 @@ def _checked_by_onnx(path: Path, src: Path) -> None:
 
 
 KEEP_NODES_FLAG = "--int8-keep-nodes"
+_PASS_THROUGH = ("Reshape", "Flatten", "Squeeze", "Unsqueeze", "Transpose", "Identity")
+
+
+def output_layers(model_path: Path) -> set[str]:
+    """Names of the nodes that compute graph outputs: each output's producer and, through reshaping ops,
+    the layer before it. Quantizing their outputs would round a regression head or an embedding to 8 bits."""
+    import onnx
+
+    graph = onnx.load(str(model_path), load_external_data=False).graph
+    producers = {out: node for node in graph.node for out in node.output}
+    found: set[str] = set()
+    for output in graph.output:
+        node = producers.get(output.name)
+        while node is not None and node.name not in found:
+            found.add(node.name)
+            node = producers.get(node.input[0]) if node.op_type in _PASS_THROUGH and node.input else None
+    return found
 
 
 def _checked_keep_nodes(prepared: Path, names: Sequence[str], src: Path) -> set[str]:
