@@ -19,8 +19,14 @@ from pipeline.tensors import Dim, ModelSignature, TensorSpec
 
 log = logging.getLogger(__name__)
 
-IGNORED_KEYS = ("labels",)  # eval.npz keeps labels beside the inputs
+IGNORED_KEYS = ("labels",)  # eval.npz keeps labels beside the inputs (also ``labels:<output>``, see is_label_key)
 PerSample = tuple[int, ...]
+
+
+def is_label_key(key: str) -> bool:
+    """``labels``, ``labels:<output>`` and their bucketed forms (``labels:<output>__16``) hold labels, not inputs."""
+    base = key.split("__", 1)[0]
+    return base in IGNORED_KEYS or base.startswith("labels:")
 _SCAN_CHUNK = 256  # samples per chunk when scanning (possibly memory-mapped) arrays for NaN/range
 
 
@@ -81,7 +87,7 @@ def checked_inputs(
     across inputs (``seq`` of tokens and mask) must agree. Float arrays wider than the model's
     float type (float64 for float32) are accepted and cast, with one line saying so."""
     expected = [spec.name for spec in signature.inputs]
-    unknown = sorted(set(arrays) - set(expected) - set(IGNORED_KEYS))
+    unknown = sorted(k for k in set(arrays) - set(expected) if not is_label_key(k))
     require(
         not unknown,
         f"{what} '{origin}' has arrays {unknown} that are not model inputs",

@@ -15,7 +15,7 @@ import numpy as np
 
 from collections.abc import Mapping
 
-from pipeline.arrays import IGNORED_KEYS, load_npy, load_npz
+from pipeline.arrays import IGNORED_KEYS, is_label_key, load_npy, load_npz
 from pipeline.errors import PipelineError, require
 from pipeline.tensors import ModelSignature
 
@@ -29,7 +29,7 @@ def split_buckets(origin: Path, arrays: Mapping[str, np.ndarray], signature: Mod
     buckets: dict[str, dict[str, np.ndarray]] = {}
     unknown = []
     for key, arr in arrays.items():
-        if key in IGNORED_KEYS or (BUCKET_SEP in key and key.split(BUCKET_SEP, 1)[0] in IGNORED_KEYS):
+        if is_label_key(key):
             continue
         if key in expected:
             buckets.setdefault("", {})[key] = arr

@@ -11,22 +11,27 @@ import json
 import logging
 import platform
 import time
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from importlib import metadata
 from pathlib import Path
 
+import numpy as np
+
 from pipeline.artifacts import Artifact
 from pipeline.config import BuildConfig
-from pipeline.errors import PipelineError
+from pipeline.errors import PipelineError, require_creatable
 from pipeline.fingerprint import hash_path
-from pipeline.evaldata import EvalBucket, EvalData, eval_data_from_path, synthetic_eval_data
-from pipeline.gates import classifier_output
+from pipeline.buckets import read_arrays
+from pipeline.evaldata import UNNAMED, EvalBucket, EvalData, check_targets, eval_data_from_path, label_arrays, plain_labels_owner, synthetic_eval_data
+from pipeline.outputkinds import (OutputKind, decide_kinds, kinds_to_json, log_kinds, onnx_producers, output_info, parse_output_kinds,
+                                  primary_classes_output, read_description, signature_from_description)
 from pipeline.publish import PublishSettings, published_configs, published_from_artifacts
 from pipeline.stagecache import Manifest, Stage, run_stage
 from pipeline.stages.accuracy import accuracy_report_from_variants
 from pipeline.stages.calibration import CalibrationData, calibration_from_path
 from pipeline.stages.engine import engine_from_onnx, metadata_path
 from pipeline.stages.fp16 import DEFAULT_FP32_OPS, fp16_onnx_from_onnx
+from pipeline.stages.mixed import was_mixed
 from pipeline.stages.int8 import check_qdq_int8_symmetric, qdq_onnx_from_onnx
 from pipeline.stages.int8_cpu import check_qdq_uint8_activations, cpu_int8_onnx_from_onnx
 from pipeline.stages.onnx_export import onnx_from_savedmodel, tf2onnx_command
@@ -35,7 +40,7 @@ from pipeline.stages.savedmodel import savedmodel_from_source
 from pipeline.stages.shapes import ShapeProfile, calibration_hints, profiles_from_args, profiles_to_json, seen_in_files, seen_shapes
 from pipeline.stages.source import DEFAULT_MODEL, ModelSource, model_source
 from pipeline.stages.tensorrt_env import tensorrt_status
-from pipeline.tensors import ModelSignature, signature_from_onnx
+from pipeline.tensors import ModelSignature, load_onnx, signature_from_onnx
 from pipeline.trt_support import warn_unparsable
 from pipeline.triton.verify import verify_repository
 from pipeline.workspace import ModelData, Workspace
@@ -78,7 +83,9 @@ class BuildContext:
 def build(cfg: BuildConfig) -> BuildResult:
     """Keras model → SavedModel → ONNX (parity-checked against TF) → … (see README)."""
     cfg.validate()
-    source = model_source(cfg.model)
+    require_creatable(cfg.workdir, "--workdir")
+    require_creatable(cfg.repository, "--repository")
+    source = model_source(cfg.model, cfg.imports)
     name = cfg.model_name(source)
     ws = Workspace(cfg.workdir / name)
     ctx = BuildContext(cfg, name, ws, ModelData.of(cfg.calibration_root, name), Manifest(ws.manifest, cfg.command, tool_versions()))
@@ -86,13 +93,18 @@ def build(cfg: BuildConfig) -> BuildResult:
 
     if source.spec == DEFAULT_MODEL:
         ensure_default_data(ctx.data_dir)
+    labels = early_labels(cfg.eval_data or ctx.data_dir.eval)  # a bad label file costs seconds, not a conversion
     artifacts: list[Artifact] = []
     try:
         saved = _savedmodel_stage(source, ctx)
+        described = read_description(saved)
+        if described and labels:
+            _decided_kinds(signature_from_description(described), described, {}, labels, ctx.cfg, where=str(cfg.eval_data or ctx.data_dir.eval))
         onnx_fp32 = _onnx_stage(saved, ctx)
         signature = signature_from_onnx(onnx_fp32)
         calib = _calibration_data(signature, ctx) if cfg.int8 else None
         data, calib = eval_data_for(cfg, ctx.data_dir, signature, calib)
+        kinds, data = _output_kinds(signature, onnx_fp32, described, data, ctx)
         # Dynamic non-batch axes are sized from the real data (calibration and evaluation samples).
         seen = (seen_in_files(cfg.calibration or ctx.data_dir.folder, signature) if calib else []) + ([] if data.synthetic else seen_shapes(data.sample_shapes()))
         profiles = profiles_from_args(cfg.shapes, signature, max_batch=cfg.max_batch, seen=seen)
@@ -107,10 +119,10 @@ def build(cfg: BuildConfig) -> BuildResult:
         gpu_variants = [v for v in variants if not v.cpu_only]
         ctx.manifest.results["tensorrt_parser"] = warn_unparsable({v.precision: v.path for v in gpu_variants})  # before a GPU machine finds out
         engines = _engine_stages(gpu_variants, profiles, ctx)
-        _accuracy_stage(onnx_fp32, variants[1:] + engines, data, signature, ctx)
+        _accuracy_stage(onnx_fp32, variants[1:] + engines, data, kinds, ctx)
         artifacts = variants + engines
         ctx.manifest.artifacts = {f"{a.precision}.{a.kind}": str(a.path) for a in artifacts}
-        repository = _publish_stage(artifacts, variants, data, signature, ctx)
+        repository = _publish_stage(artifacts, variants, data, kinds, ctx)
         if cfg.verify_served or cfg.verify_url:
             _served_stage(artifacts, data, ctx)
     finally:
@@ -145,8 +157,10 @@ def _onnx_stage(saved: Path, ctx: BuildContext) -> Path:
 def _parity_stage(saved: Path, onnx_path: Path, data: EvalData, ctx: BuildContext) -> None:
     gates = ctx.cfg.gates
     batch = eval_batch(onnx_path, data, ctx.cfg.max_memory_gib, runners=2)  # TensorFlow and ONNX Runtime
+    # A mixed-precision model computes in float16 in TensorFlow: the float32 ONNX model differs from it by float16 rounding.
+    atol = max(gates.parity_atol, gates.fp16_atol or 0.0) if was_mixed(load_onnx(onnx_path, external_data=False)) else gates.parity_atol
     ctx.run(Stage("parity", parity_report_from_models, inputs={"saved": saved, "onnx_path": onnx_path, "data": data},
-                  settings={"atol": gates.parity_atol, "rtol": gates.parity_rtol, "batch_size": batch}, outputs={"dst": ctx.ws.parity}))
+                  settings={"atol": atol, "rtol": gates.parity_rtol, "batch_size": batch}, outputs={"dst": ctx.ws.parity}))
 
 
 def _fp16_stage(onnx_fp32: Path, ctx: BuildContext) -> Artifact:
@@ -211,19 +225,55 @@ def _engine_stages(variants: list[Artifact], profiles: list[ShapeProfile], ctx: 
     return engines
 
 
-def _accuracy_stage(onnx_fp32: Path, candidates: list[Artifact], data: EvalData, signature: ModelSignature, ctx: BuildContext) -> None:
+def _output_kinds(signature: ModelSignature, onnx_path: Path, described: list[dict] | None, data: EvalData,
+                  ctx: BuildContext) -> tuple[dict[str, OutputKind], EvalData]:
+    """Each output's kind (printed and recorded), and the evaluation data with plain ``labels`` given to their output."""
+    producers = onnx_producers(load_onnx(onnx_path, external_data=False))
+    targets = [dict(b.targets) for b in data.buckets]
+    kinds, owner = _decided_kinds(signature, described, producers, targets, ctx.cfg, where=data.source)
+    if owner:
+        data = data.with_targets_named(owner)
+    log_kinds(kinds)
+    ctx.manifest.results["output_kinds"] = kinds_to_json(kinds)
+    return kinds, data
+
+
+def _decided_kinds(signature: ModelSignature, described: list[dict] | None, producers: dict[str, str], targets: list[dict[str, np.ndarray]],
+                   cfg: BuildConfig, where: str) -> tuple[dict[str, OutputKind], str | None]:
+    """Kinds from the model (and the labels' types, for linear outputs), with every bucket's labels checked against them."""
+    overrides = parse_output_kinds(cfg.output_kinds)
+    first = decide_kinds(signature, described=described, producers=producers, overrides=overrides)
+    owner = plain_labels_owner(sorted({k for t in targets for k in t}), output_info(signature, first), where)
+    named = [{(owner if k == UNNAMED else k): v for k, v in t.items()} for t in targets]
+    kinds = decide_kinds(signature, described=described, producers=producers, overrides=overrides, targets=named[0] if named else None)
+    for bucket in named:
+        check_targets(bucket, output_info(signature, kinds), where)
+    return kinds, owner
+
+
+def early_labels(path: Path) -> list[dict[str, np.ndarray]]:
+    """The label arrays of the evaluation file, checked for what needs no model (numbers, finite), one dict per bucket."""
+    if not path.exists():
+        return []
+    by_bucket: dict[str, dict[str, np.ndarray]] = {}
+    for (output, bucket), array in label_arrays(path, read_arrays(path)).items():
+        by_bucket.setdefault(bucket, {})[output] = array
+    return list(by_bucket.values())
+
+
+def _accuracy_stage(onnx_fp32: Path, candidates: list[Artifact], data: EvalData, kinds: dict[str, OutputKind], ctx: BuildContext) -> None:
     if not candidates:
         ctx.manifest.not_run("accuracy", "no variant besides FP32 ONNX (add --fp16 or --int8)")
         return
     ctx.run(Stage("accuracy", accuracy_report_from_variants,
                   inputs={"fp32_onnx": onnx_fp32, "candidates": candidates, "data": data},
-                  settings={"gates": ctx.cfg.gates, "batch_size": eval_batch(onnx_fp32, data, ctx.cfg.max_memory_gib, runners=1 + len(candidates))},
-                  outputs={"dst": ctx.ws.accuracy},
-                  context={"signature": signature}))
+                  settings={"gates": ctx.cfg.gates, "kinds": kinds_to_json(kinds),
+                            "batch_size": eval_batch(onnx_fp32, data, ctx.cfg.max_memory_gib, runners=1 + len(candidates))},
+                  outputs={"dst": ctx.ws.accuracy}))
     ctx.manifest.results["accuracy"] = json.loads(ctx.ws.accuracy.read_text())
 
 
-def _publish_stage(artifacts: list[Artifact], variants: list[Artifact], data: EvalData, signature: ModelSignature, ctx: BuildContext) -> Path:
+def _publish_stage(artifacts: list[Artifact], variants: list[Artifact], data: EvalData, kinds: dict[str, OutputKind], ctx: BuildContext) -> Path:
     cfg = ctx.cfg
     labels = ctx.data_dir.labels
     settings = PublishSettings(
@@ -232,14 +282,14 @@ def _publish_stage(artifacts: list[Artifact], variants: list[Artifact], data: Ev
         max_batch=cfg.max_batch,
         version_policy=cfg.version_policy,
         labels=labels if labels.exists() else None,
-        classifier_output=classifier_output(signature),
+        classifier_output=primary_classes_output(kinds),
         mig=cfg.mig,
         image=cfg.triton_image,
     )
     # Later commands (verify, loadtest) find the evaluation data the build used through this report.
     eval_path = cfg.eval_data or ctx.data_dir.eval
     report = {"manifest": str(ctx.ws.manifest.absolute()), "eval_data": str(eval_path.absolute()) if eval_path.is_file() else None, "accuracy": ctx.manifest.results.get("accuracy"),
-              "versions": ctx.manifest.versions}
+              "output_kinds": kinds_to_json(kinds), "gates": asdict(cfg.gates), "versions": ctx.manifest.versions}
     ctx.run(Stage("publish", published_from_artifacts,
                   inputs={"artifacts": artifacts, "data": data},
                   settings={"settings": settings},
@@ -264,6 +314,7 @@ def _served_stage(artifacts: list[Artifact], data: EvalData, ctx: BuildContext) 
         atol=1e-3,
         gates=cfg.gates,
         report_path=ctx.ws.served,
+        workdir=cfg.workdir,
     )
     ctx.manifest.results["served"] = report
     ctx.manifest.ran("served", time.perf_counter() - started, f"through {cfg.verify_url or 'the embedded tritonserver'}")
@@ -331,7 +382,7 @@ def eval_batch(onnx_path: Path, data: EvalData, max_memory_gib: float, *, runner
 
 
 def _unlabeled(samples: list[tuple[str, dict]], source: str, fingerprint: str) -> EvalData:
-    return EvalData(tuple(EvalBucket(label, arrays, None) for label, arrays in samples), source, fingerprint)
+    return EvalData(tuple(EvalBucket(label, arrays) for label, arrays in samples), source, fingerprint)
 
 
 def tool_versions() -> dict[str, str]:

@@ -52,6 +52,7 @@ def run(args: argparse.Namespace) -> int:
     from pipeline.build import build, workspace_of
     from pipeline.errors import PipelineError
     from pipeline.report import print_build_summary
+    from pipeline.reportdirs import page_dir
 
     cfg = config_from_args(args)
     started = time.time()
@@ -61,7 +62,7 @@ def run(args: argparse.Namespace) -> int:
         # A build that failed late (a gate, the served check) still shows what it did before the error line.
         ws = workspace_of(cfg)
         if ws is not None and ws.manifest.is_file() and ws.manifest.stat().st_mtime >= started:
-            print_build_summary(ws.root.name, ws.manifest, None)
+            print_build_summary(ws.root.name, ws.manifest, None, html_reports=page_dir(cfg.report_dir, cfg.workdir))
         raise
-    print_build_summary(result.name, result.manifest, result.repository)
+    print_build_summary(result.name, result.manifest, result.repository, html_reports=page_dir(cfg.report_dir, cfg.workdir))
     return 0

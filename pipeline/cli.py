@@ -11,7 +11,7 @@ import os
 import sys
 from collections.abc import Sequence
 
-from pipeline.errors import EXIT_INTERRUPTED, PipelineError
+from pipeline.errors import EXIT_INTERRUPTED, PipelineError, path_error
 
 EXIT_USER_ERROR = 2
 
@@ -55,12 +55,9 @@ def _setup_logging(verbose: bool, command: str | None = None) -> None:
     from rich.logging import RichHandler
 
     from pipeline.console import err_console
+    from pipeline.logs import quiet_environment, quiet_libraries
 
-    if not verbose:
-        # TensorFlow's C++ banners (oneDNN, cpu_feature_guard, absl's "InitializeLog" preamble) and
-        # gRPC's core logging go straight to fd 2; they are read at import, so set them before any import.
-        os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
-        os.environ.setdefault("GRPC_VERBOSITY", "ERROR")
+    quiet_environment(verbose)  # read by the C++ libraries at import: before any import
     console = err_console()
     if console.is_terminal:
         handler: logging.Handler = RichHandler(console=console, show_path=False, show_time=True, markup=False, rich_tracebacks=False)
@@ -69,16 +66,12 @@ def _setup_logging(verbose: bool, command: str | None = None) -> None:
         handler = logging.StreamHandler(sys.stderr)
         handler.setFormatter(_PlainFormatter())
     logging.basicConfig(level=logging.DEBUG if verbose else logging.INFO, handlers=[handler], force=True)
-    from polygraphy.logger import G_LOGGER
-
-    G_LOGGER.module_severity = G_LOGGER.INFO if verbose else G_LOGGER.WARNING
-    for noisy in ("tensorflow", "absl", "tf2onnx", "h5py", "matplotlib", "PIL", "urllib3", "polygraphy"):
-        logging.getLogger(noisy).setLevel(logging.DEBUG if verbose and noisy in ("tensorflow", "absl", "tf2onnx") else logging.WARNING)
+    quiet_libraries(verbose)
     if command == "build" and not verbose and not console.is_terminal:
         # Piped, a build says what each stage did (one line each, and one per long step) and prints its
         # tables; the details stay behind -v. Warnings (e.g. TensorRT missing) always show.
         logging.getLogger("pipeline").setLevel(logging.WARNING)
-        for keep in ("pipeline.stagecache", "pipeline.progress", "pipeline.build_cli", "pipeline.stages.shapes"):  # shapes: the profiles and the --shape that reproduces them
+        for keep in ("pipeline.stagecache", "pipeline.progress", "pipeline.build_cli", "pipeline.stages.shapes", "pipeline.outputkinds"):  # shapes: the profiles and the --shape that reproduces them
             logging.getLogger(keep).setLevel(logging.INFO)
 
 
@@ -115,6 +108,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     except PipelineError as exc:  # CheckFailed: 1 (a measured check said no); any other: 2 (usage or input)
         sys.stderr.write(f"error: {exc}\n")
         return exc.exit_code
+    except OSError as exc:
+        if exc.filename is None:  # not about a path: a bug, keep its traceback
+            raise
+        error = path_error(exc)
+        sys.stderr.write(f"error: {error}\n")
+        return error.exit_code
     except KeyboardInterrupt:
         sys.stderr.write("interrupted\n")
         return EXIT_INTERRUPTED

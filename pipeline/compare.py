@@ -2,41 +2,58 @@
 
 One pass feeds every batch to a reference runner and the candidates (Polygraphy's
 ``Comparator.run`` in streaming mode, so memory stays flat however large the data), and
-accumulates per-output error statistics, top-1 agreement with the reference and, where labels
-exist, task accuracy of each runner.
+accumulates per output: element-wise error statistics with a count of non-finite values
+(:class:`OutputStats`) and, where the output's kind is known, what that kind is judged on
+(:mod:`pipeline.taskstats`), with the output's labels where the data has them.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 
 import numpy as np
 from polygraphy.backend.base import BaseRunner
 
 from pipeline.errors import PipelineError
+from pipeline.outputkinds import OutputKind
+from pipeline.taskstats import TaskStats, task_stats_for
 
 log = logging.getLogger(__name__)
 
 
 @dataclass
 class OutputStats:
-    """Error of one output against the reference, over all samples."""
+    """Error of one output against the reference, over all samples. Statistics cover the elements
+    finite in both; ``nonfinite`` counts elements where the two disagree on being finite (a NaN or
+    ±Inf the reference does not have in the same place)."""
 
     max_abs: float = 0.0
     max_rel: float = 0.0
     mean_abs: float = 0.0
     elements: int = 0
-    mean_cosine: float = 1.0  # per sample, flattened: what non-classifier outputs are gated on
+    mean_cosine: float = 1.0  # per sample, flattened
     min_cosine: float = 1.0
     rel_l2: float = 0.0  # ||out − ref|| / ||ref|| over all samples
     samples: int = 0
+    nonfinite: int = 0
+    nonfinite_samples: int = 0
     _sq_diff: float = 0.0
     _sq_ref: float = 0.0
 
     def add(self, ref: np.ndarray, out: np.ndarray) -> None:
         ref64, out64 = ref.astype(np.float64), out.astype(np.float64)
+        if ref64.shape != out64.shape:
+            raise PipelineError(f"output shapes differ: {out64.shape} against the reference's {ref64.shape}", "compare models with the same outputs")
+        finite_ref, finite_out = np.isfinite(ref64), np.isfinite(out64)
+        same_special = ~finite_ref & ~finite_out & ((ref64 == out64) | (np.isnan(ref64) & np.isnan(out64)))
+        mismatch = (finite_ref != finite_out) | (~finite_ref & ~finite_out & ~same_special)
+        if mismatch.any():
+            self.nonfinite += int(mismatch.sum())
+            self.nonfinite_samples += int(mismatch.reshape(len(mismatch), -1).any(axis=1).sum()) if mismatch.ndim else 1
+        both = finite_ref & finite_out
+        ref64, out64 = np.where(both, ref64, 0.0), np.where(both, out64, 0.0)
         diff = np.abs(out64 - ref64)
         rel = diff / np.maximum(np.abs(ref64), 1e-6)
         n = diff.size
@@ -65,26 +82,31 @@ class OutputStats:
 
 @dataclass
 class Comparison:
-    """How one candidate compares with the reference."""
+    """How one candidate compares with the reference, output by output."""
 
     runner: str
     samples: int = 0
     outputs: dict[str, OutputStats] = field(default_factory=dict)
-    top1_agreement: float | None = None
-    accuracy: float | None = None
-    reference_accuracy: float | None = None
-    worse: int = 0  # reference right, candidate wrong (labels needed)
-    better: int = 0  # reference wrong, candidate right
-    disagree: int = 0  # top-1 differs from the reference
-    _agree: int = 0
-    _correct: int = 0
-    _ref_correct: int = 0
+    tasks: dict[str, TaskStats] = field(default_factory=dict)
+
+    def summary(self, output: str) -> dict[str, float | None]:
+        """The task metric of ``output`` (accuracy, R², mIoU) for the candidate and FP32, and agreement."""
+        task = self.tasks.get(output)
+        return task.summary() if task else {}
+
+    def add(self, ref: Mapping[str, np.ndarray], out: Mapping[str, np.ndarray], target: Mapping[str, np.ndarray]) -> None:
+        """One batch: every output of the reference and of the candidate, and the labels of the outputs that have them."""
+        for key, ref_value in ref.items():
+            ref_array, out_array = np.asarray(ref_value), np.asarray(out[key])
+            self.outputs.setdefault(key, OutputStats()).add(ref_array, out_array)
+            if key in self.tasks:
+                self.tasks[key].add(ref_array, out_array, target.get(key))
+        self.samples += len(next(iter(ref.values())))
 
     def as_dict(self) -> dict:
-        """JSON form (running counters left out)."""
-        data = {k: v for k, v in asdict(self).items() if not k.startswith("_")}
-        data["outputs"] = {k: v.as_dict() for k, v in self.outputs.items()}
-        return data
+        """JSON form: per output, its error statistics and task summary."""
+        return {"runner": self.runner, "samples": self.samples,
+                "outputs": {k: {**v.as_dict(), **self.summary(k)} for k, v in self.outputs.items()}}
 
 
 def compare_runners(
@@ -92,54 +114,35 @@ def compare_runners(
     candidates: Sequence[BaseRunner],
     batches: Iterable[dict[str, np.ndarray]],
     *,
-    labels: np.ndarray | None = None,
-    classifier_output: str | None = None,
+    kinds: Mapping[str, OutputKind] | None = None,
+    targets: Iterator[Mapping[str, np.ndarray]] | None = None,
+    threshold: float = 0.5,
 ) -> list[Comparison]:
     """Run ``reference`` and ``candidates`` on every batch; return one Comparison per candidate.
 
-    ``classifier_output`` names the output whose argmax is the predicted class (top-1 agreement and,
-    with ``labels`` aligned to the batches' samples, accuracy).
+    ``kinds`` (output → kind) adds each output's task statistics; ``targets`` yields, batch by batch in
+    step with ``batches``, the labels of the outputs that have them; ``threshold`` is the decision
+    threshold of binary and multi-label outputs.
     """
     from polygraphy.comparator import Comparator
 
-    results = {c.name: Comparison(c.name) for c in candidates}
-    offset = 0
+    results = {c.name: new_comparison(c.name, kinds, threshold) for c in candidates}
     stream = Comparator.run([reference, *candidates], data_loader=batches, streaming=True)
     try:
         for run in stream:
             per_runner = {name: iterations[0] for name, iterations in run.items()}
-            offset += _accumulate(per_runner, reference.name, results, labels, offset, classifier_output)
+            target = next(targets) if targets is not None else {}
+            ref = per_runner[reference.name]
+            for name, comparison in results.items():
+                if set(per_runner[name]) != set(ref):
+                    raise PipelineError(f"'{name}' has outputs {sorted(per_runner[name])} but '{reference.name}' has {sorted(ref)}",
+                                        "compare models with the same output names")
+                comparison.add(ref, per_runner[name], target)
     finally:
         stream.close()  # deactivates the runners even when a batch fails
     return list(results.values())
 
 
-def _accumulate(per_runner: dict, reference: str, results: dict[str, Comparison], labels: np.ndarray | None, offset: int, classifier_output: str | None) -> int:
-    ref = per_runner[reference]
-    batch = len(next(iter(ref.values())))
-    truth = labels[offset : offset + batch] if labels is not None else None
-    ref_top1 = np.argmax(ref[classifier_output], axis=-1) if classifier_output else None
-    for name, comparison in results.items():
-        out = per_runner[name]
-        if set(out) != set(ref):
-            raise PipelineError(
-                f"'{name}' has outputs {sorted(out)} but '{reference}' has {sorted(ref)}",
-                "compare models with the same output names",
-            )
-        for key, ref_value in ref.items():
-            comparison.outputs.setdefault(key, OutputStats()).add(np.asarray(ref_value), np.asarray(out[key]))
-        comparison.samples += batch
-        if ref_top1 is not None:
-            top1 = np.argmax(out[classifier_output], axis=-1)
-            comparison._agree += int((top1 == ref_top1).sum())
-            comparison.disagree = comparison.samples - comparison._agree
-            comparison.top1_agreement = comparison._agree / comparison.samples
-            if truth is not None:
-                right, ref_right = top1 == truth, ref_top1 == truth
-                comparison.worse += int((ref_right & ~right).sum())
-                comparison.better += int((~ref_right & right).sum())
-                comparison._correct += int(right.sum())
-                comparison._ref_correct += int(ref_right.sum())
-                comparison.accuracy = comparison._correct / comparison.samples
-                comparison.reference_accuracy = comparison._ref_correct / comparison.samples
-    return batch
+def new_comparison(name: str, kinds: Mapping[str, OutputKind] | None, threshold: float) -> Comparison:
+    """An empty comparison that judges each output of ``kinds`` by its kind (see :meth:`Comparison.add`)."""
+    return Comparison(name, tasks={output: task_stats_for(kind, threshold) for output, kind in (kinds or {}).items()})

@@ -12,6 +12,7 @@ from pathlib import Path
 
 from pipeline.errors import PipelineError
 from pipeline.gates import Gates
+from pipeline.outputkinds import KINDS, parse_output_kinds
 from pipeline.options import (
     calibration_root_option,
     check_options,
@@ -47,7 +48,13 @@ class BuildConfig:
                                        "(default: the bundled digits CNN)", metavar="PATH|MODULE:FUNC", group=MODEL)
     name: str | None = option(None, "model name in the workdir and Triton (default: file stem, folder name, or module name)", group=MODEL)
     eval_data: Path | None = eval_data_option(MODEL)
-    workdir: Path = option(Path("build"), "build artifacts, manifest and reports", metavar="DIR", group=OUTPUTS)
+    output_kinds: tuple[str, ...] = option((), f"what an output is, when the detected kind is wrong: NAME=KIND with KIND one of {', '.join(KINDS)}; "
+                                               "repeat for more outputs (see README, Accuracy gates)", flag="--output-kind", metavar="NAME=KIND", group=MODEL)
+    imports: tuple[str, ...] = option((), "import these Python modules before loading the model (modules that register custom Keras layers "
+                                          "with @keras.saving.register_keras_serializable), comma-separated or repeated", flag="--import",
+                                      metavar="MODULE", group=MODEL)
+    workdir: Path = option(Path("build"), "build artifacts, manifest, server logs and the reports folder", metavar="DIR", group=OUTPUTS)
+    report_dir: Path | None = option(None, "where the HTML page index.html goes (default: <workdir>/reports)", metavar="DIR", group=OUTPUTS)
     repository: Path = repository_option(OUTPUTS)
     version_policy: str = option("new", "add a new numbered version, or replace the pipeline's versions", choices=("new", "replace"), group=OUTPUTS)
     triton_image: str | None = option(None, "NGC tritonserver image for the deploy bundle (default: nvcr.io/nvidia/tritonserver:24.10-py3, "
@@ -115,6 +122,7 @@ class BuildConfig:
     def validate(self) -> None:
         """Check option values that need no model; raise PipelineError on the first bad one."""
         check_options(self)
+        parse_output_kinds(self.output_kinds)
         for text in self.shapes:
             if not well_formed(text):
                 raise PipelineError(f"malformed --shape '{text}': expected {SHAPE_SYNTAX}", "write e.g. --shape image:1x8x8x1/32x8x8x1/64x8x8x1")

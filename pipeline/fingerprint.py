@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 from pathlib import Path
@@ -28,3 +29,21 @@ def hash_settings(settings: Any) -> str:
     """sha256 of a JSON-able settings object (keys sorted, so order does not matter)."""
     blob = json.dumps(settings, sort_keys=True, default=str).encode()
     return hashlib.sha256(blob).hexdigest()
+
+
+def code_hash(package: Path | None = None) -> str:
+    """sha256 of the pipeline package's own Python sources (or of ``package``): part of every stage key,
+    so a new quantizer or gate reruns the stages instead of reusing artifacts and verdicts of the old code."""
+    return _sources_hash(package) if package is not None else _own_sources_hash()
+
+
+@functools.cache
+def _own_sources_hash() -> str:
+    return _sources_hash(Path(__file__).resolve().parent)  # once per process: the code does not change under it
+
+
+def _sources_hash(package: Path) -> str:
+    digest = hashlib.sha256()
+    for file in sorted(package.rglob("*.py")):
+        digest.update(file.relative_to(package).as_posix().encode() + b"\0" + file.read_bytes())
+    return digest.hexdigest()

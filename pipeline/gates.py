@@ -15,8 +15,15 @@ limit". Even a perfect result (no sample flips) needs ``n ≥ z²(1 − L)/L`` s
 539 for 0.5, 1351 for 0.2 at 95% (z = 1.645).
 
 Without labels, top-1 disagreement with FP32 (an upper bound on the drop) is judged the same way.
-Outputs that are not class scores (regression heads, embeddings) are never judged on top-1: they
-are gated on the mean cosine similarity to FP32 per sample and reported with relative L2 error.
+
+**Every output is judged by its kind** (pipeline.outputkinds; the figures are pipeline.taskstats):
+class scores and binary decisions as above; multi-label decisions, positions of a segmentation map
+and regression errors by their per-sample means, whose bounds are the normal-approximation bounds
+of a mean over samples (:func:`mean_bounds`); mean IoU by a paired bootstrap over samples;
+embeddings by cosine similarity and nearest-neighbour agreement. ``--fp16-max-drop`` and
+``--int8-max-drop`` limit every labeled task metric in points (top-1 or decision accuracy, R²,
+mean IoU) and, without labels, the share of decisions that change. Non-finite values (NaN, ±Inf)
+where FP32 has finite ones fail every gate.
 """
 
 from __future__ import annotations
@@ -28,20 +35,21 @@ from typing import TYPE_CHECKING, Any
 from pipeline.options import in_range, non_negative, option
 
 if TYPE_CHECKING:
-    from pipeline.tensors import ModelSignature
+    import numpy as np
 
 GATE_GROUP = "accuracy gates (each variant against FP32 ONNX on the evaluation data)"
 
 
 def fp16_max_drop_option() -> Any:
     """``--fp16-max-drop`` (shared by build and verify)."""
-    return option(1.0, "max top-1 accuracy drop of FP16 (and FP32 engines) vs FP32, in points, judged with its confidence bounds",
+    return option(1.0, "max drop of FP16 (and FP32 engines) vs FP32, in points: top-1/decision accuracy, R² or mean IoU with labels, "
+                       "changed decisions without; judged with its confidence bounds",
                   check=non_negative, group=GATE_GROUP)
 
 
 def int8_max_drop_option() -> Any:
     """``--int8-max-drop`` (shared by build and verify)."""
-    return option(1.0, "max top-1 accuracy drop of INT8 vs FP32, in points, judged with its confidence bounds", check=non_negative, group=GATE_GROUP)
+    return option(1.0, "max drop of INT8 vs FP32, in points (as --fp16-max-drop), judged with its confidence bounds", check=non_negative, group=GATE_GROUP)
 
 
 def confidence_option() -> Any:
@@ -56,31 +64,51 @@ class Gates:
     parity_atol: float = option(1e-4, "max abs difference ONNX vs TensorFlow per output", check=non_negative, group="conversion")
     parity_rtol: float = option(0.0, "alternatively, max relative difference ONNX vs TensorFlow (0 = off)", check=non_negative, group="conversion")
     fp16_max_drop: float = fp16_max_drop_option()
-    fp16_atol: float | None = option(1e-2, "max abs error of FP16 outputs", check=non_negative, group=GATE_GROUP)
+    fp16_atol: float | None = option(1e-2, "max abs error of FP16 outputs (regression outputs: see --fp16-max-rel-error)", check=non_negative, group=GATE_GROUP)
     int8_max_drop: float = int8_max_drop_option()
-    int8_atol: float | None = option(None, "max abs error of INT8 outputs (default: reported, not gated)", check=non_negative, group=GATE_GROUP)
-    fp16_min_cosine: float = option(0.999, "non-classifier outputs: min mean cosine similarity of FP16 to FP32 per sample",
+    int8_atol: float | None = option(None, "max abs error of INT8 outputs other than regression (default: reported, not gated)", check=non_negative, group=GATE_GROUP)
+    fp16_max_rel_error: float = option(0.02, "regression outputs without targets: max RMS change of FP16 over the FP32 output's "
+                                             "standard deviation", check=non_negative, group=GATE_GROUP)
+    int8_max_rel_error: float = option(0.1, "regression outputs without targets: max RMS change of INT8 over the FP32 output's "
+                                            "standard deviation (0.1: a hundredth of its variance)", check=non_negative, group=GATE_GROUP)
+    fp16_min_cosine: float = option(0.999, "embedding outputs: min mean cosine similarity of FP16 to FP32 per sample",
                                     check=in_range(-1, 1), group=GATE_GROUP)
-    int8_min_cosine: float = option(0.99, "non-classifier outputs: min mean cosine similarity of INT8 to FP32 per sample",
+    int8_min_cosine: float = option(0.99, "embedding outputs: min mean cosine similarity of INT8 to FP32 per sample",
                                     check=in_range(-1, 1), group=GATE_GROUP)
+    fp16_min_cosine_low: float = option(0.995, "embedding outputs: min 5th-percentile cosine similarity of FP16 to FP32",
+                                        check=in_range(-1, 1), group=GATE_GROUP)
+    int8_min_cosine_low: float = option(0.95, "embedding outputs: min 5th-percentile cosine similarity of INT8 to FP32",
+                                        check=in_range(-1, 1), group=GATE_GROUP)
+    fp16_min_neighbour_agreement: float = option(0.98, "embedding outputs: min share of evaluation samples whose nearest neighbour "
+                                                       "(among the evaluation set) stays the same with FP16", check=in_range(0, 1), group=GATE_GROUP)
+    int8_min_neighbour_agreement: float = option(0.9, "embedding outputs: min share of evaluation samples whose nearest neighbour "
+                                                      "stays the same with INT8", check=in_range(0, 1), group=GATE_GROUP)
+    binary_threshold: float = option(0.5, "binary and multi-label outputs: the decision threshold on the probability "
+                                          "(logit outputs are cut at its logit)", check=in_range(1e-6, 1 - 1e-6), group=GATE_GROUP)
     gate_confidence: float = confidence_option()
 
 
 @dataclass(frozen=True)
 class Tolerance:
-    """What one variant is held to (picked from :class:`Gates` by precision)."""
+    """What one variant is held to (picked from :class:`Gates` by precision); the field names are the
+    ``limit_key`` of the figures they limit (pipeline.taskstats.Figure)."""
 
     max_drop_points: float
     atol: float | None
     min_cosine: float
     confidence: float
+    max_rel_error: float = 0.02
+    min_cosine_low: float = 0.995
+    min_neighbour_agreement: float = 0.98
+    threshold: float = 0.5
 
 
 def tolerance_for(precision: str, gates: Gates) -> Tolerance:
-    """INT8 (``int8``, and ``int8cpu``, the CPU variant) has its own tolerance; FP16 and FP32 engines (TF32 may be used) share FP16's."""
-    if precision.startswith("int8"):
-        return Tolerance(gates.int8_max_drop, gates.int8_atol, gates.int8_min_cosine, gates.gate_confidence)
-    return Tolerance(gates.fp16_max_drop, gates.fp16_atol, gates.fp16_min_cosine, gates.gate_confidence)
+    """INT8 has its own tolerance; FP16 and FP32 engines (TF32 may be used) share FP16's."""
+    p = "int8" if precision.startswith("int8") else "fp16"
+    return Tolerance(getattr(gates, f"{p}_max_drop"), getattr(gates, f"{p}_atol"), getattr(gates, f"{p}_min_cosine"), gates.gate_confidence,
+                     getattr(gates, f"{p}_max_rel_error"), getattr(gates, f"{p}_min_cosine_low"), getattr(gates, f"{p}_min_neighbour_agreement"),
+                     gates.binary_threshold)  # fmt: skip
 
 
 def _z(confidence: float) -> float:
@@ -181,16 +209,31 @@ def judge_drop(estimate: DropEstimate, limit_points: float) -> tuple[str, str | 
                          + (f"; even a perfect result needs ≥ {needed} samples" if estimate.samples < needed else ""))
 
 
-def judge_cosine(output: str, mean_cosine: float, minimum: float) -> str | None:
-    """Why a non-classifier output fails its cosine-similarity gate, or None."""
-    if mean_cosine < minimum:
-        return f"output '{output}' mean cosine similarity to FP32 {mean_cosine:.6f} < {minimum:g}"
-    return None
+def mean_bounds(values: "np.ndarray", confidence: float) -> tuple[float, float, float]:
+    """The mean of per-sample values with one-sided normal-approximation bounds (each at ``confidence``)."""
+    import numpy as np
+
+    n = len(values)
+    if n == 0:
+        return 0.0, 0.0, 0.0
+    mean = float(np.mean(values))
+    half = _z(confidence) * float(np.std(values, ddof=1)) / math.sqrt(n) if n > 1 else math.inf
+    return mean, mean - half, mean + half
 
 
-def classifier_output(signature: "ModelSignature") -> str | None:
-    """The first output shaped [batch, classes] (classes > 1) of floats: its argmax is the predicted class."""
-    for spec in signature.outputs:
-        if len(spec.shape) == 2 and isinstance(spec.shape[1], int) and spec.shape[1] > 1 and spec.dtype.kind == "f":
-            return spec.name
-    return None
+def judge_figure(output: str, kind: str, metric: str, value: float, low: float, high: float, unit: str, worse: str,
+                 limit: float, samples: int, confidence: float) -> tuple[str, str | None]:
+    """``("pass" | "fail" | "undecided", why)`` of one figure against its limit: it passes when its
+    bound on the worse side is within the limit, fails when the bound on the better side is beyond it."""
+    fmt = (lambda x: f"{x:.2f}") if unit == "points" else (lambda x: f"{x:.4g}")
+    shown = f"output '{output}' ({kind}): {metric} {fmt(value)}{' points' if unit == 'points' else ''}"
+    if not low == high == value:  # a measured maximum (max abs error) has no bounds to show
+        shown += f" [{fmt(low)}, {fmt(high)}] ({confidence:.0%} bounds, {samples} samples)"
+    bad, good = (high, low) if worse == "higher" else (low, high)
+    within = (lambda x: x <= limit) if worse == "higher" else (lambda x: x >= limit)
+    sign = ">" if worse == "higher" else "<"
+    if within(bad):
+        return "pass", None
+    if not within(good):
+        return "fail", f"{shown} {sign} {limit:g} allowed"
+    return "undecided", f"not enough evaluation data to judge {shown} against {limit:g}"

@@ -1,8 +1,9 @@
 """One self-contained HTML page of everything the pipeline measured.
 
 ``index.html`` gathers the builds under the workdir (``<workdir>/<name>/manifest.json``: stages and
-times, ``parity.json``, ``accuracy.json``, ``served.json``), the newest load test under the reports
-directory (``<reports>/<timestamp>/results.json`` and its plots) and the newest tune run
+times, ``parity.json``, ``accuracy.json``, ``served.json``), ``verify``'s ``<workdir>/verify.json``, the
+newest load test under the reports directory (``<reports>/<timestamp>/results.json`` and its plots,
+or ``<reports>/results.json`` when it is one run's folder) and the newest tune run
 (``<reports>/tune-<timestamp>/tune.json``, ``trials.csv`` and its plots, rendered generically).
 Images are embedded as ``data:`` URIs and the styles are inline: the page fetches nothing, so it
 can be mailed, archived as a CI artifact, or opened offline.
@@ -21,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from pipeline.atomic import write_text_atomic
+from pipeline.build_tables import accuracy_data, served_data, stage_data
 from pipeline.errors import PipelineError
 from pipeline.tables import TableData
 
@@ -54,7 +56,7 @@ def write_html_report(workdir: Path, reports: Path, output: Path | None = None) 
     """Write ``output`` (default ``<reports>/index.html``) from what ``workdir`` and ``reports`` hold;
     raise PipelineError (nothing written) when neither holds anything to report."""
     workdir, reports = Path(workdir), Path(reports)
-    sections = build_sections(workdir) + loadtest_sections(reports) + tune_sections(reports)
+    sections = build_sections(workdir) + verify_sections(workdir) + loadtest_sections(reports) + tune_sections(reports)
     if not sections:
         raise PipelineError(
             f"nothing to report: no build manifest ({workdir}/<name>/manifest.json) and no load-test or tune results "
@@ -103,8 +105,6 @@ def render_page(sections: list[Section], sources: list[Path]) -> str:
 
 def build_sections(workdir: Path) -> list[Section]:
     """One section per ``<workdir>/<name>/manifest.json``, newest first."""
-    from pipeline.report import accuracy_data, served_data, stage_data
-
     manifests = sorted(workdir.glob("*/manifest.json"), key=lambda p: p.stat().st_mtime, reverse=True) if workdir.is_dir() else []
     sections = []
     for path in manifests:
@@ -145,6 +145,21 @@ def _parity_data(parity: dict[str, Any]) -> TableData:
     for output, stats in parity["outputs"].items():
         table.add([output, _fmt(stats.get("max_abs")), _fmt(stats.get("max_rel")), "pass" if parity.get("passed") else "FAIL"])
     return table
+
+
+def verify_sections(workdir: Path) -> list[Section]:
+    """``<workdir>/verify.json`` (what ``verify`` wrote): served vs in-process accuracy per model."""
+    path = workdir / "verify.json"
+    report = _read_json(path)
+    if not isinstance(report, dict) or not report.get("models"):
+        return []
+    section = Section("verify", "served verification (verify)")
+    section.body.append(f'<p class="meta">repository <code>{_e(str(report.get("repository", "")))}</code> through '
+                        f'{_e(str(report.get("url", "")))} · {_e(str(report.get("time", "")))} · <code>{_e(str(path))}</code></p>')
+    section.body.append(table_html(served_data(report["models"])))
+    for model, why in (report.get("skipped") or {}).items():
+        section.body.append(f'<p class="meta">skipped {_e(model)}: {_e(why)}</p>')
+    return [section]
 
 
 # -- load tests ----------------------------------------------------------------------------------

@@ -14,6 +14,7 @@ the child when its parent goes (both the spawned children here and the tf2onnx s
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import ctypes.util
 import logging
@@ -24,6 +25,7 @@ import traceback
 from typing import Any, Callable, TypeVar
 
 from pipeline.errors import PipelineError
+from pipeline.logs import native_stderr_filtered, quiet_libraries
 
 T = TypeVar("T")
 
@@ -45,8 +47,12 @@ def _child(conn: Any, parent: int, level: int, fn: Callable[..., Any], args: tup
     if os.getppid() != parent:  # the parent died before the line above: nobody waits for the result
         os._exit(1)
     logging.basicConfig(level=level, format="%(message)s")
+    verbose = level <= logging.DEBUG
+    quiet_libraries(verbose)
     try:
-        conn.send(("ok", fn(*args, **kwargs)))
+        with contextlib.nullcontext() if verbose else native_stderr_filtered():
+            result = fn(*args, **kwargs)
+        conn.send(("ok", result))
     except PipelineError as exc:
         conn.send(("user", exc))
     except KeyboardInterrupt:  # Ctrl-C reaches the whole process group; the parent reports it

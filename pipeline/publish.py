@@ -127,7 +127,8 @@ def deploy_dir(repository: Path) -> Path:
 
 
 def _mig_files(artifacts: Sequence[Artifact], configs: Mapping[str, Any], settings: PublishSettings) -> dict[str, dict[str, bytes]]:
-    from pipeline.mig.bundle import BundleSettings, write_bundle
+    from pipeline.mig.bundle import write_bundle
+    from pipeline.mig.servers import BundleSettings
     from pipeline.mig.configs import mig_configs_for_repository
     from pipeline.mig.memory import memory_for_artifact
 

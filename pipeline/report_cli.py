@@ -12,19 +12,21 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "report",
         help="write one self-contained HTML page (index.html) of the builds, the newest load test and tune run",
         description=(
-            "Gathers every build under --workdir (stages and times, parity, accuracy gates, served verification), "
-            "the newest load test under --reports (points, Triton metrics, plots) and the newest tune run "
+            "Gathers every build under --workdir (stages and times, parity, accuracy gates, served verification, "
+            "and <workdir>/verify.json), the newest load test under --report-dir (points, Triton metrics, plots) and the newest tune run "
             "(tune.json, trials.csv, plots) into one index.html. Images are embedded and styles inline: the page "
-            "makes no network request. `build` and `loadtest` refresh it and print its path."
+            "makes no network request. `build`, `loadtest` and `tune` refresh it and print its path."
         ),
-        epilog="example:\n  python -m pipeline report                     # build/ and reports/ → reports/index.html\n"
-        "  python -m pipeline report --workdir out/build --reports out/reports --output /tmp/report.html",
+        epilog="example:\n  python -m pipeline report                     # build/ and build/reports/ → build/reports/index.html\n"
+        "  python -m pipeline report --workdir out/build --report-dir out/reports --output /tmp/report.html",
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    p.add_argument("--workdir", type=Path, default=Path("build"), help="build workdir with <name>/manifest.json (default: %(default)s)")
-    p.add_argument("--reports", type=Path, default=Path("reports"),
-                   help="load-test (<timestamp>/results.json) and tune (tune-<timestamp>/tune.json) reports (default: %(default)s)")
-    p.add_argument("--output", type=Path, help="the page to write (default: <reports>/index.html)")
+    p.add_argument("--workdir", type=Path, default=Path("build"),
+                   help="build workdir with <name>/manifest.json and verify.json (default: %(default)s)")
+    p.add_argument("--report-dir", "--reports", dest="reports", type=Path,
+                   help="the reports folder: load tests (<timestamp>/results.json), tune runs (tune-<timestamp>/tune.json), "
+                        "or one run's folder (default: <workdir>/reports)")
+    p.add_argument("--output", type=Path, help="the page to write (default: <report-dir>/index.html)")
     p.set_defaults(handler=run)
 
 
@@ -33,6 +35,8 @@ def run(args: argparse.Namespace) -> int:
     from pipeline.console import console
     from pipeline.htmlreport import write_html_report
 
-    path = write_html_report(args.workdir, args.reports, args.output)
+    from pipeline.reportdirs import page_dir
+
+    path = write_html_report(args.workdir, page_dir(args.reports, args.workdir), args.output)
     console().print(f"report: {path}")
     return 0

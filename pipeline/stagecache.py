@@ -13,7 +13,7 @@ from typing import Any
 
 from pipeline import __version__
 from pipeline.atomic import write_text_atomic
-from pipeline.fingerprint import hash_path, hash_settings
+from pipeline.fingerprint import code_hash, hash_path, hash_settings
 
 log = logging.getLogger(__name__)
 
@@ -130,7 +130,9 @@ def run_stage(manifest: Manifest, stage: Stage, reproduce: str) -> bool:
     input_hashes = {k: input_hash(v) for k, v in stage.inputs.items()}
     settings = {**_settings_json(stage.settings), **_settings_json(stage.environment)}
     # Tool versions are part of the key: a new tf2onnx or ONNX Runtime must not reuse old artifacts.
-    key = hash_settings({"stage": name, "version": __version__, "tools": manifest.versions, "inputs": input_hashes, "settings": settings})
+    # So are the pipeline's own sources (code_hash): an upgrade must not reuse artifacts or verdicts of the old code.
+    key = hash_settings({"stage": name, "version": __version__, "code": code_hash(), "tools": manifest.versions, "inputs": input_hashes,
+                         "settings": settings})
     outputs = stage.output_paths()
     sidecar = _sidecar(outputs[0])
     if all(p.exists() for p in outputs) and sidecar.exists():

@@ -39,13 +39,19 @@ _RICH_ROW = {"best": "bold green", "bad": "red", "dim": "dim", "": None}
 
 
 def to_rich(table: TableData) -> Any:
-    """A ``rich.table.Table`` of ``table``; verdict cells (pass / FAIL / undecided) coloured."""
+    """A ``rich.table.Table`` of ``table``; verdict cells (pass / FAIL / undecided) coloured; at any
+    width no cell is cut: the first column stays whole, the others wrap."""
     from rich.markup import escape
     from rich.table import Table
 
     out = Table(title=escape(table.title), caption=escape(table.caption) if table.caption else None)
     for i, name in enumerate(table.columns):
-        out.add_column(escape(name), justify="right" if table.right_aligned(i) else "left")
+        # On a narrow terminal cells wrap (a word too long for its column folds) instead of being cut
+        # to "fp16-on…"; the first column names the row (variant, model, point) and stays whole.
+        first = i == 0
+        widest = max((len(row[0]) for row in table.rows), default=0) if first else 0
+        out.add_column(escape(name), justify="right" if table.right_aligned(i) else "left", overflow="fold",
+                       no_wrap=first, min_width=widest or None)
     for cells, style in zip(table.rows, table.styles):
         out.add_row(*(f"[{VERDICT_STYLES[c]}]{c}[/]" if c in VERDICT_STYLES else escape(c) for c in cells), style=_RICH_ROW[style])
     return out

@@ -89,23 +89,30 @@ class ModelData:
 BUILD_REPORT = ".pipeline-report.json"  # beside each published model: per version, the build that made it
 
 
+def build_record_of_served(model_dir: Path) -> dict:
+    """What the build of a served model's newest version recorded (``<model>/.pipeline-report.json``):
+    its evaluation data, output kinds and gates; empty for models the pipeline did not build."""
+    import json
+
+    report = Path(model_dir) / BUILD_REPORT
+    if not report.is_file():
+        return {}
+    try:
+        versions = json.loads(report.read_text()).get("versions", {})
+        newest = versions[max(versions, key=int)] if versions else {}
+        return dict(newest.get("build") or {})
+    except (ValueError, AttributeError, TypeError):
+        return {}
+
+
 def eval_data_of_served(model_dir: Path, calibration_root: Path) -> Path | None:
     """The evaluation data for a served model: what its newest build recorded
     (``<model>/.pipeline-report.json``), else ``<calibration-root>/<base model>/eval.npz``; None if neither exists."""
-    import json
-
     from pipeline.artifacts import parse_variant
 
-    report = Path(model_dir) / BUILD_REPORT
-    if report.is_file():
-        try:
-            versions = json.loads(report.read_text()).get("versions", {})
-            newest = versions[max(versions, key=int)] if versions else {}
-            recorded = (newest.get("build") or {}).get("eval_data")
-        except (ValueError, AttributeError, TypeError):
-            recorded = None
-        if recorded and Path(recorded).is_file():
-            return Path(recorded)
+    recorded = build_record_of_served(model_dir).get("eval_data")
+    if recorded and Path(recorded).is_file():
+        return Path(recorded)
     name = Path(model_dir).name
     base = (parse_variant(name) or (name, ""))[0]
     for candidate in (ModelData.of(calibration_root, name).eval, ModelData.of(calibration_root, base).eval):

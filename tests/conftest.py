@@ -6,7 +6,7 @@ import os
 from collections.abc import Callable
 import subprocess
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import pytest
@@ -53,10 +53,15 @@ def _sigint_untouched() -> object:
         pytest.fail(f"the test changed the SIGINT handler of the test process from {before!r} to {after!r}")
 
 
-def cli(*args: str, cwd: Path = ROOT, timeout: float = 600, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
-    """Run ``python -m pipeline ARGS`` for real; tests/ is importable so `tests.keras_models:…` works."""
+def cli(*args: str, cwd: Path = ROOT, timeout: float = 600, env: dict[str, str | None] | None = None) -> subprocess.CompletedProcess[str]:
+    """Run ``python -m pipeline ARGS`` for real; tests/ is importable so `tests.keras_models:…` works.
+    ``env`` adds variables; a None value removes one."""
     full_env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]), TF_CPP_MIN_LOG_LEVEL="3", COLUMNS="200")
-    full_env.update(env or {})
+    for key, value in (env or {}).items():
+        if value is None:
+            full_env.pop(key, None)
+        else:
+            full_env[key] = value
     return subprocess.run([sys.executable, "-m", "pipeline", *args], cwd=cwd, env=full_env, capture_output=True, text=True, timeout=timeout)
 
 
@@ -112,6 +117,9 @@ def repo_root() -> Path:
     return ROOT
 
 
+QUIET_UNSET: dict[str, str | None] = {"TF_CPP_MIN_LOG_LEVEL": None, "GRPC_VERBOSITY": None}
+
+
 @dataclass(frozen=True)
 class Built:
     """Where the shared default-model build wrote: the workdir, the repository, and the deploy bundle."""
@@ -119,6 +127,7 @@ class Built:
     workdir: Path
     repository: Path
     deploy: Path
+    output: str = ""  # what the build printed (stdout, then stderr), piped, with the user's environment
 
 
 @pytest.fixture(scope="session")
@@ -127,6 +136,9 @@ def built(tmp_path_factory: pytest.TempPathFactory) -> Built:
     root = tmp_path_factory.getbasetemp() / "digits-e2e"
     result = Built(root / "build", root / "model_repository", root / "deploy")
     if not (result.workdir / "digits" / "published.json").is_file():
-        proc = cli("build", "--fp16", "--int8", "--workdir", str(result.workdir), "--repository", str(result.repository))
+        # As a user runs it: no log-level variables of ours, so tests/test_quiet.py can check its output.
+        proc = cli("build", "--fp16", "--int8", "--workdir", str(result.workdir), "--repository", str(result.repository),
+                   env=QUIET_UNSET)
         assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+        result = replace(result, output=proc.stdout + proc.stderr)
     return result

@@ -87,3 +87,38 @@ def mobilenet_v2_digits() -> keras.Model:
     x, y = digits_rgb32("train")
     model.fit(x, y, batch_size=32, epochs=4, verbose=0)
     return model
+
+
+def regression() -> keras.Model:
+    """One real-valued output (linear Dense(1), trained with MSE): judged on its error relative to its spread."""
+    keras.utils.set_random_seed(4)
+    x = keras.Input((8,), name="x")
+    h = keras.layers.Dense(32, activation="relu")(x)
+    h = keras.layers.Dense(32, activation="relu")(h)
+    model = keras.Model(x, keras.layers.Dense(1, name="value")(h))
+    model.compile(loss="mse")
+    return model
+
+
+def two_heads() -> keras.Model:
+    """A class head and a box head, in that order: tf2onnx sorts outputs by name, which puts ``box`` first."""
+    keras.utils.set_random_seed(5)
+    x = keras.Input((8,), name="x")
+    h = keras.layers.Dense(32, activation="relu")(x)
+    model = keras.Model(x, [keras.layers.Dense(4, activation="softmax", name="class_probs")(h), keras.layers.Dense(4, name="box")(h)])
+    model.compile(loss=["sparse_categorical_crossentropy", "mse"])
+    return model
+
+
+def mixed_precision() -> keras.Model:
+    """Built under the ``mixed_float16`` policy (float16 compute, float32 variables), softmax in float32."""
+    keras.utils.set_random_seed(6)
+    keras.mixed_precision.set_global_policy("mixed_float16")
+    try:
+        x = keras.Input((8, 8, 3), name="image")
+        h = keras.layers.Conv2D(8, 3, activation="relu")(x)
+        h = keras.layers.GlobalAveragePooling2D()(h)
+        logits = keras.layers.Dense(4)(h)
+        return keras.Model(x, keras.layers.Activation("softmax", dtype="float32", name="probs")(logits))
+    finally:
+        keras.mixed_precision.set_global_policy("float32")

@@ -14,7 +14,10 @@ from onnx import TensorProto, helper, numpy_helper
 
 from pipeline.compare import OutputStats, compare_runners
 from pipeline.errors import PipelineError
+from pipeline.outputkinds import OutputKind
 from pipeline.runners import runner_for_onnx
+
+PROBS = {"probs": OutputKind("probs", "classes", "test", classes=3)}
 
 WEIGHTS = (np.arange(12, dtype=np.float32).reshape(4, 3) - 5.0) / 4.0
 
@@ -52,11 +55,11 @@ def data() -> np.ndarray:
 def test_identical_models_agree_exactly(tmp_path: Path, data: np.ndarray) -> None:
     ref = runner_for_onnx(linear_softmax(tmp_path / "a.onnx", WEIGHTS), name="ref")
     same = runner_for_onnx(linear_softmax(tmp_path / "b.onnx", WEIGHTS), name="same")
-    [result] = compare_runners(ref, [same], batches(data, 5), classifier_output="probs")
+    [result] = compare_runners(ref, [same], batches(data, 5), kinds=PROBS)
     assert result.runner == "same" and result.samples == 23
     stats = result.outputs["probs"]
-    assert (stats.max_abs, stats.max_rel, stats.mean_abs, stats.elements) == (0.0, 0.0, 0.0, 23 * 3)
-    assert result.top1_agreement == 1.0 and result.accuracy is None  # no labels, no accuracy
+    assert (stats.max_abs, stats.max_rel, stats.mean_abs, stats.elements, stats.nonfinite) == (0.0, 0.0, 0.0, 23 * 3, 0)
+    assert result.summary("probs")["agreement"] == 1.0 and result.summary("probs")["accuracy"] is None  # no labels, no accuracy
 
 
 def test_statistics_top1_and_accuracy_match_numpy(tmp_path: Path, data: np.ndarray) -> None:
@@ -68,7 +71,8 @@ def test_statistics_top1_and_accuracy_match_numpy(tmp_path: Path, data: np.ndarr
     labels = ref_probs.argmax(1)
     labels[:4] = (labels[:4] + 1) % 3  # the reference is wrong on 4 samples
 
-    [result] = compare_runners(ref, [cand], batches(data, 4), labels=labels, classifier_output="probs")
+    targets = iter([{"probs": labels[i : i + 4]} for i in range(0, len(labels), 4)])
+    [result] = compare_runners(ref, [cand], batches(data, 4), kinds=PROBS, targets=targets)
 
     diff = np.abs(cand_probs - ref_probs)
     stats = result.outputs["probs"]
@@ -77,10 +81,11 @@ def test_statistics_top1_and_accuracy_match_numpy(tmp_path: Path, data: np.ndarr
     assert stats.mean_abs == pytest.approx(diff.mean(), abs=1e-6)
     assert stats.max_rel == pytest.approx((diff / np.maximum(ref_probs, 1e-6)).max(), rel=1e-3)
     agree = (cand_probs.argmax(1) == ref_probs.argmax(1)).mean()
-    assert 0 < agree < 1 and result.top1_agreement == pytest.approx(agree)
-    assert result.reference_accuracy == pytest.approx(19 / 23)
-    assert result.accuracy == pytest.approx((cand_probs.argmax(1) == labels).mean())
-    assert result.disagree == round((1 - agree) * 23)
+    summary = result.summary("probs")
+    assert 0 < agree < 1 and summary["agreement"] == pytest.approx(agree)
+    assert summary["reference_accuracy"] == pytest.approx(19 / 23)
+    assert summary["accuracy"] == pytest.approx((cand_probs.argmax(1) == labels).mean())
+    assert result.tasks["probs"].disagree == round((1 - agree) * 23)  # type: ignore[attr-defined]
     assert result.as_dict()["outputs"]["probs"]["max_abs"] == stats.max_abs
     assert not any(key.startswith("_") for key in result.as_dict())  # running counters stay out of the JSON
 
@@ -89,10 +94,10 @@ def test_every_candidate_gets_its_own_comparison(tmp_path: Path, data: np.ndarra
     ref = runner_for_onnx(linear_softmax(tmp_path / "ref.onnx", WEIGHTS), name="ref")
     near = runner_for_onnx(linear_softmax(tmp_path / "near.onnx", WEIGHTS + 0.01), name="near")
     far = runner_for_onnx(linear_softmax(tmp_path / "far.onnx", WEIGHTS * -1.0), name="far")
-    results = {c.runner: c for c in compare_runners(ref, [near, far], batches(data, 8), classifier_output="probs")}
+    results = {c.runner: c for c in compare_runners(ref, [near, far], batches(data, 8), kinds=PROBS)}
     assert set(results) == {"near", "far"}
     assert results["near"].outputs["probs"].max_abs < results["far"].outputs["probs"].max_abs
-    assert results["near"].top1_agreement > results["far"].top1_agreement  # type: ignore[operator]
+    assert results["near"].summary("probs")["agreement"] > results["far"].summary("probs")["agreement"]  # type: ignore[operator]
 
 
 def test_different_output_names_are_refused(tmp_path: Path, data: np.ndarray) -> None:
@@ -130,3 +135,14 @@ def test_onnx_runner_with_exact_qdq_quantizes_as_tensorrt_does(tmp_path: Path) -
     with runner:
         y = runner.infer({"x": x})["y"]
     np.testing.assert_allclose(y, [[0.0, 0.3, -0.3, 12.7]], rtol=0, atol=1e-6)
+
+
+def test_non_finite_values_are_counted_not_averaged() -> None:
+    stats = OutputStats()
+    ref = np.array([[1.0, np.nan], [2.0, np.inf], [3.0, 4.0]])
+    out = np.array([[1.0, np.nan], [2.0, np.inf], [np.nan, 4.0]])  # the same NaN/Inf as FP32 pass; a new NaN does not
+    stats.add(ref, out)
+    assert (stats.nonfinite, stats.nonfinite_samples) == (1, 1)
+    assert stats.max_abs == 0.0 and np.isfinite(stats.mean_cosine)
+    stats.add(np.array([[1.0, 1.0]]), np.array([[-np.inf, 1.0]]))
+    assert (stats.nonfinite, stats.nonfinite_samples) == (2, 2)

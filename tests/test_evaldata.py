@@ -44,14 +44,26 @@ def test_without_labels_is_unlabeled(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize(
-    "labels",
-    [np.zeros(4, np.int64), np.zeros((5, 1), np.int64), np.zeros(5, np.float32)],
-    ids=["too-few", "two-dimensional", "float"],
+    ("labels", "message"),
+    [(np.zeros(4, np.int64), "'labels' in '{path}' has 4 samples but the inputs have 5"),
+     (np.array([0.0, 1.0, np.nan, 2.0, 3.0], np.float32), "label array 'labels' in '{path}' has 1 NaN/Inf values"),
+     (np.array(["a"] * 5), "label array 'labels' in '{path}' holds <U1 (5,)")],
+    ids=["too-few", "nan", "strings"],
 )
-def test_bad_labels_are_refused(tmp_path: Path, labels: np.ndarray) -> None:
+def test_bad_labels_are_refused_when_read(tmp_path: Path, labels: np.ndarray, message: str) -> None:
     path = write(tmp_path / "eval.npz", image=np.zeros((5, 4, 4, 1), np.float32), ids=np.zeros((5, 3), np.int64), labels=labels)
-    with pytest.raises(PipelineError, match=re.escape(f"'labels' in '{path}' must be 5 integers (one per sample)")):
+    with pytest.raises(PipelineError, match=re.escape(message.format(path=path))):
         eval_data_from_npz(path, SIGNATURE)
+
+
+def test_labels_per_output_are_kept_apart(tmp_path: Path) -> None:
+    path = write(tmp_path / "eval.npz", image=np.zeros((5, 4, 4, 1), np.float32), ids=np.zeros((5, 3), np.int64),
+                 **{"labels:cls": np.arange(5), "labels:box": np.ones((5, 4), np.float64)})
+    data = eval_data_from_npz(path, SIGNATURE)
+    assert data.labels is None and data.target_names == ["box", "cls"]
+    assert data.targets_of("box").dtype == np.float32 and data.targets_of("cls").dtype == np.int64
+    [first, second] = list(data.target_batches(3))
+    assert first["cls"].tolist() == [0, 1, 2] and second["box"].shape == (2, 4)
 
 
 def test_inputs_are_checked_against_the_signature(tmp_path: Path) -> None:

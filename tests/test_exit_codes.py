@@ -57,3 +57,34 @@ def test_ctrl_c_during_a_build_exits_130_and_leaves_nothing_half_written(built: 
     assert int8.read_bytes() == before  # the old INT8 model, not a half-calibrated one
     assert not list(int8.parent.glob(".model.int8.onnx.*"))  # no temporaries left behind
     assert not repo.exists() or not any(repo.iterdir())  # nothing published
+
+
+@pytest.mark.parametrize("argv", [
+    ("build", "--repository", "plain-file/repo"),
+    ("build", "--workdir", "plain-file/build"),
+    ("report", "--workdir", "work", "--output", "plain-file/sub/index.html"),
+])  # fmt: skip
+def test_a_path_that_cannot_be_created_is_one_line_naming_it(argv: tuple[str, ...], tmp_path: Path) -> None:
+    """A parent that is a plain file: one line with the path and the reason, exit 2, no traceback;
+    a build says so before any work (nothing written)."""
+    (tmp_path / "plain-file").write_text("not a folder")
+    (tmp_path / "work" / "m").mkdir(parents=True)
+    (tmp_path / "work" / "m" / "manifest.json").write_text('{"stages": [], "results": {}, "artifacts": {}}')
+    line = one_line_error(cli(*argv, cwd=tmp_path), status=2)
+    assert "plain-file is a file, not a folder" in line
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["plain-file", "work"]
+
+
+def test_file_system_errors_name_the_path_and_the_reason(tmp_path: Path) -> None:
+    import errno
+
+    from pipeline.errors import path_error, require_creatable
+
+    denied = path_error(PermissionError(errno.EACCES, "Permission denied", str(tmp_path / "x")))
+    assert denied.problem == f"cannot use {tmp_path / 'x'}: permission denied" and "permissions" in (denied.fix or "")
+    full = path_error(OSError(errno.ENOSPC, "No space left on device", "/data/out"))
+    assert full.problem == "cannot use /data/out: no space left on device" and "free space" in (full.fix or "")
+    require_creatable(tmp_path / "a" / "b", "--workdir")  # a new folder under a writable one: fine
+    (tmp_path / "f").write_text("")
+    with pytest.raises(PipelineError, match=r"--workdir .*/f/b: .*/f is a file, not a folder"):
+        require_creatable(tmp_path / "f" / "b", "--workdir")

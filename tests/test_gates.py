@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from pipeline.compare import OutputStats
-from pipeline.gates import disagreement, judge_cosine, judge_drop, min_samples, paired_drop
+from pipeline.gates import disagreement, judge_drop, judge_figure, min_samples, paired_drop
 
 
 def test_one_flipped_sample_on_a_small_set_is_not_a_failure_but_undecided() -> None:
@@ -60,12 +60,16 @@ def test_unlabeled_disagreement_is_judged_the_same_way() -> None:
     assert verdict == "undecided" and "top-1 disagreement with FP32" in (why or "")
 
 
-def test_cosine_similarity_gates_non_classifier_outputs() -> None:
+def test_cosine_statistics_and_figure_judging() -> None:
     stats = OutputStats()
     ref = np.array([[1.0, 2.0, 3.0], [0.5, 0.1, -1.0]], dtype=np.float32)
     stats.add(ref, ref * 1.001)
     assert stats.mean_cosine == pytest.approx(1.0) and stats.rel_l2 == pytest.approx(1e-3, rel=1e-3)
     stats.add(ref, -ref)
     assert stats.min_cosine == pytest.approx(-1.0)
-    assert judge_cosine("value", stats.mean_cosine, 0.999) == f"output 'value' mean cosine similarity to FP32 {stats.mean_cosine:.6f} < 0.999"
-    assert judge_cosine("value", 0.9995, 0.999) is None
+    # a figure where lower is worse passes on its low bound, fails on its high bound, else is undecided
+    assert judge_figure("v", "embedding", "mean cosine", 0.999, 0.998, 0.9995, "", "lower", 0.99, 100, 0.95) == ("pass", None)
+    verdict, why = judge_figure("v", "embedding", "mean cosine", 0.9, 0.85, 0.95, "", "lower", 0.99, 100, 0.95)
+    assert verdict == "fail" and "output 'v' (embedding): mean cosine 0.9 [0.85, 0.95]" in (why or "") and "< 0.99 allowed" in (why or "")
+    assert judge_figure("v", "embedding", "mean cosine", 0.99, 0.98, 0.995, "", "lower", 0.99, 100, 0.95)[0] == "undecided"
+    assert judge_figure("r", "regression", "RMS change", 0.4, 0.3, 0.5, "", "higher", 0.1, 100, 0.95)[0] == "fail"

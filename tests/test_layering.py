@@ -1,7 +1,7 @@
 """The import graph runs one way: helpers ← stages ← triton/loadtest/mig/tune ← config/build ← CLI.
 
 Read from the source (every import, also the lazy ones inside functions), so a new upward import
-fails here before it becomes a cycle.
+fails here before it becomes a cycle; a cycle between modules of one layer fails too.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1] / "pipeline"
 TOP = {"pipeline.build", "pipeline.build_cli", "pipeline.cli", "pipeline.config", "pipeline.__main__"}
 SERVICES = ("pipeline.triton", "pipeline.loadtest", "pipeline.mig", "pipeline.tune", "pipeline.inspect")
-ORCHESTRATION = {"pipeline.publish", "pipeline.report", "pipeline.htmlreport", "pipeline.inspection"} | TOP
+ORCHESTRATION = {"pipeline.publish", "pipeline.report", "pipeline.htmlreport"} | TOP
 
 
 def _module(path: Path) -> str:
@@ -71,3 +71,59 @@ def test_nothing_below_the_commands_imports_build_cli_or_config(module: str) -> 
 def test_the_checker_sees_lazy_imports() -> None:
     assert "pipeline.build" in MODULES["pipeline.build_cli"]  # imported inside a function
     assert _layer("pipeline.stages.int8") == 1 and _layer("pipeline.triton.verify") == 2 and _layer("pipeline.gates") == 0
+
+
+def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Strongly connected components of more than one module (Tarjan), each sorted."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    found: list[list[str]] = []
+
+    def visit(node: str) -> None:
+        index[node] = low[node] = len(index)
+        stack.append(node)
+        on_stack.add(node)
+        for nxt in sorted(graph.get(node, ())):
+            if nxt not in index:
+                visit(nxt)
+                low[node] = min(low[node], low[nxt])
+            elif nxt in on_stack:
+                low[node] = min(low[node], index[nxt])
+        if low[node] == index[node]:
+            component = []
+            while True:
+                member = stack.pop()
+                on_stack.discard(member)
+                component.append(member)
+                if member == node:
+                    break
+            if len(component) > 1:
+                found.append(sorted(component))
+
+    for node in sorted(graph):
+        if node not in index:
+            visit(node)
+    return found
+
+
+def _package_edges(module: str) -> set[str]:
+    """What ``module`` imports that is a module here, without its own package (a submodule importing
+    ``from pipeline.triton import x`` is an import of ``x``, not of the package's ``__init__``)."""
+    return {name for name in MODULES[module] if name in MODULES and not module.startswith(name + ".")}
+
+
+def test_no_import_cycles_even_within_a_layer() -> None:
+    graph = {module: _package_edges(module) for module in MODULES}
+    assert _cycles(graph) == []
+
+
+def test_the_cycle_finder_sees_a_cycle_within_one_layer() -> None:
+    graph = {"pipeline.report": {"pipeline.htmlreport"}, "pipeline.htmlreport": {"pipeline.report"}, "pipeline.errors": set()}
+    assert _cycles(graph) == [["pipeline.htmlreport", "pipeline.report"]]
+
+
+def test_every_module_the_layers_name_exists() -> None:
+    named = TOP | ORCHESTRATION | set(SERVICES) | {"pipeline.stages"}
+    assert sorted(n for n in named if n not in MODULES) == []

@@ -131,19 +131,22 @@ def _tune_run(directory: Path) -> None:
 @needs_chromium
 @pytest.mark.slow
 def test_report_after_build_verify_loadtest_and_tune_renders_every_section(built: Built, tmp_path: Path) -> None:
-    workdir, reports = tmp_path / "build", tmp_path / "reports"
+    workdir = tmp_path / "work"
+    reports = workdir / "reports"  # the default reports folder of the workdir
     (workdir / "digits").mkdir(parents=True)
     for report in (built.workdir / "digits").glob("*.json"):  # the shared build stays untouched
         shutil.copy2(report, workdir / "digits" / report.name)
-    verify = cli("verify", "--repository", str(built.repository), "--report", str(workdir / "digits" / "served.json"))
+    verify = cli("verify", "--repository", str(built.repository), "--workdir", str(workdir), cwd=tmp_path)
     assert verify.returncode == 0, verify.stderr[-3000:]
+    assert (workdir / "verify.json").is_file() and f"report: {reports / 'index.html'}" in verify.stdout
     loadtest = cli("loadtest", "--repository", str(built.repository), "--model", "digits_fp32", "--concurrency", "1,2", *FAST,
-                   "--calibration-root", str(ROOT / "calibration"), "--report-dir", str(reports / "20250101-000000"), cwd=tmp_path)  # fmt: skip
+                   "--calibration-root", str(ROOT / "calibration"), "--workdir", str(workdir), cwd=tmp_path)  # fmt: skip
     assert loadtest.returncode == 0, loadtest.stderr[-3000:]
-    assert f"report: {reports / 'index.html'}" in loadtest.stdout  # loadtest refreshes the page (build/ here is ours) and says where
+    assert f"report: {reports / 'index.html'}" in loadtest.stdout  # loadtest refreshes the workdir's page and says where
+    assert len(list(reports.glob("*/results.json"))) == 1 and list((workdir / "triton").glob("tritonserver-*.log"))
     _tune_run(reports / "tune-20250101-000100")
 
-    proc = cli("report", "--workdir", str(workdir), "--reports", str(reports))
+    proc = cli("report", "--workdir", str(workdir))
     assert proc.returncode == 0, proc.stderr[-3000:]
     page = reports / "index.html"
     assert proc.stdout.strip() == f"report: {page}"
@@ -155,12 +158,12 @@ def test_report_after_build_verify_loadtest_and_tune_renders_every_section(built
     assert page_requests(netlog) == []
     dom = Dom()
     dom.feed(dumped.stdout)
-    assert list(dom.sections) == ["build-digits", "loadtest", "tune"]
+    assert list(dom.sections) == ["build-digits", "verify", "loadtest", "tune"]
     build = dom.sections["build-digits"]
     firsts = [h[0] for h in build["headers"] if h]
-    assert {"stage", "output", "variant", "model"} <= set(firsts)  # stages, parity, accuracy, served
+    assert {"stage", "output", "variant"} <= set(firsts)  # stages, parity, accuracy
     assert {"savedmodel", "onnx", "parity", "fp16", "int8", "accuracy", "publish"} <= set(build["cells"])
-    assert {"digits_fp32", "digits_fp16", "digits_int8"} <= set(build["cells"])  # served rows
+    assert {"digits_fp32", "digits_fp16", "digits_int8"} <= set(dom.sections["verify"]["cells"])  # verify's rows
     load = dom.sections["loadtest"]
     assert any("infer/s" in h for h in load["headers"]) and any("inferences" in h for h in load["headers"])
     assert len(load["images"]) == 2

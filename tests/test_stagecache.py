@@ -178,3 +178,16 @@ def test_manifest_is_written_whole(tmp_path: Path, files: tuple[Path, Path]) -> 
     assert [(s["name"], s["status"], s["note"]) for s in data["stages"]] == [("copy", "ran", ""), ("verify", "ran", "served"), ("engine", "not run", "no TensorRT here")]
     assert data["artifacts"] == {"fp32.onnx": str(dst)}
     assert not [p.name for p in tmp_path.iterdir() if p.name.startswith(".")]
+
+
+def test_the_stage_key_covers_the_pipelines_own_code(tmp_path: Path) -> None:
+    import shutil
+
+    from pipeline.fingerprint import code_hash
+
+    package = tmp_path / "pipeline"
+    shutil.copytree(Path(__file__).resolve().parents[1] / "pipeline", package, ignore=shutil.ignore_patterns("__pycache__"))
+    before = code_hash(package)
+    gates = package / "gates.py"
+    gates.write_text(gates.read_text().replace("0.95", "0.9", 1))  # a changed gate default
+    assert code_hash(package) != before

@@ -15,22 +15,18 @@ counted errors, not a busy loop.
 
 from __future__ import annotations
 
-import errno
-import heapq
-import itertools
 import select
 import socket
 import time
 from collections import deque
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 
 from pipeline.errors import PipelineError
 from pipeline.loadtest.client import Endpoint, response_frame
+from pipeline.loadtest.loop import EpollLoop, backoff_ns, new_socket, take_payload
 from pipeline.loadtest.policy import ClosedLoop, OpenLoop, Policy
 from pipeline.loadtest.recorder import Recorder, connect_kind, error_detail, lost_kind
-from pipeline.loadtest.timer import DueTimer
 
-_BACKOFF_NS = (10_000_000, 20_000_000, 50_000_000, 100_000_000, 200_000_000, 500_000_000)
 _RECV = 65536
 _IN, _OUT, _BAD = select.EPOLLIN, select.EPOLLOUT, select.EPOLLHUP | select.EPOLLERR
 
@@ -76,7 +72,7 @@ class _Conn:
         self.out: memoryview | None = None
 
 
-class HttpEngine:
+class HttpEngine(EpollLoop):
     """Drive ``policy`` against every endpoint; each endpoint gets the full policy (its own
     ``concurrency`` connections, or its own ``rate``) and its own :class:`Recorder`.
 
@@ -92,33 +88,16 @@ class HttpEngine:
         timeout_s: float,
         max_connections: int = 256,
     ) -> None:
-        self._policy = policy
+        super().__init__(policy, timeout_s)
         self._targets = [_Target(e, p, policy, max_connections) for e, p in targets]
-        self.recorders = [t.recorder for t in self._targets]
-        self._timeout_ns = int(timeout_s * 1e9)
-        self._watch_every_ns = min(100_000_000, self._timeout_ns // 4)
-        self._next_watch_ns = 0
-        self._epoll = select.epoll()
         self._conns: dict[int, _Conn] = {}
-        self._timers: list[tuple[int, int, Callable[[], None]]] = []
-        self._seq = itertools.count()
-        self._running = False
-        self._due_timer: DueTimer | None = None
 
     # -- life cycle -----------------------------------------------------------------------------
     def start(self) -> None:
         """Open connections (closed loop: all of them) and start the open-loop schedules."""
-        self._running = True
-        now = time.perf_counter_ns()
-        self._next_watch_ns = now + self._watch_every_ns
-        if isinstance(self._policy, OpenLoop):
-            self._due_timer = DueTimer.create()
-            if self._due_timer is not None:
-                self._epoll.register(self._due_timer.fileno(), _IN)
+        self._begin()
         for t in self._targets:
             if isinstance(self._policy, OpenLoop):
-                t.gaps = self._policy.gaps_ns()
-                t.next_due_ns = now + next(t.gaps)
                 t.want = min(t.max_connections, 4)
             self._grow(t)
 
@@ -126,88 +105,17 @@ class HttpEngine:
     def in_flight(self) -> int:
         return sum(1 for c in self._conns.values() if c.busy)
 
-    def run_until(self, deadline_ns: int) -> None:
-        """Serve events, timers and the schedule until ``deadline_ns`` (``perf_counter_ns``)."""
-        poll, conns, pc = self._epoll.poll, self._conns, time.perf_counter_ns
-        open_loop = isinstance(self._policy, OpenLoop)
-        due_timer = self._due_timer
-        due_fd = due_timer.fileno() if due_timer is not None else -1
-        while True:
-            now = pc()
-            if now >= deadline_ns:
-                return
-            wake = deadline_ns
-            if open_loop and self._running:
-                due = deadline_ns
-                for t in self._targets:
-                    if t.next_due_ns <= now:
-                        self._dispatch(t, now)
-                    due = min(due, t.next_due_ns)
-                if due_timer is not None:
-                    due_timer.arm(due)
-                else:
-                    wake = due
-            timers = self._timers
-            while timers and timers[0][0] <= now:
-                heapq.heappop(timers)[2]()
-            if timers:
-                wake = min(wake, timers[0][0])
-            if now >= self._next_watch_ns:
-                self._watch(now)
-            wake = min(wake, self._next_watch_ns)
-            # epoll's timeout has 1 ms grain (rounded up); the open-loop send lag shows the cost.
-            for fd, events in poll(max(0, wake - now) / 1e9):
-                conn = conns.get(fd)
-                if conn is None:
-                    if fd == due_fd:
-                        due_timer.clear()  # type: ignore[union-attr]
-                    continue
-                if conn.connecting:
-                    self._connected(conn)
-                    continue
-                if events & _OUT and conn.out is not None:
-                    self._flush(conn)
-                if events & (_IN | _BAD):
-                    self._readable(conn)
-
-    def stop(self) -> None:
-        """Send nothing new; requests in flight may still complete."""
-        self._running = False
-
-    def finish(self, drain_s: float) -> None:
-        """Stop, wait up to ``drain_s`` for requests in flight, then close every connection.
-
-        Requests still in flight then are counted as ``abandoned``; open-loop requests that never
-        went out as ``unsent`` (per endpoint)."""
-        self.stop()
-        deadline = time.perf_counter_ns() + int(drain_s * 1e9)
-        while self.in_flight and time.perf_counter_ns() < deadline:
-            self.run_until(min(deadline, time.perf_counter_ns() + 5_000_000))
+    def _close_all(self) -> None:
         for conn in list(self._conns.values()):
             if conn.busy:
                 conn.target.recorder.abandoned += 1
                 conn.busy = False
             self._close(conn)
-        for t in self._targets:
-            t.unsent += len(t.backlog)
-            t.backlog.clear()
-        self._timers.clear()
-        self._epoll.close()
-        if self._due_timer is not None:
-            self._due_timer.close()
-
-    @property
-    def unsent(self) -> list[int]:
-        """Per endpoint: open-loop requests scheduled but never sent (known after ``finish``)."""
-        return [t.unsent for t in self._targets]
 
     # -- the hot path ---------------------------------------------------------------------------
     def _send(self, conn: _Conn, stamp_ns: int) -> None:
         t = conn.target
-        i = t.next_payload
-        payload = t.payloads[i]
-        t.next_payload = i + 1 if i + 1 < len(t.payloads) else 0
-        t.recorder.sent += 1
+        payload = take_payload(t)
         conn.busy = True
         conn.stamp_ns = stamp_ns
         conn.sent_ns = sent = time.perf_counter_ns()
@@ -238,15 +146,8 @@ class HttpEngine:
             self._epoll.modify(conn.fd, _IN)
 
     def _readable(self, conn: _Conn) -> None:
-        try:
-            data = conn.sock.recv(_RECV)
-        except BlockingIOError:
-            return
-        except OSError as exc:
-            self._lost(conn, exc)
-            return
-        if not data:
-            self._lost(conn, None)
+        data = self._receive(conn, _RECV)
+        if data is None:
             return
         if conn.buf is not None:
             conn.buf += data
@@ -309,7 +210,7 @@ class HttpEngine:
             self._connect(t)
         if t.failures and not t.retry_armed and len(t.open) + t.connecting < t.want:
             t.retry_armed = True
-            delay = _BACKOFF_NS[min(t.failures, len(_BACKOFF_NS)) - 1]
+            delay = backoff_ns(t.failures)
             self._after(delay, lambda: self._retry(t))
 
     def _retry(self, t: _Target) -> None:
@@ -318,24 +219,12 @@ class HttpEngine:
             self._connect(t)
 
     def _connect(self, t: _Target) -> None:
-        sock = socket.socket(t.family, socket.SOCK_STREAM)
-        sock.setblocking(False)
-        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        conn = _Conn(sock, t)
+        conn = _Conn(new_socket(t.family), t)
         conn.sent_ns = time.perf_counter_ns()  # connect timeouts count from here
         t.connecting += 1
-        self._conns[conn.fd] = conn
-        code = sock.connect_ex(t.sockaddr)
-        if code not in (0, errno.EINPROGRESS):
-            self._connect_failed(conn, code)
-            return
-        self._epoll.register(conn.fd, _OUT)
+        self._dial(conn)
 
     def _connected(self, conn: _Conn) -> None:
-        code = conn.sock.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR)
-        if code:
-            self._connect_failed(conn, code)
-            return
         t = conn.target
         conn.connecting = False
         t.connecting -= 1
@@ -400,6 +289,3 @@ class HttpEngine:
                 self._close(conn)
                 if isinstance(self._policy, ClosedLoop) or conn.target.backlog:
                     self._grow(conn.target)
-
-    def _after(self, delay_ns: int, callback: Callable[[], None]) -> None:
-        heapq.heappush(self._timers, (time.perf_counter_ns() + delay_ns, next(self._seq), callback))

@@ -1,4 +1,9 @@
-"""gRPC load: grpcio's future API with requests serialized once (a ``ModelInferRequest`` as bytes).
+"""gRPC requests serialized once (a ``ModelInferRequest`` as bytes), checked against tritonclient,
+and a load engine on grpcio's future API.
+
+``loadtest --protocol grpc`` loads through :mod:`pipeline.loadtest.h2_load` (HTTP/2 framed in an
+epoll loop, a fraction of the client CPU per request); :class:`GrpcEngine` stays as the grpcio
+reference that ``scripts/bench_grpc.py --engine grpcio`` measures.
 
 Leaner than tritonclient's gRPC clients (no protobuf building per request, no response decoding)
 but grpcio still costs far more per call than the HTTP engine: measured here ~200-350 µs of

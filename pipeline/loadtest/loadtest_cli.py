@@ -9,15 +9,17 @@ import logging
 import math
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
-from pipeline.errors import EXIT_CHECK_FAILED, PipelineError, require
+from pipeline.errors import EXIT_CHECK_FAILED, PipelineError, require, require_creatable
 from pipeline.loadtest.client import Endpoint, endpoint_from_url
 from pipeline.loadtest.measure import WindowSettings
 from pipeline.loadtest.metrics import default_metrics_endpoint
 from pipeline.loadtest.payload import ENCODINGS, eval_data_path
 from pipeline.loadtest.policy import ARRIVALS, policies_from_options
-from pipeline.loadtest.results import RunResult, best_point
+from pipeline.loadtest.results import RunResult, best_point, unstable_hint
 from pipeline.loadtest.runner import PROTOCOLS, LoadTestSettings, run_loadtest
+from pipeline.reportdirs import REPORT_DIR_HELP, run_report_dirs
 
 log = logging.getLogger(__name__)
 
@@ -36,7 +38,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
             "throughput, client latency percentiles, errors by kind, and Triton's own breakdown from its statistics "
             "extension (queue, compute input/infer/output, average batch size) over the same windows.\n\n"
             "Without --url the embedded tritonserver is started on --repository, every served variant is measured, "
-            "and the server is stopped. Reports go to reports/<timestamp>/: results.json, results.csv and PNG plots."
+            "and the server is stopped. Reports go to <workdir>/reports/<timestamp>/ (or --report-dir): results.json, results.csv, PNG plots and the HTML page."
         ),
         epilog=(
             "load policies:\n"
@@ -72,8 +74,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     req = p.add_argument_group("requests")
     req.add_argument("--batch-size", type=int, default=1, help="samples per request; infer/s = requests/s × this (default: %(default)s)")
     req.add_argument("--protocol", choices=PROTOCOLS, default="http",
-                     help="http: the lean generator; grpc: grpcio futures with pre-serialized requests — roughly ten "
-                          "times the client CPU per request (taken from a server on the same machine), reported per "
+                     help="http: HTTP/1.1 keep-alive connections; grpc: gRPC over one HTTP/2 connection per endpoint, "
+                          "requests serialized once — both driven by one epoll loop, client CPU per request reported per "
                           "point (default: %(default)s)")
     req.add_argument("--encoding", choices=ENCODINGS, default="binary",
                      help="HTTP body: binary tensor extension (JSON header + raw tensor bytes, outputs binary) or plain "
@@ -88,6 +90,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     load.add_argument("--request-rate", metavar="R[,R...]", help="open-loop request rates in requests/s per endpoint")
     load.add_argument("--arrivals", choices=ARRIVALS, default="constant", help="open-loop spacing of requests (default: %(default)s)")
     load.add_argument("--seed", type=int, default=0, help="seed of the Poisson schedule (default: %(default)s)")
+    load.add_argument("--workers", type=int, default=1, metavar="N",
+                      help="load-generating processes on this machine, started together: the concurrency (or rate) is "
+                           "split across them and every latency sample goes into one report, so percentiles are exact; "
+                           "one process drives about one core (default: %(default)s)")
     load.add_argument("--max-connections", type=int, default=256,
                       help="open loop: connections per endpoint at most; beyond that requests wait in the client's "
                            "backlog, still timed from their scheduled time (default: %(default)s)")
@@ -98,9 +104,26 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                       "is reported as such when it is reached (default: %(default)g)")
     meas.add_argument("--stability-percentage", type=float, default=10,
                       help="the last 3 windows' throughput and mean latency must lie within this %% of their mean (default: %(default)g)")
+    dist = p.add_argument_group("distributed (several machines: one shard per machine, merged afterwards)")
+    dist.add_argument("--shard", metavar="I/N", help="run shard I of N: 1/N of every point's load, on the schedule that "
+                      "--start-at fixes for all shards, writing raw results to --shard-output instead of reports")
+    dist.add_argument("--start-at", metavar="TIME", help="wall-clock start of the first point, the same for every shard: "
+                      "ISO 8601 with a zone (2026-12-01T21:00:00Z), epoch seconds, or +SECONDS from now")
+    dist.add_argument("--shard-output", type=Path, metavar="DIR", help="with --shard: where shard-<i>-of-<n>.npz is written")
+    dist.add_argument("--merge", type=Path, nargs="+", metavar="PATH",
+                      help="merge shard files (or folders of them) into one report with exact percentiles; runs no load")
+    dist.add_argument("--k8s-job", type=Path, metavar="DIR", help="write a Kubernetes Indexed Job (one pod per shard, "
+                      "against --url, e.g. the Triton Service) and its results volume claim into DIR; runs no load")
+    dist.add_argument("--pods", type=int, default=2, help="with --k8s-job: shards, one pod each (default: %(default)s)")
+    dist.add_argument("--image", default="", help="with --k8s-job: an image with this project (and the evaluation data) installed")
+    dist.add_argument("--job-name", default="triton-loadtest", help="with --k8s-job: the Job's name (default: %(default)s)")
+    dist.add_argument("--results-claim", default="triton-loadtest-results",
+                      help="with --k8s-job: the ReadWriteMany PersistentVolumeClaim the pods write to (default: %(default)s)")
     out = p.add_argument_group("output")
     out.add_argument("--slo-p99-ms", type=float, metavar="MS", help="exit 1 when no point has p99 ≤ MS (and no errors); name the best one that does")
-    out.add_argument("--report-dir", type=Path, help="where reports go (default: reports/<timestamp>)")
+    out.add_argument("--report-dir", type=Path, help=REPORT_DIR_HELP.format(run="<timestamp>"))
+    out.add_argument("--workdir", type=Path, default=Path("build"),
+                     help="server logs (<workdir>/triton), the reports folder and the builds the page shows (default: %(default)s)")
     p.set_defaults(handler=run)
 
 
@@ -113,6 +136,7 @@ def settings_from_args(
     require(args.warmup_ms >= 0, "--warmup-ms cannot be negative", "use 0 to skip the warm-up")
     require(args.timeout_ms > 0, "--timeout-ms must be positive", "e.g. --timeout-ms 5000")
     require(args.max_connections >= 1, "--max-connections must be at least 1", "e.g. --max-connections 256")
+    require(args.workers >= 1, f"--workers must be at least 1, got {args.workers}", "e.g. --workers 2")
     require(0 < args.stability_percentage < 100, "--stability-percentage must be between 0 and 100", "e.g. 10")
     minimum = (args.warmup_ms + 3 * args.window_ms) / 1000
     require(args.max_seconds >= minimum,
@@ -140,6 +164,7 @@ def settings_from_args(
         calibration_dir=args.calibration_root,
         metrics_endpoints=tuple(metrics or ()),
         repository=None if args.url else args.repository,
+        workers=args.workers,
     )
 
 
@@ -161,7 +186,7 @@ def _servers(args: argparse.Namespace) -> Iterator[tuple[list[Endpoint], list[En
 
     _check_before_start(args)
     log.info("starting the embedded tritonserver on %s", args.repository)
-    with TritonServer(args.repository) as server:
+    with TritonServer(args.repository, workdir=args.workdir) as server:
         models = list(args.model) or list(server.ready_models)
         missing = [m for m in models if m not in server.ready_models]
         require(not missing, f"model(s) {', '.join(missing)} are not served from {args.repository} "
@@ -189,13 +214,28 @@ def run(args: argparse.Namespace) -> int:
     from pipeline.console import console as make_console
 
     console = make_console()
+    report_dir, page_folder = run_report_dirs(args.report_dir, args.workdir)
+    if args.merge:
+        from pipeline.loadtest.merge import merge_shards
+
+        require_creatable(report_dir, "--report-dir")
+        return _show(merge_shards(args.merge), args, report_dir, page_folder, console)
     # Options are checked before any server starts, so a typo costs no startup time.
     settings_from_args(args, [Endpoint("127.0.0.1", 1)], [Endpoint("127.0.0.1", 1)], [])
-    report_dir = args.report_dir or Path("reports") / _dt.datetime.now().strftime("%Y%m%d-%H%M%S")
+    if args.k8s_job or args.shard:
+        require(bool(args.url), f"{'--k8s-job' if args.k8s_job else '--shard'} needs the address of the servers to load",
+                "pass --url HOST:PORT (in Kubernetes: the Triton Service, e.g. --url triton-mig-1g-18gb:8000)")
+        return _write_k8s_job(args, console) if args.k8s_job else _run_shard(args, console)
+    require_creatable(report_dir, "--report-dir")
     with _servers(args) as (endpoints, grpc, models, skipped, metrics):
         settings = settings_from_args(args, endpoints, grpc, models, metrics)
         result = run_loadtest(settings)
         result.skipped_models = skipped
+    return _show(result, args, report_dir, page_folder, console)
+
+
+def _show(result: RunResult, args: argparse.Namespace, report_dir: Path, page_folder: Path, console: Any) -> int:
+    """The tables, the reports, the exit status."""
     if not result.points:
         raise PipelineError("no load point was measured", "check the server and the --model names")
     from pipeline.loadtest.report import metrics_table, table, write_reports
@@ -206,10 +246,51 @@ def run(args: argparse.Namespace) -> int:
     console.print(f"reports: {', '.join(str(p) for p in written)}")
     from pipeline.htmlreport import refresh_html_report
 
-    page = refresh_html_report(Path("build"), report_dir.parent)
+    page = refresh_html_report(args.workdir, page_folder)
     if page:
         console.print(f"report: {page}")
     return _verdict(result, args.slo_p99_ms, console)
+
+
+# the options a shard pod repeats (everything that shapes the load and its measurement)
+_SHARD_OPTIONS = (
+    "url", "grpc_url", "model", "batch_size", "protocol", "encoding", "data", "calibration_root", "timeout_ms",
+    "concurrency", "request_rate", "arrivals", "seed", "workers", "max_connections", "window_ms", "warmup_ms",
+    "max_seconds", "stability_percentage",
+)  # fmt: skip
+
+
+def _write_k8s_job(args: argparse.Namespace, console: Any) -> int:
+    from pipeline.loadtest.k8s_job import job_manifests, write_job
+    from pipeline.loadtest.shards import parse_start
+
+    forwarded: list[str] = []
+    for name in _SHARD_OPTIONS:
+        value = getattr(args, name)
+        for v in value if isinstance(value, list) else [value]:
+            if v is not None:
+                forwarded += [f"--{name.replace('_', '-')}", str(v)]
+    start = parse_start(args.start_at or "+300")
+    docs = job_manifests(args.job_name, args.image, args.pods, forwarded, start, args.results_claim)
+    written = write_job(args.k8s_job, docs)
+    console.print(f"wrote {', '.join(str(p) for p in written)}")
+    console.print(f"the {args.pods} pods start the load at {_dt.datetime.fromtimestamp(start).astimezone():%Y-%m-%d %H:%M:%S %Z}: "
+                  f"kubectl apply -f {args.k8s_job} before then; afterwards, where the claim is mounted: "
+                  f"python -m pipeline loadtest --merge /results/{args.job_name}")
+    return 0
+
+
+def _run_shard(args: argparse.Namespace, console: Any) -> int:
+    from pipeline.loadtest.shards import ShardPlan, parse_shard, parse_start, run_shard
+
+    index, count = parse_shard(args.shard)
+    require(args.start_at is not None, "--shard needs --start-at, the same for every shard", "e.g. --start-at 2026-12-01T21:00:00Z")
+    require(args.shard_output is not None, "--shard needs --shard-output", "e.g. --shard-output /results/run1")
+    with _servers(args) as (endpoints, grpc, models, _, metrics):
+        settings = settings_from_args(args, endpoints, grpc, models, metrics)
+        path = run_shard(settings, ShardPlan(index, count, parse_start(args.start_at)), args.shard_output)
+    console.print(f"shard results: {path}")
+    return 0
 
 
 def _verdict(result: RunResult, slo_p99_ms: float | None, console: object) -> int:
@@ -229,6 +310,9 @@ def _verdict(result: RunResult, slo_p99_ms: float | None, console: object) -> in
         console.print(f"[red]{total} failed requests in {len(errored)} point(s): "  # type: ignore[attr-defined]
                       f"{', '.join(f'{k} ×{v}' for k, v in sorted(kinds.items()))}[/]")
         status = EXIT_CHECK_FAILED
+    hint = unstable_hint(result.points, result.settings.get("stability_threshold", 0.1), result.settings["window_s"], result.settings["max_s_per_point"])
+    if hint:
+        console.print(f"[yellow]{hint}[/]")  # type: ignore[attr-defined]
     cpu = [p.client_cpu_us_per_request for p in result.points if not math.isnan(p.client_cpu_us_per_request)]
     if cpu:
         console.print(f"client CPU per request: {min(cpu):.1f}-{max(cpu):.1f} µs ({result.generator['engine']})")  # type: ignore[attr-defined]

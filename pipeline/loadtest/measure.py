@@ -26,6 +26,7 @@ from pipeline.loadtest.window import Mark, Window, is_stable
 log = logging.getLogger(__name__)
 
 _STATS_TIMEOUT_S = 3.0
+_READ_BEFORE_START_NS = 500_000_000  # a shard's first server read, this long before its shared start
 
 
 class Engine(Protocol):
@@ -50,6 +51,11 @@ class WindowSettings:
     stable_windows: int = 3
     threshold: float = 0.10
     drain_s: float = 5.0
+    # A shard of a distributed test runs every window up to max_s (the stability of the whole load
+    # is judged when the shards are merged), and waits settle_s after its drain before the last
+    # server read, so that the other shards' last requests are in it.
+    fixed: bool = False
+    settle_s: float = 0.0
 
 
 @dataclass
@@ -75,33 +81,50 @@ StatsFetch = Callable[[], ServerCounters]
 
 
 def measure(
-    engine: Engine, settings: WindowSettings, fetchers: Sequence[StatsFetch], offered_rps: float | None = None
+    engine: Engine,
+    settings: WindowSettings,
+    fetchers: Sequence[StatsFetch],
+    offered_rps: float | None = None,
+    *,
+    cpu: Callable[[], float] = time.process_time,
+    start_ns: int | None = None,
 ) -> Measurement:
     """Run one point on ``engine``; ``fetchers`` read each endpoint's server counters.
+
+    ``cpu``: the client's CPU seconds so far (this process; worker processes add theirs).
+    ``start_ns``: start the load at this ``perf_counter_ns`` instant (a shard's shared start).
 
     ``offered_rps`` (open loop, all endpoints together): when the last windows all complete less
     than ``1 - threshold`` of it, the server is overloaded — its queue only grows, so the point
     can never be stable and ends at once, marked ``overloaded``."""
     recorders = engine.recorders
     notes = [""] * len(fetchers)
+    if start_ns is not None:
+        # the other shards' preparation (their request checks) is done by now, and their load not begun
+        _sleep_until(start_ns - _READ_BEFORE_START_NS)
     before = [_read_now(f, notes, i) for i, f in enumerate(fetchers)]
     probe = _Probe(fetchers)
     try:
-        began = time.perf_counter_ns()
+        if start_ns is not None:
+            _sleep_until(start_ns)
+        began = time.perf_counter_ns() if start_ns is None else start_ns
         bound = began + int(settings.max_s * 1e9)
-        start = Mark.take(recorders, began, time.process_time())
+        start = Mark.take(recorders, began, cpu())
         engine.start()
         engine.run_until(min(began + int(settings.warmup_s * 1e9), bound))
-        warm = Mark.take(recorders, time.perf_counter_ns(), time.process_time())
+        # a shard's windows lie on the shared schedule, so that window i of every shard is one interval
+        warm = Mark.take(recorders, began + int(settings.warmup_s * 1e9) if settings.fixed else time.perf_counter_ns(), cpu())
         aborted = _dead(Window(start, warm))
         marks, stats = [warm], [probe.read()]
         windows: list[Window] = []
         stable = overloaded = False
         throughputs: list[float] = []
         latencies: list[float] = []
-        while aborted is None and marks[-1].at_ns < bound:
-            engine.run_until(min(marks[-1].at_ns + int(settings.window_s * 1e9), bound))
-            mark = Mark.take(recorders, time.perf_counter_ns(), time.process_time())
+        step = int(settings.window_s * 1e9)
+        while aborted is None and (marks[-1].at_ns + step <= bound if settings.fixed else marks[-1].at_ns < bound):
+            due = min(marks[-1].at_ns + step, bound)
+            engine.run_until(due)
+            mark = Mark.take(recorders, due if settings.fixed else time.perf_counter_ns(), cpu())
             marks.append(mark)
             stats.append(probe.read())
             window = Window(marks[-2], mark)
@@ -118,10 +141,11 @@ def measure(
             ):
                 overloaded = True
                 break
-            if is_stable(throughputs, latencies, count=settings.stable_windows, threshold=settings.threshold):
-                stable = True
+            stable = is_stable(throughputs, latencies, count=settings.stable_windows, threshold=settings.threshold)
+            if stable and not settings.fixed:
                 break
         engine.finish(settings.drain_s)
+        time.sleep(settings.settle_s)
         wall = (time.perf_counter_ns() - began) / 1e9
         used = min(settings.stable_windows, len(windows))
         first = len(marks) - 1 - used
@@ -142,6 +166,10 @@ def measure(
         server_total=[_delta(a, b) for b, a in zip(before, after)],
         server_notes=notes,
     )
+
+
+def _sleep_until(at_ns: int) -> None:
+    time.sleep(max(0.0, (at_ns - time.perf_counter_ns()) / 1e9))
 
 
 def _dead(window: Window) -> str | None:

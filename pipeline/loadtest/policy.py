@@ -88,6 +88,19 @@ def schedule_ns(policy: OpenLoop, start_ns: int, count: int) -> list[int]:
     return out
 
 
+def split(policy: Policy, parts: int) -> list[Policy | None]:
+    """``policy`` shared by ``parts`` load generators (worker processes or pods).
+
+    A closed loop splits its concurrency (``None`` for a worker left without any); an open loop
+    splits its rate, each part with its own seed so that the Poisson schedules are independent
+    (their sum is again a Poisson process of the whole rate)."""
+    if isinstance(policy, ClosedLoop):
+        base, extra = divmod(policy.concurrency, parts)
+        counts = [base + (1 if i < extra else 0) for i in range(parts)]
+        return [ClosedLoop(c) if c else None for c in counts]
+    return [OpenLoop(policy.rate / parts, policy.arrivals, policy.seed * parts + i) for i in range(parts)]
+
+
 def _numbers(text: str, option: str, kind: type) -> list:
     try:
         values = [kind(v) for v in text.split(",") if v.strip()]

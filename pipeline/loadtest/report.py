@@ -19,7 +19,7 @@ CSV_FIELDS = (
     "server_request_us", "server_queue_us", "server_compute_input_us", "server_compute_infer_us",
     "server_compute_output_us", "server_avg_batch_size", "client_successes_total", "server_successes_total",
     "client_cpu_us_per_request",
-    "metrics_inferences", "metrics_executions", "metrics_failure", "metrics_request_us", "metrics_queue_us",
+    "metrics_seconds", "metrics_inferences", "metrics_infer_per_s", "metrics_executions", "metrics_failure", "metrics_request_us", "metrics_queue_us",
     "metrics_compute_infer_us", "metrics_cpu_utilization", "metrics_gpu_utilization", "metrics_gpu_memory_used_bytes", "metrics_note",
 )  # fmt: skip
 
@@ -27,7 +27,8 @@ CSV_FIELDS = (
 def points_data(result: RunResult, slo_p99_ms: float | None = None) -> TableData:
     """Every point (aggregate rows, then one row per endpoint if several); the best point meeting the SLO marked."""
     several = len(result.settings.get("endpoints", [])) > 1
-    t = TableData(f"Triton load test — {result.settings['protocol']} ({result.points[0].encoding if result.points else ''})", [
+    t = TableData(f"Triton load test — {result.settings['protocol']} ({result.points[0].encoding if result.points else ''}); "
+                  f"infer/s, latency and Triton's breakdown over each point's {result.settings.get('stability', 'measured windows').split(' within')[0]}", [
         "model", "load", "infer/s", "p50 ms", "p90", "p95", "p99", "max", "errors", "queue µs",
         "in µs", "infer µs", "out µs", "batch", "client µs/req", "stable",
     ])  # fmt: skip
@@ -65,9 +66,9 @@ def _num(value: Any, digits: int) -> str:
 
 def metrics_data(result: RunResult) -> TableData:
     """Triton's Prometheus metrics per point (aggregate rows); the caption says why figures are missing."""
-    t = TableData("Triton Prometheus metrics over each point (/metrics deltas, gauges at the end)", [
-        "model", "load", "inferences", "executions", "batch", "failures", "request µs", "queue µs", "infer µs",
-        "CPU util", "GPU util", "GPU memory",
+    t = TableData("Triton Prometheus metrics over each whole point: warm-up, windows and drain (/metrics deltas, gauges at the end)", [
+        "model", "load", "seconds", "inferences", "infer/s", "executions", "batch", "failures", "request µs", "queue µs",
+        "infer µs", "CPU util", "GPU util", "GPU memory",
     ])  # fmt: skip
     notes = []
     for point in result.points:
@@ -83,7 +84,8 @@ def metrics_data(result: RunResult) -> TableData:
         used = sum(g["memory_used_bytes"] or 0 for g in gpus)
         total = sum(g["memory_total_bytes"] or 0 for g in gpus)
         t.add([
-            point.model, point.label, _num(m["inferences"], 0), _num(m["executions"], 0), _num(m["avg_batch_size"], 2),
+            point.model, point.label, _num(m.get("seconds"), 1), _num(m["inferences"], 0), _num(m.get("infer_per_s"), 1),
+            _num(m["executions"], 0), _num(m["avg_batch_size"], 2),
             _num(m["failure"], 0), _num(m["request_us"], 0), _num(m["queue_us"], 0), _num(m["compute_infer_us"], 0),
             "—" if m.get("cpu_utilization") is None else f"{m['cpu_utilization']:.0%}",
             f"{sum(util) / len(util):.0%}" if util else "—",
@@ -103,7 +105,8 @@ def _metrics_cells(r: EndpointResult) -> dict[str, Any]:
     gpus = m.get("gpus") or []
     util = [g["utilization"] for g in gpus if g.get("utilization") is not None]
     return {
-        "metrics_inferences": m.get("inferences", ""), "metrics_executions": m.get("executions", ""),
+        "metrics_seconds": _blank(m.get("seconds")), "metrics_inferences": m.get("inferences", ""),
+        "metrics_infer_per_s": _blank(m.get("infer_per_s")), "metrics_executions": m.get("executions", ""),
         "metrics_failure": m.get("failure", ""), "metrics_request_us": _blank(m.get("request_us")),
         "metrics_queue_us": _blank(m.get("queue_us")), "metrics_compute_infer_us": _blank(m.get("compute_infer_us")),
         "metrics_cpu_utilization": _blank(m.get("cpu_utilization")),

@@ -70,6 +70,8 @@ class PointResult:
     aggregate: EndpointResult
     endpoints: list[EndpointResult] = field(default_factory=list)
     aborted: str | None = None
+    incomplete: str | None = None  # load generators (worker processes, shards) whose share is missing, and why
+    window_spread: dict[str, float] | None = None  # the used windows' throughput / mean latency: largest deviation from their mean (fraction)
 
     @property
     def label(self) -> str:
@@ -139,6 +141,21 @@ def run_from_dict(payload: dict[str, Any]) -> RunResult:
     return RunResult(
         started=payload["started"], settings=payload["settings"], server=payload["server"], generator=payload["generator"],
         points=points, failures=payload.get("failures", []), skipped_models=payload.get("skipped_models", {}),
+    )
+
+
+def unstable_hint(points: list[PointResult], threshold: float, window_s: float, max_s: float) -> str | None:
+    """What to change when points ended unstable: which figure varied, by how much, and the options."""
+    unstable = [p for p in points if not p.stable and not p.overloaded and not p.aborted and p.window_spread]
+    if not unstable:
+        return None
+    worst = {k: max(p.window_spread[k] for p in unstable) for k in ("throughput", "latency")}  # type: ignore[index]
+    varied = " and ".join(f"{k} by up to {v:.0%}" for k, v in worst.items() if v > threshold) or "too few windows"
+    return (
+        f"{len(unstable)} point(s) not stable within --max-seconds {max_s:g}: their last windows' {varied} "
+        f"(allowed: {threshold:.0%}). Longer windows average more requests: --window-ms {window_s * 2000:g} "
+        f"--max-seconds {max(max_s * 2, 30):g}; on a busy machine, free it or accept more with --stability-percentage "
+        f"{min(99, round(max(worst.values()) * 100 + 5)) if all(map(math.isfinite, worst.values())) else 25}"
     )
 
 

@@ -3,10 +3,12 @@ against tritonclient, then measure every load point of the sweep on every endpoi
 
 from __future__ import annotations
 
+import contextlib
 import datetime as _dt
 import functools
 import logging
 import platform
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -16,7 +18,6 @@ import numpy as np
 from pipeline.errors import PipelineError
 from pipeline.loadtest import payload as pl
 from pipeline.loadtest.client import Endpoint, post_request_bytes
-from pipeline.loadtest.engine import HttpEngine
 from pipeline.loadtest import metrics as pm
 from pipeline.loadtest.measure import (
     Measurement,
@@ -36,6 +37,8 @@ from pipeline.loadtest.targets import (
     server_metadata,
 )
 from pipeline.loadtest.request_check import check_request
+from pipeline.loadtest.window import spread
+from pipeline.loadtest.workers import EngineSpec, WorkerPool, build_engine
 from pipeline.progress import progress
 
 log = logging.getLogger(__name__)
@@ -62,10 +65,20 @@ class LoadTestSettings:
     repository: Path | None = None  # where the builds recorded their evaluation data (embedded server's repository)
     distinct_requests: int = 16
     metrics_endpoints: tuple[Endpoint | None, ...] = ()  # Prometheus /metrics per HTTP endpoint (None: not scraped)
+    workers: int = 1  # load-generating processes on this machine (pipeline.loadtest.workers)
 
 
 def run_loadtest(settings: LoadTestSettings) -> RunResult:
     """Measure every model × load point; stops early (with a failure noted) if a server dies."""
+    result = new_run(settings)
+    for model in result.settings["models"]:
+        if not _run_model(settings, model, result):
+            break
+    return result
+
+
+def new_run(settings: LoadTestSettings) -> RunResult:
+    """Check the settings and the servers (every model ready everywhere); the run's empty result."""
     if settings.protocol not in PROTOCOLS:
         raise PipelineError(f"unknown --protocol '{settings.protocol}'", f"use one of: {', '.join(PROTOCOLS)}")
     if settings.protocol == "grpc" and len(settings.grpc_endpoints) != len(settings.endpoints):
@@ -84,24 +97,17 @@ def run_loadtest(settings: LoadTestSettings) -> RunResult:
     for model in models:
         for endpoint in settings.endpoints:
             require_ready(endpoint, model)
-    for model in models:
-        if not _run_model(settings, model, result):
-            break
     return result
 
 
 def _run_model(settings: LoadTestSettings, model: str, result: RunResult) -> bool:
     """Run the sweep of one model; False when the run must stop (a server is gone)."""
-    io = model_io(settings.endpoints[0], model)
-    samples = pl.load_samples(settings.data or pl.eval_data_path(model, settings.calibration_dir, settings.repository))
-    batches = pl.request_batches(samples, io, settings.batch_size, settings.distinct_requests)
-    targets = _targets(settings, io, batches)
-    log.info("%s: %d distinct requests of batch %d, %s/%s", model, len(batches), settings.batch_size, settings.protocol,
-             settings.encoding if settings.protocol == "http" else "protobuf")
-    with progress(f"load test {model}", len(settings.policies), unit="points", summary=False) as bar:  # each point logs its line
-        for policy in bar.track(settings.policies):
+    spec = model_spec(settings, model)
+    with contextlib.ExitStack() as stack, progress(f"load test {model}", len(settings.policies), unit="points", summary=False) as bar:
+        pool = stack.enter_context(WorkerPool(settings.workers, spec)) if settings.workers > 1 else None
+        for policy in bar.track(settings.policies):  # each point logs its line
             bar.note(policy.label)
-            point = _run_point(settings, model, policy, targets)
+            point = _run_point(settings, model, policy, spec, pool)
             result.points.append(point)
             if not _point_done(settings, model, point, result):
                 return False
@@ -110,17 +116,31 @@ def _run_model(settings: LoadTestSettings, model: str, result: RunResult) -> boo
     return True
 
 
-def _run_point(settings: LoadTestSettings, model: str, policy: Policy, targets: list[tuple[Endpoint, list[bytes]]]) -> PointResult:
+def model_spec(settings: LoadTestSettings, model: str) -> EngineSpec:
+    """The engine's requests for ``model``: samples encoded once, the first checked against tritonclient."""
+    io = model_io(settings.endpoints[0], model)
+    samples = pl.load_samples(settings.data or pl.eval_data_path(model, settings.calibration_dir, settings.repository))
+    batches = pl.request_batches(samples, io, settings.batch_size, settings.distinct_requests)
+    log.info("%s: %d distinct requests of batch %d, %s/%s, %d process(es)", model, len(batches), settings.batch_size,
+             settings.protocol, settings.encoding if settings.protocol == "http" else "protobuf", settings.workers)
+    return EngineSpec(settings.protocol, _targets(settings, io, batches), settings.timeout_s, settings.max_connections)
+
+
+def _run_point(settings: LoadTestSettings, model: str, policy: Policy, spec: EngineSpec, pool: WorkerPool | None) -> PointResult:
     """Measure one load point, with Triton's Prometheus metrics scraped when it starts and ends."""
     log.debug("%s: %s", model, policy.label)
-    engine = _engine(settings, targets, policy)
+    engine = pool.engine(policy) if pool is not None else build_engine(spec, policy)
     fetchers = [functools.partial(fetch_counters, e, model) for e in settings.endpoints]
-    offered = policy.rate * len(targets) if isinstance(policy, OpenLoop) else None
+    offered = policy.rate * len(spec.targets) if isinstance(policy, OpenLoop) else None
+    scraped_ns = time.perf_counter_ns()
     before = [_scrape(m) for m in _metrics_endpoints(settings)]
-    measurement = measure(engine, settings.windows, fetchers, offered)
+    cpu = engine.cpu_seconds if pool is not None else time.process_time
+    measurement = measure(engine, settings.windows, fetchers, offered, cpu=cpu)
     after = [_scrape(m) for m in _metrics_endpoints(settings)]
     point = point_from_measurement(settings, model, policy, measurement)
-    _attach_metrics(point, model, before, after)
+    if pool is not None:
+        point.incomplete = "; ".join(engine.failures) or None
+    _attach_metrics(point, model, before, after, (time.perf_counter_ns() - scraped_ns) / 1e9)
     return point
 
 
@@ -132,6 +152,8 @@ def _point_done(settings: LoadTestSettings, model: str, point: PointResult, resu
         model, point.label, agg.infer_per_s, agg.latency.p50_ms, agg.latency.p99_ms, agg.error_count,
         " (overloaded: below the offered rate)" if point.overloaded else ("" if point.stable else " (not stable)"), f" — aborted: {point.aborted}" if point.aborted else "",
     )
+    if point.incomplete:
+        result.failures.append(f"{model} {point.label}: incomplete — {point.incomplete}; the other workers' results are kept")
     if point.aborted:
         for endpoint in settings.endpoints:
             try:
@@ -157,23 +179,33 @@ def _scrape(endpoint: Endpoint | None) -> pm.MetricsSnapshot | str:
         return f"Prometheus metrics at {endpoint.address} unavailable: {exc}"
 
 
-def _attach_metrics(point: PointResult, model: str, before: list[pm.MetricsSnapshot | str], after: list[pm.MetricsSnapshot | str]) -> None:
-    """Per endpoint and aggregated: counter deltas over the point and the gauges at its end."""
+def _attach_metrics(
+    point: PointResult, model: str, before: list[pm.MetricsSnapshot | str], after: list[pm.MetricsSnapshot | str], seconds: float
+) -> None:
+    """Per endpoint and aggregated: counter deltas over the point and the gauges at its end.
+
+    The deltas span the whole point (warm-up, every window, drain: ``seconds``), not the last
+    windows the load table's infer/s is computed from; each summary says its interval and rate."""
     deltas, ends = [], []
     for result, start, end in zip(point.endpoints, before, after):
         if isinstance(start, str) or isinstance(end, str):
             result.metrics_note = start if isinstance(start, str) else str(end)
             continue
         delta = end.models.get(model, pm.ModelCounters()) - start.models.get(model, pm.ModelCounters())
-        result.metrics = pm.summarize(delta, end)
+        result.metrics = _over(pm.summarize(delta, end), seconds)
         deltas.append(delta)
         ends.append(end)
     if len(point.endpoints) == 1:
         point.aggregate.metrics, point.aggregate.metrics_note = point.endpoints[0].metrics, point.endpoints[0].metrics_note
     elif deltas and len(deltas) == len(point.endpoints):
-        point.aggregate.metrics = pm.summarize(sum(deltas, pm.ModelCounters()), pm.combined(ends))
+        point.aggregate.metrics = _over(pm.summarize(sum(deltas, pm.ModelCounters()), pm.combined(ends)), seconds)
     else:
         point.aggregate.metrics_note = "; ".join(e.metrics_note for e in point.endpoints if e.metrics_note)
+
+
+def _over(summary: dict[str, Any], seconds: float) -> dict[str, Any]:
+    inferences = summary.get("inferences")
+    return {**summary, "seconds": seconds, "infer_per_s": inferences / seconds if isinstance(inferences, (int, float)) and seconds > 0 else None}
 
 
 def _targets(settings: LoadTestSettings, io: pl.ModelIO, batches: list[dict[str, np.ndarray]]) -> list[tuple[Endpoint, list[bytes]]]:
@@ -189,14 +221,6 @@ def _targets(settings: LoadTestSettings, io: pl.ModelIO, batches: list[dict[str,
     targets = [(e, [post_request_bytes(e, path, body, head) for body, head in encoded]) for e in settings.endpoints]
     check_request(settings.endpoints[0], io, targets[0][1][0], batches[0])
     return targets
-
-
-def _engine(settings: LoadTestSettings, targets: list[tuple[Endpoint, list[bytes]]], policy: Policy):  # type: ignore[no-untyped-def]
-    if settings.protocol == "grpc":
-        from pipeline.loadtest.grpc_load import GrpcEngine
-
-        return GrpcEngine(targets, policy, timeout_s=settings.timeout_s, max_in_flight=settings.max_connections)
-    return HttpEngine(targets, policy, timeout_s=settings.timeout_s, max_connections=settings.max_connections)
 
 
 def point_from_measurement(settings: LoadTestSettings, model: str, policy: Policy, m: Measurement) -> PointResult:
@@ -229,6 +253,10 @@ def point_from_measurement(settings: LoadTestSettings, model: str, policy: Polic
             )
         )
     aggregate = _aggregate(endpoints, m, used_count, seconds, settings.batch_size, open_loop)
+    window_spread = {
+        "throughput": spread([w.throughput for w in used]),
+        "latency": spread([w.mean_latency_ns(m.recorders) for w in used]),
+    }
     requests = sum(w.successes + w.errors for w in used)
     cpu = (used[-1].end.cpu_s - used[0].start.cpu_s) if used else 0.0
     return PointResult(
@@ -248,6 +276,7 @@ def point_from_measurement(settings: LoadTestSettings, model: str, policy: Polic
         aggregate=aggregate,
         endpoints=endpoints,
         aborted=m.aborted,
+        window_spread=window_spread,
     )
 
 
@@ -295,15 +324,17 @@ def _settings_dict(s: LoadTestSettings, models: list[str]) -> dict[str, Any]:
         "warmup_s": s.windows.warmup_s,
         "max_s_per_point": s.windows.max_s,
         "stability": f"last {s.windows.stable_windows} windows within {s.windows.threshold:.0%}",
+        "stability_threshold": s.windows.threshold,
         "timeout_s": s.timeout_s,
         "data": str(s.data) if s.data else None,
+        "workers": s.workers,
     }
 
 
 def _generator_info(s: LoadTestSettings) -> dict[str, Any]:
     engine = (
-        "grpcio futures, pre-serialized ModelInferRequest, one channel per endpoint"
+        "HTTP/2 gRPC framed in an epoll loop, pre-serialized ModelInferRequest, one connection per endpoint"
         if s.protocol == "grpc"
         else "epoll loop, HTTP/1.1 keep-alive, one connection per in-flight request, pre-encoded requests"
     )
-    return {"engine": engine, "python": platform.python_version(), "processes": 1}
+    return {"engine": engine, "python": platform.python_version(), "processes": s.workers}

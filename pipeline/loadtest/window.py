@@ -77,12 +77,17 @@ class Window:
         return float(values.mean()) if values.size else float("nan")
 
 
+def spread(values: Sequence[float]) -> float:
+    """The largest distance of a value from the values' mean, as a fraction of it (inf unless all are > 0)."""
+    if not values or any(not v > 0 for v in values):  # also rejects NaN
+        return float("inf")
+    mean = sum(values) / len(values)
+    return max(abs(v - mean) for v in values) / mean
+
+
 def within(values: Sequence[float], threshold: float) -> bool:
     """Every value lies within ``threshold`` (a fraction) of the values' mean (and all are > 0)."""
-    if not values or any(not v > 0 for v in values):  # also rejects NaN
-        return False
-    mean = sum(values) / len(values)
-    return all(abs(v - mean) <= threshold * mean for v in values)
+    return spread(values) <= threshold
 
 
 def is_stable(throughputs: Sequence[float], latencies: Sequence[float], *, count: int = 3, threshold: float = 0.10) -> bool:

@@ -14,77 +14,40 @@ The tritonserver flags come from :mod:`pipeline.triton.server_args` and the file
 :mod:`pipeline.triton.bundle_files`, both shared with ``deploy``: the repository is found relative
 to the bundle (``MODEL_REPOSITORY`` overrides it), compose services run as the non-root user with
 init, the admin key reaches the servers only through their environment, and files the user edited
-are kept (the new version goes to ``<file>.new``). Kubernetes manifests: :mod:`pipeline.mig.k8s`.
+are kept (the new version goes to ``<file>.new``). Kubernetes manifests: :mod:`pipeline.mig.k8s`; what
+both run (settings, the server of a profile): :mod:`pipeline.mig.servers`.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+import logging
+from dataclasses import replace
 from pathlib import Path
 
-from pipeline.mig.configs import config_name
+from pipeline.mig.k8s import k8s_manifests
 from pipeline.mig.nvidia_smi import MigDevice
 from pipeline.mig.plan import MigPlan, ProfilePlan
 from pipeline.triton.bundle_files import (
+    BIND_ADDRESS,
+    BIND_ENV,
+    CONTAINER_ADDRESS,
     CONTAINER_REPOSITORY,
+    DEFAULT_BIND_ADDRESS,
     REPOSITORY_ENV,
     compose_service,
     compose_yaml,
     relative_repository,
     script_repository_lines,
+    exposure_note,
     write_bundle_files,
 )
-from pipeline.triton.deploy import DEFAULT_IMAGE
-from pipeline.triton.server_args import ADMIN_KEY_ENV, SHELL_ADMIN_KEY, ServerArgs, shell_command, tritonserver_args
+from pipeline.mig.servers import BundleSettings, container_ports, k8s_name, profile_server
+from pipeline.triton.server_args import ADMIN_KEY_ENV, shell_command, tritonserver_args
+
+log = logging.getLogger(__name__)
 
 LAUNCH_SCRIPT = "launch-mig.sh"
 COMPOSE_FILE = "docker-compose.yml"
-
-
-@dataclass(frozen=True)
-class BundleSettings:
-    """What the bundle runs and where: image, repository, ports, Kubernetes sizing."""
-
-    image: str = DEFAULT_IMAGE
-    # The model repository relative to the bundle folder (relative_repository()); None: MODEL_REPOSITORY must be set.
-    repository: str | None = None
-    pvc_claim: str = "triton-model-repository"  # Kubernetes volume holding the repository
-    http_port: int = 8000
-    grpc_port: int = 8001
-    metrics_port: int = 8002
-    port_stride: int = 10  # slot i listens on base + i × stride (launch script, compose host ports)
-    max_gpus: int = 4  # Kubernetes: the autoscaler grows each profile up to this many GPUs' worth of devices
-    queue_target_us: int = 10_000  # Kubernetes: scale out when the mean queue time per request exceeds this
-    cpu_request: str = "1"  # Kubernetes requests/limits beside the MIG device
-    memory_request: str = "4Gi"
-    memory_limit: str = "8Gi"
-
-
-def k8s_name(profile: str) -> str:
-    """A DNS-1123 label for a profile: ``1g.18gb+me`` → ``1g-18gb-me``."""
-    return profile.lower().replace(".", "-").replace("+", "-")
-
-
-def mig_resource(profile: str) -> str:
-    """The Kubernetes extended resource of a MIG profile under the mixed strategy."""
-    return "nvidia.com/mig-" + profile.replace("+", ".")
-
-
-def profile_server(profile_plan: ProfilePlan, repository: str | None, ports: tuple[int | str | None, ...],
-                   admin_key: str = SHELL_ADMIN_KEY, binary: str | None = "tritonserver") -> ServerArgs:
-    """How the server of one device of ``profile_plan`` runs: its profile's configs, exactly its models
-    (explicit model control, so load/unload go through the key-restricted repository API)."""
-    http, grpc, metrics = ports
-    return ServerArgs(
-        repository=repository, http_port=http, grpc_port=grpc, metrics_port=metrics,
-        model_control="explicit", load_models=tuple(profile_plan.loaded),
-        config_name=config_name(profile_plan.profile.name), admin_key=admin_key, binary=binary,
-    )
-
-
-def server_args(profile_plan: ProfilePlan, repository: str, ports: tuple[int, int, int], admin_key: str = SHELL_ADMIN_KEY) -> list[str]:
-    """The tritonserver command line for one device of ``profile_plan``."""
-    return tritonserver_args(profile_server(profile_plan, repository, ports, admin_key))
 
 
 def _slot_ports(settings: BundleSettings, slot: int) -> tuple[int, int, int]:
@@ -92,16 +55,12 @@ def _slot_ports(settings: BundleSettings, slot: int) -> tuple[int, int, int]:
     return settings.http_port + step, settings.grpc_port + step, settings.metrics_port + step
 
 
-def _container_ports(settings: BundleSettings) -> tuple[int, int, int]:
-    return settings.http_port, settings.grpc_port, settings.metrics_port
-
-
 def launch_script(plan: MigPlan, settings: BundleSettings = BundleSettings()) -> str:
     """A bash script that starts one tritonserver per MIG device listed by ``nvidia-smi -L``."""
     served = [p for p in plan.profiles if p.loaded]
     cases = []
     for p in served:
-        server = profile_server(p, f"${REPOSITORY_ENV}", ("$http", "$grpc", "$metrics"), binary="$TRITONSERVER")
+        server = profile_server(p, f"${REPOSITORY_ENV}", ("$http", "$grpc", "$metrics"), "$BIND_ADDRESS", binary="$TRITONSERVER")
         cases.append(f'    "{p.profile.name}") args=({shell_command(tritonserver_args(server))}) ;;')
     layout = str(plan.layout) if plan.layout else "any layout of these profiles"
     lines = "\n".join(script_repository_lines(settings.repository))
@@ -115,10 +74,13 @@ def launch_script(plan: MigPlan, settings: BundleSettings = BundleSettings()) ->
 #   MIG_DEVICES_FILE=<saved `nvidia-smi -L` output>  read devices from a file instead
 #   {REPOSITORY_ENV} (default: the repository next to this bundle), TRITONSERVER, HTTP_BASE, GRPC_BASE,
 #   METRICS_BASE, PORT_STRIDE  override
+#   {BIND_ENV} (default {DEFAULT_BIND_ADDRESS}) the address the servers listen on; inference and metrics
+#   carry no authentication: expose them only behind an authenticating proxy or a firewall
 set -euo pipefail
 : "${{{ADMIN_KEY_ENV}:?set {ADMIN_KEY_ENV}: the servers restrict their admin APIs to this key}}"
 {lines}
 TRITONSERVER="${{TRITONSERVER:-tritonserver}}"
+BIND_ADDRESS="{BIND_ADDRESS}"
 HTTP_BASE="${{HTTP_BASE:-{settings.http_port}}}"
 GRPC_BASE="${{GRPC_BASE:-{settings.grpc_port}}}"
 METRICS_BASE="${{METRICS_BASE:-{settings.metrics_port}}}"
@@ -189,10 +151,10 @@ def compose_file(plan: MigPlan, settings: BundleSettings = BundleSettings(), dev
     for slot, (profile_plan, uuid) in enumerate(_slots(plan, devices)):
         name = f"triton-{slot}-{k8s_name(profile_plan.profile.name)}"
         device_id = uuid or f"${{MIG_UUID_{slot}:?set MIG_UUID_{slot} to the UUID of a {profile_plan.profile.name} device from nvidia-smi -L}}"
-        inside = _container_ports(settings)
+        inside = container_ports(settings)
         services[name] = compose_service(
             image=settings.image,
-            server=profile_server(profile_plan, CONTAINER_REPOSITORY, inside),
+            server=profile_server(profile_plan, CONTAINER_REPOSITORY, inside, CONTAINER_ADDRESS),
             ports=list(zip(_slot_ports(settings, slot), inside)),
             rel_repo=settings.repository,
             devices={"device_ids": [device_id]},
@@ -203,8 +165,6 @@ def compose_file(plan: MigPlan, settings: BundleSettings = BundleSettings(), dev
 
 def bundle_files(plan: MigPlan, settings: BundleSettings = BundleSettings(), devices: list[MigDevice] | None = None) -> dict[str, str]:
     """Every bundle file, by path relative to the bundle folder."""
-    from pipeline.mig.k8s import k8s_manifests
-
     files = {LAUNCH_SCRIPT: launch_script(plan, settings), COMPOSE_FILE: compose_file(plan, settings, devices)}
     files.update(k8s_manifests(plan, settings, _replicas(plan, devices)))
     return files
@@ -224,4 +184,6 @@ def write_bundle(out_dir: Path, plan: MigPlan, settings: BundleSettings = Bundle
     relative to ``out_dir``. Returns the paths written (``<file>.new`` for files the user edited)."""
     if repository is not None:
         settings = replace(settings, repository=relative_repository(repository, out_dir))
-    return write_bundle_files(out_dir, bundle_files(plan, settings, devices), executable=[LAUNCH_SCRIPT])
+    paths = write_bundle_files(out_dir, bundle_files(plan, settings, devices), executable=[LAUNCH_SCRIPT])
+    log.info("%s", exposure_note())
+    return paths

@@ -25,9 +25,9 @@ from typing import Any
 
 import yaml
 
-from pipeline.mig.bundle import BundleSettings, _container_ports, k8s_name, mig_resource, profile_server
+from pipeline.mig.servers import BundleSettings, container_ports, k8s_name, mig_resource, profile_server
 from pipeline.mig.plan import MigPlan, ProfilePlan
-from pipeline.triton.bundle_files import CONTAINER_REPOSITORY
+from pipeline.triton.bundle_files import CONTAINER_ADDRESS, CONTAINER_REPOSITORY
 from pipeline.triton.server_args import ADMIN_KEY_ENV, K8S_ADMIN_KEY, tritonserver_args
 
 K8S_ADMIN_SECRET = "triton-admin"
@@ -77,8 +77,8 @@ def deployment(profile_plan: ProfilePlan, replicas: int, settings: BundleSetting
     """The Deployment of one profile's servers."""
     profile = profile_plan.profile.name
     name, labels = f"{APP}-{k8s_name(profile)}", _labels(profile)
-    http, grpc, metrics = _container_ports(settings)
-    args = tritonserver_args(profile_server(profile_plan, CONTAINER_REPOSITORY, (http, grpc, metrics), K8S_ADMIN_KEY))
+    http, grpc, metrics = container_ports(settings)
+    args = tritonserver_args(profile_server(profile_plan, CONTAINER_REPOSITORY, (http, grpc, metrics), CONTAINER_ADDRESS, K8S_ADMIN_KEY))
     container = {
         "name": "tritonserver",
         "image": settings.image,
@@ -117,12 +117,14 @@ def deployment(profile_plan: ProfilePlan, replicas: int, settings: BundleSetting
 
 def service(profile: str, settings: BundleSettings) -> dict[str, Any]:
     """The Service in front of one profile's servers (the metrics port is what the ServiceMonitor scrapes)."""
-    http, grpc, metrics = _container_ports(settings)
+    http, grpc, metrics = container_ports(settings)
     return {
         "apiVersion": "v1",
         "kind": "Service",
         "metadata": {"name": f"{APP}-{k8s_name(profile)}", "labels": _labels(profile)},
+        # Cluster-internal only: inference and metrics carry no authentication (README: "Exposure").
         "spec": {
+            "type": "ClusterIP",
             "selector": _labels(profile),
             "ports": [
                 {"name": "http", "port": http, "targetPort": "http"},
@@ -180,7 +182,7 @@ def adapter_config() -> dict[str, Any]:
 def inference_service(profile_plan: ProfilePlan, replicas: int, settings: BundleSettings) -> dict[str, Any]:
     """KServe InferenceService on the Triton runtime (which passes the repository and ports itself)."""
     profile = profile_plan.profile.name
-    args = tritonserver_args(profile_server(profile_plan, None, (None, None, None), K8S_ADMIN_KEY, binary=None))
+    args = tritonserver_args(profile_server(profile_plan, None, (None, None, None), None, K8S_ADMIN_KEY, binary=None))
     return {
         "apiVersion": "serving.kserve.io/v1beta1",
         "kind": "InferenceService",

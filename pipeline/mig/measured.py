@@ -8,6 +8,11 @@ says so), and ranks the GPU layouts that can be built from the measured profiles
 placements of the profile table, :func:`pipeline.mig.layout.layout_of`) by their total
 throughput under the SLO: the sum over the layout's slices of each profile's measured capacity.
 
+The whole GPU (MIG off): a run labelled ``--profile whole-gpu`` is the measured capacity of the full
+profile (all compute slices, e.g. 7g.141gb). Profiles nothing was measured on then get that capacity
+scaled by their share of the SMs (instance count likewise, batching as measured), marked
+*estimated* until a slice of theirs is tuned; layouts that use them say so.
+
 CPU rehearsal: profiles ``cpu-<N>`` are N pinned cores (``tune --cores N --profile cpu-N``); the
 layouts are the ways to split this machine's cores into such servers, which answers questions
 like "one server on 2 cores, or two servers on 1 core each?" from measurements.
@@ -15,6 +20,7 @@ like "one server on 2 cores, or two servers on 1 core each?" from measurements.
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import json
 import os
@@ -26,9 +32,10 @@ from typing import Any
 from pipeline.errors import PipelineError, require
 from pipeline.mig.layout import layout_of
 from pipeline.mig.plan import SMS_PER_INSTANCE, compute_limit
-from pipeline.mig.profiles import GpuMig
+from pipeline.mig.profiles import COMPUTE_SLICES, GpuMig
 
 _CPU_PROFILE = re.compile(r"^cpu-(?P<cores>\d+)$")
+WHOLE_GPU = "whole-gpu"  # the `tune --profile` label of a run on the unpartitioned GPU
 
 
 @dataclass(frozen=True)
@@ -44,15 +51,17 @@ class Measured:
     meets_slo: bool
     slo_p99_ms: float
     source: Path
+    estimated_from: str | None = None  # "16/132 SMs of the whole GPU's measurement" for a scaled estimate
 
 
 @dataclass(frozen=True)
 class RankedLayout:
-    """A layout (profile → devices) and its total measured throughput for one model."""
+    """A layout (profile → devices) and its total throughput for one model (estimated if any profile is)."""
 
     model: str
     counts: dict[str, int]
     total_infer_per_s: float
+    estimated: bool = False
 
     @property
     def label(self) -> str:
@@ -89,6 +98,28 @@ def read_tune_runs(paths: list[Path]) -> list[Measured]:
     return out
 
 
+def with_whole_gpu_estimates(measured: list[Measured], gpu: GpuMig) -> list[Measured]:
+    """``measured`` with each ``whole-gpu`` run as the full profile's measurement, plus, for every profile
+    not measured for that model, an estimate scaled from it by SM share (see the module docstring)."""
+    full = max(gpu.profiles, key=lambda p: (p.compute_slices, p.sm_count, p.memory_gib))
+    require(full.compute_slices == COMPUTE_SLICES, f"{gpu.name} has no profile of all {COMPUTE_SLICES} compute slices",
+            "tune one slice of each profile instead of the whole GPU")
+    out = [m for m in measured if m.profile != WHOLE_GPU]
+    for whole in (m for m in measured if m.profile == WHOLE_GPU):
+        done = {m.profile for m in out if m.model == whole.model}
+        require(full.name not in done, f"{whole.model} was tuned both on the whole GPU and on {full.name}",
+                "pass one of the two runs")
+        out.append(dataclasses.replace(whole, profile=full.name))
+        for profile in gpu.profiles:
+            if profile.name in done or profile.name == full.name:
+                continue
+            share = profile.sm_count / full.sm_count
+            config = dict(whole.config, instance_count=max(1, round(whole.config["instance_count"] * share)))
+            out.append(dataclasses.replace(whole, profile=profile.name, infer_per_s=whole.infer_per_s * share, p99_ms=None, load=None,
+                                           config=config, estimated_from=f"{profile.sm_count}/{full.sm_count} SMs of the whole GPU's measurement"))
+    return out
+
+
 def is_cpu_rehearsal(measured: list[Measured]) -> bool:
     """Whether every run is a CPU rehearsal profile (``cpu-<cores>``)."""
     return bool(measured) and all(_CPU_PROFILE.match(m.profile) for m in measured)
@@ -121,7 +152,8 @@ def rank_layouts(measured: list[Measured], gpu: GpuMig | None, cores: int | None
                     layout_of([gpu.profile(p) for p, n in chosen.items() for _ in range(n)], gpu)
                 except PipelineError:
                     continue
-            ranked.append(RankedLayout(model, chosen, sum(capacity[p] * n for p, n in chosen.items())))
+            estimated = any(m.estimated_from for m in measured if m.model == model and m.profile in chosen)
+            ranked.append(RankedLayout(model, chosen, sum(capacity[p] * n for p, n in chosen.items()), estimated))
     ranked.sort(key=lambda r: (r.model, -r.total_infer_per_s, sum(r.counts.values())))
     return ranked
 
@@ -129,7 +161,8 @@ def rank_layouts(measured: list[Measured], gpu: GpuMig | None, cores: int | None
 def profile_rows(measured: list[Measured], gpu: GpuMig | None) -> list[dict[str, Any]]:
     """Per profile and model: the measured config and capacity; for the GPU's other profiles, the
     heuristic's instance count, marked as not measured."""
-    rows = [{"profile": m.profile, "model": m.model, "source": "measured", "instances": m.config["instance_count"],
+    rows = [{"profile": m.profile, "model": m.model, "source": f"estimated: {m.estimated_from}" if m.estimated_from else "measured",
+             "instances": m.config["instance_count"],
              "max_batch": m.config["max_batch_size"], "preferred": m.config["preferred_batch_sizes"],
              "delay_us": m.config["max_queue_delay_us"], "infer_per_s": m.infer_per_s if m.meets_slo else None,
              "p99_ms": m.p99_ms, "load": m.load} for m in measured]
@@ -147,6 +180,8 @@ def print_measured_plan(console: Any, measured: list[Measured], gpu: GpuMig | No
     """The per-profile table and the ranked layouts; returns the ranking."""
     from rich.table import Table
 
+    if gpu is not None:
+        measured = with_whole_gpu_estimates(measured, gpu)
     slo = measured[0].slo_p99_ms
     where = "this CPU (cpu-N = a server pinned to N cores)" if gpu is None else gpu.name
     t = Table(title=f"Per profile, from tune runs — {where}, p99 ≤ {slo:g} ms")
@@ -159,20 +194,24 @@ def print_measured_plan(console: Any, measured: list[Measured], gpu: GpuMig | No
                   f"{row['infer_per_s']:,.0f}" if row["infer_per_s"] is not None else "—", _cell(row["p99_ms"]), load)
     console.print(t)
     ranked = rank_layouts(measured, gpu)
-    lt = Table(title="Layouts of measured profiles, ranked by total throughput under the SLO (measured)")
-    for col in ("model", "rank", "layout", "total infer/s", "vs best"):
+    lt = Table(title="Layouts of measured (or estimated) profiles, ranked by total throughput under the SLO")
+    for col in ("model", "rank", "layout", "numbers", "total infer/s", "vs best"):
         lt.add_column(col, justify="left" if col in ("model", "layout") else "right")
     for model in dict.fromkeys(r.model for r in ranked):
         mine = [r for r in ranked if r.model == model]
         for i, r in enumerate(mine[:top], 1):
-            lt.add_row(model, str(i), r.label, f"{r.total_infer_per_s:,.0f}",
+            lt.add_row(model, str(i), r.label, "estimated" if r.estimated else "measured", f"{r.total_infer_per_s:,.0f}",
                        f"{r.total_infer_per_s / mine[0].total_infer_per_s:.2f}×" if mine[0].total_infer_per_s else "—")
     console.print(lt)
     for model in dict.fromkeys(r.model for r in ranked):
         best = next(r for r in ranked if r.model == model)
-        console.print(f"[green]{model}: best measured layout {best.label} — {best.total_infer_per_s:,.0f} infer/s "
-                      f"under p99 ≤ {slo:g} ms[/]", highlight=False)
-    if gpu is not None and any(r["source"] != "measured" for r in profile_rows(measured, gpu)):
+        console.print(f"[green]{model}: best {'estimated' if best.estimated else 'measured'} layout {best.label} — "
+                      f"{best.total_infer_per_s:,.0f} infer/s under p99 ≤ {slo:g} ms[/]", highlight=False)
+    if any(m.estimated_from for m in measured):
+        console.print("Estimated profiles scale the whole GPU's measured capacity by their share of the SMs (memory "
+                      "bandwidth and per-request overheads do not scale that way): tune one slice of each to measure them.",
+                      highlight=False)
+    if gpu is not None and any(r["source"].startswith("heuristic") for r in profile_rows(measured, gpu)):
         console.print("Profiles marked 'not measured' use the SMs // 8 heuristic and are left out of the ranking: "
                       "tune one slice of each to rank layouts with them.", highlight=False)
     return ranked

@@ -10,7 +10,8 @@ from typing import Any
 
 from pipeline.errors import PipelineError, require
 from pipeline.mig import nvidia_smi
-from pipeline.mig.bundle import LAUNCH_SCRIPT, BundleSettings, write_bundle
+from pipeline.mig.bundle import LAUNCH_SCRIPT, write_bundle
+from pipeline.mig.servers import BundleSettings
 from pipeline.mig.configs import profile_configs, write_profile_configs
 from pipeline.mig.layout import Layout, layout_from_devices, parse_layout
 from pipeline.mig.memory import (
@@ -47,7 +48,8 @@ class MigPlanConfig:
     max_gpus: int = option(BundleSettings.max_gpus, "Kubernetes autoscaling: grow each profile up to N GPUs' worth of MIG devices",
                            metavar="N", check=at_least(1), fix="use 1 or more GPUs")
     from_tune: tuple[Path, ...] = option((), "report dirs of `tune --profile P` runs (one per slice type): instances, batching and "
-                                             "layout ranking from those measurements instead of the heuristic; profiles cpu-N rehearse "
+                                             "layout ranking from those measurements instead of the heuristic; a 'whole-gpu' run is the full "
+                                             "profile's capacity, scaled by SM share to the others (estimated); profiles cpu-N rehearse "
                                              "on this CPU", metavar="DIR")
 
 

@@ -4,7 +4,7 @@ INT8 Q/DQ models are evaluated with Q/DQ semantics (quantize → dequantize in f
 kernels, what TensorRT computes), never through ONNX Runtime's fused integer CPU kernels, so
 the gate predicts the engine and not a quirk of this CPU. Engines, where built, run through
 Polygraphy's TrtRunner against the same reference and gates. How a variant is judged (the drop
-with its confidence bounds, cosine similarity for non-classifier outputs) is pipeline.gates.
+with its confidence bounds per output kind) is pipeline.gates, what each kind measures pipeline.taskstats.
 """
 
 from __future__ import annotations
@@ -12,40 +12,23 @@ from __future__ import annotations
 import json
 import logging
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from polygraphy.backend.base import BaseRunner
 
 from pipeline.artifacts import Artifact
-from pipeline.compare import Comparison, compare_runners
+from pipeline.compare import compare_runners
 from pipeline.errors import CheckFailed, PipelineError
 from pipeline.evaldata import EvalData
 from pipeline.progress import progress
-from pipeline.gates import Gates, Tolerance, classifier_output, disagreement, judge_cosine, judge_drop, paired_drop, tolerance_for
+from pipeline.gates import Gates, tolerance_for
+from pipeline.judging import VariantResult, judge_comparison
+from pipeline.outputkinds import OutputKind, kinds_from_json
 from pipeline.runners import runner_for_onnx
 from pipeline.stages.layer_errors import LayerError, describe, layer_errors_from_models
-from pipeline.tensors import ModelSignature
 
 log = logging.getLogger(__name__)
-
-
-@dataclass
-class VariantResult:
-    """One variant's comparison with FP32 and the verdict of its tolerance."""
-
-    variant: str
-    precision: str
-    kind: str
-    tolerance: Tolerance
-    comparison: dict
-    drop: dict | None = None
-    failures: list[str] = field(default_factory=list)
-    undecided: list[str] = field(default_factory=list)
-
-    @property
-    def passed(self) -> bool:
-        return not self.failures and not self.undecided
 
 
 def runner_for_artifact(artifact: Artifact) -> BaseRunner:
@@ -68,29 +51,30 @@ def accuracy_report_from_variants(
     dst: Path,
     *,
     gates: Gates,
-    signature: ModelSignature,
+    kinds: Sequence[Mapping[str, Any]],
     batch_size: int,
 ) -> list[VariantResult]:
-    """Compare every candidate with the FP32 ONNX model on ``data``; write ``dst`` (JSON);
-    raise PipelineError naming each variant that fails its gate (or that the data cannot judge)."""
-    output = classifier_output(signature)
+    """Compare every candidate with the FP32 ONNX model on ``data``, every output by its kind
+    (``kinds``: pipeline.outputkinds JSON form); write ``dst`` (JSON); raise PipelineError naming
+    each variant, output and figure that fails its gate (or that the data cannot judge)."""
+    by_name = kinds_from_json(kinds)
     reference = runner_for_onnx(fp32_onnx, name="fp32-onnx")
     with progress("accuracy gates", data.num_batches(batch_size), unit="batches") as bar:
-        comparisons = compare_runners(
-            reference, [runner_for_artifact(a) for a in candidates], bar.track(data.batches(batch_size)), labels=data.labels, classifier_output=output
-        )
-    results = [judge_variant(a, c, tolerance_for(a.precision, gates), output) for a, c in zip(candidates, comparisons)]
+        comparisons = compare_runners(reference, [runner_for_artifact(a) for a in candidates], bar.track(data.batches(batch_size)),
+                                      kinds=by_name, targets=data.target_batches(batch_size), threshold=gates.binary_threshold)  # fmt: skip
+    results = [judge_comparison(f"{a.precision}-{a.kind}", a.precision, a.kind, c, tolerance_for(a.precision, gates), by_name)
+               for a, c in zip(candidates, comparisons)]
     layers = {r.variant: _int8_layer_errors(fp32_onnx, a, data) for a, r in zip(candidates, results) if r.failures and a.precision == "int8" and a.kind == "onnx"}
     report = {
         "reference": "fp32-onnx (ONNX Runtime CPU)",
         "data": data.source,
         "samples": data.num_samples,
-        "labels": data.labels is not None,
-        "classifier_output": output,
+        "labels": [n for n in data.target_names],
+        "output_kinds": list(kinds),
         "int8_semantics": "Q/DQ evaluated exactly (ONNX Runtime with graph optimizations off), as TensorRT computes them",
         "variants": [
-            {"variant": r.variant, "precision": r.precision, "kind": r.kind, "passed": r.passed, "failures": r.failures + r.undecided,
-             "gate": vars(r.tolerance), "drop": r.drop, **r.comparison,
+            {"variant": r.variant, "precision": r.precision, "kind": r.kind, "passed": r.passed, "undecided": bool(r.undecided) and not r.failures,
+             "failures": r.failures + r.undecided, "gate": vars(r.tolerance), "gates": r.rows, **r.comparison, **_primary(r, by_name),
              **({"layers": [e.as_dict() for e in layers[r.variant]], "layers_summary": describe(layers[r.variant])} if r.variant in layers else {})}
             for r in results
         ],
@@ -98,6 +82,16 @@ def accuracy_report_from_variants(
     dst.write_text(json.dumps(report, indent=2) + "\n")
     raise_for_failures(results, dst, {variant: describe(errors) for variant, errors in layers.items()})
     return results
+
+
+def _primary(result: VariantResult, kinds: Mapping[str, OutputKind]) -> dict[str, Any]:
+    """The first output's task summary (accuracy, FP32's, agreement), for one-number tables and tune."""
+    for name in kinds:
+        summary = result.comparison["outputs"].get(name, {})
+        if summary.get("accuracy") is not None or summary.get("agreement") is not None:
+            return {"primary_output": name, "accuracy": summary.get("accuracy"), "reference_accuracy": summary.get("reference_accuracy"),
+                    "agreement": summary.get("agreement")}
+    return {"primary_output": None, "accuracy": None, "reference_accuracy": None, "agreement": None}
 
 
 LAYER_ERROR_SAMPLES = 32
@@ -109,31 +103,6 @@ def _int8_layer_errors(fp32_onnx: Path, artifact: Artifact, data: EvalData) -> l
     errors = layer_errors_from_models(fp32_onnx, artifact.path, feed)
     log.info("%s: %s", artifact.path.name, describe(errors))
     return errors
-
-
-def judge_variant(artifact: Artifact, comparison: Comparison, tolerance: Tolerance, classifier: str | None) -> VariantResult:
-    """Judge one comparison: the top-1 drop (or disagreement) with its bounds, atol, cosine of other outputs."""
-    result = VariantResult(f"{artifact.precision}-{artifact.kind}", artifact.precision, artifact.kind, tolerance, comparison.as_dict())
-    estimate = None
-    if comparison.accuracy is not None:
-        estimate = paired_drop(comparison.worse, comparison.better, comparison.samples, tolerance.confidence)
-    elif comparison.top1_agreement is not None:
-        estimate = disagreement(comparison.disagree, comparison.samples, tolerance.confidence)
-    if estimate is not None:
-        result.drop = estimate.as_dict()
-        verdict, why = judge_drop(estimate, tolerance.max_drop_points)
-        if verdict == "fail":
-            result.failures.append(why or "")
-        elif verdict == "undecided":
-            result.undecided.append(why or "")
-    for out, stats in comparison.outputs.items():
-        if tolerance.atol is not None and stats.max_abs > tolerance.atol:
-            result.failures.append(f"output '{out}' max abs error {stats.max_abs:.3g} > atol {tolerance.atol:g}")
-        if out != classifier:
-            why = judge_cosine(out, stats.mean_cosine, tolerance.min_cosine)
-            if why:
-                result.failures.append(why)
-    return result
 
 
 def raise_for_failures(results: Sequence[VariantResult], report: Path, layer_notes: Mapping[str, str] | None = None) -> None:

@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING
 from pipeline.atomic import atomic_path
 from pipeline.errors import PipelineError
 from pipeline.isolate import die_with_parent
+from pipeline.stages.mixed import float32_from_mixed
 from pipeline.tensors import SIGNATURE
 
 if TYPE_CHECKING:
@@ -63,6 +64,8 @@ def onnx_from_savedmodel(saved: Path, dst: Path, opset: int) -> Path:
             raise PipelineError(f"tf2onnx failed: {tail[0][:300]}", f"run it by hand to see the full log: {shlex.join(tf2onnx_command(saved, dst, opset))}")
 
         model = onnx.load(str(tmp))
+        _keras_output_order(model, saved)
+        float32_from_mixed(model)
         _name_dynamic_axes(model)
         try:
             onnx.checker.check_model(model, full_check=True)
@@ -70,6 +73,19 @@ def onnx_from_savedmodel(saved: Path, dst: Path, opset: int) -> Path:
             raise PipelineError(f"tf2onnx produced an invalid ONNX model: {str(exc).splitlines()[0]}", "report the model to tf2onnx") from None
         onnx.save(model, str(tmp))
     return dst
+
+
+def _keras_output_order(model: onnx.ModelProto, saved: Path) -> None:
+    """tf2onnx emits a dict signature's outputs sorted by name; put them back in the Keras model's order."""
+    from pipeline.outputkinds import read_description
+
+    described = read_description(saved)
+    if not described:
+        return
+    rank = {d["name"]: i for i, d in enumerate(described)}
+    outputs = sorted(model.graph.output, key=lambda o: rank.get(o.name, len(rank)))
+    del model.graph.output[:]
+    model.graph.output.extend(outputs)
 
 
 def _name_dynamic_axes(model: onnx.ModelProto) -> None:

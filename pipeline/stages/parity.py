@@ -53,6 +53,8 @@ def _parity_report(saved: Path, onnx_path: Path, data: EvalData, dst: Path, *, a
 def _failures(comparison: Comparison, atol: float, rtol: float) -> list[str]:
     failures = []
     for name, stats in comparison.outputs.items():
+        if stats.nonfinite:
+            failures.append(f"output '{name}' has {stats.nonfinite} NaN/Inf values in {stats.nonfinite_samples} samples where TensorFlow's are finite")
         if stats.max_abs > atol and (rtol <= 0 or stats.max_rel > rtol):
             failures.append(f"output '{name}' max abs diff {stats.max_abs:.3g} > atol {atol:g}")
     return failures

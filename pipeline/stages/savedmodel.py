@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import shutil
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -45,10 +46,14 @@ def input_names(model: "keras.Model") -> list[str]:
     return names
 
 
-def savedmodel_from_keras(model: "keras.Model", dst: Path) -> Path:
+def savedmodel_from_keras(model: "keras.Model", dst: Path, compile_config: dict[str, Any] | None = None) -> Path:
     """Export ``model`` to a SavedModel at ``dst`` whose ``serving_default`` signature names every
-    input after its Keras input and every output after its Keras output layer, batch axis dynamic."""
+    input after its Keras input and every output after its Keras output layer, batch axis dynamic.
+    Beside it, ``assets.extra/pipeline_outputs.json`` describes the outputs in Keras order
+    (pipeline.outputkinds), with the losses of ``compile_config`` where the model was compiled."""
     import keras
+
+    from pipeline.outputkinds import DESCRIPTION_FILE, describe_keras_outputs
 
     tf = import_tensorflow("Exporting the Keras model to a SavedModel")
 
@@ -77,6 +82,9 @@ def savedmodel_from_keras(model: "keras.Model", dst: Path) -> Path:
             f"cannot export the Keras model to a SavedModel: {str(exc).splitlines()[0][:200]}",
             "check that the model runs on a batch of its inputs (model(x)) and uses serialisable layers",
         ) from None
+    description = tmp / DESCRIPTION_FILE
+    description.parent.mkdir(parents=True, exist_ok=True)
+    description.write_text(json.dumps(describe_keras_outputs(model, outputs, compile_config), indent=2) + "\n")
     shutil.rmtree(dst, ignore_errors=True)
     tmp.rename(dst)
     return dst
@@ -95,6 +103,9 @@ def _export_source(source: "ModelSource", dst: Path) -> Path:
     from pipeline.pausepoints import pause_point
 
     pause_point("savedmodel.export")
+    from pipeline.outputkinds import compile_config_of_archive, compile_config_of_model
     from pipeline.stages.source import keras_model_from_source
 
-    return savedmodel_from_keras(keras_model_from_source(source), dst)
+    model = keras_model_from_source(source)
+    compiled = compile_config_of_archive(source.path) if source.path is not None else compile_config_of_model(model)
+    return savedmodel_from_keras(model, dst, compiled)

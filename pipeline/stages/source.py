@@ -30,19 +30,44 @@ class ModelSource:
     spec: str
     kind: str
     path: Path | None = None
+    imports: tuple[str, ...] = ()  # modules that register custom objects, imported before loading
 
     def fingerprint(self) -> str:
-        """A hash of what the model is made from: the file, the folder, or the function's module source."""
+        """A hash of what the model is made from: the file, the folder, or the function's module source,
+        and the source of the modules imported before loading it."""
+        imported = ",".join(_module_hash(m) for m in self.imports)
         if self.path is not None:
-            return hash_path(self.path)
+            return hash_path(self.path) + (f"+{imported}" if imported else "")
         module_name, _, func = self.spec.partition(":")
-        spec = importlib.util.find_spec(module_name)
-        origin = Path(spec.origin) if spec and spec.origin else None
-        return f"{hash_path(origin) if origin else module_name}:{func}"
+        return f"{_module_hash(module_name)}:{func}" + (f"+{imported}" if imported else "")
 
 
-def model_source(spec: str) -> ModelSource:
-    """Parse and check a ``--model`` value without loading anything heavy."""
+def _module_hash(module_name: str) -> str:
+    spec = importlib.util.find_spec(module_name)
+    origin = Path(spec.origin) if spec and spec.origin and Path(spec.origin).is_file() else None
+    return hash_path(origin) if origin else module_name
+
+
+def _checked_imports(imports: tuple[str, ...]) -> tuple[str, ...]:
+    names = tuple(n.strip() for item in imports for n in item.split(",") if n.strip())
+    for name in names:
+        try:
+            found = importlib.util.find_spec(name)
+        except (ImportError, ValueError):
+            found = None
+        if found is None:
+            raise PipelineError(f"cannot find module '{name}' named in --import", "check the module name and that its folder is on PYTHONPATH "
+                                                                                  "(or run from the folder that holds it)")
+    return names
+
+
+def model_source(spec: str, imports: tuple[str, ...] = ()) -> ModelSource:
+    """Parse and check a ``--model`` value (and the ``--import`` modules) without loading anything heavy."""
+    source = _model_source(spec)
+    return ModelSource(source.spec, source.kind, source.path, _checked_imports(imports)) if imports else source
+
+
+def _model_source(spec: str) -> ModelSource:
     path = Path(spec)
     if path.suffix == ".keras" or path.is_file():
         if not path.exists():
@@ -80,17 +105,31 @@ def model_source(spec: str) -> ModelSource:
     )
 
 
+def _cause(exc: Exception) -> str:
+    """An exception's message on one line, whole, less the object configs Keras appends."""
+    text = str(exc).rsplit("Exception encountered:", 1)[-1]  # Keras wraps the cause in the outer layer's config
+    text = " ".join(text.split("Full object config")[0].split("Config:")[0].split())
+    return text.rstrip(" .:") or type(exc).__name__
+
+
 def keras_model_from_source(source: ModelSource) -> "keras.Model":
     """Load (safe mode) or build the Keras model a source names."""
     keras = import_optional("keras", "cpu", "Loading the Keras model")  # Keras needs its TensorFlow backend
 
+    for module in source.imports:
+        try:
+            importlib.import_module(module)
+        except Exception as exc:  # the user's module may raise anything while importing
+            raise PipelineError(f"importing '{module}' (--import) failed: {type(exc).__name__}: {_cause(exc)}", "fix that module, or check PYTHONPATH") from None
     if source.kind == "keras":
         try:
             model = keras.models.load_model(source.path, compile=False, safe_mode=True)
         except Exception as exc:  # Keras raises many types for bad archives
+            custom = "Could not locate" in str(exc) or "Unknown layer" in str(exc) or "custom" in str(exc).lower()
             raise PipelineError(
-                f"cannot load Keras model '{source.spec}': {str(exc).splitlines()[0][:200]}",
-                "save the model again with model.save('name.keras'); custom layers must be registered",
+                f"cannot load Keras model '{source.spec}': {_cause(exc)}",
+                "pass --import MODULE naming the module that registers its custom layers (@keras.saving.register_keras_serializable)"
+                if custom else "save the model again with model.save('name.keras')",
             ) from None
     elif source.kind == "function":
         module_name, _, func = source.spec.partition(":")

@@ -34,6 +34,20 @@ CONTAINER_USER = "triton-server"  # the NGC image's non-root user
 REPOSITORY_ENV = "MODEL_REPOSITORY"
 COMPOSE_ADMIN_KEY = f"${{{ADMIN_KEY_ENV}:?export {ADMIN_KEY_ENV}=<secret> first}}"
 COMPOSE_REPOSITORY = f"${{{REPOSITORY_ENV}:?set {REPOSITORY_ENV} to the model repository}}"
+# Where the host publishes the endpoints: loopback unless the operator says otherwise. Inference,
+# metadata, health and metrics carry no authentication in Triton, so exposing them is a decision.
+BIND_ENV = "TRITON_BIND_ADDRESS"
+DEFAULT_BIND_ADDRESS = "127.0.0.1"
+BIND_ADDRESS = f"${{{BIND_ENV}:-{DEFAULT_BIND_ADDRESS}}}"  # the same syntax in bash and compose
+# Inside a container (or pod) Triton listens on the container's own interfaces; the host or the
+# Kubernetes Service decides what reaches them.
+CONTAINER_ADDRESS = "0.0.0.0"
+
+
+def exposure_note() -> str:
+    """The one line a command that writes a bundle says about where its endpoints listen."""
+    return (f"the bundle publishes its ports on ${BIND_ENV} (default {DEFAULT_BIND_ADDRESS}); inference and metrics "
+            "carry no authentication: expose them (0.0.0.0) only behind an authenticating proxy or a firewall")
 
 
 def relative_repository(repository: Path | None, bundle_dir: Path) -> str | None:
@@ -66,7 +80,8 @@ def compose_service(
 ) -> dict[str, Any]:
     """One compose service running ``server`` (its repository must be :data:`CONTAINER_REPOSITORY`).
 
-    ``ports`` are (host, container) pairs; ``devices`` the GPU reservation
+    ``ports`` are (host, container) pairs, published on ``$TRITON_BIND_ADDRESS`` (default
+    127.0.0.1); ``devices`` the GPU reservation
     (``{"count": "all"}`` or ``{"device_ids": [...]}``).
     """
     command = "exec " + shell_command(tritonserver_args(server))
@@ -77,7 +92,7 @@ def compose_service(
         # Compose interpolates ${VAR} itself; "$$" passes a literal "$" so the container's shell expands the key.
         "command": ["bash", "-c", command.replace("$", "$$")],
         "environment": {ADMIN_KEY_ENV: COMPOSE_ADMIN_KEY},
-        "ports": [f"{host}:{inside}" for host, inside in ports],
+        "ports": [f"{BIND_ADDRESS}:{host}:{inside}" for host, inside in ports],
         "volumes": [{"type": "bind", "source": rel_repo or COMPOSE_REPOSITORY, "target": CONTAINER_REPOSITORY, "read_only": True}],
         "shm_size": shm_size,
         "ulimits": {"memlock": -1, "stack": 67108864},

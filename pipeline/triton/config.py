@@ -17,6 +17,8 @@ Decisions (each checked against the Triton sources/docs named here):
   Q/DQ (caught by ``python -m pipeline verify``). The local Python backend reads the same field.
   The CPU INT8 variant is the exception: its integer kernels are the point, so its config leaves
   ``optimization.graph`` unset (ORT_ENABLE_ALL), the level its accuracy gate ran at.
+* ONNX models that may get GPU instances carry ONNX Runtime's TensorRT (the variant's precision) and
+  CUDA (TF32 off) execution accelerators; CPU instances ignore them (:mod:`pipeline.triton.accelerators`).
 * Warmup uses real samples: one raw little-endian file per input in ``<model>/warmup/``, named by
   ``input_data_file`` (Triton reads ``<model dir>/warmup/<input_data_file>``, one sample without the
   batch axis, and repeats it ``batch_size`` times). One warmup entry per distinct batch size of
@@ -35,6 +37,7 @@ import numpy as np
 
 from pipeline.artifacts import Artifact
 from pipeline.errors import PipelineError, require
+from pipeline.triton.accelerators import add_gpu_accelerators
 from pipeline.tensors import ModelSignature, TensorSpec, signature_from_onnx
 
 if TYPE_CHECKING:
@@ -175,6 +178,8 @@ def model_config_from_artifact(
 
     if artifact.kind == "onnx" and not artifact.cpu_only and has_qdq(artifact.path):
         cfg.optimization.graph.level = QDQ_GRAPH_LEVEL
+    if artifact.kind == "onnx" and group.kind != pb.ModelInstanceGroup.KIND_CPU:
+        add_gpu_accelerators(cfg, precision=artifact.precision, signature=signature)
 
     if warmup:
         samples = _warmup_samples(signature, warmup, max_batch)

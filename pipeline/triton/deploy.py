@@ -24,7 +24,12 @@ from typing import Any
 
 from pipeline.errors import PipelineError, require
 from pipeline.triton.bundle_files import (
+    BIND_ADDRESS,
+    BIND_ENV,
+    CONTAINER_ADDRESS,
     CONTAINER_REPOSITORY,
+    DEFAULT_BIND_ADDRESS,
+    exposure_note,
     CONTAINER_USER,
     compose_service,
     compose_yaml,
@@ -52,7 +57,8 @@ SCRIPT, COMPOSE, README = "docker-run.sh", "compose.yaml", "README.md"
 
 def server_args(http_port: int = 8000, grpc_port: int = 8001, metrics_port: int = 8002) -> ServerArgs:
     """How the production server runs: the whole repository loaded at start, admin APIs behind the key."""
-    return ServerArgs(repository=CONTAINER_REPOSITORY, http_port=http_port, grpc_port=grpc_port, metrics_port=metrics_port)
+    return ServerArgs(repository=CONTAINER_REPOSITORY, http_port=http_port, grpc_port=grpc_port, metrics_port=metrics_port,
+                      host=CONTAINER_ADDRESS)
 
 
 def write_deploy_bundle(
@@ -87,11 +93,12 @@ def write_deploy_bundle(
     }
     paths = write_bundle_files(out_dir, files, executable=[SCRIPT])
     log.info("deploy bundle for %s (%s) written to %s", repository, image, out_dir)
+    log.info("%s", exposure_note())
     return paths
 
 
 def _docker_run_script(image: str, rel_repo: str | None, server: str, ports: tuple[int, ...]) -> str:
-    publish = " ".join(f"-p {p}:{p}" for p in ports)
+    publish = " ".join(f'-p "{BIND_ADDRESS}:{p}:{p}"' for p in ports)
     docker = [
         "docker run --rm --init",
         '--gpus "${TRITON_GPUS:-all}"',
@@ -108,7 +115,8 @@ def _docker_run_script(image: str, rel_repo: str | None, server: str, ports: tup
         f"# Serve the model repository with {image}. Written by the pipeline: edits are kept (a regenerated version goes to docker-run.sh.new).",
         f"# Admin APIs ({', '.join(RESTRICTED_APIS)}) need the header '{ADMIN_HEADER}: ${ADMIN_KEY_ENV}'",
         f"# (gRPC metadata 'triton-grpc-protocol-{ADMIN_HEADER}'). TRITON_GPUS picks GPUs, e.g. '\"device=0\"' or a MIG UUID;",
-        "# MODEL_REPOSITORY overrides the repository next to this bundle.",
+        "# MODEL_REPOSITORY overrides the repository next to this bundle. Ports are published on",
+        f"# {BIND_ENV} (default {DEFAULT_BIND_ADDRESS}); inference and metrics need no key: see README.md.",
         "set -euo pipefail",
         f': "${{{ADMIN_KEY_ENV}:?export {ADMIN_KEY_ENV}=<secret> first: it unlocks the admin APIs}}"',
         *script_repository_lines(rel_repo),
@@ -131,6 +139,9 @@ def _readme(image: str, models: list[str], ports: tuple[int, ...]) -> str:
         "",
         f"HTTP {http}, gRPC {grpc}, metrics {metrics}. Inference, health, metadata and statistics are open;",
         f"{', '.join(RESTRICTED_APIS)} need the `{ADMIN_HEADER}` header (gRPC: `triton-grpc-protocol-{ADMIN_HEADER}`).",
+        f"The ports are published on `${BIND_ENV}` (default `{DEFAULT_BIND_ADDRESS}`: this host only).",
+        f"Inference, metadata, health and metrics carry no authentication: before setting `{BIND_ENV}=0.0.0.0`,",
+        "put the ports behind a proxy that authenticates (e.g. NGINX or Envoy with mTLS or tokens) or a firewall.",
         "Models load once at start (`--model-control-mode=none`); publish a new build, then restart.",
         "Files you edit here are kept when the bundle is regenerated: the new version is written beside them as `<file>.new`.",
         "",

@@ -1,4 +1,4 @@
-"""Which models of a Triton repository the CPU-only embedded tritonserver can serve, why not the others,
+"""Which models of a Triton repository the embedded tritonserver can serve, why not the others,
 and the private *view* of the repository it is started on.
 
 The view holds one symlink per servable model, so the on-disk repository stays untouched. On a
@@ -11,6 +11,7 @@ rehearsal of the GPU config, said in one log line.
 from __future__ import annotations
 
 import logging
+import os
 from pathlib import Path
 from typing import Any
 
@@ -19,6 +20,8 @@ from pipeline.triton.config import config_text, model_config_path, read_model_co
 from pipeline.triton.repository import model_dirs
 
 log = logging.getLogger(__name__)
+
+GPU_SERVE_EXTRA = "gpu-serve"  # pyproject.toml: onnxruntime-gpu for GPU instances
 
 # How Triton maps a platform to a backend name when the config names no backend.
 PLATFORM_BACKENDS = {
@@ -39,7 +42,7 @@ def skip_reason(config: Any | None, backends: set[str], skipped: dict[str, str])
         return f"ensemble uses skipped models {blocked}" if blocked else None
     backend = config.backend or PLATFORM_BACKENDS.get(config.platform, "")
     if backend == "tensorrt":
-        return "TensorRT plan: needs the TensorRT backend and an NVIDIA GPU (this embedded server is CPU-only)"
+        return "TensorRT plan: needs the TensorRT backend and an NVIDIA GPU (the embedded server has only the Python backend)"
     if backend not in backends:
         return f"backend '{backend or config.platform}' is not in the embedded server (it has: {', '.join(sorted(backends))})"
     return None
@@ -61,7 +64,7 @@ def servable_models(
     served = [name for name in configs if name not in skipped]
     require(
         bool(served),
-        f"none of the models in {repository} can be served by the CPU-only embedded tritonserver "
+        f"none of the models in {repository} can be served by the embedded tritonserver (Python backends only) "
         f"(skipped: {'; '.join(f'{n}: {r}' for n, r in skipped.items())})",
         "build ONNX variants too; the onnxruntime backend serves them here",
     )
@@ -69,9 +72,37 @@ def servable_models(
 
 
 def has_gpu() -> bool:
-    """Whether the NVIDIA kernel driver lists a GPU on this machine (``/proc/driver/nvidia/gpus/*``)."""
+    """Whether tritonserver started from this process will see an NVIDIA GPU: the kernel driver lists
+    one (``/proc/driver/nvidia/gpus/*``) and ``CUDA_VISIBLE_DEVICES`` does not hide them all."""
     gpus = Path("/proc/driver/nvidia/gpus")
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if visible is not None and visible.strip() in ("", "-1", "none", "NoDevFiles"):
+        return False
     return gpus.is_dir() and any(gpus.iterdir())
+
+
+def gpu_instance_models(repository: Path, models: list[str], config_name: str | None = None) -> list[str]:
+    """The ONNX models among ``models`` that Triton gives GPU instances on a machine with a GPU
+    (instance groups of ``KIND_GPU`` or ``KIND_AUTO``, or none: Triton's default is AUTO)."""
+    chosen = []
+    for name in models:
+        config = read_model_config(Path(repository) / name, config_name)
+        if config is None or (config.backend or PLATFORM_BACKENDS.get(config.platform, "")) != "onnxruntime":
+            continue
+        if not config.instance_group or any(g.kind in (g.KIND_GPU, g.KIND_AUTO) for g in config.instance_group):
+            chosen.append(name)
+    return chosen
+
+
+def require_gpu_runtime(models: list[str], providers: list[str]) -> None:
+    """PipelineError unless ONNX Runtime (``providers``: its available providers) can run GPU instances of ``models``."""
+    require(
+        not models or "CUDAExecutionProvider" in providers,
+        f"this machine has an NVIDIA GPU, so tritonserver gives {', '.join(models)} GPU instances, but this venv's "
+        f"ONNX Runtime is the CPU build (providers: {', '.join(providers)})",
+        f"install the '{GPU_SERVE_EXTRA}' extra (pip install -e '.[{GPU_SERVE_EXTRA}]': onnxruntime-gpu in place of "
+        "onnxruntime), or hide the GPU (CUDA_VISIBLE_DEVICES=) to serve on the CPU",
+    )
 
 
 def write_view(repository: Path, models: list[str], view: Path, config_name: str | None = None, *, cpu_only: bool) -> list[str]:

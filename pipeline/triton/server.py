@@ -1,4 +1,5 @@
-"""Run the embedded ``tritonserver`` (from the nvidia-pytriton wheel) on a Triton model repository, on CPU.
+"""Run the embedded ``tritonserver`` (from the nvidia-pytriton wheel) on a Triton model repository, on CPU
+or, where there is an NVIDIA GPU and onnxruntime-gpu (the ``gpu-serve`` extra), with GPU instances.
 
 The wheel ships the real Triton 2.51 binary with only the Python backend. At start we prepare a private
 backend directory: the Python backend (its library, utils and the stub built for this interpreter's
@@ -9,7 +10,9 @@ load unchanged. The stub embeds Python and finds the project's venv through ``PA
 Models that cannot run here (TensorRT plans, other missing backends) are skipped: the server is started
 on a private *view* of the repository (one symlink per loadable model), so the on-disk repository stays
 untouched and ``--model-control-mode none`` still loads everything in the view. Without a GPU, models
-whose config asks for ``KIND_GPU`` instances are served as ``KIND_CPU`` (``servable.write_view``).
+whose config asks for ``KIND_GPU`` instances are served as ``KIND_CPU`` (``servable.write_view``). With a
+GPU, Triton resolves ``KIND_AUTO`` to ``KIND_GPU`` and the backend runs ONNX Runtime's CUDA (and, where
+TensorRT's libraries exist, TensorRT) execution provider; a CPU-only ONNX Runtime is refused up front.
 The command line comes from :mod:`pipeline.triton.server_args`, shared with the deploy bundles.
 """
 
@@ -36,10 +39,11 @@ from pathlib import Path
 from types import TracebackType
 
 from pipeline.errors import PipelineError, require
+from pipeline.triton.servable import gpu_instance_models, require_gpu_runtime
 from pipeline.isolate import die_with_parent
 from pipeline.progress import progress
 from pipeline.triton.servable import has_gpu, servable_models, write_view
-from pipeline.triton.server_args import ADMIN_HEADER, ADMIN_KEY_ENV, ServerArgs, tritonserver_args
+from pipeline.triton.server_args import ADMIN_HEADER, ADMIN_KEY_ENV, ServerArgs, redacted, tritonserver_args
 from pipeline.triton.server_log import PortInUseError, last_errors, startup_error
 
 log = logging.getLogger(__name__)
@@ -70,6 +74,12 @@ def _dist() -> tuple[Path, Path]:
         ) from None
 
     return get_root_module_path() / "tritonserver", Path(get_libs_path())
+
+
+def _ort_providers() -> list[str]:
+    import onnxruntime
+
+    return list(onnxruntime.get_available_providers())
 
 
 def _peek_exit(process: subprocess.Popen[bytes]) -> int | None:
@@ -125,7 +135,7 @@ def _free_ports(host: str, count: int) -> list[int]:
 
 
 class TritonServer:
-    """The embedded ``tritonserver`` serving a model repository on CPU; use as a context manager.
+    """The embedded ``tritonserver`` serving a model repository (CPU, or GPU where there is one); use as a context manager.
 
     Ports 0 pick free ports. ``cpus`` pins the server (and its backend stubs) to those cores.
     ``model_control="explicit"`` keeps the repository API's load/unload open (all models still load
@@ -237,7 +247,10 @@ class TritonServer:
             backends = self._prepare_backends(self._workdir / "backends")
             view = self._workdir / "repository"
             view.mkdir()
-            self.cpu_models = write_view(self.repository, models, view, self.model_config_name, cpu_only=not has_gpu())
+            gpu = has_gpu()
+            if gpu:
+                require_gpu_runtime(gpu_instance_models(self.repository, models, self.model_config_name), _ort_providers())
+            self.cpu_models = write_view(self.repository, models, view, self.model_config_name, cpu_only=not gpu)
             with progress(f"starting tritonserver ({len(models)} models)", summary=False):  # it logs its own ready line
                 self._launch(view, backends)
                 self._wait_ready(models, deadline)
@@ -371,7 +384,8 @@ class TritonServer:
             # Idle keep-alive client connections hold a SIGTERMed server for the whole exit timeout
             # (30 s by default); in-flight requests of these small models finish well within 5 s.
             exit_timeout_s=EXIT_TIMEOUT_S,
-            gpu_metrics=False,
+            # GPU utilization, memory and power per GPU (nv_gpu_*), where there is one: the MIG plan's inputs.
+            gpu_metrics=has_gpu(),
             # Unique per server: several servers (MIG rehearsal) must not share segment names.
             backend_config=(f"python,shm-region-prefix-name={self._shm_prefix}",),
         )
@@ -392,7 +406,7 @@ class TritonServer:
                 os.sched_setaffinity(0, cpus)
 
         command = self._command(view, backends)
-        log.debug("starting %s", " ".join(command))
+        log.debug("starting %s", redacted(command))
         # Server and stubs print outside the log file too (startup errors, Python tracebacks): same file.
         with open(self.log_path, "ab") as console:
             self._process = subprocess.Popen(

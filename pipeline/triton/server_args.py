@@ -11,6 +11,10 @@ model-config, shared-memory, trace, logging) are restricted with ``--http-restri
 ``<api>,<api>,...:<header>=<value>`` (docs: inference_protocols.md, "Limit Endpoint Access"). The
 key itself is never written: ``admin_key`` is how the deployment refers to it (``${TRITON_ADMIN_KEY}``
 for a shell, ``$(TRITON_ADMIN_KEY)`` in a Kubernetes ``args`` list), expanded only where the server starts.
+
+Triton 2.51 takes the key only on its command line (no config file, environment variable or key
+file), so a running server's key is readable in ``/proc/<pid>/cmdline`` by whoever may see the
+process; what we log of a command line goes through :func:`redacted` first.
 """
 
 from __future__ import annotations
@@ -29,10 +33,20 @@ K8S_ADMIN_KEY = f"$({ADMIN_KEY_ENV})"  # Kubernetes expands $(VAR) in args from 
 MODEL_CONTROL_MODES = ("none", "explicit", "poll")
 
 
+RESTRICTED_FLAGS = ("--http-restricted-api=", "--grpc-restricted-protocol=")
+
+
 def restricted_api_args(admin_key: str = SHELL_ADMIN_KEY) -> list[str]:
     """Flags that put the admin APIs behind the ``admin-key`` header whose value is ``admin_key``."""
     restricted = f"{','.join(RESTRICTED_APIS)}:{ADMIN_HEADER}={admin_key}"
-    return [f"--http-restricted-api={restricted}", f"--grpc-restricted-protocol={restricted}"]
+    return [flag + restricted for flag in RESTRICTED_FLAGS]
+
+
+def redacted(args: Sequence[str]) -> str:
+    """``args`` as one line for a log, with the admin key of the restricted-API flags replaced by ``***``."""
+    marker = f":{ADMIN_HEADER}="
+    shown = [a.split(marker, 1)[0] + marker + "***" if a.startswith(RESTRICTED_FLAGS) and marker in a else a for a in args]
+    return " ".join(shown)
 
 
 @dataclass(frozen=True)

@@ -13,8 +13,9 @@ import json
 import logging
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field, fields
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -22,34 +23,33 @@ from pipeline.artifacts import parse_variant
 from pipeline.errors import CheckFailed, PipelineError
 from pipeline.evaldata import EvalData
 from pipeline.progress import progress
-from pipeline.gates import Gates, judge_drop, paired_drop, tolerance_for
-from pipeline.tensors import ModelSignature
+from pipeline.gates import Gates, tolerance_for
+from pipeline.outputkinds import OutputKind
 
 log = logging.getLogger(__name__)
 
 
 @dataclass
 class ServedResult:
-    """One served model: accuracy served and in process, and how far the served outputs are from in-process."""
+    """One served model: every output served against the same file in process, and its gates against served FP32."""
 
     model: str
     base: str
     precision: str
     version: int
     samples: int
-    served_accuracy: float | None
-    inprocess_accuracy: float | None
-    top1_agreement: float
-    max_abs_diff: float
+    outputs: dict[str, dict]  # per output: kind, max abs served vs in-process, NaN/Inf, served and in-process task metric
     failures: list[str]
     notes: list[str] = field(default_factory=list)
-    drop_vs_fp32: dict | None = None
-    served_right: np.ndarray | None = field(default=None, repr=False)  # per sample, for the paired comparison with FP32
+    gates: list[dict] = field(default_factory=list)  # each output's figures against served FP32 (pipeline.judging)
+    kinds: dict[str, OutputKind] = field(default_factory=dict, repr=False)
+    served: list[dict[str, np.ndarray]] = field(default_factory=list, repr=False)  # per batch, for the comparison with FP32
+    targets: list[dict[str, np.ndarray]] = field(default_factory=list, repr=False)  # the labels of those batches
 
 
-def served_outputs(url: str, model: str, data: EvalData, output: str, batch_size: int) -> list[np.ndarray]:
+def served_outputs(url: str, model: str, data: EvalData, outputs: Sequence[str], batch_size: int) -> list[dict[str, np.ndarray]]:
     """Send every sample through Triton's HTTP endpoint in batches (each of one length bucket, at
-    its real size); return ``output`` of each batch."""
+    its real size); return every one of ``outputs`` of each batch."""
     import tritonclient.http as http
     from tritonclient.utils import InferenceServerException, np_to_triton_dtype
 
@@ -62,8 +62,8 @@ def served_outputs(url: str, model: str, data: EvalData, output: str, batch_size
                 tensor = http.InferInput(name, list(array.shape), np_to_triton_dtype(array.dtype))
                 tensor.set_data_from_numpy(np.ascontiguousarray(array))
                 inputs.append(tensor)
-            result = client.infer(model, inputs, outputs=[http.InferRequestedOutput(output)])
-            chunks.append(result.as_numpy(output))
+            result = client.infer(model, inputs, outputs=[http.InferRequestedOutput(o) for o in outputs])
+            chunks.append({o: result.as_numpy(o) for o in outputs})
     except InferenceServerException as exc:
         raise PipelineError(f"Triton at {url} failed to infer '{model}': {exc.message()}", "check the server log; is the model ready?") from None
     except OSError as exc:
@@ -74,66 +74,58 @@ def served_outputs(url: str, model: str, data: EvalData, output: str, batch_size
 
 
 def verify_served_model(
-    url: str, model: str, model_file: Path, data: EvalData, signature: ModelSignature, output: str, *, batch_size: int, atol: float
+    url: str, model: str, model_file: Path, data: EvalData, kinds: Mapping[str, OutputKind], *, batch_size: int, atol: float, threshold: float
 ) -> ServedResult:
-    """Compare one served model with its own model file run in process (Q/DQ-exact for INT8)."""
-    from pipeline.compare import OutputStats
+    """Compare every output of one served model with its own model file run in process (Q/DQ-exact for INT8)."""
+    from pipeline.compare import new_comparison
     from pipeline.onnxrt import session_from_onnx
 
     base, precision = parse_variant(model) or (model, "fp32")
-    served = served_outputs(url, model, data, output, batch_size)
+    served = served_outputs(url, model, data, list(kinds), batch_size)
     session = session_from_onnx(model_file, exact_qdq=precision == "int8")
-    local = [session.run([output], batch)[0] for batch in data.batches(batch_size)]
-    stats = OutputStats()
-    for mine, theirs in zip(local, served, strict=True):
-        stats.add(mine, theirs)
-    # Batches of different length buckets may differ beyond the batch axis: compare batch by batch.
-    served_top1, local_top1 = [s.argmax(-1) for s in served], [m.argmax(-1) for m in local]
-    agree = sum(int((s == m).sum()) for s, m in zip(served_top1, local_top1)) / max(sum(s.size for s in served_top1), 1)
-    labels = data.labels if all(s.ndim == 1 for s in served_top1) else None
-    if labels is not None:
-        served_top1, local_top1 = np.concatenate(served_top1), np.concatenate(local_top1)
-    failures = []
-    if stats.max_abs > atol:
-        failures.append(f"served outputs differ from in-process by up to {stats.max_abs:.3g} (> {atol:g})")
-    return ServedResult(
-        model=model,
-        base=base,
-        precision=precision,
-        version=int(model_file.parent.name),
-        samples=sum(len(s) for s in served),
-        served_accuracy=None if labels is None else float((served_top1 == labels).mean()),
-        inprocess_accuracy=None if labels is None else float((local_top1 == labels).mean()),
-        top1_agreement=float(agree),
-        max_abs_diff=stats.max_abs,
-        failures=failures,
-        served_right=None if labels is None else served_top1 == labels,
-    )
+    comparison = new_comparison(model, kinds, threshold)
+    for batch, theirs, target in zip(data.batches(batch_size), served, data.target_batches(batch_size), strict=True):
+        comparison.add(dict(zip(list(kinds), session.run(list(kinds), batch))), theirs, target)
+    failures, outputs = [], {}
+    for name, stats in comparison.outputs.items():
+        summary = comparison.summary(name)
+        outputs[name] = {"kind": kinds[name].kind, "max_abs_diff": stats.max_abs, "nonfinite": stats.nonfinite, "agreement": summary.get("agreement"),
+                         "served_metric": summary.get("accuracy"), "inprocess_metric": summary.get("reference_accuracy")}  # fmt: skip
+        if stats.nonfinite:
+            failures.append(f"output '{name}': {stats.nonfinite} NaN/Inf values served where in-process ones are finite")
+        if stats.max_abs > atol:
+            failures.append(f"output '{name}' served differs from in-process by up to {stats.max_abs:.3g} (> {atol:g})")
+    return ServedResult(model, base, precision, int(model_file.parent.name), comparison.samples, outputs, failures, kinds=dict(kinds), served=served,
+                        targets=list(data.target_batches(batch_size)))
 
 
-def gate_against_fp32(results: Sequence[ServedResult], gates: Gates) -> None:
-    """Each served variant's accuracy against served FP32 on the same samples, judged as the build's gate
-    (pipeline.gates): a drop beyond the limit fails; a set too small to decide is noted (the build judged it)."""
+def gate_against_fp32(results: Sequence[ServedResult], gates: Mapping[str, Gates]) -> None:
+    """Each served variant against served FP32 on the same samples, every output judged by its kind as the
+    build's gate (pipeline.judging): a failure fails; a set too small to decide is noted (the build judged it)."""
+    from pipeline.compare import new_comparison
+    from pipeline.judging import judge_comparison
+
     fp32 = {r.base: r for r in results if r.precision == "fp32"}
     for result in results:
         ref = fp32.get(result.base)
-        if ref is None or result is ref or result.served_right is None or ref.served_right is None:
+        if ref is None or result is ref:
             continue
-        tolerance = tolerance_for(result.precision, gates)
-        worse = int((ref.served_right & ~result.served_right).sum())
-        better = int((~ref.served_right & result.served_right).sum())
-        estimate = paired_drop(worse, better, result.samples, tolerance.confidence)
-        result.drop_vs_fp32 = estimate.as_dict()
-        verdict, why = judge_drop(estimate, tolerance.max_drop_points)
-        if verdict == "fail":
-            result.failures.append(f"served vs served FP32: {why}")
-        elif verdict == "undecided":
-            result.notes.append(f"served vs served FP32: {why}")
+        tolerance = tolerance_for(result.precision, gates[result.model])
+        comparison = new_comparison(result.model, result.kinds, tolerance.threshold)
+        if len(ref.served) != len(result.served):
+            result.notes.append("served vs served FP32: not compared (the two were verified on different data)")
+            continue
+        for theirs, mine, target in zip(ref.served, result.served, result.targets, strict=True):
+            comparison.add(theirs, mine, target)
+        verdict = judge_comparison(result.model, result.precision, "served", comparison, tolerance, result.kinds)
+        result.gates = verdict.rows
+        result.failures += [f"served vs served FP32: {why}" for why in verdict.failures]
+        result.notes += [f"served vs served FP32: {why}" for why in verdict.undecided]
 
 
 def results_as_json(results: Sequence[ServedResult]) -> list[dict]:
-    """The report rows (per-sample arrays left out)."""
-    return [{k: v for k, v in asdict(r).items() if k != "served_right"} | {"passed": not r.failures} for r in results]
+    """The report rows (served outputs and kinds left out)."""
+    return [{f.name: getattr(r, f.name) for f in fields(r) if f.name not in ("served", "targets", "kinds")} | {"passed": not r.failures} for r in results]
 
 
 def verify_repository(
@@ -148,67 +140,71 @@ def verify_repository(
     report_path: Path,
     eval_data: Mapping[str, EvalData | Path] | None = None,
     show: Callable[[list[dict]], None] | None = None,
+    workdir: Path = Path("build"),
 ) -> dict:
     """Verify the pipeline's ONNX variants in ``repository`` through Triton at ``url`` (None: the
-    embedded server on ``repository``); write ``report_path``; raise CheckFailed when a served check fails.
+    embedded server on ``repository``), every output by the kind its build recorded; write
+    ``report_path``; raise CheckFailed when a served check fails.
 
     Each model's data: ``eval_data[base model]`` (an EvalData or an .npz), else what its build
-    recorded, else ``<calibration-root>/<base>/eval.npz``. A model without any is reported and skipped.
+    recorded, else ``<calibration-root>/<base>/eval.npz``. ``gates`` gives the drop limits and the
+    confidence; the other limits are the ones its build was judged with. What cannot be verified here
+    (TensorRT plans, models the pipeline did not build, models without data) is listed as not verified.
     """
-    from pipeline.evaldata import eval_data_from_path
-    from pipeline.gates import classifier_output
-    from pipeline.tensors import signature_from_onnx
     from pipeline.triton.repository import read_repository
     from pipeline.triton.server import TritonServer
-    from pipeline.workspace import eval_data_of_served
 
-    chosen = {}
+    chosen, not_verified = {}, {}
     for name, model in sorted(read_repository(repository).items()):
         if models and name not in models:
             continue
-        if model.config.platform != "onnxruntime_onnx" or parse_variant(name) is None:
-            log.info("%s: not verified here (%s)", name, model.config.platform or model.config.backend)
-            continue
-        chosen[name] = model
-    missing = sorted(set(models) - set(chosen))
+        if model.config.platform != "onnxruntime_onnx":
+            not_verified[name] = f"{model.config.platform or model.config.backend} models need their own runtime (a TensorRT plan needs a GPU server)"
+        elif parse_variant(name) is None:
+            not_verified[name] = "not built by this pipeline (no variant suffix): no build record to judge it by"
+        else:
+            chosen[name] = model
+    missing = sorted(set(models) - set(chosen) - set(not_verified))
     if missing or not chosen:
         raise PipelineError(f"no servable pipeline ONNX model named {missing or 'any'} in {repository}", "run `python -m pipeline build` or check --model")
 
     planned: dict[str, tuple] = {}
-    skipped: dict[str, str] = {}
+    limits: dict[str, Gates] = {}
+    batches = {}
     for name, model in chosen.items():
         base, _ = parse_variant(name)  # type: ignore[misc]
-        version = max(model.versions)
-        model_file = model.path / str(version) / (model.config.default_model_filename or "model.onnx")
-        signature = signature_from_onnx(model_file)
-        given = (eval_data or {}).get(base)
-        source = given if given is not None else eval_data_of_served(model.path, calibration_root)
-        if source is None:
-            skipped[name] = f"no evaluation data (none recorded by its build, no {calibration_root / base / 'eval.npz'}): pass --eval-data"
-            log.warning("%s: skipped, %s", name, skipped[name])
+        batches[base] = min(batches.get(base, batch_size), model.config.max_batch_size or batch_size)
+    for name, model in chosen.items():
+        base, _ = parse_variant(name)  # type: ignore[misc]
+        plan = _plan(name, model, base, (eval_data or {}).get(base), calibration_root)
+        if isinstance(plan, str):
+            not_verified[name] = plan
+            log.warning("%s: not verified, %s", name, plan)
             continue
-        data = source if isinstance(source, EvalData) else eval_data_from_path(Path(source), signature)
-        planned[name] = (version, model_file, signature, data, min(batch_size, model.config.max_batch_size or batch_size))
+        planned[name] = (*plan, batches[base])
+        limits[name] = _recorded_gates(model.path, gates)
+    for name, why in not_verified.items():
+        log.warning("%s: not verified: %s", name, why)
     if not planned:
         raise PipelineError(f"no evaluation data for any of {sorted(chosen)}", "pass --eval-data PATH.npz (one array per input name, plus labels)")
 
-    server = None if url else TritonServer(repository)
+    server = None if url else TritonServer(repository, workdir=workdir)
     results = []
     with server if server else contextlib.nullcontext(), progress("served verification", len(planned), unit="models") as bar:
         endpoint = url or server.http_url  # type: ignore[union-attr]
-        for name, (version, model_file, signature, data, batch) in bar.track(planned.items()):
+        for name, (version, model_file, data, kinds, batch) in bar.track(planned.items()):
             bar.note(name)
-            output = classifier_output(signature) or signature.outputs[0].name
             log.info("verifying %s v%d through %s (%d samples from %s)", name, version, endpoint, data.num_samples, data.source)
-            results.append(verify_served_model(endpoint, name, model_file, data, signature, output, batch_size=batch, atol=atol))
-    gate_against_fp32(results, gates)
+            results.append(verify_served_model(endpoint, name, model_file, data, kinds, batch_size=batch, atol=_served_atol(name, atol, limits[name]),
+                                               threshold=limits[name].binary_threshold))
+    gate_against_fp32(results, limits)
 
     report = {"url": url or "embedded", "repository": str(repository), "time": time.strftime("%Y-%m-%dT%H:%M:%S"),
-              "models": results_as_json(results), "skipped": skipped}
+              "models": results_as_json(results), "not_verified": not_verified}
     report_path.parent.mkdir(parents=True, exist_ok=True)
     report_path.write_text(json.dumps(report, indent=2) + "\n")
     if show:
-        show(report["models"])
+        show(report["models"] + [{"model": n, "not_verified": why} for n, why in sorted(not_verified.items())])
     failed = [r for r in results if r.failures]
     if failed:
         raise CheckFailed(
@@ -216,3 +212,50 @@ def verify_repository(
             "for INT8, make sure the server keeps Q/DQ exact (optimization graph level 2 in config.pbtxt)",
         )
     return report
+
+
+def _plan(name: str, model: Any, base: str, given: EvalData | Path | None, calibration_root: Path) -> tuple | str:
+    """(version, model file, data with labels named, kinds) of one served model, or why it cannot be verified."""
+    from pipeline.evaldata import check_targets, eval_data_from_path, plain_labels_owner
+    from pipeline.outputkinds import decide_kinds, kinds_from_json, onnx_producers, output_info
+    from pipeline.tensors import load_onnx, signature_from_onnx
+    from pipeline.workspace import build_record_of_served, eval_data_of_served
+
+    version = max(model.versions)
+    model_file = model.path / str(version) / (model.config.default_model_filename or "model.onnx")
+    signature = signature_from_onnx(model_file)
+    source = given if given is not None else eval_data_of_served(model.path, calibration_root)
+    if source is None:
+        return f"no evaluation data (none recorded by its build, no {calibration_root / base / 'eval.npz'}): pass --eval-data"
+    data = source if isinstance(source, EvalData) else eval_data_from_path(Path(source), signature)
+    recorded = build_record_of_served(model.path).get("output_kinds")
+    if recorded:
+        kinds = kinds_from_json(recorded)
+    else:
+        kinds = decide_kinds(signature, described=None, producers=onnx_producers(load_onnx(model_file, external_data=False)), overrides={})
+        log.warning("%s: no output kinds recorded by its build; judged as %s", name, ", ".join(f"{k.name}={k.kind}" for k in kinds.values()))
+    owner = plain_labels_owner(data.target_names, output_info(signature, kinds), data.source)
+    if owner:
+        data = data.with_targets_named(owner)
+    for bucket in data.buckets:
+        check_targets(bucket.targets, output_info(signature, kinds), data.source)
+    return version, model_file, data, kinds
+
+
+def _served_atol(model: str, atol: float, gates: Gates) -> float:
+    """FP16 served on other hardware (a GPU's FP16 kernels against this CPU's) differs at FP16's own
+    precision: it is held to ``--fp16-atol`` where that is looser than ``atol``."""
+    precision = (parse_variant(model) or (model, "fp32"))[1]
+    return max(atol, gates.fp16_atol or 0.0) if precision == "fp16" else atol
+
+
+def _recorded_gates(model_dir: Path, gates: Gates) -> Gates:
+    """The limits the model's build was judged with, with this command's drop limits and confidence."""
+    from dataclasses import fields, replace
+
+    from pipeline.workspace import build_record_of_served
+
+    recorded = build_record_of_served(model_dir).get("gates") or {}
+    known = {f.name for f in fields(Gates)}
+    base = replace(Gates(), **{k: v for k, v in recorded.items() if k in known})
+    return replace(base, fp16_max_drop=gates.fp16_max_drop, int8_max_drop=gates.int8_max_drop, gate_confidence=gates.gate_confidence)

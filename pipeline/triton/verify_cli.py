@@ -34,11 +34,14 @@ class VerifyConfig:
     eval_data: Path | None = eval_data_option()
     calibration_root: Path = calibration_root_option()
     batch_size: int = option(32, "samples per request", check=in_range(1, 1 << 20), fix="pass a positive batch size")
-    atol: float = option(1e-3, "max abs difference served vs in-process", check=non_negative)
+    atol: float = option(1e-3, "max abs difference served vs in-process (FP16 variants: the looser of this and the build's "
+                               "--fp16-atol: FP16 served on a GPU differs from it run on this CPU at FP16's precision)", check=non_negative)
     fp16_max_drop: float = fp16_max_drop_option()
     int8_max_drop: float = int8_max_drop_option()
     gate_confidence: float = confidence_option()
-    report: Path = option(Path("build") / "verify.json", "JSON report")
+    workdir: Path = option(Path("build"), "where the JSON report and the reports folder go", metavar="DIR")
+    report: Path | None = option(None, "JSON report (default: <workdir>/verify.json, which the HTML page shows)")
+    report_dir: Path | None = option(None, "where the HTML page index.html goes (default: <workdir>/reports)", metavar="DIR")
 
     def gates(self) -> Gates:
         """The build's gate type with this command's limits."""
@@ -88,7 +91,14 @@ def run(args: argparse.Namespace) -> int:
         batch_size=cfg.batch_size,
         atol=cfg.atol,
         gates=cfg.gates(),
-        report_path=cfg.report,
+        report_path=cfg.report or cfg.workdir / "verify.json",
+        workdir=cfg.workdir,
         show=lambda rows: console().print(served_table(rows)),
     )
+    from pipeline.htmlreport import refresh_html_report
+    from pipeline.reportdirs import page_dir
+
+    page = refresh_html_report(cfg.workdir, page_dir(cfg.report_dir, cfg.workdir))
+    if page:
+        console().print(f"report: {page}")
     return 0

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from pipeline.errors import PipelineError, require
+from pipeline.triton.accelerators import refit_trt_profile
 
 if TYPE_CHECKING:
     from tritonclient.grpc.model_config_pb2 import ModelConfig
@@ -238,6 +239,7 @@ def config_for_candidate(base: ModelConfig, candidate: Candidate) -> ModelConfig
             entry = cfg.model_warmup.add()
             entry.CopyFrom(template)
             entry.name, entry.batch_size = f"real_sample_batch_{batch}", batch
+    refit_trt_profile(cfg)
     return cfg
 
 

@@ -146,7 +146,7 @@ class EmbeddedTarget(Target):
     (a tune answered from the cache never starts it). This thread (the load generator) moves to
     the other CPUs while the server runs, and back on :meth:`close`."""
 
-    def __init__(self, repository: Path, cores: int, log_path: Path | None = None) -> None:
+    def __init__(self, repository: Path, cores: int, log_path: Path | None = None, workdir: Path = Path("build")) -> None:
         from pipeline.triton.server import TritonServer
 
         allowed = sorted(os.sched_getaffinity(0))
@@ -155,7 +155,7 @@ class EmbeddedTarget(Target):
         self.server_cpus = allowed[:cores]
         self.client_cpus = allowed[cores:] or allowed
         self._previous = allowed
-        self.server = TritonServer(repository, cpus=self.server_cpus, model_control="explicit", log_path=log_path)
+        self.server = TritonServer(repository, cpus=self.server_cpus, model_control="explicit", log_path=log_path, workdir=workdir)
         self._started = False
         identity = {"kind": "embedded", "cores": cores, "cpu": _cpu_model(), "machine": platform.machine(),
                     "tritonserver": _pytriton_version()}

@@ -11,9 +11,10 @@ import time
 from pathlib import Path
 from typing import Any
 
-from pipeline.errors import require
+from pipeline.errors import require, require_creatable
 from pipeline.loadtest.measure import WindowSettings
 from pipeline.loadtest.policy import ARRIVALS
+from pipeline.reportdirs import REPORT_DIR_HELP, run_report_dirs
 from pipeline.tune.policy import SEARCHES
 from pipeline.tune.space import PREFERRED_RULES
 from pipeline.tune.trial import TrialSettings
@@ -70,7 +71,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                         help="tune on a running Triton in explicit model-control mode instead (HTTP address); the admin "
                              "key comes from $TRITON_ADMIN_KEY when its repository API is restricted")
     target.add_argument("--profile", metavar="NAME",
-                        help="label this run with a MIG profile (e.g. 2g.35gb, or cpu-1/cpu-2 on CPU) for "
+                        help="label this run with a MIG profile (e.g. 2g.35gb, whole-gpu for a GPU without MIG, or cpu-1/cpu-2 on CPU) for "
                              "`mig-plan --from-tune`; with --apply the best config goes to configs/NAME.pbtxt")
     space = p.add_argument_group("search space (comma-separated values; defaults from the model)")
     space.add_argument("--instances", metavar="N,N", help="instance counts (default: 1,2,4 and the published one)")
@@ -84,7 +85,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                         help="quick: coordinate hill climbing from the published config; grid: every point (default: %(default)s)")
     search.add_argument("--max-trials", type=int, default=20, help="trials per model at most, cached ones included (default: %(default)s)")
     search.add_argument("--max-minutes", type=float, default=30, help="time per model at most (default: %(default)g)")
-    search.add_argument("--cache", type=Path, default=Path("build/tune/trials.jsonl"), help="trial cache (default: %(default)s)")
+    search.add_argument("--cache", type=Path, help="trial cache (default: <workdir>/tune/trials.jsonl)")
     search.add_argument("--fresh", action="store_true", help="ignore cached trials (measure everything again)")
     load = p.add_argument_group("load (raised until p99 breaks the SLO)")
     load.add_argument("--request-rate", type=float, metavar="R",
@@ -99,8 +100,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     load.add_argument("--calibration-root", type=Path, default=Path("calibration"), help="where <model>/eval.npz lives (default: %(default)s)")
     load.add_argument("--data", type=Path, metavar="NPZ", help="request samples (default: <calibration-root>/<model>/eval.npz)")
     out = p.add_argument_group("output")
-    out.add_argument("--report-dir", type=Path, help="default: reports/tune-<timestamp>/")
-    out.add_argument("--workdir", type=Path, default=Path("build"), help="build workdir with <name>/accuracy.json (default: %(default)s)")
+    out.add_argument("--report-dir", type=Path, help=REPORT_DIR_HELP.format(run="tune-<timestamp>"))
+    out.add_argument("--workdir", type=Path, default=Path("build"),
+                     help="build workdir with <name>/accuracy.json; server logs (<workdir>/triton) and the reports folder (default: %(default)s)")
     out.add_argument("--apply", action="store_true",
                      help="publish the best config as a new model version (atomic; the previous version stays), or "
                           "with --profile write configs/<profile>.pbtxt")
@@ -135,7 +137,7 @@ def settings_from_args(args: argparse.Namespace) -> TuneSettings:
     return TuneSettings(
         models=tuple(args.model), trial=trial, repository=args.repository, search=args.search, max_trials=args.max_trials,
         max_minutes=args.max_minutes, space=SpaceOptions(args.instances, args.max_batch, args.preferred, args.queue_delay_us),
-        cache_path=args.cache, fresh=args.fresh, profile=args.profile, calibration_root=args.calibration_root, data=args.data,
+        cache_path=args.cache or args.workdir / "tune" / "trials.jsonl", fresh=args.fresh, profile=args.profile, calibration_root=args.calibration_root, data=args.data,
     )
 
 
@@ -151,7 +153,8 @@ def run(args: argparse.Namespace) -> int:
     console = make_console()
     settings = settings_from_args(args)
     began = time.monotonic()
-    report_dir = args.report_dir or Path("reports") / f"tune-{_dt.datetime.now().strftime('%Y%m%d-%H%M%S')}"
+    report_dir, page_folder = run_report_dirs(args.report_dir, args.workdir, "tune-")
+    require_creatable(report_dir, "--report-dir")
     remote = remote_target(args.url) if args.url else None
     jobs = [prepare(settings, remote, model) for model in settings.models]  # every bad input fails here, before any load
     if args.apply:
@@ -160,7 +163,7 @@ def run(args: argparse.Namespace) -> int:
         for job in jobs:
             check_can_apply(job, settings.profile, settings.repository)
     cache = TrialCache(settings.cache_path, fresh=settings.fresh)
-    target: Target = remote if remote is not None else EmbeddedTarget(settings.repository, args.cores)
+    target: Target = remote if remote is not None else EmbeddedTarget(settings.repository, args.cores, workdir=args.workdir)
     try:
         for job in jobs:
             with progress(f"tune {job.model}", settings.max_trials, unit="trials", summary=False) as bar:  # each trial prints its line
@@ -168,14 +171,15 @@ def run(args: argparse.Namespace) -> int:
                     bar.advance(), console.print(progress_line(j, t, n, settings.max_trials), highlight=False)))
     finally:
         target.close()
-    return _finish(console, args, settings, jobs, target, report_dir, time.monotonic() - began)
+    return _finish(console, args, settings, jobs, target, (report_dir, page_folder), time.monotonic() - began)
 
 
 def _finish(console: Any, args: argparse.Namespace, settings: TuneSettings, jobs: list[ModelTune], target: Any,
-            report_dir: Path, seconds: float) -> int:
+            report_dirs: tuple[Path, Path], seconds: float) -> int:
     from pipeline.tune.apply import apply_best, config_diff
     from pipeline.tune.results import pareto, pareto_table, table, write_reports
 
+    report_dir, page_folder = report_dirs
     console.print(table(jobs, settings.trial.slo_p99_ms))
     meta = {
         "slo_p99_ms": settings.trial.slo_p99_ms,
@@ -196,7 +200,7 @@ def _finish(console: Any, args: argparse.Namespace, settings: TuneSettings, jobs
     console.print(f"reports: {', '.join(str(p) for p in written)}", highlight=False)
     from pipeline.htmlreport import refresh_html_report
 
-    page = refresh_html_report(args.workdir, report_dir.parent)
+    page = refresh_html_report(args.workdir, page_folder)
     if page:
         console.print(f"report: {page}", highlight=False)
     status = 0

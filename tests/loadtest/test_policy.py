@@ -13,6 +13,7 @@ from pipeline.loadtest.policy import (
     OpenLoop,
     policies_from_options,
     schedule_ns,
+    split,
 )
 
 
@@ -50,3 +51,10 @@ def test_options_make_a_sweep() -> None:
 def test_bad_options_are_user_errors(concurrency: str | None, rate: str | None, arrivals: str, problem: str) -> None:
     with pytest.raises(PipelineError, match=f"^{re.escape(problem)} — "):
         policies_from_options(concurrency, rate, arrivals)
+
+
+def test_split_shares_the_load_exactly() -> None:
+    assert split(ClosedLoop(5), 2) == [ClosedLoop(3), ClosedLoop(2)]
+    assert split(ClosedLoop(1), 2) == [ClosedLoop(1), None]
+    shares = split(OpenLoop(300, "poisson", seed=4), 3)
+    assert [s.rate for s in shares] == [100, 100, 100] and len({s.seed for s in shares}) == 3  # type: ignore[union-attr]

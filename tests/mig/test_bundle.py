@@ -22,19 +22,14 @@ import yaml
 from google.protobuf import text_format
 from tritonclient.grpc.model_config_pb2 import DataType, ModelConfig, ModelInstanceGroup
 
-from pipeline.mig.bundle import (
-    BundleSettings,
-    bundle_files,
-    k8s_name,
-    launch_script,
-    mig_resource,
-)
+from pipeline.mig.bundle import bundle_files, launch_script
 from pipeline.mig.configs import mig_configs_for_repository, write_profile_configs
 from pipeline.mig.layout import parse_layout
 from pipeline.mig.memory import MemoryEstimate, memory_from_onnx
 from pipeline.mig.nvidia_smi import parse_list_gpus
 from pipeline.mig.plan import GIB, MigPlan, plan_instances
 from pipeline.mig.profiles import builtin_gpu
+from pipeline.mig.servers import BundleSettings, k8s_name, mig_resource
 from pipeline.triton.config import config_text
 
 from .conftest import NVIDIA_SMI_L_H200
@@ -77,6 +72,7 @@ def test_launch_script_is_valid_bash_and_matches_the_configs(plan: MigPlan, tmp_
     devices = tmp_path / "nvidia-smi-L.txt"
     devices.write_text(NVIDIA_SMI_L_H200)
     env = {**os.environ, "MIG_DEVICES_FILE": str(devices), "TRITON_ADMIN_KEY": "s3cret", "MODEL_REPOSITORY": "/srv/repo"}
+    env.pop("TRITON_BIND_ADDRESS", None)
     out = subprocess.run(["bash", str(script), "--dry-run"], env=env, check=True, capture_output=True, text=True).stdout
     lines = out.strip().splitlines()
     listed = parse_list_gpus(NVIDIA_SMI_L_H200)[0].mig_devices
@@ -100,6 +96,7 @@ def test_launch_script_is_valid_bash_and_matches_the_configs(plan: MigPlan, tmp_
         seen_ports |= set(ports)
     assert "big_fp16_trt" not in lines[3] and "big_fp16_trt" in lines[0]  # too large for 1g.18gb
     assert flag(lines[1].split(), "http-port") == ["8010"]
+    assert flag(lines[1].split(), "http-address") == ["127.0.0.1"]  # TRITON_BIND_ADDRESS unset: loopback
 
 
 def test_launch_script_skips_unplanned_profiles_and_fails_without_devices(plan: MigPlan, tmp_path: Path) -> None:
@@ -136,8 +133,9 @@ def test_compose_file(plan: MigPlan) -> None:
         device = service["deploy"]["resources"]["reservations"]["devices"][0]
         assert device["driver"] == "nvidia" and device["capabilities"] == ["gpu"]
         assert device["device_ids"][0].startswith(f"${{MIG_UUID_{slot}:?")
-        host_ports += [p.split(":")[0] for p in service["ports"]]
-        assert [p.split(":")[1] for p in service["ports"]] == ["8000", "8001", "8002"]
+        assert all(p.startswith("${TRITON_BIND_ADDRESS:-127.0.0.1}:") for p in service["ports"])  # loopback by default
+        host_ports += [p.split(":")[-2] for p in service["ports"]]
+        assert [p.split(":")[-1] for p in service["ports"]] == ["8000", "8001", "8002"]
         assert flag(command, "http-port") == ["8000"]
         # as deploy's compose file: non-root, init, repository relative to the bundle, key only in the environment
         assert (service["user"], service["init"]) == ("triton-server", True)

@@ -11,10 +11,11 @@ import kubernetes_validate
 import pytest
 import yaml
 
-from pipeline.mig.bundle import BundleSettings, bundle_files, mig_resource
+from pipeline.mig.bundle import bundle_files
 from pipeline.mig.k8s import ADAPTER_RULE, KSERVE_RUNTIME, QUEUE_METRIC
 from pipeline.mig.layout import parse_layout
 from pipeline.mig.memory import MemoryEstimate, memory_from_onnx
+from pipeline.mig.servers import BundleSettings, mig_resource
 from pipeline.mig.plan import GIB, MigPlan, plan_instances
 from pipeline.mig.profiles import builtin_gpu
 

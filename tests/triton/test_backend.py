@@ -71,6 +71,61 @@ def test_thread_and_memory_parameters_reach_the_session_options(backend: ModuleT
     assert options.enable_cpu_mem_arena is False
 
 
+GPU_ORT = ["TensorrtExecutionProvider", "CUDAExecutionProvider", "CPUExecutionProvider"]  # what onnxruntime-gpu lists
+ACCELERATED = {"optimization": {"execution_accelerators": {"gpu_execution_accelerator": [
+    {"name": "tensorrt", "parameters": {"precision_mode": "FP16", "max_workspace_size_bytes": "1073741824",
+                                        "trt_engine_cache_enable": "1", "trt_engine_cache_path": "/tmp/c"}},
+    {"name": "cuda", "parameters": {"use_tf32": "0"}},
+]}}}
+
+
+def test_cpu_instances_ignore_the_gpu_accelerators(backend: ModuleType) -> None:
+    assert backend.execution_providers(ACCELERATED, "CPU", 0, ort.get_available_providers(), False) == ([("CPUExecutionProvider", {})], [])
+
+
+def test_gpu_instance_without_onnxruntime_gpu_names_the_extra(backend: ModuleType) -> None:
+    """This venv's real ONNX Runtime is the CPU build: a GPU instance must say which extra to install."""
+    with pytest.raises(backend.BackendConfigError, match=r"install the 'gpu-serve' extra \(onnxruntime-gpu"):
+        backend.execution_providers(ACCELERATED, "GPU", 0, ort.get_available_providers(), False)
+
+
+def test_gpu_instance_runs_tensorrt_then_cuda_as_the_cpp_backend_appends_them(backend: ModuleType) -> None:
+    """The provider lists are as onnxruntime-gpu would get them (no GPU here: checked as data)."""
+    providers, notes = backend.execution_providers(ACCELERATED, "GPU", 1, GPU_ORT, True)
+    assert providers == [
+        ("TensorrtExecutionProvider", {"trt_fp16_enable": "1", "trt_max_workspace_size": "1073741824", "trt_engine_cache_enable": "1",
+                                       "trt_engine_cache_path": "/tmp/c", "device_id": "1"}),
+        ("CUDAExecutionProvider", {"use_tf32": "0", "device_id": "1"}),
+    ] and notes == []
+
+
+def test_without_tensorrt_libraries_the_cuda_provider_runs_alone_and_says_so(backend: ModuleType) -> None:
+    assert backend.tensorrt_loadable() is False  # no TensorRT on this machine
+    providers, notes = backend.execution_providers(ACCELERATED, "GPU", 0, GPU_ORT, backend.tensorrt_loadable())
+    assert providers == [("CUDAExecutionProvider", {"use_tf32": "0", "device_id": "0"})]
+    assert notes and "TensorRT" in notes[0] and "CUDA execution provider alone" in notes[0]
+
+
+def test_deprecated_cuda_parameters_get_the_cpp_backends_defaults(backend: ModuleType) -> None:
+    config = {"parameters": {"cudnn_conv_algo_search": {"string_value": "1"}, "intra_op_thread_count": {"string_value": "2"}}}
+    [(name, options)], _ = backend.execution_providers(config, "GPU", 0, ["CUDAExecutionProvider", "CPUExecutionProvider"], False)
+    assert name == "CUDAExecutionProvider"
+    assert options == {"cudnn_conv_algo_search": "HEURISTIC", "gpu_mem_limit": str(2**64 - 1), "arena_extend_strategy": "kNextPowerOfTwo",
+                       "do_copy_in_default_stream": "1", "device_id": "0"}
+
+
+@pytest.mark.parametrize(
+    ("accelerator", "message"),
+    [({"name": "openvino"}, "unknown Execution Accelerator 'openvino'"),
+     ({"name": "tensorrt", "parameters": {"precision_mode": "BF16"}}, "unsupported precision mode 'BF16'"),
+     ({"name": "tensorrt", "parameters": {"workspace": "1"}}, "unknown parameter 'workspace' is provided for TensorRT")],
+)
+def test_accelerators_the_cpp_backend_refuses_fail_the_load(backend: ModuleType, accelerator: dict, message: str) -> None:
+    config = {"optimization": {"execution_accelerators": {"gpu_execution_accelerator": [accelerator]}}}
+    with pytest.raises(backend.BackendConfigError, match=message):
+        backend.execution_providers(config, "GPU", 0, GPU_ORT, True)
+
+
 def loaded_lines(server: TritonServer) -> dict[str, str]:
     """The backend's one 'loaded' log line per model, keyed by model name."""
     assert server.log_path is not None

@@ -103,12 +103,19 @@ def test_every_config_parses_and_matches_its_onnx_model(built: Built) -> None:
         check_config_against_onnx(cfg, model_dir / "1" / "model.onnx")
         # Only the Q/DQ model for TensorRT turns ONNX Runtime's graph optimizations off (2 = ORT_DISABLE_ALL in Triton's
         # backend); the CPU INT8 keeps them (its integer kernels are the point) and asks for CPU instances only.
+        assert cfg.optimization.HasField("graph") == (name == "digits_int8")
         if name == "digits_int8":
             assert cfg.optimization.graph.level == 2
-        else:
-            assert not cfg.HasField("optimization")
         kinds = [mc.ModelInstanceGroup.Kind.Name(g.kind) for g in cfg.instance_group]
         assert kinds == (["KIND_CPU"] if name == "digits_int8cpu" else ["KIND_AUTO"]), (name, kinds)
+        if name == "digits_int8cpu":  # CPU instances only: no GPU accelerators
+            assert not cfg.HasField("optimization")
+        else:
+            # GPU instances: TensorRT at the variant's precision over a batch 1..64 profile, CUDA without TF32.
+            trt, cuda = cfg.optimization.execution_accelerators.gpu_execution_accelerator
+            assert (trt.name, trt.parameters["precision_mode"], cuda.name, dict(cuda.parameters)) == (
+                "tensorrt", name.rsplit("_", 1)[1].upper(), "cuda", {"use_tf32": "0"})
+            assert trt.parameters["trt_profile_max_shapes"] == "image:64x8x8x1"
         assert cfg.output[0].label_filename == "labels.txt"
         assert (model_dir / "labels.txt").read_text() == (CALIBRATION / "labels.txt").read_text()
         assert sorted(w.batch_size for w in cfg.model_warmup) == [1, 32, 64]

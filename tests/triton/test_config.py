@@ -286,3 +286,61 @@ def test_unknown_dtype_is_a_user_error() -> None:
 def test_parse_config_rejects_bad_text() -> None:
     with pytest.raises(PipelineError, match="is not a valid Triton model config"):
         parse_config('name: "x"\nmax_batch_size: "eight"\n')
+
+
+def _accelerators(cfg: mc.ModelConfig) -> dict[str, dict[str, str]]:
+    return {a.name: dict(a.parameters) for a in cfg.optimization.execution_accelerators.gpu_execution_accelerator}
+
+
+@pytest.mark.parametrize(("precision", "mode"), [("fp32", "FP32"), ("fp16", "FP16")])
+def test_gpu_instances_get_tensorrt_with_the_variants_precision_and_cuda_without_tf32(model: Path, precision: str, mode: str) -> None:
+    """Keys as Triton's onnxruntime backend parses them (src/onnxruntime.cc); checked against the real
+    ModelConfig protobuf by a text round trip. The ``ids`` input has a dynamic sequence axis, so no
+    TensorRT profile is written (TensorRT sizes it from the traffic)."""
+    cfg = model_config_from_artifact(Artifact(precision, "onnx", model), name=f"digits_{precision}", signature=signature_from_onnx(model),
+                                     max_batch=8, preferred_batch_sizes=[4])
+    assert _accelerators(cfg) == {
+        "tensorrt": {"precision_mode": mode, "max_workspace_size_bytes": str(1 << 30), "trt_engine_cache_enable": "1",
+                     "trt_engine_cache_path": f"/tmp/trt-engine-cache/digits_{precision}"},
+        "cuda": {"use_tf32": "0"},
+    }
+    text = config_text(cfg)
+    assert 'gpu_execution_accelerator {\n      name: "tensorrt"' in text
+    assert parse_config(text) == cfg
+    assert [g.kind for g in cfg.instance_group] == [mc.ModelInstanceGroup.KIND_AUTO]
+
+
+def test_int8_gets_tensorrt_int8_from_the_qdq_graph_and_a_batch_profile(tmp_path: Path) -> None:
+    """Fixed per-sample dims: the TensorRT profile spans batch 1..max (optimum at the largest preferred
+    size), so a growing batch never rebuilds the engine; INT8 keeps every ORT graph optimization off."""
+    path = qdq_conv_onnx(tmp_path / "qdq.onnx")
+    signature = signature_from_onnx(path)
+    cfg = model_config_from_artifact(Artifact("int8", "onnx", path), name="m_int8", signature=signature, max_batch=16,
+                                     preferred_batch_sizes=[4, 8])
+    trt = _accelerators(cfg)["tensorrt"]
+    assert trt["precision_mode"] == "INT8" and "int8_calibration_table_name" not in trt  # a table would fail a Q/DQ model
+    rest = "x".join(str(d) for d in signature.inputs[0].shape[1:])
+    name = signature.inputs[0].name
+    assert (trt["trt_profile_min_shapes"], trt["trt_profile_opt_shapes"], trt["trt_profile_max_shapes"]) == (
+        f"{name}:1x{rest}", f"{name}:8x{rest}", f"{name}:16x{rest}")
+    assert cfg.optimization.graph.level == 2
+    assert parse_config(config_text(cfg)) == cfg
+
+
+def test_tune_candidates_refit_the_tensorrt_profile(tmp_path: Path) -> None:
+    from pipeline.tune.space import Candidate, config_for_candidate
+
+    path = qdq_conv_onnx(tmp_path / "qdq.onnx")
+    cfg = model_config_from_artifact(Artifact("int8", "onnx", path), name="m_int8", signature=signature_from_onnx(path), max_batch=16)
+    name = signature_from_onnx(path).inputs[0].name
+    tuned = config_for_candidate(cfg, Candidate(instance_count=2, max_batch_size=32, preferred_batch_sizes=(16,), max_queue_delay_us=0))
+    trt = _accelerators(tuned)["tensorrt"]
+    assert [trt[f"trt_profile_{k}_shapes"].split(":")[1].split("x")[0] for k in ("min", "opt", "max")] == ["1", "16", "32"]
+    assert trt["trt_profile_max_shapes"].startswith(f"{name}:32x")
+    assert _accelerators(cfg)["tensorrt"]["trt_profile_max_shapes"].startswith(f"{name}:16x")  # the base is untouched
+
+
+def test_cpu_instances_and_plans_get_no_gpu_accelerator(model: Path) -> None:
+    cpu = build(model, kind="KIND_CPU")
+    assert not cpu.optimization.execution_accelerators.gpu_execution_accelerator
+    assert "execution_accelerators" not in config_text(cpu)

@@ -32,6 +32,7 @@ from pipeline.triton.deploy_cli import register
 from pipeline.triton.server_args import shell_command, tritonserver_args
 
 RESTRICTED = "model-repository,model-config,shared-memory,trace,logging"
+BIND = "${TRITON_BIND_ADDRESS:-127.0.0.1}"  # where a bundle publishes its ports: loopback by default
 _DIRECT = urllib.request.build_opener(urllib.request.ProxyHandler({}))  # loopback never goes through a proxy
 
 
@@ -61,7 +62,7 @@ def test_bundle_files_parse_and_agree_on_ports(repository: Path, tmp_path: Path)
 
     service = yaml.safe_load(compose_path.read_text())["services"]["triton"]
     assert service["image"] == DEFAULT_IMAGE == "nvcr.io/nvidia/tritonserver:24.10-py3"
-    assert service["ports"] == ["9000:9000", "9001:9001", "9002:9002"]
+    assert service["ports"] == [f"{BIND}:{p}:{p}" for p in (9000, 9001, 9002)]  # loopback unless the operator says
     volume = service["volumes"][0]
     assert (volume["type"], volume["target"], volume["read_only"]) == ("bind", "/models", True)
     assert volume["source"].startswith("../")  # relative to compose.yaml: bundle and repository move together
@@ -96,8 +97,11 @@ def test_script_runs_docker_with_the_key_from_the_environment(repository: Path, 
     assert ["--gpus", "all"] == docker_args[docker_args.index("--gpus"):][:2]
     assert ["-v", f"{repository.resolve()}:/models:ro"] == docker_args[docker_args.index("-v"):][:2]
     assert ["-e", "TRITON_ADMIN_KEY"] == docker_args[docker_args.index("-e"):][:2]
-    assert [f"-p {p}:{p}".split() for p in (8000, 8001, 8002)] == [docker_args[i:i + 2] for i, a in enumerate(docker_args) if a == "-p"]
+    assert [["-p", f"127.0.0.1:{p}:{p}"] for p in (8000, 8001, 8002)] == [docker_args[i:i + 2] for i, a in enumerate(docker_args) if a == "-p"]
     assert secret not in script.read_text() and secret not in ran.stdout  # expanded only inside the container
+    exposed = subprocess.run(["bash", str(script)], env={**env, "TRITON_ADMIN_KEY": secret, "TRITON_BIND_ADDRESS": "0.0.0.0"},
+                             check=True, capture_output=True, text=True, cwd="/").stdout.splitlines()
+    assert ["-p", "0.0.0.0:8000:8000"] == exposed[exposed.index("-p"):][:2]  # only when the operator says so
     image_at = docker_args.index(DEFAULT_IMAGE)
     assert docker_args[image_at + 1:image_at + 3] == ["bash", "-c"]
 
@@ -109,6 +113,7 @@ def test_script_runs_docker_with_the_key_from_the_environment(repository: Path, 
     assert f"--http-restricted-api={RESTRICTED}:admin-key={secret}" in received
     assert f"--grpc-restricted-protocol={RESTRICTED}:admin-key={secret}" in received
     assert {"--http-port=8000", "--grpc-port=8001", "--metrics-port=8002", "--disable-auto-complete-config"} <= set(received)
+    assert "--http-address=0.0.0.0" in received  # the container's interfaces; the host publishes on loopback
 
 
 def _free_ports(count: int) -> list[int]:
@@ -143,7 +148,7 @@ def test_the_real_tritonserver_starts_with_the_bundle_flags(tmp_path: Path) -> N
     repo.mkdir()
     # Only what differs on this machine: the binary, the repository path, loopback and free ports.
     local = replace(server_args(http, grpc, metrics), repository=str(repo), host="127.0.0.1", binary=str(binary))
-    assert [a.split("=", 1)[0] for a in tritonserver_args(local)[1:] if "-address=" not in a] == \
+    assert [a.split("=", 1)[0] for a in tritonserver_args(local)[1:]] == \
         [a.split("=", 1)[0] for a in tritonserver_args(server_args())[1:]]
     secret = "k3y-from-env"
     env = {**os.environ, "LD_LIBRARY_PATH": str(get_libs_path()), "TRITON_ADMIN_KEY": secret}
@@ -202,7 +207,7 @@ def test_deploy_command(repository: Path, tmp_path: Path) -> None:
     register(parser.add_subparsers())
     args = parser.parse_args(["deploy", "--repository", str(repository), "--out", str(tmp_path / "bundle"), "--http-port", "8100", "--grpc-port", "8101", "--metrics-port", "8102"])
     assert args.handler(args) == 0
-    assert yaml.safe_load((tmp_path / "bundle" / "compose.yaml").read_text())["services"]["triton"]["ports"] == ["8100:8100", "8101:8101", "8102:8102"]
+    assert yaml.safe_load((tmp_path / "bundle" / "compose.yaml").read_text())["services"]["triton"]["ports"] == [f"{BIND}:{p}:{p}" for p in (8100, 8101, 8102)]
 
 
 def test_files_the_user_edited_are_kept_and_the_new_version_goes_beside_them(
@@ -219,7 +224,7 @@ def test_files_the_user_edited_are_kept_and_the_new_version_goes_beside_them(
         second = write_deploy_bundle(repository, out, http_port=9000, grpc_port=9001, metrics_port=9002)
     assert [p.name for p in second] == ["docker-run.sh.new", "compose.yaml", "README.md.new"]
     assert "--name triton-prod" in script.read_text() and "#ml-serving" in readme.read_text()  # kept as edited
-    assert "-p 9000:9000" in (out / "docker-run.sh.new").read_text() and os.access(out / "docker-run.sh.new", os.X_OK)
+    assert ':9000:9000"' in (out / "docker-run.sh.new").read_text() and os.access(out / "docker-run.sh.new", os.X_OK)
     assert "9000:9000" in (out / "compose.yaml").read_text()  # untouched by the user: regenerated in place
     kept = [r.getMessage() for r in caplog.records if r.getMessage().startswith("kept ")]
     assert len(kept) == 2 and all("the new version is" in line for line in kept)
@@ -227,7 +232,7 @@ def test_files_the_user_edited_are_kept_and_the_new_version_goes_beside_them(
     # Once the user takes the new version, regeneration updates it in place again.
     (out / "docker-run.sh.new").replace(script)
     third = write_deploy_bundle(repository, out)
-    assert third[0] == script and "-p 8000:8000" in script.read_text()
+    assert third[0] == script and ':8000:8000"' in script.read_text()
 
 
 def test_bundle_runs_from_any_directory_with_the_repository_next_to_it(repository: Path, tmp_path: Path) -> None:

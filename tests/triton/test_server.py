@@ -228,11 +228,17 @@ def test_loopback_traffic_ignores_an_unreachable_proxy(repository: Path, tmp_pat
 
 
 @pytest.mark.slow
-def test_admin_key_restricts_the_repository_api_and_readiness_still_works(repository: Path, tmp_path: Path) -> None:
+def test_admin_key_restricts_the_repository_api_and_readiness_still_works(
+    repository: Path, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
     """With an admin key (serve --restricted-api), the server's own readiness checks send the key:
-    it starts, and the repository API answers only requests that carry it."""
+    it starts, and the repository API answers only requests that carry it. The key is in no log line
+    (ours at DEBUG, the server's file); Triton 2.51 reads it only from its command line (README)."""
     write_model(tmp_path / "repo", softmax_config("tiny"), (repository / "tiny" / "1" / "model.onnx").read_bytes())
+    caplog.set_level("DEBUG", logger="pipeline")
     with TritonServer(tmp_path / "repo", log_path=tmp_path / "t.log", model_control="explicit", admin_key="s3cret") as server:
+        assert "--http-restricted-api=" in caplog.text and "admin-key=***" in caplog.text
+        assert "s3cret" not in caplog.text and "s3cret" not in (tmp_path / "t.log").read_text()
         assert server.ready_models == ["tiny"]
         index = f"http://{server.http_url}/v2/repository/index"
         with pytest.raises(urllib.error.HTTPError) as denied:
@@ -255,3 +261,30 @@ def test_a_gpu_config_that_cannot_load_gets_gpu_advice_not_rebuild_advice(tmp_pa
     error = startup_error(log, 1, {})
     assert "model 'tiny' failed to load" in error.problem
     assert "GPU is visible" in (error.fix or "") and "rebuild" not in (error.fix or "")
+
+
+def test_gpu_instances_need_onnxruntime_gpu_and_the_error_names_the_extra(tmp_path: Path) -> None:
+    """On a machine with a GPU, Triton gives KIND_AUTO (or unset) and KIND_GPU ONNX models GPU instances;
+    this venv's real ONNX Runtime (the CPU build) cannot run them, which is one clear line before start."""
+    import onnxruntime
+
+    from pipeline.triton.servable import gpu_instance_models, require_gpu_runtime
+
+    configs = {
+        "auto": 'platform: "onnxruntime_onnx"\ninstance_group { kind: KIND_AUTO }',
+        "unset": 'platform: "onnxruntime_onnx"',
+        "gpu": 'backend: "onnxruntime"\ninstance_group { kind: KIND_GPU count: 2 }',
+        "cpu": 'platform: "onnxruntime_onnx"\ninstance_group { kind: KIND_CPU }',
+        "plan": 'platform: "tensorrt_plan"\ninstance_group { kind: KIND_GPU }',
+    }
+    for name, text in configs.items():
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "config.pbtxt").write_text(f'name: "{name}"\n{text}\n')
+    chosen = gpu_instance_models(tmp_path, sorted(configs))
+    assert chosen == ["auto", "gpu", "unset"]
+    with pytest.raises(PipelineError) as err:
+        require_gpu_runtime(chosen, onnxruntime.get_available_providers())
+    assert "auto, gpu, unset GPU instances" in err.value.problem and "CPU build" in err.value.problem
+    assert "'gpu-serve' extra" in err.value.fix and "CUDA_VISIBLE_DEVICES=" in err.value.fix
+    require_gpu_runtime(chosen, ["CUDAExecutionProvider", "CPUExecutionProvider"])  # onnxruntime-gpu: fine
+    require_gpu_runtime([], onnxruntime.get_available_providers())  # nothing asks for a GPU: fine

@@ -31,9 +31,10 @@ def test_served_accuracy_equals_in_process_for_every_variant(built: Built, tmp_p
     for row in rows.values():
         assert row["passed"] and not row["failures"], row
         assert row["samples"] == EVAL_SAMPLES and row["version"] == 1
-        assert row["served_accuracy"] == row["inprocess_accuracy"], row
-        assert row["top1_agreement"] == 1.0 and row["max_abs_diff"] <= 1e-5, row
-    fp32, int8 = rows["digits_fp32"]["served_accuracy"], rows["digits_int8"]["served_accuracy"]
+        probs = row["outputs"]["probs"]
+        assert probs["kind"] == "classes" and probs["served_metric"] == probs["inprocess_metric"], row
+        assert probs["agreement"] == 1.0 and probs["max_abs_diff"] <= 1e-5 and probs["nonfinite"] == 0, row
+    fp32, int8 = rows["digits_fp32"]["outputs"]["probs"]["served_metric"], rows["digits_int8"]["outputs"]["probs"]["served_metric"]
     assert fp32 >= 0.95
     assert (fp32 - int8) * 100 <= 1.0, (fp32, int8)
     assert rows["digits_int8"]["precision"] == "int8" and rows["digits_fp16"]["precision"] == "fp16"
@@ -58,10 +59,10 @@ def test_a_server_fusing_qdq_into_integer_kernels_is_caught(built: Built, tmp_pa
     report_path = tmp_path / "v.json"
     proc = cli("verify", "--repository", str(repository), "--report", str(report_path))
     line = one_line_error(proc, status=1)  # the check ran and failed: 1, not a usage error
-    assert "digits_int8" in line and "differ from in-process" in line and "level 2" in line, line
+    assert "digits_int8: output 'probs' served differs from in-process" in line and "level 2" in line, line
     assert "digits_fp32:" not in line and "digits_fp16:" not in line, line
     rows = {row["model"]: row for row in json.loads(report_path.read_text())["models"]}
-    assert not rows["digits_int8"]["passed"] and rows["digits_int8"]["max_abs_diff"] > 1e-2
+    assert not rows["digits_int8"]["passed"] and rows["digits_int8"]["outputs"]["probs"]["max_abs_diff"] > 1e-2
     assert rows["digits_fp32"]["passed"] and rows["digits_fp16"]["passed"]
 
 
@@ -76,5 +77,6 @@ def test_build_verify_served_runs_the_check_at_the_end(built: Built, tmp_path: P
     assert stages["served"]["status"] == "ran" and stages["publish"]["status"] == "ran"
     served = json.loads((workdir / "digits" / "served.json").read_text())
     assert {m["model"] for m in served["models"]} == {"digits_fp32", "digits_fp16", "digits_int8"}
-    assert all(m["passed"] and m["served_accuracy"] == m["inprocess_accuracy"] for m in served["models"])
-    assert "accuracy through Triton vs in process" in proc.stdout
+    assert all(m["passed"] and m["outputs"]["probs"]["served_metric"] == m["outputs"]["probs"]["inprocess_metric"] for m in served["models"])
+    assert all({r["output"] for r in m["gates"]} == {"probs"} for m in served["models"] if m["model"] != "digits_fp32")  # judged against served FP32
+    assert "served through Triton vs in process" in proc.stdout

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from pipeline.errors import PipelineError
-from pipeline.mig.measured import is_cpu_rehearsal, profile_rows, rank_layouts, read_tune_runs
+from pipeline.mig.measured import is_cpu_rehearsal, profile_rows, rank_layouts, read_tune_runs, with_whole_gpu_estimates
 from pipeline.mig.profiles import builtin_gpu
 from tests.conftest import cli
 
@@ -62,3 +62,31 @@ def test_cli_prints_the_measured_plan(tmp_path: Path) -> None:
     assert "measured" in proc.stdout
     missing = cli("mig-plan", "--from-tune", str(tmp_path / "nothing"))
     assert missing.returncode == 2 and "holds no tune.json" in missing.stderr
+
+
+def test_a_whole_gpu_tune_is_the_full_profiles_capacity_and_scales_to_the_slices_as_estimates(tmp_path: Path) -> None:
+    """A tune on the unpartitioned H200 (`tune --profile whole-gpu`, the tune.json shape `tune` writes)
+    measures 7g.141gb; every other profile gets that capacity × its SM share, marked estimated, and so
+    does every layout that uses one; a slice tuned for real replaces its estimate."""
+    gpu = builtin_gpu("H200-141GB")
+    whole = tune_run(tmp_path, "whole-gpu", 13200, instances=4)
+    runs = with_whole_gpu_estimates(read_tune_runs([whole]), gpu)
+    full = next(p for p in gpu.profiles if p.name == "7g.141gb")
+    by_profile = {m.profile: m for m in runs}
+    assert set(by_profile) == {p.name for p in gpu.profiles}
+    assert by_profile["7g.141gb"].estimated_from is None and by_profile["7g.141gb"].infer_per_s == 13200
+    small = gpu.profile("1g.18gb")
+    assert by_profile["1g.18gb"].infer_per_s == pytest.approx(13200 * small.sm_count / full.sm_count)
+    assert by_profile["1g.18gb"].estimated_from == f"{small.sm_count}/{full.sm_count} SMs of the whole GPU's measurement"
+    assert by_profile["1g.18gb"].config["instance_count"] == 1 and by_profile["1g.18gb"].config["max_batch_size"] == 64
+    ranked = rank_layouts(runs, gpu)
+    assert [r.label for r in ranked if not r.estimated] == ["1x7g.141gb"]
+    assert all(r.estimated for r in ranked if r.label != "1x7g.141gb")
+    rows = {r["profile"]: r["source"] for r in profile_rows(runs, gpu)}
+    assert rows["7g.141gb"] == "measured" and rows["3g.71gb"].startswith("estimated: ")
+    # A slice measured for real keeps its measurement.
+    sliced = with_whole_gpu_estimates(read_tune_runs([whole, tune_run(tmp_path, "1g.18gb", 2500)]), gpu)
+    assert {m.profile: m.estimated_from for m in sliced}["1g.18gb"] is None
+    proc = cli("mig-plan", "--gpu", "H200-141GB", "--from-tune", str(whole))
+    assert proc.returncode == 0, proc.stderr
+    assert "estimated" in proc.stdout and "1x7g.141gb" in proc.stdout

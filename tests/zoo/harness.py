@@ -95,9 +95,10 @@ def _gates(report: dict) -> dict[str, dict]:
             "failures": variant.get("failures", []),
             "accuracy": comparison.get("accuracy"),
             "reference_accuracy": comparison.get("reference_accuracy"),
-            "top1_agreement": comparison.get("top1_agreement"),
+            "top1_agreement": comparison.get("agreement"),
             "max_abs": max((o.get("max_abs", 0.0) for o in comparison.get("outputs", {}).values()), default=None),
-            **{k: variant[k] for k in ("drop", "interval", "metric") if k in variant},
+            "drop": next(({"drop_points": r["value"], "low_points": r["low"], "high_points": r["high"]}
+                          for r in variant.get("gates", []) if r.get("unit") == "points"), None),
         }
     return gates
 

@@ -1,0 +1,86 @@
+"""``loadtest --k8s-job DIR``: a Kubernetes Indexed Job whose pods are the shards of one load test.
+
+Pod i runs ``python -m pipeline loadtest ... --shard i/N --start-at T --shard-output /results/<job>``
+against the Triton Service, so all N pods start every point together (wall clock) and each writes
+its raw results to the shared results volume (a ReadWriteMany PersistentVolumeClaim); a pod that
+mounts it then runs ``loadtest --merge /results/<job>``. A failed pod is not retried
+(``backoffLimit: 0``): a retry would run out of step with the others, so its points are merged
+as incomplete instead. The pods spread over nodes (one load generator per machine where possible).
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import re
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from pipeline.atomic import write_text_atomic
+from pipeline.errors import require
+
+RESULTS_MOUNT = "/results"
+_DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
+_INDEX_ANNOTATION = "metadata.annotations['batch.kubernetes.io/job-completion-index']"
+
+
+def job_manifests(name: str, image: str, pods: int, loadtest_args: list[str], start_at: float, results_claim: str) -> list[dict[str, Any]]:
+    """The results PersistentVolumeClaim and the Indexed Job (pods × the shard command)."""
+    require(bool(_DNS_LABEL.match(name)) and len(name) <= 52, f"--job-name '{name}' is not a Kubernetes name",
+            "use lower-case letters, digits and '-', at most 52 characters, e.g. --job-name triton-loadtest")
+    require(pods >= 1, f"--pods must be at least 1, got {pods}", "e.g. --pods 4")
+    require(bool(image), "--k8s-job needs the image the pods run", "pass --image with an image that has this project installed")
+    labels = {"app.kubernetes.io/name": "triton-loadtest", "app.kubernetes.io/instance": name}
+    start = _dt.datetime.fromtimestamp(start_at, _dt.timezone.utc).isoformat(timespec="seconds").replace("+00:00", "Z")
+    args = [*loadtest_args, "--shard", f"$(SHARD_INDEX)/{pods}", "--start-at", start, "--shard-output", f"{RESULTS_MOUNT}/{name}"]
+    container = {
+        "name": "loadtest",
+        "image": image,
+        "command": ["python", "-m", "pipeline", "loadtest"],
+        "args": args,
+        "env": [{"name": "SHARD_INDEX", "valueFrom": {"fieldRef": {"fieldPath": _INDEX_ANNOTATION}}}],
+        # one load-generating process drives about one core
+        "resources": {"requests": {"cpu": "1", "memory": "1Gi"}, "limits": {"memory": "2Gi"}},
+        "volumeMounts": [{"name": "results", "mountPath": RESULTS_MOUNT}],
+    }
+    job = {
+        "apiVersion": "batch/v1",
+        "kind": "Job",
+        "metadata": {"name": name, "labels": labels},
+        "spec": {
+            "completionMode": "Indexed",
+            "completions": pods,
+            "parallelism": pods,
+            "backoffLimit": 0,
+            "ttlSecondsAfterFinished": 86400,
+            "template": {
+                "metadata": {"labels": labels},
+                "spec": {
+                    "restartPolicy": "Never",
+                    "containers": [container],
+                    "volumes": [{"name": "results", "persistentVolumeClaim": {"claimName": results_claim}}],
+                    "topologySpreadConstraints": [{
+                        "maxSkew": 1, "topologyKey": "kubernetes.io/hostname", "whenUnsatisfiable": "ScheduleAnyway",
+                        "labelSelector": {"matchLabels": labels},
+                    }],
+                },
+            },
+        },
+    }  # fmt: skip
+    claim = {
+        "apiVersion": "v1",
+        "kind": "PersistentVolumeClaim",
+        "metadata": {"name": results_claim, "labels": {"app.kubernetes.io/name": "triton-loadtest"}},
+        "spec": {"accessModes": ["ReadWriteMany"], "resources": {"requests": {"storage": "1Gi"}}},
+    }
+    return [claim, job]
+
+
+def write_job(directory: Path, documents: list[dict[str, Any]]) -> list[Path]:
+    """``results-pvc.yaml`` and ``loadtest-job.yaml`` in ``directory``."""
+    claim, job = documents
+    return [
+        write_text_atomic(directory / "results-pvc.yaml", yaml.safe_dump(claim, sort_keys=False)),
+        write_text_atomic(directory / "loadtest-job.yaml", yaml.safe_dump(job, sort_keys=False)),
+    ]

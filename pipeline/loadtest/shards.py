@@ -1,0 +1,196 @@
+"""A load test from several machines: each shard (a pod of a Kubernetes Indexed Job, or any process
+given ``--shard I/N``) runs its share of every point on a schedule shared through the wall clock,
+and writes its raw results to a file; :mod:`pipeline.loadtest.merge` combines any set of them.
+
+The schedule: point k of the sweep starts at ``start_at + k × slot`` (wall clock, so the shards'
+clocks must agree to well within a window — NTP gives milliseconds), warms up, then runs every
+window up to ``--max-seconds`` on the same boundaries (no shard stops early: stability is judged on
+the merged windows), drains, and leaves the rest of the slot idle. Shard 0 also reads Triton's
+statistics at the window boundaries and around the point, so the merged report carries the
+server's counts once.
+
+A shard file (``shard-<i>-of-<n>.npz``) holds one JSON document (``meta``) and, per point and
+endpoint, the raw int64 latencies and send lags in nanoseconds (``p<k>_e<i>_lat`` / ``_lag``), with
+each window's boundary as positions into them — every sample, so a merge is exact.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime as _dt
+import functools
+import io
+import json
+import logging
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from pipeline.atomic import write_bytes_atomic
+from pipeline.errors import PipelineError
+from pipeline.loadtest.measure import Measurement, measure
+from pipeline.loadtest.policy import OpenLoop, Policy, split
+from pipeline.loadtest.runner import LoadTestSettings, model_spec, new_run
+from pipeline.loadtest.server_stats import fetch_counters
+from pipeline.loadtest.window import Mark
+from pipeline.loadtest.workers import EngineSpec, WorkerPool, build_engine
+
+log = logging.getLogger(__name__)
+
+FORMAT = 1
+_SETTLE_S = 0.5  # after its drain, shard 0 waits this long before the last server read (the other shards' last requests)
+_GAP_S = 1.0  # idle time between two points' slots (clock skew between machines)
+
+
+@dataclass(frozen=True)
+class ShardPlan:
+    """Which share this process runs and when the sweep starts (seconds since the epoch)."""
+
+    index: int
+    count: int
+    start_at: float
+
+    @property
+    def name(self) -> str:
+        return f"shard-{self.index}-of-{self.count}"
+
+
+def parse_shard(text: str) -> tuple[int, int]:
+    """``"I/N"`` → (I, N), 0 ≤ I < N."""
+    try:
+        index, count = (int(v) for v in text.split("/"))
+    except ValueError:
+        index, count = -1, 0
+    if not 0 <= index < count:
+        raise PipelineError(f"--shard '{text}' is not INDEX/COUNT with 0 ≤ INDEX < COUNT", "e.g. --shard 0/3 (in a Job: --shard $(SHARD_INDEX)/3)")
+    return index, count
+
+
+def parse_start(text: str, now: float | None = None) -> float:
+    """``--start-at``: an ISO-8601 time with a zone, seconds since the epoch, or ``+SECONDS`` from now."""
+    now = time.time() if now is None else now
+    try:
+        if text.startswith("+"):
+            return now + float(text[1:])
+        try:
+            return float(text)
+        except ValueError:
+            moment = _dt.datetime.fromisoformat(text.replace("Z", "+00:00"))
+    except ValueError:
+        moment = None
+    if moment is None or moment.tzinfo is None:
+        raise PipelineError(f"--start-at '{text}' is not a time with a zone", "e.g. --start-at 2026-12-01T21:00:00Z, or +60 (seconds from now)")
+    return moment.timestamp()
+
+
+def slot_seconds(settings: LoadTestSettings) -> float:
+    """How far apart two points of the shared schedule start."""
+    return settings.windows.max_s + settings.windows.drain_s + _SETTLE_S + _GAP_S
+
+
+def run_shard(settings: LoadTestSettings, plan: ShardPlan, out_dir: Path) -> Path:
+    """Run this shard's share of every point on the shared schedule; write and return its file."""
+    result = new_run(settings)
+    meta: dict[str, Any] = {
+        "format": FORMAT, "shard": asdict(plan), "slot_s": slot_seconds(settings), "settings": result.settings, "server": result.server,
+        "generator": result.generator, "windows": asdict(_shard_windows(settings)), "points": [],
+    }  # fmt: skip
+    arrays: dict[str, np.ndarray] = {}
+    k = 0
+    for model in result.settings["models"]:
+        spec = model_spec(settings, model)
+        with contextlib.ExitStack() as stack:
+            pool = stack.enter_context(WorkerPool(settings.workers, spec)) if settings.workers > 1 else None
+            k = _run_points(settings, plan, model, spec, pool, k, meta, arrays)
+    return write_shard(out_dir / f"{plan.name}.npz", meta, arrays)
+
+
+def _run_points(settings: LoadTestSettings, plan: ShardPlan, model: str, spec: EngineSpec, pool: WorkerPool | None,
+                k: int, meta: dict[str, Any], arrays: dict[str, np.ndarray]) -> int:
+    """This shard's share of every point of ``model``, from point ``k`` of the schedule; the next ``k``."""
+    windows = _shard_windows(settings)
+    slot = slot_seconds(settings)
+    for policy in settings.policies:
+        begin = plan.start_at + k * slot
+        late = time.time() - begin
+        if late > 0:
+            raise PipelineError(
+                f"{plan.name}: point {k + 1} ({model} {policy.label}) was due to start {late:.1f} s ago",
+                "give every shard a --start-at far enough ahead for the slowest one to start (pods pull images, models load)",
+            )
+        share = split(policy, plan.count)[plan.index]
+        record: dict[str, Any] = {"model": model, "policy": _policy_dict(policy), "share": share is not None}
+        if share is not None:
+            fetchers = [functools.partial(fetch_counters, e, model) for e in settings.endpoints] if plan.index == 0 else []
+            start_ns = time.perf_counter_ns() + int((begin - time.time()) * 1e9)
+            engine = pool.engine(share) if pool is not None else build_engine(spec, share)
+            cpu = engine.cpu_seconds if pool is not None else time.process_time
+            m = measure(engine, windows, fetchers, cpu=cpu, start_ns=start_ns)
+            record.update(_measurement_dict(m, start_ns))
+            if pool is not None and engine.failures:
+                record["incomplete"] = "; ".join(engine.failures)  # this shard's own worker processes
+            for i, r in enumerate(m.recorders):
+                arrays[f"p{k}_e{i}_lat"] = np.frombuffer(r.latency_ns, dtype=np.int64)
+                arrays[f"p{k}_e{i}_lag"] = np.frombuffer(r.lag_ns, dtype=np.int64)
+            log.info("%s %s %s: %d successes, %d errors", plan.name, model, policy.label,
+                     sum(len(r.latency_ns) for r in m.recorders), sum(r.error_count for r in m.recorders))
+        meta["points"].append(record)
+        k += 1
+    return k
+
+
+def write_shard(path: Path, meta: dict[str, Any], arrays: dict[str, np.ndarray]) -> Path:
+    """One ``.npz`` file, written atomically (a merge never reads half a shard)."""
+    buffer = io.BytesIO()
+    np.savez(buffer, meta=np.array(json.dumps(meta, allow_nan=True)), **arrays)
+    try:
+        return write_bytes_atomic(path, buffer.getvalue())
+    except OSError as exc:
+        raise PipelineError(f"cannot write the shard results to {path} ({exc.strerror or exc})",
+                            "give --shard-output a writable folder (in Kubernetes: the mounted results volume)") from None
+
+
+def read_shard(path: Path) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
+    """The meta document and the raw arrays of a shard file."""
+    try:
+        with np.load(path, allow_pickle=False) as data:
+            meta = json.loads(str(data["meta"]))
+            arrays = {k: data[k] for k in data.files if k != "meta"}
+    except (OSError, ValueError, KeyError) as exc:
+        raise PipelineError(f"{path} is not a load-test shard file ({exc})", "pass the .npz files written by loadtest --shard, or their folder") from None
+    if meta.get("format") != FORMAT:
+        raise PipelineError(f"{path} has shard format {meta.get('format')}, this version reads {FORMAT}", "merge with the version that wrote it")
+    return meta, arrays
+
+
+def _shard_windows(settings: LoadTestSettings) -> Any:
+    from dataclasses import replace
+
+    return replace(settings.windows, fixed=True, settle_s=_SETTLE_S)
+
+
+def _policy_dict(policy: Policy) -> dict[str, Any]:
+    if isinstance(policy, OpenLoop):
+        return {"kind": "request_rate", "rate": policy.rate, "arrivals": policy.arrivals, "seed": policy.seed}
+    return {"kind": "concurrency", "concurrency": policy.concurrency}
+
+
+def _measurement_dict(m: Measurement, start_ns: int) -> dict[str, Any]:
+    """Everything of a measurement but the raw arrays; times relative to the point's scheduled start."""
+    marks = [m.windows[0].start] + [w.end for w in m.windows] if m.windows else []
+    return {
+        "marks": [{**asdict(mark), "at_ns": mark.at_ns - start_ns} for mark in marks],
+        "recorders": [{"errors": r.errors, "error_samples": r.error_samples, "sent": r.sent, "abandoned": r.abandoned} for r in m.recorders],
+        "stable": m.stable, "aborted": m.aborted, "wall_seconds": m.wall_seconds, "unsent": m.unsent,
+        "server_window": [None if c is None else asdict(c) for c in m.server_window],
+        "server_total": [None if c is None else asdict(c) for c in m.server_total],
+        "server_notes": m.server_notes,
+    }  # fmt: skip
+
+
+def mark_from_dict(value: dict[str, Any]) -> Mark:
+    """A :class:`Mark` back from a shard file."""
+    return Mark(value["at_ns"], value["cpu_s"], *(tuple(value[k]) for k in ("latency_pos", "lag_pos", "errors", "sent")))

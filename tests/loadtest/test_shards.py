@@ -1,0 +1,109 @@
+"""A distributed load test rehearsed on this machine: three shard processes on one shared schedule
+against the real embedded tritonserver, each writing its raw results; ``--merge`` gives one report
+whose percentiles are exactly those of every shard's raw samples and whose counts are Triton's."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from pipeline.errors import PipelineError
+from pipeline.loadtest.client import endpoint_from_url
+from pipeline.loadtest.merge import merge_shards
+from pipeline.loadtest.server_stats import fetch_counters
+from pipeline.loadtest.shards import read_shard, write_shard
+
+from .test_cli import run_cli
+
+pytestmark = pytest.mark.slow
+
+ROOT = Path(__file__).resolve().parents[2]
+SHARDS = 3
+OPTIONS = ["--model", "add", "--concurrency", "2,4", "--window-ms", "300", "--warmup-ms", "200", "--max-seconds", "1.5",
+           "--timeout-ms", "2000"]  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def rehearsal(server: object, workspace: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, object]:
+    """Three shard processes (as the Job's pods run them); Triton's success count around all of them."""
+    out = tmp_path_factory.mktemp("shards")
+    endpoint = endpoint_from_url(server.http_url)  # type: ignore[attr-defined]
+    before = fetch_counters(endpoint, "add").success_count
+    start = time.time() + 20  # room for three interpreters to start on a busy machine
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-m", "pipeline", "loadtest", "--url", server.http_url, *OPTIONS,  # type: ignore[attr-defined]
+             "--calibration-root", str(workspace / "calibration"), "--shard", f"{i}/{SHARDS}", "--start-at", f"{start}",
+             "--shard-output", str(out), *(["--workers", "2"] if i == 1 else [])],  # a shard may itself use several processes
+            env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        )
+        for i in range(SHARDS)
+    ]
+    outputs = [p.communicate(timeout=120)[0] for p in procs]
+    assert [p.returncode for p in procs] == [0] * SHARDS, outputs
+    after = fetch_counters(endpoint, "add").success_count
+    return {"dir": out, "triton_successes": after - before}
+
+
+def _raw_used_latencies(files: list[Path], k: int) -> np.ndarray:
+    """What a test computes by itself: every shard's raw latencies of point k's last 3 windows."""
+    parts = []
+    for f in files:
+        meta, arrays = read_shard(f)
+        if not meta["points"][k]["share"]:
+            continue  # c=2 over 3 shards: shard 2 has no share
+        marks = meta["points"][k]["marks"]
+        lo, hi = marks[-4]["latency_pos"][0], marks[-1]["latency_pos"][0]
+        parts.append(arrays[f"p{k}_e0_lat"][lo:hi])
+    return np.concatenate(parts)
+
+
+def test_merge_reproduces_exact_percentiles_and_tritons_counts(rehearsal: dict[str, object]) -> None:
+    files = sorted(Path(rehearsal["dir"]).glob("shard-*.npz"))  # type: ignore[arg-type]
+    assert [f.name for f in files] == [f"shard-{i}-of-3.npz" for i in range(3)]
+    result = merge_shards(files)
+    assert not result.failures and [p.label for p in result.points] == ["c=2", "c=4"]
+    for k, point in enumerate(result.points):
+        raw = _raw_used_latencies(files, k) / 1e6
+        agg = point.aggregate
+        assert agg.requests == raw.size
+        for p in (50, 90, 95, 99):
+            assert agg.latency.percentile_ms(p) == np.percentile(raw, p, method="inverted_cdf")  # exact, not within a bin
+        assert agg.latency.max_ms == raw.max()
+        # Triton's count over the whole point (read by shard 0 around the slot) is every shard's successes
+        assert agg.client_successes_total == agg.server_successes_total
+        assert point.incomplete is None and point.aborted is None and agg.error_count == 0
+    # around the whole run: the points, and each shard's check of its first request (ours, then tritonclient's)
+    assert sum(p.aggregate.client_successes_total for p in result.points) + 2 * SHARDS == rehearsal["triton_successes"]
+
+
+def test_merge_cli_writes_one_report(rehearsal: dict[str, object], tmp_path: Path) -> None:
+    assert run_cli("--merge", str(rehearsal["dir"]), "--report-dir", str(tmp_path)) == 0
+    payload = json.loads((tmp_path / "results.json").read_text())
+    assert payload["settings"]["shards"] == 3 and len(payload["points"]) == 2
+
+
+def test_a_missing_shard_makes_the_points_incomplete_and_keeps_the_others(rehearsal: dict[str, object]) -> None:
+    files = sorted(Path(rehearsal["dir"]).glob("shard-*.npz"))  # type: ignore[arg-type]
+    result = merge_shards(files[:2])
+    assert all(p.incomplete == "shard(s) 2 of 3 missing" for p in result.points)
+    assert len(result.failures) == 2 and all(p.aggregate.requests > 0 for p in result.points)
+
+
+def test_merging_different_load_tests_is_a_one_line_error(rehearsal: dict[str, object], tmp_path: Path) -> None:
+    first = sorted(Path(rehearsal["dir"]).glob("shard-*.npz"))[0]  # type: ignore[arg-type]
+    meta, arrays = read_shard(first)
+    meta["settings"]["protocol"] = "grpc"
+    meta["shard"]["index"] = 1
+    other = write_shard(tmp_path / "shard-1-of-3.npz", meta, arrays)
+    with pytest.raises(PipelineError, match=r"cannot merge .* different protocol \(http and grpc\)") as err:
+        merge_shards([first, other])
+    assert "\n" not in str(err.value.problem)

@@ -1,0 +1,202 @@
+"""Every kind of output is judged by what it means (pipeline.outputkinds, pipeline.taskstats, pipeline.judging).
+
+Each test feeds a reference and a candidate output through the same Comparison the build and
+``verify`` use, and checks that the gate fails for a real reason (a scale error, a flipped
+decision, a NaN, a segmentation map that changes class) and passes once the output is right.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from pipeline.compare import new_comparison
+from pipeline.errors import PipelineError
+from pipeline.evaldata import UNNAMED, check_targets
+from pipeline.gates import Gates, tolerance_for
+from pipeline.judging import VariantResult, judge_comparison
+from pipeline.outputkinds import OutputKind, decide_kinds, parse_output_kinds
+from pipeline.tensors import ModelSignature, TensorSpec
+
+RNG = np.random.default_rng(0)
+INT8 = tolerance_for("int8", Gates())
+
+
+def judge(kind: OutputKind, ref: np.ndarray, out: np.ndarray, target: np.ndarray | None = None, batch: int = 100) -> VariantResult:
+    comparison = new_comparison("int8-onnx", {kind.name: kind}, INT8.threshold)
+    for i in range(0, len(ref), batch):
+        comparison.add({kind.name: ref[i : i + batch]}, {kind.name: out[i : i + batch]},
+                       {} if target is None else {kind.name: target[i : i + batch]})
+    return judge_comparison("int8-onnx", "int8", "onnx", comparison, INT8, {kind.name: kind})
+
+
+def verdicts(result: VariantResult) -> dict[str, str]:
+    return {row["metric"]: row["verdict"] for row in result.rows}
+
+
+REG = OutputKind("value", "regression", "test")
+
+
+def test_regression_on_the_wrong_scale_fails_and_a_small_error_passes() -> None:
+    ref = (RNG.normal(size=(1000, 1)) + 3.3).astype(np.float32)
+    targets = ref + RNG.normal(scale=0.3, size=ref.shape).astype(np.float32)
+    wrong = judge(REG, ref, ref * 0.58, targets)  # 42% off, as an INT8 calibrated on data ÷100 was
+    assert not wrong.passed and "output 'value' (regression): R² drop" in wrong.failures[0]
+    assert judge(REG, ref, ref * 0.58).failures[0].startswith("output 'value' (regression): RMS change / FP32 std")
+    good = judge(REG, ref, ref + RNG.normal(scale=0.01, size=ref.shape).astype(np.float32), targets)
+    assert good.passed and verdicts(good) == {"R² drop": "pass", "RMS change / FP32 std": "reported"}
+
+
+def test_harmless_sign_changes_near_zero_pass() -> None:
+    # a head whose values sit near zero: INT8 noise flips their signs (cosine of [B,1] outputs is ±1) but is 1% of their spread
+    ref = RNG.normal(scale=0.05, size=(1000, 1)).astype(np.float32)
+    out = ref + RNG.normal(scale=0.0005, size=ref.shape).astype(np.float32)
+    assert (np.sign(out) != np.sign(ref)).sum() > 0
+    assert judge(REG, ref, out).passed
+
+
+BINARY = OutputKind("spam", "binary", "test")
+
+
+def test_a_flipped_sigmoid_fails_and_a_close_one_passes() -> None:
+    p = RNG.random((1000, 1)).astype(np.float32)
+    flipped = judge(BINARY, p, 1 - p)
+    assert not flipped.passed and "output 'spam' (binary): decision disagreement 100.00 points" in flipped.failures[0]
+    assert judge(BINARY, p, np.clip(p + 1e-4, 0, 1)).passed
+
+
+def test_binary_logits_are_cut_at_zero() -> None:
+    logits = RNG.normal(size=(1000, 1)).astype(np.float32)
+    kind = OutputKind("spam", "binary", "test", logits=True)
+    assert judge(kind, logits, logits + 0.01).passed  # probabilities would all be "above 0.5" for half of them either way
+    assert not judge(kind, logits, -logits).passed
+
+
+def test_nan_fails_every_kind_unless_fp32_has_it_too() -> None:
+    ref = RNG.random((1000, 10)).astype(np.float32)
+    out = ref.copy()
+    out[7, 3] = np.nan
+    result = judge(OutputKind("probs", "classes", "test", classes=10), ref, out)
+    assert not result.passed and result.failures[0] == "output 'probs' (classes): 1 NaN/Inf values in 1 samples where FP32 has finite ones"
+    ref_nan = ref.copy()
+    ref_nan[7, 3] = np.nan
+    assert judge(OutputKind("probs", "classes", "test", classes=10), ref_nan, out).passed
+    inf = ref.copy()
+    inf[0, 0] = np.inf
+    assert not judge(REG, ref, inf).passed
+
+
+def test_segmentation_judges_positions_not_the_flattened_map() -> None:
+    kind = OutputKind("mask", "segmentation", "test", classes=4)
+    scores = RNG.random((200, 8, 8, 4)).astype(np.float32)
+    changed = scores.copy()
+    changed[:, :, :2, :] = changed[:, :, :2, ::-1]  # a quarter of the positions change class; the flattened cosine stays high
+    flat = (scores.reshape(200, -1) * changed.reshape(200, -1)).sum(1) / (np.linalg.norm(scores.reshape(200, -1), axis=1) ** 2)
+    assert flat.mean() > 0.9
+    result = judge(kind, scores, changed)
+    assert not result.passed and "positions changing class" in result.failures[0]
+    labels = scores.argmax(-1)
+    labeled = judge(kind, scores, changed, labels)
+    assert not labeled.passed and "mIoU drop" in labeled.failures[0]
+    assert judge(kind, scores, scores + 1e-6, labels).passed
+
+
+def test_multilabel_decisions_per_label() -> None:
+    kind = OutputKind("tags", "multilabel", "test", classes=5)
+    p = RNG.random((600, 5)).astype(np.float32)
+    worse = p.copy()
+    worse[:, 0] = 1 - worse[:, 0]  # one of five labels flipped: 20% of decisions
+    assert "label decisions flipped 20" in judge(kind, p, worse).failures[0]
+    truth = (p > 0.5).astype(np.int64)
+    assert "label accuracy drop 20" in judge(kind, p, worse, truth).failures[0]
+    assert judge(kind, p, p, truth).passed
+
+
+def test_embeddings_are_judged_by_angle_and_neighbours() -> None:
+    kind = OutputKind("emb", "embedding", "test")
+    centres = RNG.normal(size=(50, 32))
+    vectors = (np.repeat(centres, 10, axis=0) + RNG.normal(scale=0.3, size=(500, 32))).astype(np.float32)
+    unit = vectors / np.linalg.norm(vectors, axis=1, keepdims=True)
+    assert judge(kind, unit, unit + RNG.normal(scale=1e-4, size=unit.shape).astype(np.float32)).passed
+    shuffled = judge(kind, unit, unit[RNG.permutation(500)])
+    assert not shuffled.passed and set(verdicts(shuffled).values()) == {"fail"}
+    assert {"mean cosine to FP32", "5th-percentile cosine", "nearest-neighbour agreement"} <= set(verdicts(shuffled))
+
+
+def test_too_few_samples_is_undecided_not_passed() -> None:
+    p = RNG.random((40, 10)).astype(np.float32)
+    result = judge(OutputKind("probs", "classes", "test", classes=10), p, p)
+    assert not result.passed and result.undecided and "not enough evaluation data" in result.undecided[0]
+
+
+# ---- kinds and labels ----------------------------------------------------------------------------------------------
+
+
+def signature(*outputs: tuple[str, tuple]) -> ModelSignature:
+    return ModelSignature((), tuple(TensorSpec(n, np.dtype(np.float32), s) for n, s in outputs))
+
+
+def test_kinds_come_from_loss_activation_normalisation_labels_and_overrides() -> None:
+    sig = signature(("box", ("batch", 4)), ("class_probs", ("batch", 3)), ("emb", ("batch", 8)), ("mask", ("batch", 4, 4, 3)),
+                    ("p", ("batch", 1)), ("logits", ("batch", 10)))
+    described = [
+        {"name": "box", "layer": "box", "layer_class": "Dense", "activation": "linear", "loss": None},
+        {"name": "class_probs", "layer": "class_probs", "layer_class": "Dense", "activation": "softmax", "loss": None},
+        {"name": "emb", "layer": "emb", "layer_class": "UnitNormalization", "activation": None, "l2_normalized": True, "loss": None},
+        {"name": "mask", "layer": "mask", "layer_class": "Conv2D", "activation": "linear", "loss": "SparseCategoricalCrossentropy"},
+        {"name": "p", "layer": "p", "layer_class": "Dense", "activation": "linear", "loss": "binary_crossentropy"},
+        {"name": "logits", "layer": "logits", "layer_class": "Dense", "activation": "linear", "loss": None},
+    ]
+    kinds = decide_kinds(sig, described=described, producers={}, overrides={}, targets={"logits": np.zeros(3, np.int64)})
+    assert {n: k.kind for n, k in kinds.items()} == {"box": "regression", "class_probs": "classes", "emb": "embedding", "mask": "segmentation",
+                                                      "p": "binary", "logits": "classes"}
+    assert kinds["p"].logits and not kinds["class_probs"].logits and kinds["mask"].classes == 3
+    assert decide_kinds(sig, described=described, producers={}, overrides={"box": "embedding"})["box"].why == "--output-kind"
+    # without Keras (a SavedModel): the ONNX op that makes the output
+    assert decide_kinds(signature(("y", ("batch", 1))), described=None, producers={"y": "Sigmoid"}, overrides={})["y"].kind == "binary"
+
+
+def test_a_bad_override_is_one_line_naming_the_closest() -> None:
+    with pytest.raises(PipelineError, match="unknown output kind 'regresion'") as info:
+        parse_output_kinds(["box=regresion"])
+    assert info.value.fix == "use --output-kind box=regression"
+    with pytest.raises(PipelineError, match="did you mean --output-kind box=classes"):
+        decide_kinds(signature(("box", ("batch", 4))), described=None, producers={}, overrides={"bx": "classes"})
+
+
+OUTPUTS = {"class_probs": ((3,), "classes", 3), "box": ((4,), "regression", None), "mask": ((4, 4, 3), "segmentation", 3)}
+
+
+@pytest.mark.parametrize(("targets", "message"), [
+    ({UNNAMED: np.full(5, 12)}, "labels of output 'class_probs' (classes) in d.npz run from 12 to 12, but the output has 3 classes (0 to 2)"),
+    ({"class_probs": np.arange(1, 4)}, "they look 1-based"),
+    ({"clas_probs": np.zeros(5, np.int64)}, "rename the array to labels:class_probs"),
+    ({"box": np.zeros((5, 3), np.float32)}, "are (3,) per sample; expected the output's shape (4,)"),
+    ({"class_probs": np.zeros((5, 3), np.float32)}, "expected integer class indices"),
+    ({"mask": np.zeros((5, 4, 4), np.int64) + 3}, "run from 3 to 3, but the output has 3 classes"),
+])
+def test_labels_the_output_cannot_produce_are_one_error(targets: dict, message: str) -> None:
+    with pytest.raises(PipelineError) as info:
+        check_targets(targets, OUTPUTS, "d.npz")
+    assert message in str(info.value)
+
+
+def test_good_labels_pass_the_check() -> None:
+    check_targets({UNNAMED: np.array([0, 2, 1]), "box": np.zeros((3, 4), np.float32), "mask": np.zeros((3, 4, 4), np.int64)}, OUTPUTS, "d.npz")
+
+
+def test_an_l2_normalised_onnx_output_is_an_embedding() -> None:
+    from onnx import TensorProto, helper
+
+    from pipeline.outputkinds import onnx_producers
+
+    nodes = [helper.make_node("Mul", ["x", "x"], ["sq"]), helper.make_node("ReduceSum", ["sq", "axes"], ["ss"], keepdims=1),
+             helper.make_node("Sqrt", ["ss"], ["norm"]), helper.make_node("Reciprocal", ["norm"], ["inv"]),
+             helper.make_node("Mul", ["x", "inv"], ["emb"]), helper.make_node("Softmax", ["x"], ["probs"])]
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["b", 8])],
+                              [helper.make_tensor_value_info("emb", TensorProto.FLOAT, ["b", 8]), helper.make_tensor_value_info("probs", TensorProto.FLOAT, ["b", 8])],
+                              [helper.make_tensor("axes", TensorProto.INT64, [1], [1])])
+    producers = onnx_producers(helper.make_model(graph))
+    assert producers == {"emb": "LpNormalization", "probs": "Softmax"}
+    kinds = decide_kinds(signature(("emb", ("b", 8)), ("probs", ("b", 8))), described=None, producers=producers, overrides={})
+    assert (kinds["emb"].kind, kinds["probs"].kind) == ("embedding", "classes")
