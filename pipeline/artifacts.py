@@ -6,7 +6,11 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-PRECISIONS = ("fp32", "fp16", "int8")
+PRECISIONS = ("fp32", "fp16", "int8")  # what TensorRT builds engines of (and any Triton instance kind serves)
+# Variants made for ONNX Runtime's CPU integer kernels: published with KIND_CPU instances and ORT's
+# graph optimizations on, never built into an engine. ``int8cpu``: uint8 activations, int8 weights.
+CPU_PRECISIONS = ("int8cpu",)
+VARIANTS = PRECISIONS + CPU_PRECISIONS
 
 
 @dataclass(frozen=True)
@@ -17,7 +21,7 @@ class Artifact:
     device memory), ``None`` for ONNX files.
     """
 
-    precision: str  # one of PRECISIONS
+    precision: str  # one of VARIANTS
     kind: str  # "onnx" | "plan"
     path: Path
     metadata: Path | None = None
@@ -27,6 +31,11 @@ class Artifact:
         suffix = "" if self.kind == "onnx" else "_trt"
         return f"{model}_{self.precision}{suffix}"
 
+    @property
+    def cpu_only(self) -> bool:
+        """Whether this variant is made for ONNX Runtime's CPU kernels (see :data:`CPU_PRECISIONS`)."""
+        return self.precision in CPU_PRECISIONS
+
     def fingerprint(self) -> str:
         """The content hash of the model file (what the stage cache keys on)."""
         from pipeline.fingerprint import hash_path
@@ -34,10 +43,12 @@ class Artifact:
         return hash_path(self.path)
 
 
-_VARIANT = re.compile(r"^(?P<base>.+)_(?P<precision>fp32|fp16|int8)(?P<trt>_trt)?$")
+# A Triton model name the pipeline publishes: groups base, precision, trt (``_trt`` for plans).
+VARIANT_NAME = re.compile(rf"^(?P<base>.+)_(?P<precision>{'|'.join(sorted(VARIANTS, key=len, reverse=True))})(?P<trt>_trt)?$")
 
 
 def parse_variant(triton_name: str) -> tuple[str, str] | None:
-    """The inverse of :meth:`Artifact.triton_name`: ``digits_int8_trt`` → (``digits``, ``int8``); None for other names."""
-    match = _VARIANT.match(triton_name)
+    """The inverse of :meth:`Artifact.triton_name`: ``digits_int8_trt`` → (``digits``, ``int8``), ``digits_int8cpu`` →
+    (``digits``, ``int8cpu``); None for other names."""
+    match = VARIANT_NAME.match(triton_name)
     return (match["base"], match["precision"]) if match else None

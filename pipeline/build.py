@@ -33,6 +33,7 @@ from pipeline.stages.engine import engine_from_onnx, metadata_path
 from pipeline.stages.fp16 import DEFAULT_FP32_OPS, fp16_onnx_from_onnx
 from pipeline.stages.mixed import was_mixed
 from pipeline.stages.int8 import check_qdq_int8_symmetric, qdq_onnx_from_onnx
+from pipeline.stages.int8_cpu import check_qdq_uint8_activations, cpu_int8_onnx_from_onnx
 from pipeline.stages.onnx_export import onnx_from_savedmodel, tf2onnx_command
 from pipeline.stages.parity import parity_report_from_models
 from pipeline.stages.savedmodel import savedmodel_from_source
@@ -113,8 +114,11 @@ def build(cfg: BuildConfig) -> BuildResult:
             variants.append(_fp16_stage(onnx_fp32, ctx))
         if calib is not None:
             variants.append(_int8_stage(onnx_fp32, calib, ctx))
-        ctx.manifest.results["tensorrt_parser"] = warn_unparsable({v.precision: v.path for v in variants})  # before a GPU machine finds out
-        engines = _engine_stages(variants, profiles, ctx)
+            if cfg.int8_cpu:
+                variants.append(_int8_cpu_stage(onnx_fp32, calib, ctx))
+        gpu_variants = [v for v in variants if not v.cpu_only]
+        ctx.manifest.results["tensorrt_parser"] = warn_unparsable({v.precision: v.path for v in gpu_variants})  # before a GPU machine finds out
+        engines = _engine_stages(gpu_variants, profiles, ctx)
         _accuracy_stage(onnx_fp32, variants[1:] + engines, data, kinds, ctx)
         artifacts = variants + engines
         ctx.manifest.artifacts = {f"{a.precision}.{a.kind}": str(a.path) for a in artifacts}
@@ -179,9 +183,19 @@ def _int8_stage(onnx_fp32: Path, calib: CalibrationData, ctx: BuildContext) -> A
     dst = ctx.ws.onnx("int8")
     ctx.run(Stage("int8", qdq_onnx_from_onnx, inputs={"src": onnx_fp32, "calibration": calib},
                   settings={"method": ctx.cfg.calibration_method, "max_memory_gib": ctx.cfg.max_memory_gib,
-                            "keep_nodes": ctx.cfg.int8_keep_nodes}, outputs={"dst": dst}))
+                            "keep_nodes": ctx.cfg.int8_keep_nodes}, outputs={"dst": dst},
+                  environment={"weights": "int8 initializers"}))  # workdirs holding the former float-weight form rebuild it
     check_qdq_int8_symmetric(dst)  # also on a cache hit: what is published must be symmetric int8
     return Artifact("int8", "onnx", dst)
+
+
+def _int8_cpu_stage(onnx_fp32: Path, calib: CalibrationData, ctx: BuildContext) -> Artifact:
+    dst = ctx.ws.onnx("int8cpu")
+    ctx.run(Stage("int8cpu", cpu_int8_onnx_from_onnx, inputs={"src": onnx_fp32, "calibration": calib},
+                  settings={"method": ctx.cfg.calibration_method, "max_memory_gib": ctx.cfg.max_memory_gib,
+                            "keep_nodes": ctx.cfg.int8_keep_nodes}, outputs={"dst": dst}))
+    check_qdq_uint8_activations(dst)  # also on a cache hit
+    return Artifact("int8cpu", "onnx", dst)
 
 
 def _engine_stages(variants: list[Artifact], profiles: list[ShapeProfile], ctx: BuildContext) -> list[Artifact]:

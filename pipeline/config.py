@@ -70,6 +70,9 @@ class BuildConfig:
     fp16_keep_nodes: tuple[str, ...] = option((), "FP16: keep these nodes of model.fp32.onnx in FP32 (node names, comma-separated or repeated)",
                                               metavar="NAME,...", group=PRECISION)
     int8: bool = option(False, "add an INT8 variant: explicit Q/DQ, symmetric int8, zero point 0, per-channel weights", group=PRECISION)
+    int8_cpu: bool = option(True, "with --int8, do not add the CPU INT8 variant (<name>_int8cpu: uint8 activations, int8 weights, run by "
+                                  "ONNX Runtime's integer kernels on CPU instances, faster than FP32 there; the symmetric INT8 stays "
+                                  "the TensorRT/GPU model)", flag="--no-int8-cpu", group=PRECISION)
     int8_keep_nodes: tuple[str, ...] = option((), "INT8: keep these Conv/ConvTranspose/Gemm/MatMul nodes of model.fp32.onnx in float (no Q/DQ "
                                               "on their inputs; a failed INT8 gate names the layers that add the most error), comma-separated "
                                               "or repeated", metavar="NAME,...", group=PRECISION)
@@ -99,7 +102,7 @@ class BuildConfig:
 
     @property
     def precisions(self) -> tuple[str, ...]:
-        return ("fp32",) + (("fp16",) if self.fp16 else ()) + (("int8",) if self.int8 else ())
+        return ("fp32",) + (("fp16",) if self.fp16 else ()) + (("int8",) if self.int8 else ()) + (("int8cpu",) if self.int8 and self.int8_cpu else ())
 
     def model_name(self, source: ModelSource) -> str:
         """``--name``, else the file stem / folder name / module name (``digits`` for the default)."""

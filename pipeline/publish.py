@@ -133,8 +133,9 @@ def _mig_files(artifacts: Sequence[Artifact], configs: Mapping[str, Any], settin
     from pipeline.mig.memory import memory_for_artifact
 
     gpu, _, layout = (settings.mig or "").partition(":")
-    memory = {a.triton_name(settings.model): memory_for_artifact(a, settings.max_batch) for a in artifacts}
-    plan, files = mig_configs_for_repository(configs, gpu, layout or None, memory)
+    on_gpu = [a for a in artifacts if not a.cpu_only]  # CPU-only variants take no MIG slice
+    memory = {a.triton_name(settings.model): memory_for_artifact(a, settings.max_batch) for a in on_gpu}
+    plan, files = mig_configs_for_repository({name: configs[name] for name in memory}, gpu, layout or None, memory)
     bundle = BundleSettings(image=settings.image) if settings.image else BundleSettings()
     out = deploy_dir(settings.repository) / "mig"
     write_bundle(out, plan, bundle, repository=Path(settings.repository))

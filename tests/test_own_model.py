@@ -52,15 +52,16 @@ def test_own_model_build_verify_loadtest_and_mig_bundle_from_another_directory(t
     assert build.returncode == 0, build.stdout[-3000:] + build.stderr[-3000:]
     assert "served through Triton vs in process" in build.stdout  # the summary is printed, served check included
     repository = work / "model_repository"
-    assert sorted(p.name for p in repository.iterdir() if p.is_dir()) == ["tabular_fp16", "tabular_fp32", "tabular_int8"]
+    models = ["tabular_fp16", "tabular_fp32", "tabular_int8", "tabular_int8cpu"]  # int8cpu: the CPU INT8, on by default with --int8
+    assert sorted(p.name for p in repository.iterdir() if p.is_dir()) == models
     served = json.loads((work / "build" / "tabular" / "served.json").read_text())
-    assert {m["model"]: m["samples"] for m in served["models"]} == {"tabular_fp16": 600, "tabular_fp32": 600, "tabular_int8": 600}
+    assert {m["model"]: m["samples"] for m in served["models"]} == dict.fromkeys(models, 600)
 
     # verify finds the evaluation data the build recorded: no --eval-data, no calibration/tabular/ folder.
     verify = cli("verify", cwd=work)
     assert verify.returncode == 0, verify.stderr[-3000:]
     report = json.loads((work / "build" / "verify.json").read_text())
-    assert len(report["models"]) == 3 and all(m["passed"] and m["samples"] == 600 for m in report["models"])
+    assert len(report["models"]) == 4 and all(m["passed"] and m["samples"] == 600 for m in report["models"])
 
     load = cli("loadtest", "--model", "tabular_int8", "--concurrency", "4", "--window-ms", "300", "--warmup-ms", "200",
                "--max-seconds", "6", "--report-dir", "reports/own", cwd=work)

@@ -104,7 +104,9 @@ def run(args: argparse.Namespace) -> int:
     gpu = _gpu(cfg.gpu, smi)
     devices = [d for g in smi.get("list", []) for d in g.mig_devices]
     layout = _layout(cfg.layout, gpu, smi)
-    repository_configs = {n: (m.config, m.path) for n, m in read_repository(cfg.repository).items()} if cfg.repository else {}
+    # Models with only KIND_CPU instances (the CPU INT8 variant) run on the host's cores: no MIG slice.
+    repository_configs = {n: (m.config, m.path) for n, m in read_repository(cfg.repository).items()
+                          if not m.config.instance_group or any(g.kind != g.KIND_CPU for g in m.config.instance_group)} if cfg.repository else {}
     memory = _memory(cfg, repository_configs)
     plan = plan_instances(gpu, memory, layout)
     _print_plan(console, plan)

@@ -40,6 +40,7 @@ def runner_for_artifact(artifact: Artifact) -> BaseRunner:
         runner = runner_for_engine(artifact.path)
         runner.name = name
         return runner
+    # The CPU INT8 variant runs with ORT's graph optimizations on, as it is served (pipeline.stages.int8_cpu).
     return runner_for_onnx(artifact.path, exact_qdq=artifact.precision == "int8", name=name)
 
 
@@ -114,11 +115,13 @@ def raise_for_failures(results: Sequence[VariantResult], report: Path, layer_not
     fixes = []
     if any(r.undecided for r in failed):
         fixes.append("give more labeled samples with --eval-data, or a looser --fp16-max-drop/--int8-max-drop")
-    if any(r.failures and r.precision == "int8" for r in failed):
+    if any(r.failures and r.precision.startswith("int8") for r in failed):
         notes = [f"{variant}: {note}" for variant, note in (layer_notes or {}).items()]
         fixes.append("; ".join(notes) if notes else "for INT8 keep the layers that add the most error in float (--int8-keep-nodes)")
         fixes.append("or try --calibration-method entropy or more calibration data, or loosen --int8-max-drop")
-    if any(r.failures and r.precision != "int8" for r in failed):
+    if any(r.failures and r.precision == "int8cpu" for r in failed):
+        fixes.append("or leave the CPU INT8 out with --no-int8-cpu")
+    if any(r.failures and not r.precision.startswith("int8") for r in failed):
         fixes.append("for FP16 keep sensitive ops in FP32 (--fp16-keep-op-types) or loosen --fp16-atol / --fp16-max-drop if the error is acceptable")
     kind = "accuracy gate failed" if any(r.failures for r in failed) else "accuracy gate undecided"
     raise (CheckFailed if any(r.failures for r in failed) else PipelineError)(

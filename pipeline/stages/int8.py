@@ -1,8 +1,9 @@
 """INT8 ONNX variant with explicit Q/DQ (QuantizeLinear/DequantizeLinear), calibrated on real data.
 
 The graph is what TensorRT's explicit quantization wants: symmetric int8 everywhere (zero
-point 0), weights per output channel, biases left in float, Q/DQ on the *inputs* of
-Conv/ConvTranspose/Gemm/MatMul (ONNX Runtime's QDQ quantizer), then placed where TensorRT fuses
+point 0), weights stored as int8 initializers with a per-output-channel DequantizeLinear (a
+quarter of the FP32 file), biases left in float, Q/DQ on the *inputs* of Conv/ConvTranspose/
+Gemm/MatMul (ONNX Runtime's QDQ quantizer), then placed where TensorRT fuses
 (:mod:`pipeline.stages.qdq_placement`: both inputs of residual Adds, AveragePool inputs, one
 scale across Concat inputs). Graph outputs and the final Softmax stay float.
 
@@ -22,7 +23,8 @@ import os
 import shutil
 import tempfile
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -45,6 +47,58 @@ MAX_CALIBRATION_BATCH = 64  # beyond this a bigger batch is no faster on CPU
 # bins) leaves a single candidate threshold; use TensorRT's legacy entropy calibrator sizes.
 HISTOGRAM_BINS = 2048
 ENTROPY_QUANTIZED_BINS = 128
+
+
+@dataclass(frozen=True)
+class QuantRecipe:
+    """What one INT8 variant asks of the shared calibrate-and-quantize flow (:func:`quantized_onnx_from_onnx`)."""
+
+    label: str  # for log lines and progress: "INT8" (TensorRT's), "CPU INT8"
+    symmetric: bool  # calibrate magnitudes (symmetric ranges) or low/high
+    calibrated_op_types: tuple[str, ...]  # nodes whose tensors the calibrator records; () = every float tensor
+    op_types_to_quantize: tuple[str, ...] | None  # None: every op type ORT's quantizer knows, less float_op_types
+    activation_type: str  # onnxruntime.quantization.QuantType member name: "QInt8" or "QUInt8"
+    extra_options: Mapping[str, object]
+    finish: Callable[[Path, Path], None]  # (quantized model, calibration cache): rewrite it in place, check it
+    float_op_types: tuple[str, ...] = ()
+    float_output_layers: bool = False  # keep the layers that compute graph outputs in float (see output_layers)
+
+    def quantized_op_types(self) -> list[str]:
+        """``op_types_to_quantize`` for ORT's ``quantize_static``."""
+        if self.op_types_to_quantize is not None:
+            return list(self.op_types_to_quantize)
+        from onnxruntime.quantization.registry import QDQRegistry, QLinearOpsRegistry
+
+        return sorted((set(QLinearOpsRegistry) | set(QDQRegistry)) - set(self.float_op_types))
+
+
+def _finish_for_tensorrt(path: Path, cache: Path) -> None:
+    _place_for_tensorrt(path, cache)
+    check_qdq_int8_symmetric(path)
+
+
+TENSORRT_RECIPE = QuantRecipe(
+    label="INT8",
+    symmetric=True,
+    calibrated_op_types=CALIBRATED_OP_TYPES,
+    op_types_to_quantize=QUANTIZED_OP_TYPES,
+    activation_type="QInt8",
+    extra_options={
+        "ActivationSymmetric": True,
+        "WeightSymmetric": True,
+        # TensorRT wants float biases; it folds them into the int8 layer itself.
+        "QuantizeBias": False,
+        # Q/DQ on layer inputs only: TensorRT fuses DQ→Conv/Gemm/MatMul and chooses the
+        # output precision itself; quantized outputs would force extra reformatting.
+        "OpTypesToExcludeOutputQuantization": list(QUANTIZED_OP_TYPES),
+        # Weights stored as int8 initializers → DequantizeLinear (per channel, zero point 0):
+        # a quarter of the FP32 file, and the dequantized values are exactly those of a
+        # float weight → Q → DQ pair (ORT rounds half to even, as QuantizeLinear does).
+        # TensorRT parses both forms.
+        "AddQDQPairToWeight": False,
+    },
+    finish=_finish_for_tensorrt,
+)
 
 
 def qdq_onnx_from_onnx(
@@ -70,6 +124,24 @@ def qdq_onnx_from_onnx(
     comma-separated) stay float: no Q/DQ on their inputs. The result is checked with
     ``onnx.checker`` and :func:`check_qdq_int8_symmetric`.
     """
+    return quantized_onnx_from_onnx(src, dst, calibration, TENSORRT_RECIPE, method=method, percentile=percentile,
+                                    batch_size=batch_size, max_memory_gib=max_memory_gib, keep_nodes=keep_nodes)
+
+
+def quantized_onnx_from_onnx(
+    src: Path,
+    dst: Path,
+    calibration: CalibrationData,
+    recipe: QuantRecipe,
+    *,
+    method: str,
+    percentile: float,
+    batch_size: int | None,
+    max_memory_gib: float,
+    keep_nodes: Sequence[str],
+) -> Path:
+    """Calibrate ``src`` on ``calibration`` and quantize it with ORT's QDQ quantizer as ``recipe`` says;
+    write ``dst`` atomically (the arguments are those of :func:`qdq_onnx_from_onnx`)."""
     import onnx
     from onnxruntime.quantization import QuantFormat, QuantType, quantize_static
 
@@ -110,8 +182,8 @@ def qdq_onnx_from_onnx(
         batch, drop_last = _calibration_batch(signature, batch_size or budgeted, calibration.num_samples)
         cache = tmp / "calibration.json"
         started = time.perf_counter()
-        _calibrate(prepared, calibration, method, percentile, batch, drop_last, tmp, cache)
-        log.info("calibrated %s ranges in %.1f s", method, time.perf_counter() - started)
+        _calibrate(prepared, calibration, recipe, method, percentile, batch, drop_last, tmp, cache)
+        log.info("%s: calibrated %s ranges in %.1f s", recipe.label, method, time.perf_counter() - started)
 
         out = tmp / "int8.onnx"
         with _ort_prints_to_log():
@@ -120,45 +192,57 @@ def qdq_onnx_from_onnx(
                 str(out),
                 None,  # ranges come from the cache written by _calibrate
                 quant_format=QuantFormat.QDQ,
-                op_types_to_quantize=list(QUANTIZED_OP_TYPES),
-                nodes_to_exclude=sorted(kept),
+                op_types_to_quantize=recipe.quantized_op_types(),
+                nodes_to_exclude=sorted(kept | (output_layers(prepared) if recipe.float_output_layers else set())),
                 per_channel=True,
-                reduce_range=False,  # full 8 bits: TensorRT accumulates in int32, no saturation to avoid
-                activation_type=QuantType.QInt8,
+                reduce_range=False,  # full 8 bits: TensorRT and VNNI accumulate in int32, no saturation to avoid
+                activation_type=QuantType[recipe.activation_type],
                 weight_type=QuantType.QInt8,
                 calibrate_method=_ort_method(method),
                 calibration_cache_path=str(cache),
-                extra_options={
-                    "ActivationSymmetric": True,
-                    "WeightSymmetric": True,
-                    # TensorRT wants float biases; it folds them into the int8 layer itself.
-                    "QuantizeBias": False,
-                    # Q/DQ on layer inputs only: TensorRT fuses DQ→Conv/Gemm/MatMul and chooses the
-                    # output precision itself; quantized outputs would force extra reformatting.
-                    "OpTypesToExcludeOutputQuantization": list(QUANTIZED_OP_TYPES),
-                    # Float weights → Q → DQ (as NVIDIA's ModelOpt emits): TensorRT constant-folds the
-                    # pair into int8 weights; the ONNX keeps its FP32 weights for inspection.
-                    "AddQDQPairToWeight": True,
-                },
+                extra_options=dict(recipe.extra_options),
             )
-        _place_for_tensorrt(out, cache)
-        try:
-            onnx.checker.check_model(str(out), full_check=True)
-        except (onnx.checker.ValidationError, onnx.shape_inference.InferenceError) as exc:
-            raise PipelineError(
-                f"the INT8 model made from '{src}' is invalid: {str(exc).splitlines()[0]}",
-                "report this model; skip --int8 for it meanwhile",
-            ) from None
-        check_qdq_int8_symmetric(out)
+        recipe.finish(out, cache)
+        _checked_by_onnx(out, src)
         _drop_unused_opsets(out)
         os.replace(out, dst)
-    if kept:  # what runs in float on the GPU matters for speed: say it where the user sees it
-        log.warning("INT8: %d layer(s) kept in float (%s): %s", len(kept), KEEP_NODES_FLAG, ", ".join(sorted(kept)))
-    log.info("wrote INT8 Q/DQ model %s (%s calibration, %d samples)", dst, method, calibration.num_samples)
+    if kept:  # what runs in float matters for speed: say it where the user sees it
+        log.warning("%s: %d layer(s) kept in float (%s): %s", recipe.label, len(kept), KEEP_NODES_FLAG, ", ".join(sorted(kept)))
+    log.info("wrote %s model %s (%s calibration, %d samples)", recipe.label, dst, method, calibration.num_samples)
     return dst
 
 
+def _checked_by_onnx(path: Path, src: Path) -> None:
+    """``onnx.checker`` (full check) on a quantized model: one error line when it fails."""
+    import onnx
+
+    try:
+        onnx.checker.check_model(str(path), full_check=True)
+    except (onnx.checker.ValidationError, onnx.shape_inference.InferenceError) as exc:
+        raise PipelineError(
+            f"the INT8 model made from '{src}' is invalid: {str(exc).splitlines()[0]}",
+            "report this model; skip --int8 for it meanwhile",
+        ) from None
+
+
 KEEP_NODES_FLAG = "--int8-keep-nodes"
+_PASS_THROUGH = ("Reshape", "Flatten", "Squeeze", "Unsqueeze", "Transpose", "Identity")
+
+
+def output_layers(model_path: Path) -> set[str]:
+    """Names of the nodes that compute graph outputs: each output's producer and, through reshaping ops,
+    the layer before it. Quantizing their outputs would round a regression head or an embedding to 8 bits."""
+    import onnx
+
+    graph = onnx.load(str(model_path), load_external_data=False).graph
+    producers = {out: node for node in graph.node for out in node.output}
+    found: set[str] = set()
+    for output in graph.output:
+        node = producers.get(output.name)
+        while node is not None and node.name not in found:
+            found.add(node.name)
+            node = producers.get(node.input[0]) if node.op_type in _PASS_THROUGH and node.input else None
+    return found
 
 
 def _checked_keep_nodes(prepared: Path, names: Sequence[str], src: Path) -> set[str]:
@@ -322,6 +406,7 @@ def _ort_method(method: str):
 def _calibrate(
     model: Path,
     data: CalibrationData,
+    recipe: QuantRecipe,
     method: str,
     percentile: float,
     batch_size: int,
@@ -332,10 +417,10 @@ def _calibrate(
     """Collect activation ranges one batch at a time and save them as ORT's calibration cache."""
     from onnxruntime.quantization import save_tensors_data
 
-    calibrator = _lean_calibrator(model, method, percentile, tmp / "augmented.onnx")
+    calibrator = _lean_calibrator(model, recipe, method, percentile, tmp / "augmented.onnx")
     total = data.num_batches(batch_size, drop_last=drop_last)
     started = time.perf_counter()
-    with progress(f"INT8 calibration ({method})", total, unit="batches") as bar:
+    with progress(f"{recipe.label} calibration ({method})", total, unit="batches") as bar:
         for index, feed in enumerate(bar.track(data.batches(batch_size, drop_last=drop_last))):
             # One batch per collect_data call: minmax reduces it to ranges and histogram methods add
             # it to their histograms before returning, so activations of one batch at most are held.
@@ -350,7 +435,7 @@ def _calibrate(
     del calibrator  # drops the augmented session before its folder is deleted
 
 
-def _lean_calibrator(model: Path, method: str, percentile: float, augmented: Path):
+def _lean_calibrator(model: Path, recipe: QuantRecipe, method: str, percentile: float, augmented: Path):
     """ORT's calibrator for ``method`` (as ``create_calibrator`` builds it), whose session does not
     plan a memory pattern: ORT would otherwise allocate the planned block on the second batch
     while the arena still holds the first batch's buffers, doubling peak memory (3.0 GB instead
@@ -358,7 +443,7 @@ def _lean_calibrator(model: Path, method: str, percentile: float, augmented: Pat
     from onnxruntime.quantization.calibrate import MinMaxCalibrater, PercentileCalibrater
     from onnxruntime.quantization.calibrate import EntropyCalibrater
 
-    common = {"op_types_to_calibrate": list(CALIBRATED_OP_TYPES), "augmented_model_path": str(augmented), "symmetric": True}
+    common = {"op_types_to_calibrate": list(recipe.calibrated_op_types), "augmented_model_path": str(augmented), "symmetric": recipe.symmetric}
     if method == "minmax":
         calibrator = _lean(MinMaxCalibrater)(str(model), **common)
     elif method == "entropy":

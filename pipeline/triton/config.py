@@ -5,7 +5,9 @@ Decisions (each checked against the Triton sources/docs named here):
 * Instance kind. ONNX models get ``KIND_AUTO``: Triton turns it into ``KIND_GPU`` on every visible
   GPU when there is one, else ``KIND_CPU`` (core ``model_config_utils.cc``), so one config serves on
   a GPU production server and on the CPU-only local server. ``KIND_GPU`` would fail to load on the
-  latter. TensorRT plans can only run on a GPU, so they always get ``KIND_GPU``.
+  latter. TensorRT plans can only run on a GPU, so they always get ``KIND_GPU``. The CPU INT8 variant
+  (``<name>_int8cpu``, ``Artifact.cpu_only``) is made for ONNX Runtime's CPU integer kernels and gets
+  ``KIND_CPU``, so a GPU server runs it on its CPU (or the deployment leaves it unloaded) rather than on a GPU.
 * INT8 Q/DQ ONNX models get ``optimization { graph { level: 2 } }``. Triton's onnxruntime backend
   maps 2 → ``ORT_DISABLE_ALL`` (-1 → BASIC, 1 → EXTENDED, else ALL; backend ``src/onnxruntime.cc``).
   Only with every optimization off do the served numbers follow the Q/DQ graph exactly (float math
@@ -13,6 +15,8 @@ Decisions (each checked against the Triton sources/docs named here):
   into integer kernels (QLinearConv, MatMulIntegerToFloat; their u8s8 path saturates on CPUs
   without VNNI), and even BASIC changed the digits INT8 probabilities by up to 0.046 against exact
   Q/DQ (caught by ``python -m pipeline verify``). The local Python backend reads the same field.
+  The CPU INT8 variant is the exception: its integer kernels are the point, so its config leaves
+  ``optimization.graph`` unset (ORT_ENABLE_ALL), the level its accuracy gate ran at.
 * ONNX models that may get GPU instances carry ONNX Runtime's TensorRT (the variant's precision) and
   CUDA (TF32 off) execution accelerators; CPU instances ignore them (:mod:`pipeline.triton.accelerators`).
 * Warmup uses real samples: one raw little-endian file per input in ``<model>/warmup/``, named by
@@ -172,7 +176,7 @@ def model_config_from_artifact(
     group.count = instance_count
     group.kind = pb.ModelInstanceGroup.Kind.Value(_kind_for(artifact, kind))
 
-    if artifact.kind == "onnx" and has_qdq(artifact.path):
+    if artifact.kind == "onnx" and not artifact.cpu_only and has_qdq(artifact.path):
         cfg.optimization.graph.level = QDQ_GRAPH_LEVEL
     if artifact.kind == "onnx" and group.kind != pb.ModelInstanceGroup.KIND_CPU:
         add_gpu_accelerators(cfg, precision=artifact.precision, signature=signature)
@@ -308,7 +312,7 @@ def _set_io(io: Any, spec: TensorSpec, max_batch: int, pb: Any) -> None:
 
 def _kind_for(artifact: Artifact, kind: str | None) -> str:
     if kind is None:
-        return "KIND_GPU" if artifact.kind == "plan" else "KIND_AUTO"
+        return "KIND_GPU" if artifact.kind == "plan" else "KIND_CPU" if artifact.cpu_only else "KIND_AUTO"
     require(kind in KINDS, f"unknown instance kind '{kind}'", f"use one of {', '.join(KINDS)}")
     require(artifact.kind != "plan" or kind == "KIND_GPU", f"a TensorRT plan cannot run with {kind}", "use KIND_GPU for plans")
     return kind

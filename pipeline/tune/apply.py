@@ -13,16 +13,13 @@ from __future__ import annotations
 import difflib
 import json
 import os
-import re
 from pathlib import Path
 from typing import Any
 
-from pipeline.artifacts import Artifact
+from pipeline.artifacts import VARIANT_NAME, Artifact
 from pipeline.errors import PipelineError, require
 from pipeline.triton.config import config_text
 from pipeline.tune.tuner import ModelTune
-
-_VARIANT = re.compile(r"^(?P<base>.+)_(?P<precision>fp32|fp16|int8)(?P<trt>_trt)?$")
 
 
 def config_path(profile: str | None) -> str:
@@ -47,7 +44,7 @@ def check_can_apply(job: ModelTune, profile: str | None, repository: Path) -> No
     """Raise before any measurement when ``--apply`` could not write the result."""
     require(job.model_dir is not None, f"--apply writes into {repository}, which has no model '{job.model}'",
             "pass --repository with the local copy of the server's repository, or drop --apply")
-    require(profile is not None or _VARIANT.match(job.model) is not None,
+    require(profile is not None or VARIANT_NAME.match(job.model) is not None,
             f"--apply publishes a new version only for models the pipeline published (<model>_<precision>), not '{job.model}'",
             f"drop --apply and copy the printed config into {job.model_dir}/config.pbtxt, or write it per profile with --profile")
 
@@ -72,7 +69,7 @@ def _publish_version(job: ModelTune, repository: Path, config: Any, summary: dic
     from pipeline.triton.repository import OWNED, REPORT, model_filename, publish_repository
 
     assert job.model_dir is not None
-    m = _VARIANT.match(job.model)
+    m = VARIANT_NAME.match(job.model)
     require(m is not None, f"model '{job.model}' was not published by the pipeline (names are <model>_<precision>)",
             f"copy the printed config into {job.model_dir}/config.pbtxt yourself, or use --profile")
     assert m is not None

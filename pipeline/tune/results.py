@@ -6,14 +6,12 @@ from __future__ import annotations
 
 import csv
 import json
-import re
 from pathlib import Path
 from typing import Any
 
+from pipeline.artifacts import VARIANT_NAME
 from pipeline.tune.trial import Trial
 from pipeline.tune.tuner import ModelTune, summary
-
-_VARIANT = re.compile(r"^(?P<base>.+)_(?P<precision>fp32|fp16|int8)(?P<trt>_trt)?$")
 
 
 def progress_line(job: ModelTune, trial: Trial, number: int, max_trials: int) -> str:
@@ -63,7 +61,7 @@ def _num(value: Any) -> str:
 def accuracy_of(model: str, model_dir: Path | None, workdir: Path = Path("build")) -> dict[str, Any] | None:
     """Top-1 accuracy of a variant from its build's accuracy report: the publish record in the
     repository (``.pipeline-report.json``), else ``<workdir>/<name>/accuracy.json``."""
-    m = _VARIANT.match(model)
+    m = VARIANT_NAME.match(model)
     if m is None:
         return None
     kind = "plan" if m["trt"] else "onnx"

@@ -41,7 +41,7 @@ def test_qdq_graph_is_symmetric_int8_per_channel_on_layer_inputs(digits_convnet:
     consts = _consts(model)
     nodes = model.graph.node
     qdq = [n for n in nodes if n.op_type in ("QuantizeLinear", "DequantizeLinear")]
-    assert len(qdq) == 8  # activation + weight Q/DQ pair for each of Conv and Gemm
+    assert len(qdq) == 6  # activation Q/DQ pair and weight DQ for each of Conv and Gemm
     for node in qdq:
         zero_point = consts[node.input[2]]
         assert zero_point.dtype == np.int8 and not zero_point.any(), node.name
@@ -56,6 +56,7 @@ def test_qdq_graph_is_symmetric_int8_per_channel_on_layer_inputs(digits_convnet:
         node = next(n for n in nodes if n.name == layer)
         weight_dq = producers[node.input[1]]
         assert weight_dq.op_type == "DequantizeLinear"
+        assert consts[weight_dq.input[0]].dtype == np.int8  # int8 initializer, no float weight → Q in the graph
         assert helper.get_attribute_value(next(a for a in weight_dq.attribute if a.name == "axis")) == axis
         assert consts[weight_dq.input[1]].shape == (out_channels,)
         assert producers[node.input[0]].op_type == "DequantizeLinear"
@@ -64,6 +65,55 @@ def test_qdq_graph_is_symmetric_int8_per_channel_on_layer_inputs(digits_convnet:
     assert producers[softmax.input[0]].op_type == "Gemm"  # no Q/DQ on the Gemm output / Softmax
     assert model.graph.output[0].type.tensor_type.elem_type == TensorProto.FLOAT
     assert {o.domain for o in model.opset_import} == {""}
+
+
+def _conv_stack(onnx_file: Any, path: Path) -> Path:
+    """Two 3×3 convolutions (16→32→32 channels) and a Gemm head: 15k weights, so the file is mostly weights."""
+    rng = np.random.default_rng(3)
+    inits = {"w1": rng.standard_normal((32, 16, 3, 3)).astype(np.float32) * 0.1, "b1": rng.standard_normal(32).astype(np.float32),
+             "w2": rng.standard_normal((32, 32, 3, 3)).astype(np.float32) * 0.1, "b2": rng.standard_normal(32).astype(np.float32),
+             "wg": rng.standard_normal((32, 10)).astype(np.float32), "bg": rng.standard_normal(10).astype(np.float32)}
+    nodes = [
+        helper.make_node("Conv", ["x", "w1", "b1"], ["c1"], pads=[1, 1, 1, 1], name="conv1"),
+        helper.make_node("Relu", ["c1"], ["r1"], name="relu1"),
+        helper.make_node("Conv", ["r1", "w2", "b2"], ["c2"], pads=[1, 1, 1, 1], name="conv2"),
+        helper.make_node("Relu", ["c2"], ["r2"], name="relu2"),
+        helper.make_node("GlobalAveragePool", ["r2"], ["gap"], name="gap"),
+        helper.make_node("Flatten", ["gap"], ["flat"], name="flatten"),
+        helper.make_node("Gemm", ["flat", "wg", "bg"], ["logits"], name="head"),
+    ]
+    return onnx_file(path, nodes, [vi("x", TensorProto.FLOAT, ["batch", 16, 12, 12])], [vi("logits", TensorProto.FLOAT, ["batch", 10])], inits)
+
+
+def test_int8_weights_are_a_quarter_of_the_file_and_dequantize_to_the_rounded_float_weights(tmp_path: Path, onnx_file: Any) -> None:
+    """Weights are int8 initializers: the file shrinks to under 0.3× FP32, and each dequantized weight is
+    exactly what a float weight → QuantizeLinear → DequantizeLinear pair gives (round half to even; the
+    symmetric scale max|w|/127 keeps every value in range), so exact-Q/DQ numbers are those of the former Q→DQ form."""
+    src = _conv_stack(onnx_file, tmp_path / "convs.onnx")
+    np.savez(tmp_path / "calib.npz", x=np.random.default_rng(4).standard_normal((128, 16, 12, 12)).astype(np.float32))
+    out = qdq_onnx_from_onnx(src, tmp_path / "int8.onnx", calibration_from_path(tmp_path / "calib.npz", signature_from_onnx(src)))
+    check_qdq_int8_symmetric(out)
+    assert out.stat().st_size <= 0.3 * src.stat().st_size, (out.stat().st_size, src.stat().st_size)
+
+    model, floats = onnx.load(str(out)), _consts(onnx.load(str(src)))
+    consts = _consts(model)
+    producers = {o: n for n in model.graph.node for o in n.output}
+    assert not [n for n in model.graph.node if n.op_type == "QuantizeLinear" and n.input[0] in consts]  # no weight is quantized in the graph
+    for layer, weight, axis in (("conv1", "w1", 0), ("conv2", "w2", 0), ("head", "wg", 1)):
+        node = next(n for n in model.graph.node if n.name == layer)
+        dq = producers[node.input[1]]
+        stored, scale = consts[dq.input[0]], consts[dq.input[1]]
+        assert stored.dtype == np.int8 and helper.get_attribute_value(next(a for a in dq.attribute if a.name == "axis")) == axis
+        shape = [1] * stored.ndim
+        shape[axis] = -1
+        scale = scale.reshape(shape)
+        np.testing.assert_array_equal(stored.astype(np.float32) * scale, np.clip(np.round(floats[weight] / scale), -128, 127) * scale)
+        assert node.input[2] in consts and consts[node.input[2]].dtype == np.float32  # float bias, as before
+
+    x = np.random.default_rng(5).standard_normal((32, 16, 12, 12)).astype(np.float32)
+    fp32 = session_from_onnx(src).run(None, {"x": x})[0]
+    int8 = session_from_onnx(out, exact_qdq=True).run(None, {"x": x})[0]
+    assert 0 < np.abs(int8 - fp32).max() < 0.05 * np.abs(fp32).max()
 
 
 def test_qdq_accuracy_within_one_point_of_fp32(digits_convnet: Any, tmp_path: Path) -> None:

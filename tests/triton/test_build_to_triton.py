@@ -24,6 +24,7 @@ import numpy as np
 import pytest
 import yaml
 from google.protobuf import text_format
+from tritonclient.grpc import model_config_pb2 as mc
 
 from pipeline.onnxrt import session_from_onnx
 from pipeline.triton.config import check_config_against_onnx, parse_config
@@ -35,7 +36,7 @@ from tests.triton.test_server import listening_addresses
 
 pytestmark = pytest.mark.slow
 
-MODELS = ("digits_fp16", "digits_fp32", "digits_int8")
+MODELS = ("digits_fp16", "digits_fp32", "digits_int8", "digits_int8cpu")  # int8cpu: the CPU INT8, on by default with --int8
 CALIBRATION = ROOT / "calibration" / "digits"
 # Served and in-process runs of the same file on the same ONNX Runtime must agree this closely.
 ATOL = 1e-5
@@ -54,7 +55,8 @@ def eval_images(count: int) -> np.ndarray:
 
 
 def in_process(repository: Path, model: str, version: int, images: np.ndarray) -> np.ndarray:
-    """The served file run in this process; INT8 with exact Q/DQ semantics, as its config asks Triton to."""
+    """The served file run in this process; INT8 with exact Q/DQ semantics, as its config asks Triton to (the CPU INT8
+    with ORT's graph optimizations on, as its config leaves them)."""
     session = session_from_onnx(repository / model / str(version) / "model.onnx", exact_qdq=model.endswith("_int8"))
     return session.run(["probs"], {"image": images})[0]
 
@@ -99,15 +101,21 @@ def test_every_config_parses_and_matches_its_onnx_model(built: Built) -> None:
         assert cfg.name == name and cfg.platform == "onnxruntime_onnx" and cfg.max_batch_size == 64
         assert [i.name for i in cfg.input] == ["image"] and [o.name for o in cfg.output] == ["probs"]
         check_config_against_onnx(cfg, model_dir / "1" / "model.onnx")
-        # Only the Q/DQ model turns ONNX Runtime's graph optimizations off (2 = ORT_DISABLE_ALL in Triton's backend).
+        # Only the Q/DQ model for TensorRT turns ONNX Runtime's graph optimizations off (2 = ORT_DISABLE_ALL in Triton's
+        # backend); the CPU INT8 keeps them (its integer kernels are the point) and asks for CPU instances only.
         assert cfg.optimization.HasField("graph") == (name == "digits_int8")
         if name == "digits_int8":
             assert cfg.optimization.graph.level == 2
-        # GPU instances: TensorRT at the variant's precision over a batch 1..64 profile, CUDA without TF32.
-        trt, cuda = cfg.optimization.execution_accelerators.gpu_execution_accelerator
-        assert (trt.name, trt.parameters["precision_mode"], cuda.name, dict(cuda.parameters)) == (
-            "tensorrt", name.rsplit("_", 1)[1].upper(), "cuda", {"use_tf32": "0"})
-        assert trt.parameters["trt_profile_max_shapes"] == "image:64x8x8x1"
+        kinds = [mc.ModelInstanceGroup.Kind.Name(g.kind) for g in cfg.instance_group]
+        assert kinds == (["KIND_CPU"] if name == "digits_int8cpu" else ["KIND_AUTO"]), (name, kinds)
+        if name == "digits_int8cpu":  # CPU instances only: no GPU accelerators
+            assert not cfg.HasField("optimization")
+        else:
+            # GPU instances: TensorRT at the variant's precision over a batch 1..64 profile, CUDA without TF32.
+            trt, cuda = cfg.optimization.execution_accelerators.gpu_execution_accelerator
+            assert (trt.name, trt.parameters["precision_mode"], cuda.name, dict(cuda.parameters)) == (
+                "tensorrt", name.rsplit("_", 1)[1].upper(), "cuda", {"use_tf32": "0"})
+            assert trt.parameters["trt_profile_max_shapes"] == "image:64x8x8x1"
         assert cfg.output[0].label_filename == "labels.txt"
         assert (model_dir / "labels.txt").read_text() == (CALIBRATION / "labels.txt").read_text()
         assert sorted(w.batch_size for w in cfg.model_warmup) == [1, 32, 64]
@@ -288,7 +296,7 @@ def test_build_killed_midway_leaves_the_previous_repository_servable(built: Buil
     after = model_versions(repository)
     assert set(after) == set(MODELS)
     assert after["digits_fp32"] == before["digits_fp32"] == [1]  # unchanged FP32 is never republished
-    for name in ("digits_fp16", "digits_int8"):
+    for name in ("digits_fp16", "digits_int8", "digits_int8cpu"):
         # published exactly once (by the build killed between swaps, or by this one), with the built file
         assert len(after[name]) == 1 and after[name][:len(before.get(name, []))] == before.get(name, []), (before, after)
         variant = name.split("_")[1]
@@ -356,7 +364,7 @@ def test_serve_bad_repository_is_one_line_and_leaves_no_server(
     for text in wanted:
         assert text in line, line
     assert "\\n" not in line
-    others = {"digits_fp32", "digits_fp16", "digits_int8"} - {w.split("'")[1] for w in wanted if w.startswith("model '")}
+    others = set(MODELS) - {w.split("'")[1] for w in wanted if w.startswith("model '")}
     if "failed to load" in line:
         assert not any(f"model '{name}'" in line for name in others), line
     assert pgrep(f"pipeline_triton_{pid}_") == []  # the server and its backend stubs carry this prefix

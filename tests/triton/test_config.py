@@ -13,7 +13,7 @@ from onnx import TensorProto, helper, numpy_helper
 from publish_harness import two_io_onnx, warmup_data
 from tritonclient.grpc import model_config_pb2 as mc
 
-from pipeline.artifacts import Artifact
+from pipeline.artifacts import Artifact, parse_variant
 from pipeline.errors import PipelineError
 from pipeline.tensors import signature_from_onnx
 from pipeline.triton.config import (
@@ -188,6 +188,19 @@ def test_qdq_model_is_served_with_qdq_semantics(tmp_path: Path) -> None:
     assert "Conv" in served and "DequantizeLinear" in served
     assert not {"QLinearConv", "ConvInteger", "MatMulInteger"} & set(served)
     assert "QLinearConv" in optimized_ops(path, "ORT_ENABLE_ALL", tmp_path / "default.onnx")
+
+
+def test_cpu_int8_model_gets_cpu_instances_and_the_default_graph_level(tmp_path: Path) -> None:
+    """The CPU INT8 variant is made for ONNX Runtime's integer kernels: its config leaves the graph level at
+    ORT's default (the Q/DQ pattern becomes QLinearConv) and asks for CPU instances, also on a GPU server."""
+    path = qdq_conv_onnx(tmp_path / "qdq.onnx")
+    artifact = Artifact("int8cpu", "onnx", path)
+    assert artifact.cpu_only and artifact.triton_name("digits") == "digits_int8cpu"
+    assert parse_variant("digits_int8cpu") == ("digits", "int8cpu") and parse_variant("digits_int8") == ("digits", "int8")
+    cfg = model_config_from_artifact(artifact, name="m_int8cpu", signature=signature_from_onnx(path), max_batch=8)
+    assert not cfg.HasField("optimization") and ort_graph_level_name(cfg) == "ORT_ENABLE_ALL"
+    assert [g.kind for g in cfg.instance_group] == [mc.ModelInstanceGroup.Kind.KIND_CPU]
+    assert "QLinearConv" in optimized_ops(path, ort_graph_level_name(cfg), tmp_path / "served.onnx")
 
 
 def engine_metadata(**overrides: object) -> dict[str, object]:

@@ -12,7 +12,7 @@ from pathlib import Path
 from tests.conftest import cli
 from tests.zoo.models import ZooModel, write_data
 
-PRECISIONS = ("fp32", "fp16", "int8")
+PRECISIONS = ("fp32", "fp16", "int8", "int8cpu")  # int8cpu: the CPU INT8, on by default with --int8
 LOADTEST = ["--concurrency", "4", "--window-ms", "300", "--warmup-ms", "200", "--max-seconds", "3", "--timeout-ms", "10000"]
 
 

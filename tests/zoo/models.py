@@ -66,11 +66,11 @@ def damp_residual_branches(model: keras.Model, gamma: float = RESIDUAL_GAMMA) ->
 
 
 def _image_app(app: Callable[..., keras.Model], seed: int, draw: Callable[[np.random.Generator, int], tuple[np.ndarray, np.ndarray]],
-               *, damp: float | None = None) -> keras.Model:
+               *, damp: float | None = None, shape: tuple[int, int, int] = IMAGE, bn_samples: int = 256) -> keras.Model:
     keras.utils.set_random_seed(seed)
-    model = app(weights=None, input_tensor=keras.Input(IMAGE, name="image"), classes=CLASSES)
+    model = app(weights=None, input_tensor=keras.Input(shape, name="image"), classes=CLASSES)
     x, label = draw(np.random.default_rng(seed), 512)
-    model = batchnorm_from_data(model, x[:256])
+    model = batchnorm_from_data(model, x[:bn_samples])
     return class_mean_head(model if damp is None else damp_residual_branches(model, damp), x, label)
 
 
@@ -118,6 +118,21 @@ def mobilenet_v3_small() -> keras.Model:
 def densenet121() -> keras.Model:
     """Keras Applications DenseNet121 (deep Concat chains), random weights, 32×32×3."""
     return _image_app(keras.applications.DenseNet121, 12, _normal_images)
+
+
+MOBILENET_V2_IMAGE = (224, 224, 3)
+
+
+def _unit_scenes_224(rng: np.random.Generator, n: int) -> tuple[np.ndarray, np.ndarray]:
+    images, label = _prototype_scenes(rng, n, MOBILENET_V2_IMAGE)
+    return images * 2 - 1, label  # MobileNetV2's preprocessing: -1..1
+
+
+def mobilenet_v2_224() -> keras.Model:
+    """Keras Applications MobileNetV2 at its ImageNet size, 224×224×3 in -1..1, random weights: the
+    CPU INT8 benchmark's model (scripts/bench_int8_cpu.py), not in the zoo run. BatchNorm statistics
+    from 32 images (256 at 224×224 hold ~8 GB of training-mode activations)."""
+    return _image_app(keras.applications.MobileNetV2, 13, _unit_scenes_224, shape=MOBILENET_V2_IMAGE, bn_samples=32)
 
 
 class PositionEmbedding(keras.layers.Layer):

@@ -31,8 +31,8 @@ def test_zoo_model_builds_serves_verifies_and_loads(name: str, tmp_path: Path) -
     assert run.build_error is None, summary
     assert run.parity_passed, summary
     assert set(run.sizes) == set(PRECISIONS), summary
-    assert run.parser == {p: [] for p in PRECISIONS}, summary  # TensorRT 10.5's ONNX parser takes every variant
-    assert {p: g["passed"] for p, g in run.gates.items()} == {"fp16": True, "int8": True}, summary
+    assert run.parser == {p: [] for p in PRECISIONS if p != "int8cpu"}, summary  # TensorRT 10.5's parser takes every variant it gets
+    assert {p: g["passed"] for p, g in run.gates.items()} == {"fp16": True, "int8": True, "int8cpu": True}, summary
     if entry.sequence:
         [dims] = run.config_dims.values()
         assert dims[0] == -1, summary  # the sequence axis stays dynamic in Triton
