@@ -93,13 +93,11 @@ def build(cfg: BuildConfig) -> BuildResult:
 
     if source.spec == DEFAULT_MODEL:
         ensure_default_data(ctx.data_dir)
-    labels = early_labels(cfg.eval_data or ctx.data_dir.eval)  # a bad label file costs seconds, not a conversion
     artifacts: list[Artifact] = []
     try:
         saved = _savedmodel_stage(source, ctx)
         described = read_description(saved)
-        if described and labels:
-            _decided_kinds(signature_from_description(described), described, {}, labels, ctx.cfg, where=str(cfg.eval_data or ctx.data_dir.eval))
+        _check_labels_before_conversion(described, ctx)  # a bad label file costs seconds, not a conversion
         onnx_fp32 = _onnx_stage(saved, ctx)
         signature = signature_from_onnx(onnx_fp32)
         calib = _calibration_data(signature, ctx) if cfg.int8 else None
@@ -183,8 +181,7 @@ def _int8_stage(onnx_fp32: Path, calib: CalibrationData, ctx: BuildContext) -> A
     dst = ctx.ws.onnx("int8")
     ctx.run(Stage("int8", qdq_onnx_from_onnx, inputs={"src": onnx_fp32, "calibration": calib},
                   settings={"method": ctx.cfg.calibration_method, "max_memory_gib": ctx.cfg.max_memory_gib,
-                            "keep_nodes": ctx.cfg.int8_keep_nodes}, outputs={"dst": dst},
-                  environment={"weights": "int8 initializers"}))  # workdirs holding the former float-weight form rebuild it
+                            "keep_nodes": ctx.cfg.int8_keep_nodes}, outputs={"dst": dst}))
     check_qdq_int8_symmetric(dst)  # also on a cache hit: what is published must be symmetric int8
     return Artifact("int8", "onnx", dst)
 
@@ -249,6 +246,15 @@ def _decided_kinds(signature: ModelSignature, described: list[dict] | None, prod
     for bucket in named:
         check_targets(bucket, output_info(signature, kinds), where)
     return kinds, owner
+
+
+def _check_labels_before_conversion(described: list[dict] | None, ctx: BuildContext) -> None:
+    """The evaluation labels against the outputs the Keras model describes (no description, e.g. a
+    SavedModel source: they are checked once the ONNX model exists)."""
+    path = ctx.cfg.eval_data or ctx.data_dir.eval
+    labels = early_labels(path)
+    if described and labels:
+        _decided_kinds(signature_from_description(described), described, {}, labels, ctx.cfg, where=str(path))
 
 
 def early_labels(path: Path) -> list[dict[str, np.ndarray]]:
