@@ -27,7 +27,7 @@ def test_served_accuracy_equals_in_process_for_every_variant(built: Built, tmp_p
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     report = json.loads(report_path.read_text())
     rows = {row["model"]: row for row in report["models"]}
-    assert sorted(rows) == ["digits_fp16", "digits_fp32", "digits_int8"]
+    assert sorted(rows) == ["digits_fp16", "digits_fp32", "digits_int8", "digits_int8cpu"]
     for row in rows.values():
         assert row["passed"] and not row["failures"], row
         assert row["samples"] == EVAL_SAMPLES and row["version"] == 1
@@ -76,7 +76,7 @@ def test_build_verify_served_runs_the_check_at_the_end(built: Built, tmp_path: P
     stages = {s["name"]: s for s in manifest["stages"]}
     assert stages["served"]["status"] == "ran" and stages["publish"]["status"] == "ran"
     served = json.loads((workdir / "digits" / "served.json").read_text())
-    assert {m["model"] for m in served["models"]} == {"digits_fp32", "digits_fp16", "digits_int8"}
+    assert {m["model"] for m in served["models"]} == {"digits_fp32", "digits_fp16", "digits_int8", "digits_int8cpu"}
     assert all(m["passed"] and m["outputs"]["probs"]["served_metric"] == m["outputs"]["probs"]["inprocess_metric"] for m in served["models"])
     assert all({r["output"] for r in m["gates"]} == {"probs"} for m in served["models"] if m["model"] != "digits_fp32")  # judged against served FP32
     assert "served through Triton vs in process" in proc.stdout
