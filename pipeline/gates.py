@@ -97,10 +97,10 @@ class Tolerance:
     atol: float | None
     min_cosine: float
     confidence: float
-    max_rel_error: float = 0.02
-    min_cosine_low: float = 0.995
-    min_neighbour_agreement: float = 0.98
-    threshold: float = 0.5
+    max_rel_error: float
+    min_cosine_low: float
+    min_neighbour_agreement: float
+    threshold: float
 
 
 def tolerance_for(precision: str, gates: Gates) -> Tolerance:

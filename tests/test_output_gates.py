@@ -213,3 +213,28 @@ def test_an_l2_normalised_onnx_output_is_an_embedding() -> None:
     assert producers == {"emb": "LpNormalization", "probs": "Softmax"}
     kinds = decide_kinds(signature(("emb", ("b", 8)), ("probs", ("b", 8))), described=None, producers=producers, overrides={})
     assert (kinds["emb"].kind, kinds["probs"].kind) == ("embedding", "classes")
+
+
+def test_a_float16_graph_computes_in_float32_and_keeps_integer_casts() -> None:
+    from onnx import TensorProto, helper, numpy_helper
+
+    from pipeline.stages.mixed import float32_from_mixed, was_mixed
+
+    nodes = [helper.make_node("Cast", ["x"], ["x16"], to=TensorProto.FLOAT16), helper.make_node("Cast", ["ids"], ["ids16"], to=TensorProto.FLOAT16),
+             helper.make_node("Add", ["x16", "ids16"], ["s16"]), helper.make_node("Mul", ["s16", "w"], ["y16"]),
+             helper.make_node("Cast", ["y16"], ["y"], to=TensorProto.FLOAT)]
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["b", 2]),
+                                           helper.make_tensor_value_info("ids", TensorProto.INT64, ["b", 2])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["b", 2])],
+                              [numpy_helper.from_array(np.array([0.5, 2.0], np.float16), "w")])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    assert float32_from_mixed(model) and was_mixed(model)
+    ops = [(n.op_type, [a.i for a in n.attribute]) for n in model.graph.node]
+    assert ops == [("Identity", []), ("Cast", [TensorProto.FLOAT]), ("Add", []), ("Mul", []), ("Identity", [])]
+    assert model.graph.initializer[0].data_type == TensorProto.FLOAT
+
+    import onnxruntime as ort
+
+    session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    [y] = session.run(None, {"x": np.array([[1.0, 2.0]], np.float32), "ids": np.array([[3, 4]], np.int64)})
+    assert y.dtype == np.float32 and y.tolist() == [[2.0, 12.0]]

@@ -69,7 +69,7 @@ def accuracy_report_from_variants(
         "reference": "fp32-onnx (ONNX Runtime CPU)",
         "data": data.source,
         "samples": data.num_samples,
-        "labels": [n for n in data.target_names],
+        "labels": data.target_names,
         "output_kinds": list(kinds),
         "int8_semantics": "Q/DQ evaluated exactly (ONNX Runtime with graph optimizations off), as TensorRT computes them",
         "variants": [

@@ -5,8 +5,8 @@ float32 variables' casts folded), float16 kernels, a Cast back to float32 before
 layer. That graph can neither be converted to FP16 again (onnxconverter-common refuses a model
 that already has float16 tensors) nor quantized per channel (the quantizer sees Casts, not weights).
 
-So the published FP32 model is the same graph computing in float32: every Cast to float16 becomes
-an Identity, float16 weights and constants are widened to float32 (their values are the float16
+So the published FP32 model is the same graph computing in float32: every cast between float16 and
+float32 becomes an Identity (a cast from integers to float16 casts to float32), float16 weights and constants are widened to float32 (their values are the float16
 ones the model was trained with). FP16 and INT8 are then made from it like any other model, and
 the parity gate compares it with TensorFlow's float16 computation at the FP16 tolerance.
 """
@@ -42,10 +42,14 @@ def float32_from_mixed(model: onnx.ModelProto) -> bool:
     if not computes_in_float16(model):
         return False
     graph = model.graph
+    floats = _float_tensors(model)
     for node in graph.node:
-        if node.op_type == "Cast" and any(a.name == "to" and a.i in (TensorProto.FLOAT16, TensorProto.FLOAT) for a in node.attribute):
-            node.op_type = "Identity"  # float16 → float32 and back are both identities once everything is float32
+        to = next((a for a in node.attribute if a.name == "to"), None) if node.op_type == "Cast" else None
+        if to is not None and to.i in (TensorProto.FLOAT16, TensorProto.FLOAT) and node.input[0] in floats:
+            node.op_type = "Identity"  # float ↔ float16 casts vanish once everything is float32
             del node.attribute[:]
+        elif to is not None and to.i == TensorProto.FLOAT16:
+            to.i = TensorProto.FLOAT  # from integers: a conversion to float32 instead
         for attribute in node.attribute:
             if attribute.HasField("t") and attribute.t.data_type == TensorProto.FLOAT16:
                 attribute.t.CopyFrom(numpy_helper.from_array(numpy_helper.to_array(attribute.t).astype(np.float32), attribute.t.name))
@@ -56,9 +60,20 @@ def float32_from_mixed(model: onnx.ModelProto) -> bool:
     del graph.value_info[:]  # stale float16 types; ONNX Runtime infers them again
     entry = model.metadata_props.add()
     entry.key, entry.value = MIXED_KEY, "float16"
-    log.warning("the model computes in float16 (mixed precision): model.fp32.onnx computes in float32 (its Casts to float16 removed, "
+    log.warning("the model computes in float16 (mixed precision): model.fp32.onnx computes in float32 (its float16 casts removed, "
                 "float16 weights widened); FP16 and INT8 are made from it, and parity with TensorFlow uses the FP16 tolerance")
     return True
+
+
+def _float_tensors(model: onnx.ModelProto) -> set[str]:
+    """Names of the float32/float16 tensors of the graph, by ONNX shape inference (casts from them are identities)."""
+    import onnx
+    from onnx import TensorProto
+
+    wanted = (TensorProto.FLOAT, TensorProto.FLOAT16)
+    inferred = onnx.shape_inference.infer_shapes(model).graph
+    values = [*inferred.value_info, *inferred.input, *inferred.output]
+    return {v.name for v in values if v.type.tensor_type.elem_type in wanted} | {i.name for i in inferred.initializer if i.data_type in wanted}
 
 
 def _keep_float16_interface(graph: onnx.GraphProto) -> None:
