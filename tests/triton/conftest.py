@@ -103,6 +103,7 @@ def repository(tmp_path_factory: pytest.TempPathFactory, onnx_models: dict[str, 
     ``tiny``: softmax, dynamic batching (1 s window: concurrent requests meet even on a loaded machine), default graph level.
     ``tiny_noopt``: same file, ``graph.level: 2`` (ORT_DISABLE_ALL) and ``intra_op_thread_count: 1``.
     ``ids``: int64 input, dynamic batching, ``graph.level: -1`` (ORT_ENABLE_BASIC).
+    ``tiny_fixed``: softmax run at fixed batch sizes 2, 5 and 8 (``fixed_batch_sizes``).
     ``tiny_fp32_trt``: platform tensorrt_plan; the plan bytes are fake — it must never be loaded here.
     """
     repo = tmp_path_factory.mktemp("model_repository")
@@ -110,6 +111,7 @@ def repository(tmp_path_factory: pytest.TempPathFactory, onnx_models: dict[str, 
     write_model(repo, softmax_config("tiny", queue_delay_us=1_000_000), softmax)
     write_model(repo, softmax_config("tiny_noopt", graph_level=2, parameters={"intra_op_thread_count": "1"}), softmax)
     write_model(repo, gather_config("ids", queue_delay_us=50_000, graph_level=-1), gather)
+    write_model(repo, softmax_config("tiny_fixed", queue_delay_us=200_000, parameters={"fixed_batch_sizes": "2,5"}), softmax)
     plan = softmax_config("tiny_fp32_trt", platform="tensorrt_plan")
     plan.instance_group[0].kind = mc.ModelInstanceGroup.KIND_GPU
     write_model(repo, plan, b"not a real TensorRT engine", filename="model.plan")

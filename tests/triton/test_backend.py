@@ -126,6 +126,78 @@ def test_accelerators_the_cpp_backend_refuses_fail_the_load(backend: ModuleType,
         backend.execution_providers(config, "GPU", 0, GPU_ORT, True)
 
 
+CUDA_ONLY = [("CUDAExecutionProvider", {"device_id": "0"})]
+WITH_TRT = [("TensorrtExecutionProvider", {"device_id": "0"}), *CUDA_ONLY]
+
+
+def batched(max_batch: int, preferred: list[int] | None = None, fixed: str | None = None) -> dict:
+    config: dict = {"max_batch_size": max_batch, "dynamic_batching": {"preferred_batch_size": preferred or []}}
+    if fixed is not None:
+        config["parameters"] = {"fixed_batch_sizes": {"string_value": fixed}}
+    return config
+
+
+def test_a_cnn_on_the_cuda_provider_runs_at_fixed_batch_sizes(backend: ModuleType) -> None:
+    """Powers of two below the max, the preferred sizes and the max: each Conv then sees few shapes."""
+    assert backend.fixed_batch_sizes(batched(128, [48, 128]), CUDA_ONLY, True) == [1, 2, 4, 8, 16, 32, 48, 64, 128]
+    assert backend.fixed_batch_sizes(batched(100), CUDA_ONLY, True) == [1, 2, 4, 8, 16, 32, 64, 100]
+
+
+@pytest.mark.parametrize(
+    ("config", "providers", "conv", "why"),
+    [(batched(64), WITH_TRT, True, "TensorRT's profile covers 1..max"),
+     (batched(64), [("CPUExecutionProvider", {})], True, "the CPU provider keeps no per-shape plan"),
+     (batched(64), CUDA_ONLY, False, "no Conv"),
+     (batched(1), CUDA_ONLY, True, "nothing to batch"),
+     (batched(64, fixed="off"), CUDA_ONLY, True, "switched off")],
+)
+def test_fixed_batch_sizes_only_where_plans_are_rebuilt(backend: ModuleType, config: dict, providers: list, conv: bool, why: str) -> None:
+    assert backend.fixed_batch_sizes(config, providers, conv) == [], why
+
+
+def test_listed_fixed_batch_sizes_always_include_the_max(backend: ModuleType) -> None:
+    assert backend.fixed_batch_sizes(batched(8, fixed="2, 5"), [("CPUExecutionProvider", {})], False) == [2, 5, 8]
+    with pytest.raises(backend.BackendConfigError, match=r"sizes must lie in 1\.\.8"):
+        backend.fixed_batch_sizes(batched(8, fixed="4,16"), CUDA_ONLY, True)
+    with pytest.raises(backend.BackendConfigError, match="'auto', 'off' or batch sizes"):
+        backend.fixed_batch_sizes(batched(8, fixed="small"), CUDA_ONLY, True)
+
+
+def test_a_batch_is_padded_to_its_fixed_size_with_its_own_last_row(backend: ModuleType) -> None:
+    assert [backend.size_for(n, [1, 4, 16]) for n in (1, 2, 4, 5, 16)] == [1, 4, 4, 16, 16]
+    assert backend.size_for(3, []) == 3
+    feed = {"x": np.arange(6, dtype=np.float32).reshape(3, 2), "ids": np.array([[1], [2], [3]])}
+    grown = backend.padded(feed, 5)
+    np.testing.assert_array_equal(grown["x"], [[0, 1], [2, 3], [4, 5], [4, 5], [4, 5]])
+    np.testing.assert_array_equal(grown["ids"], [[1], [2], [3], [3], [3]])
+    assert backend.padded(feed, 3)["x"] is feed["x"]
+
+
+def test_models_with_convolutions_are_recognised(backend: ModuleType, tmp_path: Path, onnx_models: dict[str, Path]) -> None:
+    from onnx import TensorProto, helper, numpy_helper
+
+    graph = helper.make_graph(
+        [helper.make_node("Conv", ["x", "w"], ["y"])], "conv",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 1, 4, 4])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", 1, 2, 2])],
+        [numpy_helper.from_array(np.ones((1, 1, 3, 3), np.float32), "w")],
+    )
+    import onnx
+
+    onnx.save(helper.make_model(graph), str(tmp_path / "conv.onnx"))
+    assert backend.plan_per_shape(tmp_path / "conv.onnx") is True
+    assert backend.plan_per_shape(onnx_models["softmax"]) is False
+
+
+def test_warmup_feed_follows_the_config_and_skips_variable_dims(backend: ModuleType) -> None:
+    config = {"input": [{"name": "x", "data_type": "TYPE_FP32", "dims": ["4"]},
+                        {"name": "ids", "data_type": "TYPE_INT64", "dims": ["6"], "reshape": {"shape": ["2", "3"]}}]}
+    feed = backend.warmup_feed(config, 5)
+    assert feed["x"].shape == (5, 4) and feed["x"].dtype == np.float32
+    assert feed["ids"].shape == (5, 2, 3) and feed["ids"].dtype == np.int64
+    assert backend.warmup_feed({"input": [{"name": "x", "data_type": "TYPE_FP32", "dims": ["-1"]}]}, 2) is None
+
+
 def loaded_lines(server: TritonServer) -> dict[str, str]:
     """The backend's one 'loaded' log line per model, keyed by model name."""
     assert server.log_path is not None
@@ -143,6 +215,8 @@ def test_served_models_get_the_configured_session_options_in_this_venv(server: T
     assert "graph_optimization_level=ORT_ENABLE_ALL " in lines["tiny"]
     assert "graph_optimization_level=ORT_DISABLE_ALL intra_op_threads=1 " in lines["tiny_noopt"]
     assert "graph_optimization_level=ORT_ENABLE_BASIC " in lines["ids"]
+    assert "fixed_batch_sizes=off " in lines["tiny"]  # a CPU instance as the batch comes
+    assert "fixed_batch_sizes=2,5,8 " in lines["tiny_fixed"]
     for line in lines.values():  # the stub runs this interpreter's Python with this venv's packages
         assert f"onnxruntime={ort.__version__} python={sys.version.split()[0]} prefix={sys.prefix}" in line
 
@@ -237,3 +311,26 @@ def test_config_that_disagrees_with_the_model_fails_the_load_clearly(tmp_path: P
     assert "model 'wrong_dtype' failed to load" in error.value.problem
     assert "config input 'x' is TYPE_FP16 but the ONNX model's is TYPE_FP32" in error.value.problem
     assert child_pids() == before
+
+
+@pytest.mark.slow
+def test_batches_run_at_fixed_sizes_come_back_unpadded(server: TritonServer) -> None:
+    """``tiny_fixed`` runs every batch at 2, 5 or 8 rows (``fixed_batch_sizes: "2,5"``, on the CPU here as a
+    GPU instance on the CUDA provider would): each response has exactly its request's rows, correct."""
+    import tritonclient.http as httpclient
+
+    inputs = [np.random.default_rng(i).normal(size=(1 + i % 3, 4)).astype(np.float32) for i in range(9)]
+
+    def infer(x: np.ndarray) -> np.ndarray:
+        inp = httpclient.InferInput("x", list(x.shape), "FP32")
+        inp.set_data_from_numpy(x)
+        with closing(httpclient.InferenceServerClient(server.http_url)) as client:
+            return client.infer("tiny_fixed", [inp]).as_numpy("probs")
+
+    with ThreadPoolExecutor(max_workers=9) as pool:
+        results = list(pool.map(infer, inputs))
+    for x, probs in zip(inputs, results, strict=True):
+        logits = x @ SOFTMAX_WEIGHTS
+        expected = np.exp(logits - logits.max(axis=1, keepdims=True))
+        np.testing.assert_allclose(probs, expected / expected.sum(axis=1, keepdims=True), rtol=1e-5, atol=1e-6)
+    assert model_stats(server, "tiny_fixed")["inference_count"] >= sum(len(x) for x in inputs)  # counted unpadded

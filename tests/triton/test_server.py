@@ -87,7 +87,7 @@ def test_endpoints_listen_on_loopback_only(server: TritonServer) -> None:
 def test_plan_model_is_skipped_with_reason_and_the_rest_serve(server: TritonServer, repository: Path) -> None:
     assert set(server.skipped_models) == {"tiny_fp32_trt"}
     assert "TensorRT" in server.skipped_models["tiny_fp32_trt"]
-    assert server.ready_models == ["ids", "tiny", "tiny_noopt"]
+    assert server.ready_models == ["ids", "tiny", "tiny_fixed", "tiny_noopt"]
     assert (repository / "tiny_fp32_trt" / "1" / "model.plan").is_file()  # the on-disk repository is untouched
     with pytest.raises(urllib.error.HTTPError):
         _DIRECT.open(f"http://{server.http_url}/v2/models/tiny_fp32_trt/ready", timeout=10)

@@ -24,6 +24,16 @@ It reads the model configuration the way the C++ backend does:
 Requests of one dynamic batch whose inputs have equal per-sample shapes run as one ONNX Runtime call
 and are split back. A failing request gets its own error response; it never takes the stub down.
 
+Fixed batch sizes (:func:`fixed_batch_sizes`): ONNX Runtime's CUDA execution provider (1.20 and later,
+cuDNN 9's frontend API) rebuilds every Conv's cuDNN execution plan whenever the Conv's input shape differs
+from its previous call's, seen before or not (``UpdateState`` in ``core/providers/cuda/nn/conv.cc``;
+microsoft/onnxruntime#23006). The dynamic batcher forms a different batch size at almost every execution,
+so a CNN on a GPU instance spent seconds per execution rebuilding plans with the GPU idle (MobileNetV2 on
+an H200: 2.5–4 s). Such an instance therefore runs every batch at one of a few fixed sizes, one ONNX
+Runtime session per size (each Conv then always sees one shape), the batch padded up with copies of its
+last row and the padding cut from the outputs. The sessions share one device memory arena. The
+``fixed_batch_sizes`` parameter overrides the choice (``off``, or sizes such as ``1,8,32,128``).
+
 This file runs inside the stub, in the project's venv, and imports nothing from the ``pipeline`` package.
 """
 
@@ -62,6 +72,16 @@ _ORT_TO_TRITON = {
     "tensor(double)": "TYPE_FP64",
     "tensor(string)": "TYPE_STRING",
 }
+
+
+_NUMPY_TYPES = {
+    "TYPE_BOOL": np.bool_, "TYPE_UINT8": np.uint8, "TYPE_UINT16": np.uint16, "TYPE_UINT32": np.uint32,
+    "TYPE_UINT64": np.uint64, "TYPE_INT8": np.int8, "TYPE_INT16": np.int16, "TYPE_INT32": np.int32,
+    "TYPE_INT64": np.int64, "TYPE_FP16": np.float16, "TYPE_FP32": np.float32, "TYPE_FP64": np.float64,
+}
+# Ops whose CUDA kernels rebuild a cuDNN frontend plan on every input-shape change.
+_PLAN_PER_SHAPE_OPS = {"Conv", "ConvTranspose", "FusedConv", "NhwcConv"}
+FIXED_BATCH_SIZES = "fixed_batch_sizes"
 
 
 def _string_parameter(config: dict[str, Any], key: str) -> str | None:
@@ -123,13 +143,14 @@ _ARENA_STRATEGY = {"0": "kNextPowerOfTwo", "1": "kSameAsRequested"}
 
 
 def _tensorrt_options(parameters: dict[str, str], device_id: int) -> dict[str, str]:
-    options = {}
+    options: dict[str, str] = {}
     for key, value in parameters.items():
         if key == "precision_mode":
             if value not in _TRT_PRECISION:
                 raise BackendConfigError(f"unsupported precision mode '{value}' is requested")
-            if _TRT_PRECISION[value]:
-                options[_TRT_PRECISION[value]] = "1"
+            flag = _TRT_PRECISION[value]
+            if flag:
+                options[flag] = "1"
         elif key in _TRT_RENAMED:
             options[_TRT_RENAMED[key]] = value
         elif key in _TRT_KEYS:
@@ -193,6 +214,95 @@ def execution_providers(
     cuda["device_id"] = str(device_id)
     providers.append(("CUDAExecutionProvider", cuda))
     return providers, notes
+
+
+def fixed_batch_sizes(
+    config: dict[str, Any], providers: list[tuple[str, dict[str, str]]], plan_per_shape: bool
+) -> list[int]:
+    """The batch sizes an instance runs every batch at (empty: as the batch comes).
+
+    ``providers``: the instance's (:func:`execution_providers`); ``plan_per_shape``: the model has ops
+    whose CUDA kernels rebuild a plan per input shape (Conv). By default a batched model with such ops
+    on the CUDA provider without TensorRT gets the powers of two below its max batch, its preferred
+    sizes and the max; the ``fixed_batch_sizes`` parameter says ``off`` or lists sizes (the max batch is
+    always added, so every batch the server forms has a size to run at)."""
+    max_batch = int(config.get("max_batch_size", 0))
+    text = (_string_parameter(config, FIXED_BATCH_SIZES) or "auto").strip().lower()
+    if max_batch <= 1 or text in ("off", "0", "none", ""):
+        return []
+    if text == "auto":
+        names = [name for name, _ in providers]
+        if not plan_per_shape or "CUDAExecutionProvider" not in names or "TensorrtExecutionProvider" in names:
+            return []
+        preferred = config.get("dynamic_batching", {}).get("preferred_batch_size", [])
+        sizes = {1 << k for k in range(max_batch.bit_length()) if 1 << k < max_batch} | {int(p) for p in preferred}
+    else:
+        try:
+            sizes = {int(part) for part in text.split(",") if part.strip()}
+        except ValueError:
+            raise BackendConfigError(
+                f"parameter '{FIXED_BATCH_SIZES}' must be 'auto', 'off' or batch sizes like '1,8,32', got '{text}'"
+            ) from None
+        if any(size < 1 or size > max_batch for size in sizes):
+            raise BackendConfigError(f"parameter '{FIXED_BATCH_SIZES}' sizes must lie in 1..{max_batch} (max_batch_size), got '{text}'")
+    return sorted(sizes | {max_batch})
+
+
+def size_for(rows: int, sizes: list[int]) -> int:
+    """The smallest fixed size that holds ``rows`` (``rows`` itself when none does or none are fixed)."""
+    return next((size for size in sizes if size >= rows), rows)
+
+
+def padded(feed: dict[str, np.ndarray], size: int) -> dict[str, np.ndarray]:
+    """``feed`` with every input grown to ``size`` rows by repeating its last row (real data, so no
+    op sees values a request could not send)."""
+    out = {}
+    for name, array in feed.items():
+        missing = size - array.shape[0]
+        out[name] = array if missing <= 0 else np.concatenate([array, np.repeat(array[-1:], missing, axis=0)])
+    return out
+
+
+def warmup_feed(config: dict[str, Any], size: int) -> dict[str, np.ndarray] | None:
+    """Zeros of ``size`` rows for every configured input, or None when a dimension is variable."""
+    feed = {}
+    for entry in config.get("input", []):
+        dims = [int(d) for d in entry.get("reshape", {}).get("shape", entry["dims"])]
+        dtype = _NUMPY_TYPES.get(entry["data_type"])
+        if dtype is None or any(d < 0 for d in dims):
+            return None
+        feed[entry["name"]] = np.zeros([size, *dims], dtype=dtype)
+    return feed
+
+
+def plan_per_shape(path: Path) -> bool:
+    """Whether the ONNX graph (its main graph) has ops that rebuild a cuDNN plan per input shape."""
+    import onnx
+
+    try:
+        graph = onnx.load(str(path), load_external_data=False).graph
+    except Exception:  # unreadable: ONNX Runtime's load says why, in its own words
+        return False
+    return any(node.op_type in _PLAN_PER_SHAPE_OPS for node in graph.node)
+
+
+def _shared_arena(providers: list[tuple[str, dict[str, str]]]) -> bool:
+    """Register one device arena for this process's CUDA sessions (sessions opt in with
+    ``session.use_env_allocators``); False when ONNX Runtime refuses (each session keeps its own)."""
+    import onnxruntime as ort
+
+    name, options = providers[-1]
+    if name != "CUDAExecutionProvider":
+        return False
+    device = int(options.get("device_id", 0))
+    info = ort.OrtMemoryInfo("Cuda", ort.OrtAllocatorType.ORT_ARENA_ALLOCATOR, device, ort.OrtMemType.DEFAULT)
+    allocator = {key: options[key] for key in ("device_id", "gpu_mem_limit", "arena_extend_strategy") if key in options}
+    try:
+        ort.create_and_register_allocator_v2("CUDAExecutionProvider", info, allocator, ort.OrtArenaCfg(0, -1, -1, -1))
+    except Exception as exc:  # an ONNX Runtime without it: more memory, same results
+        pb_utils.Logger.log_warn(f"onnxruntime (python): no shared CUDA arena for the fixed-size sessions ({exc})")
+        return False
+    return True
 
 
 def tensorrt_loadable() -> bool:
@@ -300,28 +410,58 @@ class TritonPythonModel:
             raise pb_utils.TritonModelException(str(exc)) from None
         for note in notes:
             pb_utils.Logger.log_warn(f"onnxruntime (python) {path}: {note}")
-        try:
-            self._session = ort.InferenceSession(str(path), sess_options=options, providers=providers)
-        except Exception as exc:  # ORT raises several types; the load must fail with the cause
-            raise pb_utils.TritonModelException(f"ONNX Runtime cannot load {path}: {exc}") from None
-        # ONNX Runtime falls back to the next provider when one fails to start: say so, never silently.
-        wanted = providers[0][0]
-        if wanted not in self._session.get_providers():
-            raise pb_utils.TritonModelException(
-                f"ONNX Runtime could not start {wanted} for {path} (it runs on {self._session.get_providers()}); see the log above"
-            )
         self._batched = int(config.get("max_batch_size", 0)) > 0
+        try:
+            self._sizes = fixed_batch_sizes(config, providers, self._batched and plan_per_shape(path))
+        except BackendConfigError as exc:
+            raise pb_utils.TritonModelException(str(exc)) from None
+        if self._sizes and _shared_arena(providers):
+            shared = session_options_from_config(config)
+            shared.add_session_config_entry("session.use_env_allocators", "1")
+            try:
+                self._session = _session(path, shared, providers)
+                options = shared
+            except pb_utils.TritonModelException as exc:  # more memory, same results
+                pb_utils.Logger.log_warn(f"onnxruntime (python) {path}: sessions keep their own arenas ({exc})")
+        if getattr(self, "_session", None) is None:
+            self._session = _session(path, options, providers)
         _check_io("input", config.get("input", []), self._session.get_inputs(), self._batched)
         _check_io("output", config.get("output", []), self._session.get_outputs(), self._batched)
         self._inputs = [(entry["name"], entry.get("reshape", {}).get("shape")) for entry in config.get("input", [])]
         self._outputs = [entry["name"] for entry in config.get("output", [])]
+        self._sessions = self._fixed_size_sessions(config, path, options, providers) if self._sizes else {}
         pb_utils.Logger.log_info(
             f"onnxruntime (python) loaded {path}: graph_optimization_level={graph_level_name(config)} "
             f"intra_op_threads={options.intra_op_num_threads or 'default'} "
             f"inter_op_threads={options.inter_op_num_threads or 'default'} batched={self._batched} "
             f"kind={kind} providers={','.join(self._session.get_providers())} "
+            f"fixed_batch_sizes={','.join(map(str, self._sizes)) or 'off'} "
             f"onnxruntime={ort.__version__} python={sys.version.split()[0]} prefix={sys.prefix}"
         )
+
+    def _fixed_size_sessions(self, config: dict[str, Any], path: Path, options: Any, providers: list[tuple[str, dict[str, str]]]) -> dict[int, Any]:
+        """One session per fixed batch size (the largest is the instance's own), each run once at its
+        size now, so each Conv builds its one plan at load rather than under the first requests."""
+        sessions = {self._sizes[-1]: self._session}
+        for size in self._sizes[:-1]:
+            sessions[size] = _session(path, options, providers)
+        for size, session in sessions.items():
+            feed = warmup_feed(config, size)
+            try:
+                if feed is not None:
+                    session.run(self._outputs or None, feed)
+            except Exception as exc:
+                raise pb_utils.TritonModelException(f"ONNX Runtime cannot run {path} at batch size {size}: {exc}") from None
+        return sessions
+
+    def _run(self, feed: dict[str, np.ndarray]) -> list[np.ndarray]:
+        """ONNX Runtime on ``feed``, at a fixed batch size when the instance has them."""
+        if not self._sessions or not feed:
+            return self._session.run(self._outputs, feed)
+        rows = next(iter(feed.values())).shape[0]
+        size = size_for(rows, self._sizes)
+        session = self._sessions.get(size, self._session)
+        return [out[:rows] for out in session.run(self._outputs, padded(feed, size))]
 
     def execute(self, requests: list[Any]) -> list[Any]:
         """Run each group of shape-compatible requests as one ONNX Runtime call; errors stay per request."""
@@ -346,6 +486,7 @@ class TritonPythonModel:
 
     def finalize(self) -> None:
         self._session = None
+        self._sessions = {}
 
     def _feed(self, request: Any) -> dict[str, np.ndarray]:
         feed = {}
@@ -369,7 +510,7 @@ class TritonPythonModel:
         names = members[0][1].keys()
         batch = {name: np.concatenate([feed[name] for _, feed in members]) for name in names}
         try:
-            outputs = self._session.run(self._outputs, batch)
+            outputs = self._run(batch)
         except Exception:
             # One bad request must not fail its batch neighbours: run each on its own.
             for index, feed in members:
@@ -385,13 +526,30 @@ class TritonPythonModel:
 
     def _respond(self, feed: dict[str, np.ndarray]) -> Any:
         try:
-            return self._response(self._session.run(self._outputs, feed))
+            return self._response(self._run(feed))
         except Exception as exc:
             return _error_response(exc)
 
     def _response(self, outputs: list[np.ndarray]) -> Any:
         tensors = [pb_utils.Tensor(name, np.ascontiguousarray(out)) for name, out in zip(self._outputs, outputs, strict=True)]
         return pb_utils.InferenceResponse(output_tensors=tensors)
+
+
+def _session(path: Path, options: Any, providers: list[tuple[str, dict[str, str]]]) -> Any:
+    """An ONNX Runtime session that runs on the first provider asked for, or a load error saying why."""
+    import onnxruntime as ort
+
+    try:
+        session = ort.InferenceSession(str(path), sess_options=options, providers=providers)
+    except Exception as exc:  # ORT raises several types; the load must fail with the cause
+        raise pb_utils.TritonModelException(f"ONNX Runtime cannot load {path}: {exc}") from None
+    # ONNX Runtime falls back to the next provider when one fails to start: say so, never silently.
+    wanted = providers[0][0]
+    if wanted not in session.get_providers():
+        raise pb_utils.TritonModelException(
+            f"ONNX Runtime could not start {wanted} for {path} (it runs on {session.get_providers()}); see the log above"
+        )
+    return session
 
 
 def _error_response(exc: Exception) -> Any:
