@@ -196,6 +196,81 @@ def session_checks(repository: Path, data: dict[str, Path]) -> list[dict]:
     return rows
 
 
+def plan_rebuilds(repository: Path, models: list[str], calls: int) -> list[dict]:
+    """In process, per model, side by side: ONNX Runtime's CUDA provider (the served settings) fed batch
+    sizes alternating 1, 2, 3, 4 as the dynamic batcher forms them, against the same sequence run at
+    fixed sizes (one session per size 1, 2, 4, sharing one CUDA arena; 3 padded to 4, as the backend
+    does), and a steady batch of 4. ms per call (median and max after each size was seen once) and
+    this process's GPU memory after each."""
+    import statistics
+    import time
+
+    import numpy as np
+    import onnxruntime as ort
+
+    from pipeline.triton.config import ort_graph_level_name, read_model_config
+
+    def own_mib() -> int:
+        return sum(int(mib) for pid, mib in _smi("--query-compute-apps=pid,used_memory") if int(pid) == os.getpid())
+
+    rows = []
+    sizes = [1, 2, 3, 4]
+    for name in models:
+        model_dir = repository / name
+        cfg = read_model_config(model_dir)
+        assert cfg is not None, f"{model_dir} has no config.pbtxt"
+        version = max(int(v.name) for v in model_dir.iterdir() if v.name.isdigit())
+        path = str(model_dir / str(version) / "model.onnx")
+        shape = [int(d) for d in cfg.input[0].dims]
+        cuda = ("CUDAExecutionProvider", {"use_tf32": "0", "device_id": "0"})
+
+        def session(shared: bool = False) -> ort.InferenceSession:
+            options = ort.SessionOptions()
+            options.graph_optimization_level = getattr(ort.GraphOptimizationLevel, ort_graph_level_name(cfg))
+            if shared:
+                options.add_session_config_entry("session.use_env_allocators", "1")
+            return ort.InferenceSession(path, sess_options=options, providers=[cuda])
+
+        def timed(run, feed) -> float:  # type: ignore[no-untyped-def]
+            began = time.perf_counter()
+            run(None, feed)
+            return (time.perf_counter() - began) * 1000
+
+        feeds = {n: {cfg.input[0].name: np.random.default_rng(n).random((n, *shape), dtype=np.float32)} for n in (1, 2, 3, 4)}
+        row: dict = {"model": name}
+        plain = session()
+        row["first_call_ms"] = {n: round(timed(plain.run, feeds[n]), 1) for n in sizes}
+        times = [timed(plain.run, feeds[sizes[i % len(sizes)]]) for i in range(calls)]
+        row["alternating_ms"] = {"median": round(statistics.median(times), 2), "max": round(max(times), 2), "calls": calls}
+        times = [timed(plain.run, feeds[4]) for _ in range(20)]
+        row["steady_batch4_ms"] = round(statistics.median(times), 2)
+        row["gpu_mib_one_session"] = own_mib()
+        del plain
+        try:
+            info = ort.OrtMemoryInfo("Cuda", ort.OrtAllocatorType.ORT_ARENA_ALLOCATOR, 0, ort.OrtMemType.DEFAULT)
+            ort.create_and_register_allocator_v2("CUDAExecutionProvider", info, {"device_id": "0"}, ort.OrtArenaCfg(0, -1, -1, -1))
+            shared = True
+        except Exception as exc:  # what the backend then does too: one arena per session
+            row["shared_arena_error"] = str(exc)[:200]
+            shared = False
+        fixed = {n: session(shared) for n in (1, 2, 4)}
+        for n, s in fixed.items():
+            s.run(None, feeds[n])
+        times = []
+        for i in range(calls):
+            n = sizes[i % len(sizes)]
+            size = 4 if n == 3 else n
+            grown = {k: np.concatenate([v, np.repeat(v[-1:], size - n, axis=0)]) for k, v in feeds[n].items()}
+            times.append(timed(fixed[size].run, grown))
+        row["fixed_sizes_alternating_ms"] = {"median": round(statistics.median(times), 2), "max": round(max(times), 2), "calls": calls}
+        row["gpu_mib_after_fixed_sessions"] = own_mib()
+        row["shared_arena"] = shared
+        del fixed
+        rows.append(row)
+        print(json.dumps(row), flush=True)
+    return rows
+
+
 class Server:
     """``python -m pipeline serve`` (explicit model control, for config overrides) in a child process."""
 
@@ -243,10 +318,13 @@ class Server:
         with opener.open(f"http://127.0.0.1:{self.port + 2}/metrics", timeout=10) as response:
             return [line for line in response.read().decode().splitlines() if line.startswith(prefix)]
 
-    def reload(self, model: str, count: int) -> None:
-        """Load ``model`` again with ``count`` GPU instances (a repository-API config override)."""
+    def reload(self, model: str, count: int, parameters: dict[str, str] | None = None) -> None:
+        """Load ``model`` again with ``count`` GPU instances (a repository-API config override), and
+        ``parameters`` set."""
         config = self.request(f"/v2/models/{model}/config")
         config["instance_group"] = [{"kind": "KIND_GPU", "count": count}]
+        for key, value in (parameters or {}).items():
+            config.setdefault("parameters", {})[key] = {"string_value": value}
         self.request(f"/v2/repository/models/{model}/load", {"parameters": {"config": json.dumps(config)}})
 
     def stop(self) -> None:
@@ -305,8 +383,14 @@ def run(args: argparse.Namespace) -> None:
     summary: dict = {"environment": environment()}
     print(json.dumps(summary["environment"]), flush=True)
     phases = set(args.phase)
+    if "plans" in phases:
+        summary["plans"] = plan_rebuilds(repository, args.plan_models, args.plan_calls)
+        (out / "plans.json").write_text(json.dumps(summary["plans"], indent=2) + "\n")
     if "sessions" in phases:
         summary["sessions"] = session_checks(repository, data)
+    if not phases & {"verify", "shapes", "asitcomes", "load", "instances", "tune"}:
+        (out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+        return
     server = Server(repository, out)
     url = f"127.0.0.1:{server.port}"
     try:
@@ -323,6 +407,14 @@ def run(args: argparse.Namespace) -> None:
                 _cli(out, f"warmed_{model}_b1", "loadtest", "--url", url, "--repository", str(repository), "--calibration-root",
                      str(calibration), "--batch-size", "1", "--concurrency", "1,4,16,64", *LOAD,
                      "--report-dir", str(out / f"warmed_{model}_b1"), "--model", model)
+        if "asitcomes" in phases:
+            # The same model and load with fixed batch sizes switched off: every batch at the size it comes.
+            model = args.shape_models[0]
+            server.reload(model, 1, {"fixed_batch_sizes": "off"})
+            _cli(out, f"asitcomes_{model}_b1", "loadtest", "--url", url, "--repository", str(repository), "--calibration-root",
+                 str(calibration), "--batch-size", "1", "--concurrency", "1,4,16", *LOAD,
+                 "--report-dir", str(out / f"asitcomes_{model}_b1"), "--model", model)
+            server.reload(model, 1)
         if "load" in phases:
             for batch, base, models, concurrency in (
                 ("1", "all", (*DIGITS_MODELS, *MOBILENET_MODELS), "1,4,16,64"),
@@ -330,6 +422,8 @@ def run(args: argparse.Namespace) -> None:
                 ("64", "digits", DIGITS_MODELS, "1,4,16,64"),
                 (str(MOBILENET_MAX_BATCH), MOBILENET, MOBILENET_MODELS, "1,4,16"),
             ):
+                if batch not in args.load_batches.split(","):
+                    continue
                 _cli(out, f"loadtest_{base}_b{batch}", "loadtest", "--url", url, "--repository", str(repository), "--calibration-root",
                      str(calibration), "--batch-size", batch, "--concurrency", concurrency, *LOAD,
                      "--report-dir", str(out / f"loadtest_{base}_b{batch}"), *[a for m in models for a in ("--model", m)])
@@ -364,9 +458,13 @@ def main() -> None:
     r = sub.add_parser("run", help="measure on this GPU machine (needs onnxruntime-gpu)")
     r.add_argument("--repository", type=Path, default=Path("gpu-repo/repository"))
     r.add_argument("--out", type=Path, default=Path("reports/gpu"))
-    r.add_argument("--phase", action="append", choices=("sessions", "verify", "shapes", "load", "instances", "tune"),
+    r.add_argument("--phase", action="append", choices=("plans", "sessions", "verify", "shapes", "asitcomes", "load", "instances", "tune"),
                    help="what to run (repeatable; default: all)")
     r.add_argument("--eval-samples", type=int, default=256)
+    r.add_argument("--plan-models", nargs="+", default=["digits_fp32", f"{MOBILENET}_fp16"],
+                   help="plans phase: alternating batch sizes in process, as they come and at fixed sizes")
+    r.add_argument("--plan-calls", type=int, default=8)
+    r.add_argument("--load-batches", default=f"1,32,64,{MOBILENET_MAX_BATCH}", help="load phase: which batch sizes (default: %(default)s)")
     r.add_argument("--shape-models", nargs="+", default=[f"{MOBILENET}_fp16"],
                    help="shapes phase: one request per batch size 1..--shape-max, then a load test at batch 1")
     r.add_argument("--shape-max", type=int, default=64)

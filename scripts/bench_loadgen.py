@@ -45,8 +45,8 @@ MODEL = "add"
 BODY = json.dumps({"inputs": [{"name": "x", "shape": [1, 4], "datatype": "FP32", "data": [0.5, 1.5, 2.5, 3.5]}]}).encode()
 
 
-def write_repository(root: Path) -> Path:
-    """``root/model_repository/add``: ONNX Add model, config from a ModelConfig protobuf."""
+def write_repository(root: Path, instances: int = 1) -> Path:
+    """``root/model_repository/add``: ONNX Add model, config from a ModelConfig protobuf (``instances`` CPU instances)."""
     graph = helper.make_graph(
         [helper.make_node("Add", ["x", "one"], ["y"])],
         "add_one",
@@ -59,7 +59,7 @@ def write_repository(root: Path) -> Path:
     config = mc.ModelConfig(name=MODEL, platform="onnxruntime_onnx", max_batch_size=8)
     config.input.add(name="x", data_type=mc.TYPE_FP32, dims=[4])
     config.output.add(name="y", data_type=mc.TYPE_FP32, dims=[4])
-    config.instance_group.add(kind=mc.ModelInstanceGroup.KIND_CPU, count=1)
+    config.instance_group.add(kind=mc.ModelInstanceGroup.KIND_CPU, count=instances)
     repo = root / "model_repository"
     (repo / MODEL / "1").mkdir(parents=True)
     onnx.save(model, str(repo / MODEL / "1" / "model.onnx"))

@@ -10,6 +10,7 @@ plus the ratios to the one-process run.
 
     python scripts/bench_workers.py                          # c = 16, 64; workers 1, 2, 4
     python scripts/bench_workers.py --pin --repeats 3        # server on CPU 0, clients on the others
+    python scripts/bench_workers.py --server-cores 8 --instances 8   # a larger machine: a server that keeps up
 
 On 2 cores the server is the bottleneck (one core each): the point is that N processes give the
 same numbers as one. On a machine with free cores the throughput ratio shows the scaling.
@@ -60,10 +61,15 @@ def main() -> int:
     parser.add_argument("--repeats", type=int, default=2, help="runs of each; the median is shown (default: %(default)s)")
     parser.add_argument("--protocol", choices=("http", "grpc"), default="http")
     parser.add_argument("--pin", action="store_true", help="server on CPU 0, clients on the other CPUs")
+    parser.add_argument("--server-cores", type=int, help="server on the first N CPUs, clients on the others")
+    parser.add_argument("--instances", type=int, default=1, help="instances of the add model (default: %(default)s)")
     parser.add_argument("--json", type=Path, help="also write the results here")
     args = parser.parse_args()
     cpus = sorted(os.sched_getaffinity(0))
-    server_cpus, client_cpus = (cpus[:1], cpus[1:]) if args.pin and len(cpus) >= 2 else (None, None)
+    cores = args.server_cores or (1 if args.pin else 0)
+    if cores and not 1 <= cores < len(cpus):
+        parser.error(f"--server-cores must leave the clients a CPU: 1..{len(cpus) - 1}")
+    server_cpus, client_cpus = (cpus[:cores], cpus[cores:]) if cores else (None, None)
     windows = WindowSettings(window_s=1.0, warmup_s=1.0, max_s=10.0)
     levels = [int(c) for c in args.concurrency.split(",")]
     counts = [int(w) for w in args.workers.split(",")]
@@ -72,7 +78,7 @@ def main() -> int:
         root = Path(tmp)
         data = root / "eval.npz"
         np.savez(data, x=np.random.default_rng(0).random((64, 4), dtype=np.float32))
-        with TritonServer(write_repository(root), log_path=root / "tritonserver.log", cpus=server_cpus) as server:
+        with TritonServer(write_repository(root, args.instances), log_path=root / "tritonserver.log", cpus=server_cpus) as server:
             if client_cpus:
                 os.sched_setaffinity(0, client_cpus)  # the workers inherit it
             for c in levels:
@@ -91,7 +97,8 @@ def main() -> int:
         print(f"{row['concurrency']:>4} {row['workers']:>7} {row['rps']:>8.0f} {row['rps'] / one['rps']:>8.2f} {row['p50_ms']:>7.3f} "
               f"{row['p99_ms']:>7.3f} {row['p99_ms'] / one['p99_ms']:>7.2f} {row['cpu_us']:>10.1f} "
               f"{'yes' if row['all_counts_equal'] else 'NO':>14} {'yes' if row['stable'] else 'no':>6}")  # fmt: skip
-    print(f"\n{args.protocol}, median of {args.repeats}, {len(cpus)} CPUs{', server pinned to CPU 0' if client_cpus else ''}")
+    pinned = f", server on {len(server_cpus)} CPU(s), clients on {len(client_cpus)}" if server_cpus and client_cpus else ""
+    print(f"\n{args.protocol}, median of {args.repeats}, {len(cpus)} CPUs{pinned}, {args.instances} model instance(s)")
     if args.json:
         args.json.write_text(json.dumps(rows, indent=2))
     return 0 if all(r["all_counts_equal"] and not r["errors"] for r in rows) else 1
