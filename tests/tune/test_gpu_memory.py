@@ -22,7 +22,7 @@ import pytest
 
 from pipeline.loadtest.client import Endpoint
 from pipeline.tune.gpu_memory import SETTLE_REFRESHES, SOURCE, GpuMemory, MemoryMeter, record
-from pipeline.tune.results import table, tune_document, write_reports
+from pipeline.tune.results import progress_line, table, tune_document, write_reports
 from pipeline.tune.space import Candidate
 from pipeline.tune.trial import Trial, TrialSettings
 from tests.conftest import ROOT, Built
@@ -181,6 +181,7 @@ def test_reports_carry_the_memory_only_where_measured(tmp_path: Path) -> None:
     rows = list(csv.DictReader((tmp_path / "trials.csv").open()))
     assert [(r["gpu_model_mib"], r["gpu_mib_per_instance"]) for r in rows] == [("", ""), ("1360.0", "680.0")]
     assert "GPU MiB/inst" in _text(table([job], 10.0))
+    assert "GPU 680 MiB/instance" in progress_line(job, measured, 2, 8) and "GPU" not in progress_line(job, old, 1, 8)
     assert "GPU MiB/inst" not in _text(table([model_tune("digits_fp32", [old])], 10.0))
 
 
