@@ -169,7 +169,8 @@ def rank_layouts(measured: list[Measured], gpu: GpuMig | None, cores: int | None
     """Every layout made only of measured profiles, best total throughput first (per model).
 
     ``gpu`` None means the CPU rehearsal: a layout is any set of ``cpu-N`` servers whose cores add
-    up to at most ``cores`` (default: the CPUs this process may use)."""
+    up to at most ``cores`` (default: the CPUs this process may use). Profiles whose memory holds
+    no instance of the model (``memory_fit`` 0) are in none of its layouts."""
     ranked: list[RankedLayout] = []
     for model in dict.fromkeys(m.model for m in measured):
         capacity = {m.profile: m.infer_per_s for m in measured if m.model == model and m.memory_fit != 0}

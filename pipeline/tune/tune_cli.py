@@ -42,7 +42,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
             "load tester while the load doubles until p99 breaks the SLO; its score is its best point under the "
             "SLO. Knobs: instance count, max_batch_size (never above what the model file or engine profile "
             "admits), preferred batch sizes, max queue delay. Every trial is cached: an interrupted or repeated "
-            "tune re-measures nothing it has. Without --apply the repository is not touched."
+            "tune re-measures nothing it has. On a server that exports GPU metrics, each trial also measures the "
+            "model's GPU memory per instance (nv_gpu_memory_used_bytes, with the model unloaded before and loaded after), "
+            "which `mig-plan --from-tune` checks slices against. Without --apply the repository is not touched."
         ),
         epilog=(
             "examples:\n"

@@ -255,3 +255,14 @@ def test_a_trial_on_a_real_server_unloads_the_model_first_and_measures_its_memor
         assert (m.baseline_bytes, m.after_load_bytes, m.after_ramp_bytes) == (base, base + count * per_instance, base + count * per_instance)
         assert (m.per_instance_bytes, m.instances, m.gpus, m.settled) == (per_instance, count, 1, True)
         assert t.to_dict()["gpu_memory"]["per_instance_bytes"] == per_instance
+
+
+def test_metrics_url_is_for_a_remote_server_and_defaults_to_the_http_port_plus_2(tmp_path: Path) -> None:
+    from pipeline.tune.targets import Target
+    from tests.conftest import cli, one_line_error
+
+    proc = cli("tune", "--model", "digits_fp32", "--slo-p99-ms", "10", "--metrics-url", "127.0.0.1:8002", cwd=tmp_path)
+    assert "--metrics-url is for a remote server (--url)" in one_line_error(proc)
+    assert list(tmp_path.iterdir()) == []
+    assert Target(Endpoint("10.0.0.5", 8000), None, {}).metrics_endpoint == Endpoint("10.0.0.5", 8002)
+    assert Target(Endpoint("10.0.0.5", 8000), None, {}, Endpoint("10.0.0.5", 9102)).metrics_endpoint == Endpoint("10.0.0.5", 9102)
