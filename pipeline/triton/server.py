@@ -141,6 +141,7 @@ class TritonServer:
     ``model_control="explicit"`` keeps the repository API's load/unload open (all models still load
     at start); ``admin_key`` restricts the admin APIs to the ``admin-key`` header with that value, as
     the production launch scripts do (:func:`pipeline.triton.server_args.restricted_api_args`).
+    ``metrics_interval_ms`` sets how often Triton refreshes its metric gauges (None: Triton's 2000 ms).
     ``log_path`` defaults to ``<workdir>/triton/tritonserver-<http port>.log``; it is emptied at start and
     also gets the server's stdout/stderr. ``extra_args`` are appended to the tritonserver command line.
     The server gets SIGTERM when the *thread* that called :meth:`start` exits (PR_SET_PDEATHSIG, so a
@@ -162,6 +163,7 @@ class TritonServer:
         extra_args: Sequence[str] = (),
         model_control: str = "none",
         admin_key: str | None = None,
+        metrics_interval_ms: int | None = None,
     ) -> None:
         self.repository = Path(repository)
         self.host = host
@@ -176,6 +178,7 @@ class TritonServer:
         require(admin_key is None or bool(admin_key.strip()), "the admin key is empty", f"set ${ADMIN_KEY_ENV} to a secret")
         self.model_control = model_control
         self.admin_key = admin_key
+        self.metrics_interval_ms = metrics_interval_ms
         self.ready_models: list[str] = []
         self.skipped_models: dict[str, str] = {}
         self.cpu_models: list[str] = []  # KIND_GPU configs served as KIND_CPU (no GPU here)
@@ -386,6 +389,7 @@ class TritonServer:
             exit_timeout_s=EXIT_TIMEOUT_S,
             # GPU utilization, memory and power per GPU (nv_gpu_*), where there is one: the MIG plan's inputs.
             gpu_metrics=has_gpu(),
+            metrics_interval_ms=self.metrics_interval_ms,
             # Unique per server: several servers (MIG rehearsal) must not share segment names.
             backend_config=(f"python,shm-region-prefix-name={self._shm_prefix}",),
         )

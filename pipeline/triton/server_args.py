@@ -75,6 +75,7 @@ class ServerArgs:
     log_file: str | None = None
     exit_timeout_s: int | None = None
     gpu_metrics: bool | None = None
+    metrics_interval_ms: int | None = None  # how often Triton refreshes its gauges (None: its default, 2000)
     backend_config: tuple[str, ...] = ()
 
 
@@ -109,6 +110,8 @@ def tritonserver_args(server: ServerArgs) -> list[str]:
             args.append(f"--{endpoint}-port={port}")
     if server.gpu_metrics is not None:
         args.append(f"--allow-gpu-metrics={str(server.gpu_metrics).lower()}")
+    if server.metrics_interval_ms is not None:
+        args.append(f"--metrics-interval-ms={server.metrics_interval_ms}")
     if server.exit_timeout_s is not None:
         args.append(f"--exit-timeout-secs={server.exit_timeout_s}")
     if server.log_file:

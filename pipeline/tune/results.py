@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from pipeline.artifacts import VARIANT_NAME
+from pipeline.tune.gpu_memory import MIB
 from pipeline.tune.trial import Trial
 from pipeline.tune.tuner import ModelTune, summary
 
@@ -24,19 +25,27 @@ def progress_line(job: ModelTune, trial: Trial, number: int, max_trials: int) ->
         result = f"{d['infer_per_s']:,.0f} infer/s at {load[0]} {load[1]:g}, p99 {d['p99_ms']:.2f} ms"
     else:
         result = f"[yellow]no load meets p99 ≤ {trial.slo_p99_ms:g} ms[/] (lowest p99 {d['p99_ms']} ms)"
+    if trial.gpu_memory is not None:
+        result += f", GPU {_mib(trial.gpu_memory.per_instance_bytes)} MiB/instance"
     best = " [green]★ best so far[/]" if job.best is trial and not trial.error else ""
     tag = " (cached)" if trial.cached else f" ({trial.seconds:.0f} s)"
     kind = "published" if trial.baseline else "candidate"
     return f"[{number}/{max_trials}] {job.model} {kind} {trial.candidate.label} → {result}{tag}{best}"
 
 
+def _mib(n: int) -> str:
+    return f"{n / MIB:,.0f}"
+
+
 def table(jobs: list[ModelTune], slo_p99_ms: float) -> Any:
-    """The rich table of every trial: knobs, throughput under the SLO, p99, fixed-load latency."""
+    """The rich table of every trial: knobs, throughput under the SLO, p99, fixed-load latency, and
+    GPU memory per instance when some trial measured it."""
     from rich.table import Table
 
+    memory = any(t.gpu_memory is not None for job in jobs for t in job.trials)
     t = Table(title=f"tune: throughput under p99 ≤ {slo_p99_ms:g} ms (★ best, ● published)")
     for col in ("model", "#", "instances", "max batch", "preferred", "delay µs", "infer/s", "p99 ms", "at load",
-                "fixed-load p99 ms", "meets SLO", "source"):
+                "fixed-load p99 ms", *(("GPU MiB/inst",) if memory else ()), "meets SLO", "source"):
         t.add_column(col, justify="left" if col in ("model", "preferred", "source") else "right")
     for job in jobs:
         best = job.best
@@ -49,6 +58,7 @@ def table(jobs: list[ModelTune], slo_p99_ms: float) -> Any:
             t.add_row(job.model, f"{marks}{i}", str(c.instance_count), str(c.max_batch_size),
                       ",".join(map(str, c.preferred_batch_sizes)) or "—", str(c.max_queue_delay_us),
                       f"{d['infer_per_s']:,.0f}" if trial.meets_slo else "—", _num(d["p99_ms"]), load, _num(fixed),
+                      *((_mib(trial.gpu_memory.per_instance_bytes) if trial.gpu_memory else "—",) if memory else ()),
                       "yes" if trial.meets_slo else ("error" if trial.error else "no"),
                       "cache" if trial.cached else f"measured {trial.seconds:.0f} s")
     return t
@@ -162,7 +172,8 @@ def _write_text(path: Path, text: str) -> Path:
 
 def _write_csv(path: Path, jobs: list[ModelTune]) -> Path:
     fields = ["model", "trial", "published", "instance_count", "max_batch_size", "preferred_batch_sizes", "max_queue_delay_us",
-              "infer_per_s", "p99_ms", "load", "meets_slo", "fixed_load_p99_ms", "error", "cached", "seconds"]
+              "infer_per_s", "p99_ms", "load", "meets_slo", "fixed_load_p99_ms", "gpu_model_mib", "gpu_mib_per_instance",
+              "error", "cached", "seconds"]
     tmp = path.with_name(f".{path.name}.tmp")
     with open(tmp, "w", newline="") as fh:
         writer = csv.DictWriter(fh, fieldnames=fields)
@@ -175,9 +186,17 @@ def _write_csv(path: Path, jobs: list[ModelTune]) -> Path:
                                  "infer_per_s": d["infer_per_s"], "p99_ms": d["p99_ms"],
                                  "load": next(iter(d["load"].values())) if d["load"] else None, "meets_slo": d["meets_slo"],
                                  "fixed_load_p99_ms": d["fixed_load"]["p99_ms"] if d["fixed_load"] else None,
+                                 **_memory_fields(trial),
                                  "error": d["error"], "cached": d["cached"], "seconds": d["seconds"]})
     tmp.replace(path)
     return path
+
+
+def _memory_fields(trial: Trial) -> dict[str, float | None]:
+    """The CSV's GPU memory columns (empty when not measured)."""
+    m = trial.gpu_memory
+    return {"gpu_model_mib": round(m.model_bytes / MIB, 1) if m else None,
+            "gpu_mib_per_instance": round(m.per_instance_bytes / MIB, 1) if m else None}
 
 
 def _plot_trials(jobs: list[ModelTune], slo: float, path: Path) -> Path:

@@ -4,7 +4,9 @@ Both are Tritons in explicit model-control mode; a candidate is loaded through t
 API's load request with a config override (``{"parameters": {"config": "<json>"}}``), which
 reloads the model in place (well under a second here) and never touches the model files. A
 failed load leaves the previous config serving (Triton keeps the loaded version), so one bad
-candidate costs one trial, not the run. The admin key, when the repository API is restricted
+candidate costs one trial, not the run. Where the server exports GPU memory gauges, each trial
+unloads the model first to read the memory without it (:mod:`pipeline.tune.gpu_memory`); a
+failed load then leaves the model unloaded until the next trial loads its candidate. The admin key, when the repository API is restricted
 (as in the production launch scripts), comes from ``$TRITON_ADMIN_KEY``.
 """
 
@@ -22,8 +24,10 @@ from urllib.parse import quote
 
 from pipeline.errors import PipelineError, require
 from pipeline.loadtest.client import Endpoint, endpoint_from_url
+from pipeline.loadtest.metrics import default_metrics_endpoint
 from pipeline.loadtest.payload import ModelIO
 from pipeline.loadtest.targets import model_io_from_metadata
+from pipeline.tune.gpu_memory import EMBEDDED_REFRESH_MS, TRITON_DEFAULT_REFRESH_MS
 from pipeline.triton.server_args import ADMIN_HEADER, ADMIN_KEY_ENV
 
 if TYPE_CHECKING:
@@ -32,6 +36,8 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 _PROBE_MODEL = "__pipeline_tune_probe__"  # unloading a model that does not exist changes nothing
+_LOADED_STATES = ("READY", "LOADING", "UNLOADING")  # of the repository index: the model's instances may still hold memory
+UNLOAD_TIMEOUT_S = 60.0
 
 
 class LoadRejected(Exception):
@@ -39,12 +45,22 @@ class LoadRejected(Exception):
 
 
 class Target:
-    """A Triton in explicit model-control mode reachable over HTTP."""
+    """A Triton in explicit model-control mode reachable over HTTP (``metrics``: its /metrics address,
+    None: Triton's default layout, the HTTP port + 2; ``metrics_refresh_s``: how often it refreshes its
+    gauges, Triton's default unless known)."""
 
-    def __init__(self, endpoint: Endpoint, admin_key: str | None, identity: dict[str, Any]) -> None:
+    def __init__(self, endpoint: Endpoint, admin_key: str | None, identity: dict[str, Any], metrics: Endpoint | None = None,
+                 metrics_refresh_s: float = TRITON_DEFAULT_REFRESH_MS / 1000) -> None:
         self.endpoint = endpoint
         self.admin_key = admin_key
         self.identity = identity
+        self.metrics = metrics
+        self.metrics_refresh_s = metrics_refresh_s
+
+    @property
+    def metrics_endpoint(self) -> Endpoint:
+        """Where the server's Prometheus metrics are."""
+        return self.metrics or default_metrics_endpoint(self.endpoint)
 
     # -- control plane ---------------------------------------------------------------------------
     def call(self, method: str, path: str, body: object | None = None, timeout: float = 120.0) -> tuple[int, Any]:
@@ -125,15 +141,33 @@ class Target:
             raise LoadRejected(f"model '{model}' is not ready after loading the candidate (HTTP {status})")
         return time.perf_counter() - began
 
+    def unload(self, model: str) -> None:
+        """Unload ``model`` and wait (at most UNLOAD_TIMEOUT_S) until the repository index no longer
+        lists it loaded, loading or unloading: its instances are gone (the unload request itself
+        returns before they are)."""
+        status, body = self.call("POST", f"/v2/repository/models/{quote(model, safe='')}/unload", {})
+        self._raise_for(status, body)
+        deadline = time.monotonic() + UNLOAD_TIMEOUT_S
+        while True:
+            status, index = self.call("POST", "/v2/repository/index", {}, timeout=10)
+            self._raise_for(status, index)
+            states = {e.get("state") for e in index if isinstance(e, dict) and e.get("name") == model} if isinstance(index, list) else set()
+            if not states & set(_LOADED_STATES):
+                return
+            if time.monotonic() > deadline:
+                raise PipelineError(f"Triton at {self.endpoint.address} did not unload '{model}' in {UNLOAD_TIMEOUT_S:g} s "
+                                    f"(state {', '.join(sorted(map(str, states)))})", "check its log")
+            time.sleep(0.05)
+
     def close(self) -> None:
         """Release what the target holds (the embedded server stops)."""
 
 
-def remote_target(url: str) -> Target:
+def remote_target(url: str, metrics_url: str | None = None) -> Target:
     """A running Triton at ``url``; its repository API must be in explicit mode (checked)."""
     endpoint = endpoint_from_url(url)
     key = os.environ.get(ADMIN_KEY_ENV) or None
-    target = Target(endpoint, key, {})
+    target = Target(endpoint, key, {}, endpoint_from_url(metrics_url) if metrics_url else None)
     target.check_explicit()
     _, meta = target.call("GET", "/v2", timeout=5)
     meta = meta if isinstance(meta, dict) else {}
@@ -155,11 +189,12 @@ class EmbeddedTarget(Target):
         self.server_cpus = allowed[:cores]
         self.client_cpus = allowed[cores:] or allowed
         self._previous = allowed
-        self.server = TritonServer(repository, cpus=self.server_cpus, model_control="explicit", log_path=log_path, workdir=workdir)
+        self.server = TritonServer(repository, cpus=self.server_cpus, model_control="explicit", log_path=log_path, workdir=workdir,
+                                   metrics_interval_ms=EMBEDDED_REFRESH_MS)
         self._started = False
         identity = {"kind": "embedded", "cores": cores, "cpu": _cpu_model(), "machine": platform.machine(),
                     "tritonserver": _pytriton_version()}
-        super().__init__(Endpoint("127.0.0.1", 0), None, identity)
+        super().__init__(Endpoint("127.0.0.1", 0), None, identity, metrics_refresh_s=EMBEDDED_REFRESH_MS / 1000)
 
     def call(self, method: str, path: str, body: object | None = None, timeout: float = 120.0) -> tuple[int, Any]:
         """Start the server on first use, then as :meth:`Target.call`."""
@@ -170,6 +205,7 @@ class EmbeddedTarget(Target):
             self._started = True
             self.server.start()
             self.endpoint = endpoint_from_url(self.server.http_url)
+            self.metrics = endpoint_from_url(self.server.metrics_url)
             os.sched_setaffinity(0, self.client_cpus)
         return super().call(method, path, body, timeout)
 

@@ -8,6 +8,9 @@ a p99 —, or when two doublings in a row gain under 3% (saturated:
 more load only adds latency). Then one point between the last good and the first bad load
 narrows the break. The candidate's score is its best point under the SLO. The latency at one
 fixed load is measured for every candidate too, so they can be compared at equal load.
+
+Where the server exports GPU gauges, the trial also measures the model's GPU memory: the model is
+unloaded before the candidate loads, for a baseline without it (:mod:`pipeline.tune.gpu_memory`).
 """
 
 from __future__ import annotations
@@ -27,6 +30,7 @@ from pipeline.loadtest.policy import ClosedLoop, OpenLoop, Policy
 from pipeline.loadtest.runner import LoadTestSettings, point_from_measurement
 from pipeline.loadtest.server_stats import fetch_counters
 from pipeline.loadtest.request_check import check_request
+from pipeline.tune.gpu_memory import MIB, GpuMemory, MemoryMeter, Reading, record
 from pipeline.tune.space import Candidate
 from pipeline.tune.targets import LoadRejected, Target
 
@@ -81,6 +85,7 @@ class Trial:
     seconds: float = 0.0
     cached: bool = False
     baseline: bool = False
+    gpu_memory: GpuMemory | None = None  # None: not measured (no GPU gauges, or cached before it was)
 
     @property
     def best_point(self) -> dict[str, Any] | None:
@@ -130,6 +135,7 @@ class Trial:
             "cached": self.cached,
             "reload_s": round(self.reload_s, 3),
             "seconds": round(self.seconds, 2),
+            "gpu_memory": self.gpu_memory.to_dict() if self.gpu_memory else None,
             "points": self.points,
         }
 
@@ -138,7 +144,7 @@ class Trial:
         """A trial back from the cache."""
         return cls(Candidate.from_dict(data["config"]), list(data["points"]), settings.slo_p99_ms, settings.load_kind,
                    settings.fixed_load, data.get("error"), float(data.get("reload_s", 0)), float(data.get("seconds", 0)),
-                   cached=True, baseline=bool(data.get("baseline")))
+                   cached=True, baseline=bool(data.get("baseline")), gpu_memory=GpuMemory.from_dict(data.get("gpu_memory")))
 
 
 class Requests:
@@ -153,12 +159,18 @@ class Requests:
         check_request(target.endpoint, io, self.bodies[0], batches[0])
 
 
+def memory_meter(target: Target) -> MemoryMeter:
+    """The GPU memory meter of a started target."""
+    return MemoryMeter(target.metrics_endpoint, target.metrics_refresh_s)
+
+
 def run_trial(target: Target, model: str, config: Any, candidate: Candidate, requests: Requests,
-              settings: TrialSettings, *, baseline: bool = False) -> Trial:
-    """Load ``config`` and measure the ramp."""
+              settings: TrialSettings, *, baseline: bool = False, meter: MemoryMeter | None = None) -> Trial:
+    """Load ``config`` and measure the ramp (and, with a ``meter`` that finds GPU gauges, the GPU memory)."""
     began = time.perf_counter()
     trial = Trial(candidate, slo_p99_ms=settings.slo_p99_ms, load_kind=settings.load_kind,
                   fixed_load=settings.fixed_load, baseline=baseline)
+    unloaded = _unloaded_baseline(target, model, meter) if meter is not None else None
     try:
         trial.reload_s = target.load(model, config)
     except LoadRejected as exc:
@@ -166,11 +178,27 @@ def run_trial(target: Target, model: str, config: Any, candidate: Candidate, req
         log.warning("%s: %s", candidate.label, trial.error)
         trial.seconds = time.perf_counter() - began
         return trial
+    loaded = meter.refreshed() if meter is not None and unloaded is not None else None
     loads = _ramp(target, model, requests, settings, trial)
     if settings.fixed_load not in loads:
         trial.points.append(_point(target, model, requests, settings, settings.fixed_load))
+    if meter is not None and unloaded is not None and loaded is not None:
+        ramped = meter.refreshed()
+        if ramped is not None:
+            trial.gpu_memory = record(*unloaded, loaded, ramped, candidate.instance_count)
+            log.info("  GPU memory: %.0f MiB for the model, %.0f MiB per instance", trial.gpu_memory.model_bytes / MIB,
+                     trial.gpu_memory.per_instance_bytes / MIB)
     trial.seconds = time.perf_counter() - began
     return trial
+
+
+def _unloaded_baseline(target: Target, model: str, meter: MemoryMeter) -> tuple[Reading, bool] | None:
+    """Unload the model and read the gauges once they stop falling; None (and the model left
+    loaded) when the server exports no GPU gauges."""
+    if meter.read() is None:
+        return None
+    target.unload(model)
+    return meter.settled()
 
 
 def _ramp(target: Target, model: str, requests: Requests, settings: TrialSettings, trial: Trial) -> list[float]:

@@ -42,7 +42,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
             "load tester while the load doubles until p99 breaks the SLO; its score is its best point under the "
             "SLO. Knobs: instance count, max_batch_size (never above what the model file or engine profile "
             "admits), preferred batch sizes, max queue delay. Every trial is cached: an interrupted or repeated "
-            "tune re-measures nothing it has. Without --apply the repository is not touched."
+            "tune re-measures nothing it has. On a server that exports GPU metrics, each trial also measures the "
+            "model's GPU memory per instance (nv_gpu_memory_used_bytes, with the model unloaded before and loaded after), "
+            "which `mig-plan --from-tune` checks slices against. Without --apply the repository is not touched."
         ),
         epilog=(
             "examples:\n"
@@ -70,6 +72,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     target.add_argument("--url", metavar="HOST:PORT",
                         help="tune on a running Triton in explicit model-control mode instead (HTTP address); the admin "
                              "key comes from $TRITON_ADMIN_KEY when its repository API is restricted")
+    target.add_argument("--metrics-url", metavar="HOST:PORT",
+                        help="with --url: the server's Prometheus metrics address, where GPU memory is read (default: the "
+                             "HTTP port + 2, Triton's layout)")
     target.add_argument("--profile", metavar="NAME",
                         help="label this run with a MIG profile (e.g. 2g.35gb, whole-gpu for a GPU without MIG, or cpu-1/cpu-2 on CPU) for "
                              "`mig-plan --from-tune`; with --apply the best config goes to configs/NAME.pbtxt")
@@ -118,6 +123,8 @@ def settings_from_args(args: argparse.Namespace) -> TuneSettings:
     require(args.max_seconds * 1000 >= args.warmup_ms + 3 * args.window_ms,
             f"--max-seconds {args.max_seconds:g} leaves no room for the warm-up and 3 windows", "raise --max-seconds")
     require(len(set(args.model)) == len(args.model), "a --model is given twice", "name each model once")
+    require(args.metrics_url is None or bool(args.url), "--metrics-url is for a remote server (--url)",
+            "drop --metrics-url: the embedded server's metrics address is known")
     open_loop = args.request_rate is not None
     start = args.request_rate if open_loop else 1
     require(start > 0, "--request-rate must be positive", "e.g. --request-rate 100")
@@ -155,7 +162,7 @@ def run(args: argparse.Namespace) -> int:
     began = time.monotonic()
     report_dir, page_folder = run_report_dirs(args.report_dir, args.workdir, "tune-")
     require_creatable(report_dir, "--report-dir")
-    remote = remote_target(args.url) if args.url else None
+    remote = remote_target(args.url, args.metrics_url) if args.url else None
     jobs = [prepare(settings, remote, model) for model in settings.models]  # every bad input fails here, before any load
     if args.apply:
         from pipeline.tune.apply import check_can_apply
@@ -167,8 +174,11 @@ def run(args: argparse.Namespace) -> int:
     try:
         for job in jobs:
             with progress(f"tune {job.model}", settings.max_trials, unit="trials", summary=False) as bar:  # each trial prints its line
-                tune_model(settings, target, job, cache, lambda j, t, n, bar=bar: (  # type: ignore[misc]
-                    bar.advance(), console.print(progress_line(j, t, n, settings.max_trials), highlight=False)))
+                def report(j: ModelTune, t: Any, n: int, bar: Any = bar) -> None:
+                    bar.advance()
+                    console.print(progress_line(j, t, n, settings.max_trials), highlight=False)
+
+                tune_model(settings, target, job, cache, report)
     finally:
         target.close()
     return _finish(console, args, settings, jobs, target, (report_dir, page_folder), time.monotonic() - began)

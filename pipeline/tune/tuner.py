@@ -25,7 +25,8 @@ from pipeline.tune.space import (
     search_space,
 )
 from pipeline.tune.targets import Target
-from pipeline.tune.trial import Requests, Trial, TrialSettings, run_trial
+from pipeline.tune.gpu_memory import MemoryMeter
+from pipeline.tune.trial import Requests, Trial, TrialSettings, memory_meter, run_trial
 
 if TYPE_CHECKING:
     from tritonclient.grpc.model_config_pb2 import ModelConfig
@@ -146,6 +147,7 @@ def tune_model(settings: TuneSettings, target: Target, job: ModelTune, cache: Tr
     model_hash = _model_hash(target, job)
     samples = settings.data or pl.eval_data_path(job.model, settings.calibration_root)
     requests: Requests | None = None
+    meter: MemoryMeter | None = None
     policy = search_policy(settings.search, job.space, job.base)
     scores: dict[Candidate, float] = {}
     load_policy = settings.trial.to_dict()
@@ -170,8 +172,10 @@ def tune_model(settings: TuneSettings, target: Target, job: ModelTune, cache: Tr
             else:
                 if requests is None:
                     requests = Requests(target, job.model, job.published.max_batch_size, samples)
+                    meter = memory_meter(target)  # the target has started now
                 log.info("%s: trial %d: %s", job.model, len(job.trials) + 1, candidate.label)
-                trial = run_trial(target, job.model, config, candidate, requests, settings.trial, baseline=candidate == job.base)
+                trial = run_trial(target, job.model, config, candidate, requests, settings.trial, baseline=candidate == job.base,
+                                  meter=meter)
                 cache.put(key, trial.to_dict())
             job.trials.append(trial)
             scores[candidate] = trial.score

@@ -199,12 +199,16 @@ def test_mig_plan_from_two_rehearsal_profiles_ranks_layouts_by_measurement(built
     assert "measured" in plan.stdout
 
 
-def test_an_slo_no_candidate_meets_exits_1_and_names_the_closest(built: Built, tmp_path: Path) -> None:
+def test_an_slo_no_candidate_meets_exits_1_names_the_closest_and_measures_no_gpu_memory_on_cpu(built: Built, tmp_path: Path) -> None:
     proc = tune(tmp_path, "--repository", str(built.repository), "--model", "digits_fp32", "--slo-p99-ms", "0.001",
                 "--max-trials", "1", "--report-dir", str(tmp_path / "r"))
     assert proc.returncode == 1, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert "no candidate meets p99 ≤ 0.001 ms; closest: 1 inst, max 64" in proc.stdout
-    assert not report(tmp_path / "r")["best"]["meets_slo"]
+    doc = report(tmp_path / "r")
+    assert not doc["best"]["meets_slo"]
+    # A CPU server exports no GPU gauges: no memory is recorded, and nothing is said about it.
+    assert doc["best"]["gpu_memory"] is None and all(t["gpu_memory"] is None for t in doc["trials"])
+    assert "GPU" not in proc.stdout and "memory" not in proc.stdout + proc.stderr, proc.stdout + proc.stderr
 
 
 def test_bad_input_is_one_line_and_changes_nothing(built: Built, tmp_path: Path) -> None:
