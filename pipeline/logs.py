@@ -46,7 +46,10 @@ def quiet_libraries(verbose: bool) -> None:
     for name in _QUIET:
         logging.getLogger(name).setLevel(logging.DEBUG if verbose and name in _VERBOSE_WITH_V else logging.WARNING)
     logging.getLogger("Polygraphy").setLevel(logging.DEBUG if verbose else logging.ERROR)
-    from polygraphy.logger import G_LOGGER
+    try:
+        from polygraphy.logger import G_LOGGER
+    except ImportError:  # a client-only install (loadtest, mig-plan) has nothing of Polygraphy's to quiet
+        return
 
     G_LOGGER.colors = False
     G_LOGGER.use_python_logging_system = True

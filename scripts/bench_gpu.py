@@ -414,7 +414,7 @@ def run(args: argparse.Namespace) -> None:
             _cli(out, f"asitcomes_{model}_b1", "loadtest", "--url", url, "--repository", str(repository), "--calibration-root",
                  str(calibration), "--batch-size", "1", "--concurrency", "1,4,16", *LOAD,
                  "--report-dir", str(out / f"asitcomes_{model}_b1"), "--model", model)
-            server.reload(model, 1)
+            server.reload(model, 1, {"fixed_batch_sizes": "auto"})  # the override stays in the config otherwise
         if "load" in phases:
             for batch, base, models, concurrency in (
                 ("1", "all", (*DIGITS_MODELS, *MOBILENET_MODELS), "1,4,16,64"),

@@ -46,7 +46,9 @@ def table(jobs: list[ModelTune], slo_p99_ms: float) -> Any:
     t = Table(title=f"tune: throughput under p99 ≤ {slo_p99_ms:g} ms (★ best, ● published)")
     for col in ("model", "#", "instances", "max batch", "preferred", "delay µs", "infer/s", "p99 ms", "at load",
                 "fixed-load p99 ms", *(("GPU MiB/inst",) if memory else ()), "meets SLO", "source"):
-        t.add_column(col, justify="left" if col in ("model", "preferred", "source") else "right")
+        # Model names are never cut: the column is as wide as the longest.
+        width = max((len(job.model) for job in jobs), default=5) if col == "model" else None
+        t.add_column(col, justify="left" if col in ("model", "preferred", "source") else "right", min_width=width)
     for job in jobs:
         best = job.best
         for i, trial in enumerate(job.trials, 1):
