@@ -237,25 +237,29 @@ def model_stats(server: TritonServer, model: str) -> dict:
         return json.load(response)["model_stats"][0]
 
 
-@pytest.mark.slow
-def test_concurrent_requests_are_batched_and_split_back(server: TritonServer) -> None:
+def infer_concurrently(server: TritonServer, model: str, inputs: list[np.ndarray]) -> None:
+    """Send every ``x`` of ``inputs`` to the softmax ``model`` at once; each answer must be softmax(x @ W)."""
     import tritonclient.http as httpclient
-
-    before = model_stats(server, "tiny")
-    inputs = [np.random.default_rng(i).normal(size=(1 + i % 3, 4)).astype(np.float32) for i in range(12)]
 
     def infer(x: np.ndarray) -> np.ndarray:
         inp = httpclient.InferInput("x", list(x.shape), "FP32")
         inp.set_data_from_numpy(x)
         with closing(httpclient.InferenceServerClient(server.http_url)) as client:
-            return client.infer("tiny", [inp]).as_numpy("probs")
+            return client.infer(model, [inp]).as_numpy("probs")
 
-    with ThreadPoolExecutor(max_workers=12) as pool:
+    with ThreadPoolExecutor(max_workers=len(inputs)) as pool:
         results = list(pool.map(infer, inputs))
     for x, probs in zip(inputs, results, strict=True):
         logits = x @ SOFTMAX_WEIGHTS
         expected = np.exp(logits - logits.max(axis=1, keepdims=True))
         np.testing.assert_allclose(probs, expected / expected.sum(axis=1, keepdims=True), rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.slow
+def test_concurrent_requests_are_batched_and_split_back(server: TritonServer) -> None:
+    before = model_stats(server, "tiny")
+    inputs = [np.random.default_rng(i).normal(size=(1 + i % 3, 4)).astype(np.float32) for i in range(12)]
+    infer_concurrently(server, "tiny", inputs)
     samples = sum(len(x) for x in inputs)
     deadline = time.monotonic() + 10
     while True:  # Triton records statistics just after it sends the responses
@@ -317,20 +321,6 @@ def test_config_that_disagrees_with_the_model_fails_the_load_clearly(tmp_path: P
 def test_batches_run_at_fixed_sizes_come_back_unpadded(server: TritonServer) -> None:
     """``tiny_fixed`` runs every batch at 2, 5 or 8 rows (``fixed_batch_sizes: "2,5"``, on the CPU here as a
     GPU instance on the CUDA provider would): each response has exactly its request's rows, correct."""
-    import tritonclient.http as httpclient
-
     inputs = [np.random.default_rng(i).normal(size=(1 + i % 3, 4)).astype(np.float32) for i in range(9)]
-
-    def infer(x: np.ndarray) -> np.ndarray:
-        inp = httpclient.InferInput("x", list(x.shape), "FP32")
-        inp.set_data_from_numpy(x)
-        with closing(httpclient.InferenceServerClient(server.http_url)) as client:
-            return client.infer("tiny_fixed", [inp]).as_numpy("probs")
-
-    with ThreadPoolExecutor(max_workers=9) as pool:
-        results = list(pool.map(infer, inputs))
-    for x, probs in zip(inputs, results, strict=True):
-        logits = x @ SOFTMAX_WEIGHTS
-        expected = np.exp(logits - logits.max(axis=1, keepdims=True))
-        np.testing.assert_allclose(probs, expected / expected.sum(axis=1, keepdims=True), rtol=1e-5, atol=1e-6)
+    infer_concurrently(server, "tiny_fixed", inputs)
     assert model_stats(server, "tiny_fixed")["inference_count"] >= sum(len(x) for x in inputs)  # counted unpadded
