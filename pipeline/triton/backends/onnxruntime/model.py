@@ -415,15 +415,17 @@ class TritonPythonModel:
             self._sizes = fixed_batch_sizes(config, providers, self._batched and plan_per_shape(path))
         except BackendConfigError as exc:
             raise pb_utils.TritonModelException(str(exc)) from None
-        if self._sizes and _shared_arena(providers):
-            shared = session_options_from_config(config)
-            shared.add_session_config_entry("session.use_env_allocators", "1")
-            try:
-                self._session = _session(path, shared, providers)
-                options = shared
-            except pb_utils.TritonModelException as exc:  # more memory, same results
-                pb_utils.Logger.log_warn(f"onnxruntime (python) {path}: sessions keep their own arenas ({exc})")
-        if getattr(self, "_session", None) is None:
+        shared = bool(self._sizes) and _shared_arena(providers)
+        if shared:
+            options.add_session_config_entry("session.use_env_allocators", "1")
+        try:
+            self._session = _session(path, options, providers)
+        except pb_utils.TritonModelException as exc:
+            if not shared:
+                raise
+            # Without the shared arena: more memory, same results (a real load error fails again, as itself).
+            pb_utils.Logger.log_warn(f"onnxruntime (python) {path}: sessions keep their own arenas ({exc})")
+            options = session_options_from_config(config)
             self._session = _session(path, options, providers)
         _check_io("input", config.get("input", []), self._session.get_inputs(), self._batched)
         _check_io("output", config.get("output", []), self._session.get_outputs(), self._batched)
