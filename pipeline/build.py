@@ -29,7 +29,7 @@ from pipeline.publish import PublishSettings, published_configs, published_from_
 from pipeline.stagecache import Manifest, Stage, run_stage
 from pipeline.stages.accuracy import accuracy_report_from_variants
 from pipeline.stages.calibration import CalibrationData, calibration_from_path
-from pipeline.stages.engine import engine_from_onnx, metadata_path
+from pipeline.stages.engine import EngineSettings, engine_from_onnx, metadata_path
 from pipeline.stages.fp16 import DEFAULT_FP32_OPS, fp16_onnx_from_onnx
 from pipeline.stages.mixed import was_mixed
 from pipeline.stages.int8 import check_qdq_int8_symmetric, qdq_onnx_from_onnx
@@ -37,9 +37,8 @@ from pipeline.stages.int8_cpu import check_qdq_uint8_activations, cpu_int8_onnx_
 from pipeline.stages.onnx_export import onnx_from_savedmodel, tf2onnx_command
 from pipeline.stages.parity import parity_report_from_models
 from pipeline.stages.savedmodel import savedmodel_from_source
-from pipeline.stages.shapes import ShapeProfile, calibration_hints, profiles_from_args, profiles_to_json, seen_in_files, seen_shapes
+from pipeline.stages.shapes import ShapeProfile, calibration_hints, profiles_from_args, seen_in_files, seen_shapes
 from pipeline.stages.source import DEFAULT_MODEL, ModelSource, model_source
-from pipeline.stages.tensorrt_env import tensorrt_status
 from pipeline.tensors import ModelSignature, load_onnx, signature_from_onnx
 from pipeline.trt_support import warn_unparsable
 from pipeline.triton.verify import verify_repository
@@ -199,7 +198,8 @@ def _engine_stages(variants: list[Artifact], profiles: list[ShapeProfile], ctx: 
     if not ctx.cfg.engine:
         ctx.manifest.not_run("engine", "disabled with --no-engine")
         return []
-    available, reason = tensorrt_status()
+    cfg = ctx.cfg
+    available, reason = cfg.tensorrt.status()
     if not available:
         log.warning("%s", reason)
         ctx.manifest.not_run("engine", reason)
@@ -209,12 +209,14 @@ def _engine_stages(variants: list[Artifact], profiles: list[ShapeProfile], ctx: 
     for variant in variants:
         plan = ctx.ws.plan(variant.precision)
         plan.parent.mkdir(parents=True, exist_ok=True)
+        settings = EngineSettings(precision=variant.precision, profiles=tuple(profiles), optimization_level=cfg.optimization_level,
+                                  tf32=cfg.tf32, hardware_compatible=cfg.hardware_compatible, allow_host_code=cfg.allow_plan_host_code)
         ctx.run(Stage(
             f"engine-{variant.precision}", engine_from_onnx,
             inputs={"onnx_path": variant.path},
-            settings={"precision": variant.precision, "profiles": profiles_to_json(profiles), "optimization_level": ctx.cfg.optimization_level},
+            settings={"settings": settings},
             outputs={"plan_path": plan},
-            context={"timing_cache": ctx.ws.timing_cache},
+            context={"timing_cache": ctx.ws.timing_cache, "tensorrt": cfg.tensorrt},
             environment={"device": reason},
             also_writes=[metadata_path(plan)],
         ))
@@ -274,7 +276,9 @@ def _accuracy_stage(onnx_fp32: Path, candidates: list[Artifact], data: EvalData,
     ctx.run(Stage("accuracy", accuracy_report_from_variants,
                   inputs={"fp32_onnx": onnx_fp32, "candidates": candidates, "data": data},
                   settings={"gates": ctx.cfg.gates, "kinds": kinds_to_json(kinds),
-                            "batch_size": eval_batch(onnx_fp32, data, ctx.cfg.max_memory_gib, runners=1 + len(candidates))},
+                            "batch_size": eval_batch(onnx_fp32, data, ctx.cfg.max_memory_gib, runners=1 + len(candidates)),
+                            "tf32": ctx.cfg.tf32, "allow_host_code": ctx.cfg.allow_plan_host_code},
+                  context={"tensorrt": ctx.cfg.tensorrt},
                   outputs={"dst": ctx.ws.accuracy}))
     ctx.manifest.results["accuracy"] = json.loads(ctx.ws.accuracy.read_text())
 

@@ -49,12 +49,16 @@ def config_from_args(args: argparse.Namespace) -> "BuildConfig":  # noqa: F821
 
 def run(args: argparse.Namespace) -> int:
     """Run the build and print its summary."""
+    return run_build(config_from_args(args))
+
+
+def run_build(cfg: "BuildConfig") -> int:  # noqa: F821
+    """Build ``cfg`` (e.g. a parsed command line with another ``tensorrt``) and print its summary; 0 on success."""
     from pipeline.build import build, workspace_of
     from pipeline.errors import PipelineError
     from pipeline.report import print_build_summary
     from pipeline.reportdirs import page_dir
 
-    cfg = config_from_args(args)
     started = time.time()
     try:
         result = build(cfg)

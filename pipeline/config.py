@@ -26,6 +26,7 @@ from pipeline.stages.calibration import ASPECT_TOLERANCE, PREPROCESS_MODES, RESI
 from pipeline.stages.int8 import CALIBRATION_METHODS
 from pipeline.stages.shapes import SHAPE_SYNTAX, well_formed
 from pipeline.stages.source import DEFAULT_MODEL, ModelSource
+from pipeline.stages.trt_seam import PolygraphyTensorRT, TensorRT
 from pipeline.workspace import Workspace
 
 __all__ = ["BuildConfig", "Gates", "Workspace"]
@@ -94,9 +95,21 @@ class BuildConfig:
                                      flag="--shape", metavar="INPUT:MIN/OPT/MAX", group=ENGINES)
     engine: bool = option(True, "do not build TensorRT engines even where possible", flag="--no-engine", group=ENGINES)
     optimization_level: int = option(3, "TensorRT builder optimization level", check=in_range(0, 5), metavar="0-5", group=ENGINES)
+    tf32: bool = option(True, "build FP32 engines without TF32 (TensorRT's default lets FP32 layers use TF32 tensor cores: faster on "
+                              "Ampere and newer, FP16-like 10-bit mantissa; the FP32 engine's gate follows: --tf32-atol, "
+                              "else --fp32-engine-atol)", flag="--no-tf32", group=ENGINES)
+    hardware_compatible: bool = option(False, "build hardware-compatible plans (TensorRT's AMPERE_PLUS level) that load on any GPU of "
+                                              "compute capability 8.0 or newer, for mixed fleets; they can be slower (see docs/tensorrt.md)",
+                                       group=ENGINES)
+    allow_plan_host_code: bool = option(False, "let TensorRT run host code embedded in a plan when it is deserialized (only "
+                                               "version-compatible plans have any; the pipeline builds none): off unless you trust the plan",
+                                        group=ENGINES)
     verify_served: bool = option(False, "after publishing, start the embedded tritonserver and run `verify` on the new variants", group=SERVED)
     verify_url: str | None = option(None, "after publishing, verify through this running Triton (HTTP) instead", metavar="HOST:PORT", group=SERVED)
     gates: Gates = field(default_factory=Gates)
+    # The TensorRT every engine step goes through (pipeline.stages.trt_seam); not an option: a caller
+    # without TensorRT (the CI tests) passes its own implementation here.
+    tensorrt: TensorRT = field(default_factory=PolygraphyTensorRT, repr=False, compare=False)
     # How this build was asked for: recorded in the manifest and beside artifacts; not an option.
     command: str = "python -m pipeline build"
 

@@ -65,6 +65,10 @@ class Gates:
     parity_rtol: float = option(0.0, "alternatively, max relative difference ONNX vs TensorFlow (0 = off)", check=non_negative, group="conversion")
     fp16_max_drop: float = fp16_max_drop_option()
     fp16_atol: float | None = option(1e-2, "max abs error of FP16 outputs (regression outputs: see --fp16-max-rel-error)", check=non_negative, group=GATE_GROUP)
+    tf32_atol: float = option(1e-2, "max abs error of FP32 TensorRT engines built with TF32 (the default; TF32 keeps FP16's 10-bit "
+                                    "mantissa, so FP16's limit)", check=non_negative, group=GATE_GROUP)
+    fp32_engine_atol: float = option(1e-3, "max abs error of FP32 TensorRT engines built with --no-tf32 (IEEE FP32 kernels: only the "
+                                           "order of accumulation differs)", check=non_negative, group=GATE_GROUP)
     int8_max_drop: float = int8_max_drop_option()
     int8_atol: float | None = option(None, "max abs error of INT8 outputs other than regression (default: reported, not gated)", check=non_negative, group=GATE_GROUP)
     fp16_max_rel_error: float = option(0.02, "regression outputs without targets: max RMS change of FP16 over the FP32 output's "
@@ -103,10 +107,14 @@ class Tolerance:
     threshold: float
 
 
-def tolerance_for(precision: str, gates: Gates) -> Tolerance:
-    """INT8 has its own tolerance; FP16 and FP32 engines (TF32 may be used) share FP16's."""
+def tolerance_for(precision: str, gates: Gates, *, engine: bool = False, tf32: bool = True) -> Tolerance:
+    """INT8 has its own tolerance; FP16 and FP32 engines share FP16's, except the FP32 engine's max abs
+    error: ``tf32_atol`` when it was built with TF32 (TensorRT's default), else ``fp32_engine_atol``."""
     p = "int8" if precision.startswith("int8") else "fp16"
-    return Tolerance(getattr(gates, f"{p}_max_drop"), getattr(gates, f"{p}_atol"), getattr(gates, f"{p}_min_cosine"), gates.gate_confidence,
+    atol = getattr(gates, f"{p}_atol")
+    if engine and precision == "fp32":
+        atol = gates.tf32_atol if tf32 else gates.fp32_engine_atol
+    return Tolerance(getattr(gates, f"{p}_max_drop"), atol, getattr(gates, f"{p}_min_cosine"), gates.gate_confidence,
                      getattr(gates, f"{p}_max_rel_error"), getattr(gates, f"{p}_min_cosine_low"), getattr(gates, f"{p}_min_neighbour_agreement"),
                      gates.binary_threshold)  # fmt: skip
 

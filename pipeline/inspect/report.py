@@ -22,6 +22,7 @@ from typing import Any
 
 from pipeline.errors import PipelineError
 from pipeline.stages.shapes import SeenBucket, ShapeProfile, profiles_from_args, seen_in_files
+from pipeline.stages.trt_seam import PolygraphyTensorRT, TensorRT
 from pipeline.tensors import TensorSpec, load_onnx, signature_from_onnx
 
 log = logging.getLogger(__name__)
@@ -77,11 +78,13 @@ def inspection_from_model(
     targets: Sequence[str] = (),
     show_layers: bool = False,
     opset: int = 17,
+    tensorrt: TensorRT | None = None,
 ) -> Inspection:
-    """Inspect ``model`` (see the module docstring); PipelineError for anything unreadable."""
+    """Inspect ``model`` (see the module docstring); PipelineError for anything unreadable.
+    A plan is read through ``tensorrt`` (default: the installed TensorRT, pipeline.stages.trt_seam)."""
     path = Path(model)
     if path.suffix == ".plan" or path.suffix == ".engine":
-        return _inspect_plan(path)
+        return _inspect_plan(path, tensorrt or PolygraphyTensorRT())
     if path.suffix == ".onnx":
         return inspection_from_onnx(path, shapes=shapes, max_batch=max_batch, data=data, targets=targets, show_layers=show_layers)
     from pipeline.stages.source import model_source
@@ -184,20 +187,16 @@ def _polygraphy_summary(model: Any, show_layers: bool) -> str:
         return f"(Polygraphy could not summarize this model: {str(exc).splitlines()[0][:200]})"
 
 
-def _inspect_plan(path: Path) -> Inspection:
-    """A TensorRT plan: read through Polygraphy where TensorRT imports; else its metadata JSON."""
+def _inspect_plan(path: Path, tensorrt: TensorRT) -> Inspection:
+    """A TensorRT plan: read through Polygraphy where TensorRT imports (host code refused); else its metadata JSON."""
     from pipeline.stages.engine import metadata_path
-    from pipeline.stages.tensorrt_env import tensorrt_status
 
     if not path.is_file():
         raise PipelineError(f"plan '{path}' does not exist", "check the path")
     report = Inspection(str(path), "plan")
-    available, reason = tensorrt_status()
+    available, _ = tensorrt.status()
     if available:
-        from polygraphy.backend.trt import EngineFromBytes
-        from polygraphy.backend.trt.util import str_from_engine
-
-        report.polygraphy = str_from_engine(EngineFromBytes(path.read_bytes())(), show_layers=False)
+        report.polygraphy = tensorrt.describe(path, allow_host_code=False)
         return report
     meta = metadata_path(path)
     if not meta.is_file():

@@ -26,22 +26,34 @@ from pipeline.gates import Gates, tolerance_for
 from pipeline.judging import VariantResult, judge_comparison
 from pipeline.outputkinds import OutputKind, kinds_from_json
 from pipeline.runners import runner_for_onnx
+from pipeline.stages.engine import metadata_path, read_engine_metadata
 from pipeline.stages.layer_errors import LayerError, describe, layer_errors_from_models
+from pipeline.stages.plan_runner import plan_max_batch, plan_profiles, runner_for_plan
+from pipeline.stages.trt_seam import TensorRT
 
 log = logging.getLogger(__name__)
 
 
-def runner_for_artifact(artifact: Artifact) -> BaseRunner:
-    """A Polygraphy runner for an ONNX variant (Q/DQ-exact for INT8) or a TensorRT plan."""
+def runner_for_artifact(artifact: Artifact, tensorrt: TensorRT | None = None, allow_host_code: bool = False) -> BaseRunner:
+    """A Polygraphy runner for an ONNX variant (Q/DQ-exact for INT8) or a TensorRT plan (through the
+    ``tensorrt`` seam, switching to the profile that admits each batch)."""
     name = f"{artifact.precision}-{artifact.kind}"
     if artifact.kind == "plan":
-        from pipeline.stages.engine import runner_for_engine
-
-        runner = runner_for_engine(artifact.path)
-        runner.name = name
-        return runner
+        if tensorrt is None:
+            raise PipelineError(f"{artifact.path} is a TensorRT plan but no TensorRT was given to run it", "pass the build's tensorrt")
+        return runner_for_plan(artifact.path, _plan_metadata(artifact), tensorrt=tensorrt, allow_host_code=allow_host_code, name=name)
     # The CPU INT8 variant runs with ORT's graph optimizations on, as it is served (pipeline.stages.int8_cpu).
     return runner_for_onnx(artifact.path, exact_qdq=artifact.precision == "int8", name=name)
+
+
+def _plan_metadata(artifact: Artifact) -> dict[str, Any]:
+    return read_engine_metadata(artifact.metadata or metadata_path(artifact.path))
+
+
+def gate_batch(candidates: Sequence[Artifact], batch_size: int) -> int:
+    """``batch_size``, capped to the largest batch every plan's every profile admits (TensorRT refuses larger)."""
+    caps = [plan_max_batch(plan_profiles(_plan_metadata(a))) for a in candidates if a.kind == "plan"]
+    return min([batch_size, *(c for c in caps if c is not None)])
 
 
 def accuracy_report_from_variants(
@@ -53,25 +65,36 @@ def accuracy_report_from_variants(
     gates: Gates,
     kinds: Sequence[Mapping[str, Any]],
     batch_size: int,
+    tf32: bool = True,
+    allow_host_code: bool = False,
+    tensorrt: TensorRT | None = None,
 ) -> list[VariantResult]:
     """Compare every candidate with the FP32 ONNX model on ``data``, every output by its kind
     (``kinds``: pipeline.outputkinds JSON form); write ``dst`` (JSON); raise PipelineError naming
-    each variant, output and figure that fails its gate (or that the data cannot judge)."""
+    each variant, output and figure that fails its gate (or that the data cannot judge).
+
+    Plans run through ``tensorrt`` in batches their profiles admit; ``tf32`` (how the FP32 plan was
+    built) picks the FP32 plan's tolerance (:func:`pipeline.gates.tolerance_for`)."""
     by_name = kinds_from_json(kinds)
+    batch_size = gate_batch(candidates, batch_size)
     reference = runner_for_onnx(fp32_onnx, name="fp32-onnx")
+    runners = [runner_for_artifact(a, tensorrt, allow_host_code) for a in candidates]
     with progress("accuracy gates", data.num_batches(batch_size), unit="batches") as bar:
-        comparisons = compare_runners(reference, [runner_for_artifact(a) for a in candidates], bar.track(data.batches(batch_size)),
+        comparisons = compare_runners(reference, runners, bar.track(data.batches(batch_size)),
                                       kinds=by_name, targets=data.target_batches(batch_size), threshold=gates.binary_threshold)  # fmt: skip
-    results = [judge_comparison(f"{a.precision}-{a.kind}", a.precision, a.kind, c, tolerance_for(a.precision, gates), by_name)
+    results = [judge_comparison(f"{a.precision}-{a.kind}", a.precision, a.kind, c,
+                                tolerance_for(a.precision, gates, engine=a.kind == "plan", tf32=tf32), by_name)
                for a, c in zip(candidates, comparisons)]
     layers = {r.variant: _int8_layer_errors(fp32_onnx, a, data) for a, r in zip(candidates, results) if r.failures and a.precision == "int8" and a.kind == "onnx"}
     report = {
         "reference": "fp32-onnx (ONNX Runtime CPU)",
         "data": data.source,
         "samples": data.num_samples,
+        "batch_size": batch_size,
         "labels": data.target_names,
         "output_kinds": list(kinds),
         "int8_semantics": "Q/DQ evaluated exactly (ONNX Runtime with graph optimizations off), as TensorRT computes them",
+        "tf32": tf32,
         "variants": [
             {"variant": r.variant, "precision": r.precision, "kind": r.kind, "passed": r.passed, "undecided": bool(r.undecided) and not r.failures,
              "failures": r.failures + r.undecided, "gate": vars(r.tolerance), "gates": r.rows, **r.comparison, **_primary(r, by_name),

@@ -1,0 +1,106 @@
+"""`build --fp16 --int8` through the TensorRT engine stage, its metadata, its gate and publishing.
+
+TensorRT cannot run here (no GPU, no driver), so the one seam the pipeline calls TensorRT through
+(pipeline.stages.trt_seam) is the stand-in of tests/trt_standin.py, given to the build through
+``BuildConfig.tensorrt`` (nothing is patched). The command line is parsed by the real parser; the
+model (tests.keras_models:tokens) has a dynamic sequence axis, the build two profiles and
+``--max-batch 8``, so the gate must batch at most 8 and run each length in the profile that admits it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from pipeline.build_cli import config_from_args, run_build
+from pipeline.cli import make_parser
+from pipeline.stages.shapes import ShapeProfile
+from tests.trt_standin import StandInTensorRT
+
+pytestmark = pytest.mark.slow
+
+LENGTHS = (6, 12, 24, 48)  # 6 and 12 fit profile 0 (4..16), 24 and 48 profile 1 (16..64)
+PROFILES = ("tokens:1x4/8x8/8x16", "tokens:1x16/4x32/8x64")
+
+
+def _data(root: Path) -> tuple[Path, Path]:
+    rng = np.random.default_rng(28)
+    calib = {f"tokens__{n}": rng.integers(0, 100, (30, n)).astype(np.int32) for n in LENGTHS}
+    evaluation = {f"tokens__{n}": rng.integers(0, 100, (20, n)).astype(np.int32) for n in LENGTHS}
+    evaluation |= {f"labels__{n}": rng.integers(0, 4, 20) for n in LENGTHS}
+    root.mkdir(parents=True)
+    np.savez(root / "calib.npz", **calib)
+    np.savez(root / "eval.npz", **evaluation)
+    return root / "calib.npz", root / "eval.npz"
+
+
+def _argv(tmp_path: Path, calib: Path, evaluation: Path, *extra: str) -> list[str]:
+    return ["build", "--model", "tests.keras_models:tokens", "--name", "tokens", "--fp16", "--int8", "--no-int8-cpu", "--max-batch", "8",
+            "--shape", PROFILES[0], "--shape", PROFILES[1], "--calibration", str(calib), "--eval-data", str(evaluation),
+            "--calibration-root", str(tmp_path / "no-data"), "--workdir", str(tmp_path / "build"),
+            "--repository", str(tmp_path / "model_repository"),
+            "--fp16-max-drop", "100", "--int8-max-drop", "100", *extra]  # the gate's verdict is not what this test is about
+
+
+def _config(argv: list[str], tensorrt: StandInTensorRT):  # type: ignore[no-untyped-def]
+    args = make_parser().parse_args(argv)
+    args.argv = argv
+    return dataclasses.replace(config_from_args(args), tensorrt=tensorrt)
+
+
+def test_build_fp16_int8_goes_through_the_engine_stage_to_the_repository(tmp_path: Path) -> None:
+    calib, evaluation = _data(tmp_path / "data")
+    standin = StandInTensorRT()
+    assert run_build(_config(_argv(tmp_path, calib, evaluation), standin)) == 0
+
+    # The engine stage: one strongly typed build per GPU variant, both profiles, typed.
+    expected = (ShapeProfile({"tokens": ((1, 4), (8, 8), (8, 16))}), ShapeProfile({"tokens": ((1, 16), (4, 32), (8, 64))}))
+    assert [r.onnx_path.name for r in standin.requests] == ["model.fp32.onnx", "model.fp16.onnx", "model.int8.onnx"]
+    assert all(r.profiles == expected and r.tf32 is True and r.hardware_compatibility == "NONE" for r in standin.requests)
+
+    ws = tmp_path / "build" / "tokens"
+    manifest = json.loads((ws / "manifest.json").read_text())
+    stages = {s["name"]: s["status"] for s in manifest["stages"]}
+    assert {stages[f"engine-{p}"] for p in ("fp32", "fp16", "int8")} == {"ran"}
+    for precision in ("fp32", "fp16", "int8"):
+        meta = json.loads(Path(manifest["artifacts"][f"{precision}.plan"] + ".json").read_text())
+        assert meta["tensorrt_version"] == "10.16.1.11" and meta["gpu"]["compute_capability"] == "9.0"
+        assert (meta["hardware_compatibility"], meta["tf32"], meta["host_code_allowed"]) == ("NONE", True, False)
+        assert [p["tokens"]["max"] for p in meta["profiles"]] == [[8, 16], [8, 64]]
+
+    # The gate: batches of at most 8 (not EVAL_BATCH 64), each length run in the profile that admits it.
+    report = json.loads((ws / "accuracy.json").read_text())
+    assert report["batch_size"] == 8
+    plans = {v["variant"]: v for v in report["variants"] if v["kind"] == "plan"}
+    assert set(plans) == {"fp32-plan", "fp16-plan", "int8-plan"} and all(v["passed"] for v in plans.values())
+    assert plans["fp32-plan"]["samples"] == 80
+    for runner in standin.runners:
+        assert sorted(set(runner.profile_log)) == [0, 1]  # 10 batches: lengths 6/12 in profile 0, 24/48 in profile 1
+
+    # Published: plans with configs in the repository.
+    for precision in ("fp32", "fp16", "int8"):
+        model = tmp_path / "model_repository" / f"tokens_{precision}_trt"
+        assert (model / "1" / "model.plan").is_file()
+        assert 'platform: "tensorrt_plan"' in (model / "config.pbtxt").read_text()
+
+
+def test_engine_options_reach_the_seam_and_the_metadata(tmp_path: Path) -> None:
+    """--hardware-compatible and --no-tf32 are built and recorded; the FP32 plan is held to --fp32-engine-atol."""
+    calib, evaluation = _data(tmp_path / "data")
+    standin = StandInTensorRT()
+    argv = _argv(tmp_path, calib, evaluation, "--hardware-compatible", "--no-tf32", "--no-engine")
+    cfg = _config(argv, standin)
+    assert (cfg.hardware_compatible, cfg.tf32, cfg.engine) == (True, False, False)
+    cfg = dataclasses.replace(cfg, engine=True)
+    assert run_build(cfg) == 0
+    assert {(r.hardware_compatibility, r.tf32) for r in standin.requests} == {("AMPERE_PLUS", False)}
+    manifest = json.loads((tmp_path / "build" / "tokens" / "manifest.json").read_text())
+    meta = json.loads(Path(manifest["artifacts"]["fp32.plan"] + ".json").read_text())
+    assert (meta["hardware_compatibility"], meta["tf32"]) == ("AMPERE_PLUS", False)
+    report = json.loads((tmp_path / "build" / "tokens" / "accuracy.json").read_text())
+    gate = next(v["gate"] for v in report["variants"] if v["variant"] == "fp32-plan")
+    assert gate["atol"] == cfg.gates.fp32_engine_atol != cfg.gates.tf32_atol
