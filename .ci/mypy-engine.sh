@@ -54,4 +54,5 @@ if [ "${1:-}" = "--stubs-only" ]; then  # scripts/setup.sh fetches them, so the 
 fi
 
 MYPYPATH="$STUBS" "$PYTHON" -m mypy --strict --follow-imports=silent \
-    pipeline/stages/engine.py pipeline/stages/tensorrt_env.py pipeline/stages/shapes.py
+    pipeline/stages/engine.py pipeline/stages/tensorrt_env.py pipeline/stages/shapes.py \
+    pipeline/stages/trt_seam.py pipeline/stages/plan_runner.py pipeline/stages/plan_binding.py

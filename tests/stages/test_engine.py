@@ -22,14 +22,16 @@ import pytest
 from pipeline.errors import PipelineError
 from pipeline.stages import tensorrt_env
 from pipeline.stages.engine import (
+    EngineSettings,
     IOTensor,
     engine_from_onnx,
     engine_metadata,
     metadata_path,
     read_engine_metadata,
-    runner_for_engine,
     write_engine_metadata,
 )
+from pipeline.stages.plan_runner import runner_for_plan
+from pipeline.stages.trt_seam import PolygraphyTensorRT
 from pipeline.stages.tensorrt_env import GpuInfo, tensorrt_status
 from pipeline.stages.shapes import ShapeProfile, profiles_from_args
 from pipeline.tensors import signature_from_onnx
@@ -79,19 +81,20 @@ def test_engine_from_onnx_without_tensorrt_raises_and_writes_nothing(tmp_path: P
     profiles = profiles_from_args([], signature_from_onnx(onnx_path), max_batch=8)
     plan = tmp_path / "out" / "m_fp32.plan"
     with pytest.raises(PipelineError) as info:
-        engine_from_onnx(onnx_path, plan, precision="fp32", profiles=profiles, timing_cache=tmp_path / "tc.bin")
+        engine_from_onnx(onnx_path, plan, settings=EngineSettings("fp32", tuple(profiles)), timing_cache=tmp_path / "tc.bin",
+                         tensorrt=PolygraphyTensorRT())
     assert info.value.problem == "the TensorRT engine step cannot run: the Python module 'tensorrt' is not installed"
     assert info.value.fix is not None and "https://pypi.nvidia.com" in info.value.fix
     assert not (tmp_path / "out").exists() and not (tmp_path / "tc.bin").exists()
 
 
 @pytest.mark.skipif(not NO_TENSORRT, reason="tensorrt is installed here")
-def test_runner_for_engine_without_tensorrt(tmp_path: Path) -> None:
+def test_runner_for_plan_without_tensorrt(tmp_path: Path) -> None:
     with pytest.raises(PipelineError, match=r"plan .*missing\.plan does not exist"):
-        runner_for_engine(tmp_path / "missing.plan")
+        runner_for_plan(tmp_path / "missing.plan", {}, tensorrt=PolygraphyTensorRT())
     (tmp_path / "m.plan").write_bytes(b"not a plan")
     with pytest.raises(PipelineError, match="'tensorrt' is not installed"):
-        runner_for_engine(tmp_path / "m.plan")
+        runner_for_plan(tmp_path / "m.plan", {}, tensorrt=PolygraphyTensorRT())
 
 
 @pytest.mark.parametrize(
@@ -104,11 +107,12 @@ def test_runner_for_engine_without_tensorrt(tmp_path: Path) -> None:
 )
 def test_build_arguments_are_checked_before_tensorrt(tmp_path: Path, kwargs: dict[str, object], message: str) -> None:
     onnx_path = tiny_onnx(tmp_path / "m.onnx")
-    args: dict[str, object] = {"precision": "fp16", "profiles": [], "timing_cache": tmp_path / "tc"} | kwargs
+    settings = EngineSettings(**({"precision": "fp16", "profiles": ()} | kwargs))  # type: ignore[arg-type]
     with pytest.raises(PipelineError, match=message):
-        engine_from_onnx(onnx_path, tmp_path / "m.plan", **args)  # type: ignore[arg-type]
+        engine_from_onnx(onnx_path, tmp_path / "m.plan", settings=settings, timing_cache=tmp_path / "tc", tensorrt=PolygraphyTensorRT())
     with pytest.raises(PipelineError, match="does not exist"):
-        engine_from_onnx(tmp_path / "nope.onnx", tmp_path / "m.plan", precision="fp16", profiles=[], timing_cache=tmp_path / "tc")
+        engine_from_onnx(tmp_path / "nope.onnx", tmp_path / "m.plan", settings=EngineSettings("fp16", ()), timing_cache=tmp_path / "tc",
+                         tensorrt=PolygraphyTensorRT())
 
 
 def test_stub_only_tensorrt_package_is_detected(tmp_path: Path) -> None:
@@ -120,11 +124,12 @@ def test_stub_only_tensorrt_package_is_detected(tmp_path: Path) -> None:
         f"""
         import json, tensorrt
         from pipeline.errors import PipelineError
-        from pipeline.stages.engine import engine_from_onnx
+        from pipeline.stages.engine import EngineSettings, engine_from_onnx
         from pipeline.stages.tensorrt_env import tensorrt_status
+        from pipeline.stages.trt_seam import PolygraphyTensorRT
         try:
-            engine_from_onnx({str(onnx_path)!r}, {str(tmp_path / 'm.plan')!r}, precision="fp32", profiles=[],
-                             timing_cache={str(tmp_path / 'tc')!r})
+            engine_from_onnx({str(onnx_path)!r}, {str(tmp_path / 'm.plan')!r}, settings=EngineSettings("fp32", ()),
+                             timing_cache={str(tmp_path / 'tc')!r}, tensorrt=PolygraphyTensorRT())
             error = None
         except PipelineError as exc:
             error = str(exc)
@@ -178,7 +183,7 @@ def test_gpu_probe_reports_a_gpu_or_why_not() -> None:
 
 
 def test_module_imports_without_tensorrt_or_polygraphy_trt() -> None:
-    code = "import sys, pipeline.stages.engine; print(sorted(m for m in sys.modules if m.split('.')[0] == 'tensorrt' or m.startswith('polygraphy.backend.trt')))"
+    code = "import sys, pipeline.stages.engine, pipeline.stages.trt_seam, pipeline.stages.plan_runner; print(sorted(m for m in sys.modules if m.split('.')[0] == 'tensorrt' or m.startswith('polygraphy.backend.trt')))"
     proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.strip() == "[]"
@@ -186,8 +191,9 @@ def test_module_imports_without_tensorrt_or_polygraphy_trt() -> None:
 
 def test_engine_never_sets_precision_builder_flags() -> None:
     """Precision comes from the ONNX graph: no BuilderFlag/set_flag, and Polygraphy's CreateConfig is
-    called only with profiles, optimization level and memory limits — never fp16=/int8=/tf32=/bf16=/fp8=."""
-    from pipeline.stages import engine
+    called only with profiles, optimization level, memory limits, TF32 (explicit: Polygraphy clears it
+    unless asked) and the hardware-compatibility level — never fp16=/int8=/bf16=/fp8=."""
+    from pipeline.stages import trt_seam as engine
 
     tree = ast.parse(Path(engine.__file__).read_text())
     names = {n.attr for n in ast.walk(tree) if isinstance(n, ast.Attribute)}
@@ -195,28 +201,13 @@ def test_engine_never_sets_precision_builder_flags() -> None:
     assert not names & {"BuilderFlag", "FP16", "INT8", "set_flag"}
     calls = [n for n in ast.walk(tree) if isinstance(n, ast.Call) and getattr(n.func, "id", None) == "CreateConfig"]
     assert len(calls) == 1
-    assert {k.arg for k in calls[0].keywords} == {"profiles", "builder_optimization_level", "memory_pool_limits"}
+    assert {k.arg for k in calls[0].keywords} == {"profiles", "builder_optimization_level", "memory_pool_limits", "tf32",
+                                                  "hardware_compatibility_level"}
     # The network comes from Polygraphy's loader, strongly typed; the engine from EngineFromNetwork.
     called = {getattr(n.func, "id", None) for n in ast.walk(tree) if isinstance(n, ast.Call)}
     assert {"NetworkFromOnnxPath", "EngineFromNetwork", "PostprocessConfig"} <= called
     [network] = [n for n in ast.walk(tree) if isinstance(n, ast.Call) and getattr(n.func, "id", None) == "NetworkFromOnnxPath"]
     assert [k.arg for k in network.keywords] == ["strongly_typed"]
-
-
-class _FakeTensor:
-    def __init__(self, name: str, shape: tuple[int, ...]) -> None:
-        self.name, self.shape = name, shape
-
-
-class _FakeNetwork:
-    """Stands in for a parsed trt.INetworkDefinition (TensorRT cannot exist here): its inputs only."""
-
-    def __init__(self, **inputs: tuple[int, ...]) -> None:
-        self._inputs = [_FakeTensor(n, s) for n, s in inputs.items()]
-        self.num_inputs = len(self._inputs)
-
-    def get_input(self, index: int) -> _FakeTensor:
-        return self._inputs[index]
 
 
 @pytest.mark.parametrize(
@@ -230,22 +221,22 @@ class _FakeNetwork:
     ],
 )
 def test_profiles_are_checked_against_the_network_before_polygraphy(profiles: list[ShapeProfile], message: str) -> None:
-    from pipeline.stages.engine import _check_profiles
+    from pipeline.stages.trt_seam import check_profiles
 
     with pytest.raises(PipelineError, match=message):
-        _check_profiles(_FakeNetwork(image=(-1, 8, 8, 1)), profiles)  # type: ignore[arg-type]
+        check_profiles({"image": (-1, 8, 8, 1)}, profiles)
 
 
 def test_checked_profiles_become_polygraphy_profiles() -> None:
-    from pipeline.stages.engine import _check_profiles, _polygraphy_profiles
+    from pipeline.stages.trt_seam import _polygraphy_profiles, check_profiles
 
     good = ShapeProfile({"image": ((1, 8, 8, 1), (32, 8, 8, 1), (64, 8, 8, 1))})
-    used = _check_profiles(_FakeNetwork(image=(-1, 8, 8, 1)), [ShapeProfile({}), good])  # type: ignore[arg-type]
+    used = check_profiles({"image": (-1, 8, 8, 1)}, [ShapeProfile({}), good])
     assert used == [good]
     [profile] = _polygraphy_profiles(used)
     bounds = profile["image"]
     assert (tuple(bounds.min), tuple(bounds.opt), tuple(bounds.max)) == ((1, 8, 8, 1), (32, 8, 8, 1), (64, 8, 8, 1))
-    assert _check_profiles(_FakeNetwork(image=(1, 8, 8, 1)), []) == []  # static: no profile needed  # type: ignore[arg-type]
+    assert check_profiles({"image": (1, 8, 8, 1)}, []) == []  # static: no profile needed
 
 
 def test_metadata_from_plain_values(tmp_path: Path) -> None:
@@ -269,6 +260,7 @@ def test_metadata_from_plain_values(tmp_path: Path) -> None:
     assert [o["dtype"] for o in meta["outputs"]] == ["float16", "fp8"]
     assert meta["profiles"] == [{"image": {"min": [1, 8, 8, 1], "opt": [64, 8, 8, 1], "max": [64, 8, 8, 1]}}]
     assert meta["build_seconds"] == 12.346 and meta["strongly_typed"] is True
+    assert (meta["hardware_compatibility"], meta["tf32"], meta["host_code_allowed"]) == ("NONE", True, False)
 
     path = metadata_path(plan)
     assert path.name == "digits_int8.plan.json"
@@ -294,7 +286,7 @@ def test_engine_module_type_checks_against_tensorrt_stubs() -> None:
     proc = subprocess.run(["bash", str(ROOT / ".ci" / "mypy-engine.sh")], cwd=ROOT, env=env,
                           capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    assert "Success: no issues found in 3 source files" in proc.stdout
+    assert "Success: no issues found in 6 source files" in proc.stdout
     if NO_TENSORRT:  # the stubs stayed private: this interpreter still finds no `tensorrt`
         check = subprocess.run([sys.executable, "-c", "import importlib.util as u; print(u.find_spec('tensorrt'))"],
                                cwd=ROOT / "tests", capture_output=True, text=True, timeout=60)
