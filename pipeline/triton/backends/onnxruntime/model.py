@@ -305,15 +305,21 @@ def _shared_arena(providers: list[tuple[str, dict[str, str]]]) -> bool:
     return True
 
 
-def tensorrt_loadable() -> bool:
-    """Whether TensorRT 10's runtime library can be loaded (what ONNX Runtime's TensorRT EP needs)."""
+# TensorRT's runtime library by major version: 11 (CUDA 13) and 10 (CUDA 12), the majors the pipeline supports.
+NVINFER_LIBRARIES = ("libnvinfer.so.11", "libnvinfer.so.10")
+
+
+def tensorrt_loadable(libraries: tuple[str, ...] = NVINFER_LIBRARIES) -> bool:
+    """Whether a TensorRT runtime library (10 or 11) can be loaded (what ONNX Runtime's TensorRT EP needs)."""
     import ctypes
 
-    try:
-        ctypes.CDLL("libnvinfer.so.10")
-    except OSError:
-        return False
-    return True
+    for name in libraries:
+        try:
+            ctypes.CDLL(name)
+        except OSError:
+            continue
+        return True
+    return False
 
 
 def graph_level_name(config: dict[str, Any]) -> str:
