@@ -1,5 +1,12 @@
-"""Can a TensorRT engine be built here? The real ``tensorrt`` module (not a stub package) and a
-CUDA GPU seen by the driver (through ctypes, so no CUDA toolkit is needed), with one line of why not."""
+"""Can a TensorRT engine be built here? The real ``tensorrt`` module (not a stub package) of a
+supported version, an NVIDIA driver new enough for that TensorRT's CUDA, and a CUDA GPU seen by the
+driver (through ctypes, so no CUDA toolkit is needed), with one line of why not.
+
+The supported range (:data:`MIN_TENSORRT` up to, not including, :data:`MAX_TENSORRT`) is what the
+``tensorrt`` extra in pyproject.toml pins, and what tests/test_trt_api.py checks the code's TensorRT
+names against (the latest 10.x and 11.x bindings). TensorRT removes APIs only at major versions
+(TensorRT docs, "Version Compatibility"), so a new 11.x keeps the names checked for 11.
+"""
 
 from __future__ import annotations
 
@@ -13,7 +20,13 @@ from dataclasses import dataclass
 from pipeline.errors import PipelineError
 
 INSTALL_HINT = "pip install --extra-index-url https://pypi.nvidia.com '.[tensorrt]' on a machine with an NVIDIA GPU"
-MIN_TENSORRT = (10, 8)  # as pinned by the "tensorrt" extra in pyproject.toml
+MIN_TENSORRT = (10, 8)  # the first version the engine stage builds with (strongly typed networks, timing cache API)
+MAX_TENSORRT = (12, 0)  # exclusive: the next major, whose API nobody has checked
+# CUDA major of each TensorRT major's pip wheels (tensorrt-cu12 for 10.x, tensorrt-cu13 for 11.x) and the oldest Linux
+# driver that runs it (CUDA Compatibility guide: CUDA 12.x with minor-version compatibility from r525 (525.60.13),
+# CUDA 13.x from r580).
+CUDA_OF_TENSORRT = {10: 12, 11: 13}
+DRIVER_FOR_CUDA = {12: "r525 (525.60.13)", 13: "r580"}
 
 # CUDA driver API (cuda.h): CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR / _MINOR.
 _CU_CC_MAJOR, _CU_CC_MINOR = 75, 76
@@ -33,6 +46,7 @@ class GpuInfo:
 
 
 def tensorrt_version_tuple(text: str) -> tuple[int, int]:
+    """``"10.16.1.11"`` → ``(10, 16)``."""
     parts = (text.split(".") + ["0"])[:2]
     return int(parts[0]), int("".join(c for c in parts[1] if c.isdigit()) or 0)
 
@@ -60,20 +74,57 @@ def _tensorrt_problem() -> tuple[str, str] | None:
     if tensorrt_version_tuple(version) < MIN_TENSORRT:
         wanted = ".".join(map(str, MIN_TENSORRT))
         return f"TensorRT {version} is older than {wanted}, the first version this pipeline builds with", INSTALL_HINT
+    if tensorrt_version_tuple(version) >= MAX_TENSORRT:
+        return (f"TensorRT {version} is newer than the versions this pipeline is checked against (below {MAX_TENSORRT[0]})",
+                f"pip install 'tensorrt<{MAX_TENSORRT[0]}' (the range the 'tensorrt' extra pins)")
+    driver = _driver_cuda_version()
+    if driver is not None:
+        return driver_problem(version, driver)
     return None
+
+
+def driver_problem(tensorrt_version: str, driver_cuda: int) -> tuple[str, str] | None:
+    """(problem, fix) when a driver whose CUDA version is ``driver_cuda`` (cuDriverGetVersion: 12080 for
+    12.8) is too old for the CUDA of TensorRT ``tensorrt_version``'s wheels; None when it is new enough."""
+    major = tensorrt_version_tuple(tensorrt_version)[0]
+    cuda = CUDA_OF_TENSORRT.get(major)
+    if cuda is None or driver_cuda >= cuda * 1000:
+        return None
+    have = f"{driver_cuda // 1000}.{driver_cuda % 1000 // 10}"
+    older = [m for m, c in sorted(CUDA_OF_TENSORRT.items()) if c <= driver_cuda // 1000]
+    lowest = ".".join(map(str, MIN_TENSORRT))
+    instead = f", or TensorRT {older[-1]} for CUDA {CUDA_OF_TENSORRT[older[-1]]} (pip install 'tensorrt>={lowest},<{older[-1] + 1}')" if older else ""
+    return (f"TensorRT {tensorrt_version} is built for CUDA {cuda}, but the NVIDIA driver supports CUDA {have} at most",
+            f"install NVIDIA driver {DRIVER_FOR_CUDA[cuda]} or newer{instead}")
+
+
+def _load_libcuda() -> ctypes.CDLL | str:
+    """The CUDA driver library, or why it does not load."""
+    errors = []
+    for name in _LIBCUDA:
+        try:
+            return ctypes.CDLL(name)
+        except OSError as exc:
+            errors.append(str(exc))
+    return f"no CUDA GPU found (the NVIDIA driver library {_LIBCUDA[0]} is not loadable: {errors[0]})"
+
+
+def _driver_cuda_version() -> int | None:
+    """The CUDA version the driver supports (``cuDriverGetVersion``, e.g. 12080); None without a driver."""
+    lib = _load_libcuda()
+    if isinstance(lib, str):
+        return None
+    version = ctypes.c_int(0)
+    if int(lib.cuDriverGetVersion(ctypes.byref(version))) != 0:
+        return None
+    return int(version.value)
 
 
 def _probe_gpu(index: int = 0) -> GpuInfo | str:
     """GPU ``index`` via the CUDA driver library (ctypes, no CUDA toolkit needed), or why there is none."""
-    errors = []
-    for name in _LIBCUDA:
-        try:
-            lib = ctypes.CDLL(name)
-            break
-        except OSError as exc:
-            errors.append(str(exc))
-    else:
-        return f"no CUDA GPU found (the NVIDIA driver library {_LIBCUDA[0]} is not loadable: {errors[0]})"
+    lib = _load_libcuda()
+    if isinstance(lib, str):
+        return lib
 
     def failed(result: int, call: str) -> str | None:
         if result == 0:
@@ -133,6 +184,7 @@ def tensorrt_status() -> tuple[bool, str]:
 
 
 def require_tensorrt() -> None:
+    """Raise PipelineError (one line) unless a supported TensorRT imports and the driver can run it."""
     problem = _tensorrt_problem()
     if problem is not None:
         raise PipelineError(f"the TensorRT engine step cannot run: {problem[0]}", problem[1])

@@ -149,10 +149,11 @@ def test_stub_only_tensorrt_package_is_detected(tmp_path: Path) -> None:
     "source, expected",
     [
         ("__version__ = '8.6.1'\nclass Builder: pass\n", "TensorRT 8.6.1 is older than 10.8"),
+        ("__version__ = '12.0.1'\nclass Builder: pass\n", "TensorRT 12.0.1 is newer than the versions this pipeline is checked against (below 12)"),
         ("__version__ = '10.13.0.35'\nclass Builder: pass\n", "no CUDA GPU found ("),
         ("raise OSError('libnvinfer.so.10: cannot open shared object file')\n", "no CUDA GPU found ("),
     ],
-    ids=["too-old", "no-gpu", "import-fails-without-gpu"],
+    ids=["too-old", "too-new", "no-gpu", "import-fails-without-gpu"],
 )
 def test_status_after_import_checks_version_then_gpu(tmp_path: Path, source: str, expected: str) -> None:
     """Mocks TensorRT: a fake ``tensorrt`` module (only ``Builder``/``__version__``, or one whose import fails).
