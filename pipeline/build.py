@@ -325,6 +325,7 @@ def _served_stage(artifacts: list[Artifact], data: EvalData, ctx: BuildContext) 
         gates=cfg.gates,
         report_path=ctx.ws.served,
         workdir=cfg.workdir,
+        tensorrt=cfg.tensorrt,
     )
     ctx.manifest.results["served"] = report
     ctx.manifest.ran("served", time.perf_counter() - started, f"through {cfg.verify_url or 'the embedded tritonserver'}")

@@ -56,6 +56,7 @@ def repository_from_artifacts(
     from pipeline.triton.deploy import DEFAULT_IMAGE, write_deploy_bundle
     from pipeline.triton.repository import publish_repository
 
+    check_repository_plans(artifacts, settings)
     configs = {}
     extra: dict[str, dict[str, bytes]] = {}
     for artifact in artifacts:
@@ -94,6 +95,26 @@ def repository_from_artifacts(
         image = settings.image or DEFAULT_IMAGE
         write_deploy_bundle(settings.repository, deploy_dir(settings.repository), image=image)  # logs where it went
     return published
+
+
+def check_repository_plans(artifacts: Sequence[Artifact], settings: PublishSettings) -> None:
+    """One server loads a repository: the plans already published there (other models' newest versions)
+    must load where this build's plans load (same TensorRT major.minor, a GPU they run on); PipelineError
+    (one line) naming the first that cannot."""
+    from pipeline.stages.engine import read_engine_metadata
+    from pipeline.stages.plan_binding import PlanBinding, check_plan_models
+    from pipeline.triton.repository import read_repository
+
+    plans = [a for a in artifacts if a.kind == "plan" and a.metadata is not None]
+    if not plans or not any(Path(settings.repository).glob("*/config.pbtxt")):
+        return
+    binding = PlanBinding.of(read_engine_metadata(plans[0].metadata), f"the metadata of {plans[0].path}")  # type: ignore[arg-type]
+    ours = {a.triton_name(settings.model) for a in artifacts}
+    others = {name: model.path for name, model in read_repository(settings.repository).items()
+              if name not in ours and (model.config.platform == "tensorrt_plan" or model.config.backend == "tensorrt")}
+    gpu = binding.compute_capability if binding.hardware_compatibility == "NONE" else None
+    check_plan_models(others, tensorrt_version=binding.tensorrt_version, compute_capability=gpu,
+                      target=f"the server of {settings.repository} (this build's plans: TensorRT {binding.tensorrt_version}, {binding.gpu_name})")
 
 
 def published_from_artifacts(

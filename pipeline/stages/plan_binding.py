@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from pipeline.errors import PipelineError
@@ -73,3 +74,29 @@ def check_plan(name: str, metadata: Mapping[str, Any], *, tensorrt_version: str 
             "rebuild it with the TensorRT and on the GPU it will run on (python -m pipeline build), or with "
             "--hardware-compatible for a fleet of Ampere-or-newer GPUs",
         )
+
+
+def served_plan_metadata(model_dir: Path) -> dict[str, Any] | None:
+    """The engine metadata the newest version of a published plan model recorded (its build report
+    beside the model, see pipeline.triton.repository); None for a model without one."""
+    import json
+
+    from pipeline.workspace import BUILD_REPORT
+
+    try:
+        versions = json.loads((Path(model_dir) / BUILD_REPORT).read_text()).get("versions", {})
+        meta = versions[max(versions, key=int)].get("engine_metadata") if versions else None
+    except (OSError, ValueError, AttributeError, TypeError):
+        return None
+    return dict(meta) if isinstance(meta, dict) else None
+
+
+def check_plan_models(plan_models: Mapping[str, Path], *, tensorrt_version: str | None, compute_capability: tuple[int, int] | None,
+                      target: str) -> None:
+    """Raise one PipelineError for the first published plan model (name → model folder) that cannot load on ``target``.
+
+    A plan model without recorded metadata is refused too: nothing says where it can load."""
+    for name, model_dir in sorted(plan_models.items()):
+        meta = served_plan_metadata(model_dir)
+        check_plan(name, meta if meta is not None else {}, tensorrt_version=tensorrt_version, compute_capability=compute_capability,
+                   target=target)

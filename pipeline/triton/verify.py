@@ -25,6 +25,7 @@ from pipeline.evaldata import EvalData
 from pipeline.progress import progress
 from pipeline.gates import Gates, tolerance_for
 from pipeline.outputkinds import OutputKind
+from pipeline.stages.trt_seam import PolygraphyTensorRT, TensorRT
 
 log = logging.getLogger(__name__)
 
@@ -141,6 +142,7 @@ def verify_repository(
     eval_data: Mapping[str, EvalData | Path] | None = None,
     show: Callable[[list[dict]], None] | None = None,
     workdir: Path = Path("build"),
+    tensorrt: TensorRT | None = None,
 ) -> dict:
     """Verify the pipeline's ONNX variants in ``repository`` through Triton at ``url`` (None: the
     embedded server on ``repository``), every output by the kind its build recorded; write
@@ -150,20 +152,27 @@ def verify_repository(
     recorded, else ``<calibration-root>/<base>/eval.npz``. ``gates`` gives the drop limits and the
     confidence; the other limits are the ones its build was judged with. What cannot be verified here
     (TensorRT plans, models the pipeline did not build, models without data) is listed as not verified.
+
+    With the embedded server, a TensorRT plan built for another TensorRT version or GPU than the
+    ones at hand (``tensorrt``, default: the installed TensorRT) is refused in one line.
     """
     from pipeline.triton.repository import read_repository
     from pipeline.triton.server import TritonServer
 
-    chosen, not_verified = {}, {}
+    chosen, not_verified, plans = {}, {}, {}
     for name, model in sorted(read_repository(repository).items()):
         if models and name not in models:
             continue
+        if model.config.platform == "tensorrt_plan" or model.config.backend == "tensorrt":
+            plans[name] = model.path
         if model.config.platform != "onnxruntime_onnx":
             not_verified[name] = f"{model.config.platform or model.config.backend} models need their own runtime (a TensorRT plan needs a GPU server)"
         elif parse_variant(name) is None:
             not_verified[name] = "not built by this pipeline (no variant suffix): no build record to judge it by"
         else:
             chosen[name] = model
+    if plans and url is None:
+        _check_plans_at_hand(plans, tensorrt or PolygraphyTensorRT())
     missing = sorted(set(models) - set(chosen) - set(not_verified))
     if missing or not chosen:
         raise PipelineError(f"no servable pipeline ONNX model named {missing or 'any'} in {repository}", "run `python -m pipeline build` or check --model")
@@ -212,6 +221,17 @@ def verify_repository(
             "for INT8, make sure the server keeps Q/DQ exact (optimization graph level 2 in config.pbtxt)",
         )
     return report
+
+
+def _check_plans_at_hand(plans: Mapping[str, Path], tensorrt: TensorRT) -> None:
+    """Refuse, in one line, a plan the TensorRT and GPU at hand cannot load (nothing to check without them)."""
+    from pipeline.stages.plan_binding import check_plan_models
+
+    platform = tensorrt.platform()
+    if platform is None:
+        return
+    where = f"this machine (TensorRT {platform.tensorrt_version}, {platform.gpu.name})"
+    check_plan_models(plans, tensorrt_version=platform.tensorrt_version, compute_capability=platform.gpu.compute_capability, target=where)
 
 
 def _plan(name: str, model: Any, base: str, given: EvalData | Path | None, calibration_root: Path) -> tuple | str:
