@@ -6,7 +6,9 @@ TensorRT backend is in this module, behind the :class:`TensorRT` interface.
   (:class:`BuiltEngine`: plan bytes, timing cache, :class:`EngineFacts`);
 * :meth:`TensorRT.runner`: a Polygraphy runner over a plan, with ``set_profile(index)``;
 * :meth:`TensorRT.describe`: Polygraphy's text summary of a plan (``inspect``);
-* :meth:`TensorRT.status` / :meth:`TensorRT.platform`: can engines be built here, and for what.
+* :meth:`TensorRT.status` / :meth:`TensorRT.platform`: can engines be built here, and for what (the
+  real one asks :mod:`pipeline.stages.tensorrt_env`, the availability probe: the module's version,
+  the driver's CUDA version and the GPU, through ctypes).
 
 The product uses :class:`PolygraphyTensorRT` (the default of ``BuildConfig.tensorrt``, not a
 command-line option). A caller that cannot have TensorRT (the CI tests) passes another
