@@ -45,7 +45,7 @@ OBJECT_NAMES = {
 NOT_TENSORRT = {
     "getLogger", "info", "warning", "shapes", "items", "add", "onnx_path", "profiles", "workspace_mib", "hardware_compatibility",
     "optimization_level", "tf32", "timing_cache", "read_bytes", "splitlines", "strip", "TYPE_CHECKING", "status", "join", "append",
-    "frozen", "plan", "facts", "gpu", "io", "device_memory_bytes", "tensorrt_version", "compute_capability", "mode", "dtype",
+    "frozen", "precision", "plan", "facts", "gpu", "io", "device_memory_bytes", "tensorrt_version", "compute_capability", "mode", "dtype",
 }
 # A name that exists in only one supported major, and the majors the code needs it in (it branches on the version there).
 ONLY_IN: dict[str, set[int]] = {}

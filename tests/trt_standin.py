@@ -29,6 +29,7 @@ from typing import Any
 import numpy as np
 from polygraphy.backend.base import BaseRunner
 
+from pipeline.artifacts import PRECISIONS
 from pipeline.runners import runner_for_onnx
 from pipeline.stages.shapes import ShapeProfile, profiles_from_json, profiles_to_json
 from pipeline.stages.tensorrt_env import GpuInfo
@@ -57,6 +58,11 @@ def check_request(request: EngineRequest) -> dict[str, tuple[int, ...]]:
     """Every argument of a build, checked as TensorRT would; returns the model's inputs (name → shape, -1 dynamic)."""
     _require(isinstance(request, EngineRequest), f"request is a {type(request).__name__}")
     _require(isinstance(request.onnx_path, Path) and request.onnx_path.is_file(), f"onnx_path {request.onnx_path!r} is not an existing Path")
+    _require(request.precision in PRECISIONS, f"unknown precision {request.precision!r}")
+    import onnx
+
+    ops = {n.op_type for n in onnx.load(str(request.onnx_path), load_external_data=False).graph.node}
+    _require((request.precision == "int8") == ("QuantizeLinear" in ops), f"precision {request.precision} but Q/DQ nodes: {'QuantizeLinear' in ops}")
     _require(isinstance(request.optimization_level, int) and 0 <= request.optimization_level <= MAX_OPTIMIZATION_LEVEL,
              f"optimization level {request.optimization_level!r}")
     _require(request.workspace_mib is None or (isinstance(request.workspace_mib, int) and request.workspace_mib >= 1),

@@ -105,6 +105,7 @@ def engine_from_onnx(
     _check_settings(onnx_path, settings)
     request = EngineRequest(
         onnx_path=onnx_path,
+        precision=settings.precision,
         profiles=tuple(ShapeProfile(dict(p.shapes)) for p in settings.profiles),
         optimization_level=settings.optimization_level,
         workspace_mib=settings.workspace_mib,

@@ -63,6 +63,7 @@ class EngineRequest:
     """What to build: a strongly typed plan of ``onnx_path`` (precision lives in the graph)."""
 
     onnx_path: Path
+    precision: str  # what the graph holds (fp32, fp16, int8 Q/DQ): for messages, no builder flag follows from it
     profiles: tuple[ShapeProfile, ...]  # every dynamic input in every profile; () for a static model
     optimization_level: int  # 0..MAX_OPTIMIZATION_LEVEL
     workspace_mib: int | None  # None: TensorRT's default (the GPU's memory)
@@ -214,6 +215,7 @@ class PolygraphyTensorRT:
         from polygraphy.exception import PolygraphyException
 
         onnx_path = request.onnx_path
+        log.info("building a %s TensorRT %s engine from %s on %s", request.precision, trt.__version__, onnx_path, gpu.name)
         # TensorRT 10 needs the STRONGLY_TYPED creation flag; in 11 strongly typed is the only mode.
         strongly_typed = _major(trt.__version__) < 11
         try:
@@ -237,7 +239,7 @@ class PolygraphyTensorRT:
             engine = EngineFromNetwork((builder, network, parser), config=config)()
         except PolygraphyException:
             raise PipelineError(
-                f"TensorRT could not build an engine from {onnx_path} (its errors are logged above)",
+                f"TensorRT could not build the {request.precision} engine from {onnx_path} (its errors are logged above)",
                 "try a lower --optimization-level or a larger workspace, or check the ONNX graph with polygraphy",
             ) from None
         plan = bytes(engine.serialize())

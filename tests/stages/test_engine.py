@@ -292,3 +292,18 @@ def test_engine_module_type_checks_against_tensorrt_stubs() -> None:
         check = subprocess.run([sys.executable, "-c", "import importlib.util as u; print(u.find_spec('tensorrt'))"],
                                cwd=ROOT / "tests", capture_output=True, text=True, timeout=60)
         assert check.stdout.strip() == "None", check.stdout
+
+
+def test_plans_are_never_deserialized_through_polygraphys_engine_from_bytes() -> None:
+    """EngineFromBytes sets engine_host_code_allowed = True for every plan; the seam deserializes
+    itself and sets the flag from its argument (False unless --allow-plan-host-code)."""
+    def names(tree: ast.AST) -> set[str]:
+        return ({n.id for n in ast.walk(tree) if isinstance(n, ast.Name)} | {n.attr for n in ast.walk(tree) if isinstance(n, ast.Attribute)}
+                | {a.name for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) for a in n.names})
+
+    assert not [p for p in (ROOT / "pipeline").rglob("*.py") if "EngineFromBytes" in names(ast.parse(p.read_text()))]
+    from pipeline.stages import trt_seam
+
+    tree = ast.parse(Path(trt_seam.__file__).read_text())
+    assigned = [n for n in ast.walk(tree) if isinstance(n, ast.Assign) and any(isinstance(t, ast.Attribute) and t.attr == "engine_host_code_allowed" for t in n.targets)]
+    assert [ast.unparse(n.value) for n in assigned] == ["allow_host_code"]
