@@ -92,10 +92,8 @@ def test_engine_options_reach_the_seam_and_the_metadata(tmp_path: Path) -> None:
     """--hardware-compatible and --no-tf32 are built and recorded; the FP32 plan is held to --fp32-engine-atol."""
     calib, evaluation = _data(tmp_path / "data")
     standin = StandInTensorRT()
-    argv = _argv(tmp_path, calib, evaluation, "--hardware-compatible", "--no-tf32", "--no-engine")
-    cfg = _config(argv, standin)
-    assert (cfg.hardware_compatible, cfg.tf32, cfg.engine) == (True, False, False)
-    cfg = dataclasses.replace(cfg, engine=True)
+    cfg = _config(_argv(tmp_path, calib, evaluation, "--hardware-compatible", "--no-tf32"), standin)
+    assert (cfg.hardware_compatible, cfg.tf32, cfg.allow_plan_host_code) == (True, False, False)
     assert run_build(cfg) == 0
     assert {(r.hardware_compatibility, r.tf32) for r in standin.requests} == {("AMPERE_PLUS", False)}
     manifest = json.loads((tmp_path / "build" / "tokens" / "manifest.json").read_text())
