@@ -215,6 +215,11 @@ class PolygraphyTensorRT:
         from polygraphy.exception import PolygraphyException
 
         onnx_path = request.onnx_path
+        if request.hardware_compatibility == "AMPERE_PLUS" and gpu.compute_capability < (8, 0):
+            # TensorRT API, HardwareCompatibilityLevel.kAMPERE_PLUS: "only supported for engines built on NVIDIA Ampere and later GPUs".
+            raise PipelineError(f"--hardware-compatible plans must be built on an Ampere or newer GPU; {gpu.name} has compute capability "
+                                f"{gpu.compute_capability[0]}.{gpu.compute_capability[1]}",
+                                "build on a GPU of compute capability 8.0 or newer, or leave out --hardware-compatible")
         log.info("building a %s TensorRT %s engine from %s on %s", request.precision, trt.__version__, onnx_path, gpu.name)
         # TensorRT 10 needs the STRONGLY_TYPED creation flag; in 11 strongly typed is the only mode.
         strongly_typed = _major(trt.__version__) < 11
