@@ -106,6 +106,7 @@ class StandInTensorRT:
 
     def build(self, request: EngineRequest) -> BuiltEngine:
         inputs = check_request(request)
+        _require(request.hardware_compatibility == "NONE" or self.gpu.compute_capability >= (8, 0), "AMPERE_PLUS needs an Ampere+ GPU")
         self.requests.append(request)
         header = {"onnx": str(request.onnx_path), "onnx_sha256": hashlib.sha256(request.onnx_path.read_bytes()).hexdigest(),
                   "profiles": profiles_to_json(request.profiles), "tensorrt": self.version}
