@@ -19,7 +19,7 @@ from pipeline.gates import Gates
 from pipeline.inspect.report import inspection_from_model
 from pipeline.publish import PublishSettings, check_repository_plans
 from pipeline.stages.engine import metadata_path
-from pipeline.stages.plan_binding import PlanBinding, check_plan
+from pipeline.stages.plan_binding import PlanBinding, check_plan, same_tensorrt
 from pipeline.stages.tensorrt_env import GpuInfo
 from pipeline.triton.bundle_files import check_plans_for_image
 from pipeline.triton.verify import verify_repository
@@ -44,10 +44,19 @@ def plan_model(repository: Path, name: str, metadata: dict[str, Any] | None) -> 
     return model
 
 
+@pytest.mark.parametrize("built, target, loads", [
+    ("10.16.1.11", "10.16.1.11", True), ("10.16.1.11", "10.16", True), ("10.16.1.11", "10.16.1.12", False),
+    ("10.16.1.11", "10.15", False), ("10.5", "10.50", False), ("10", "10.5", False),
+])
+def test_same_tensorrt_compares_as_many_parts_as_both_give(built: str, target: str, loads: bool) -> None:
+    assert same_tensorrt(built, target) is loads
+
+
 @pytest.mark.parametrize(
     "metadata, tensorrt, gpu, why",
     [
         (meta(), "10.8.0.43", None, "built with TensorRT 10.16.1.11 but there has TensorRT 10.8.0.43 (a plan loads only on the TensorRT that built it)"),
+        (meta(), "10.16.2.3", None, "built with TensorRT 10.16.1.11 but there has TensorRT 10.16.2.3 (a plan loads only on the TensorRT that built it)"),
         (meta(), "11.4.0.106", None, "built with TensorRT 10.16.1.11 but there has TensorRT 11.4.0.106 (a plan loads only on the TensorRT that built it)"),
         (meta(), None, A100, "built for compute capability 9.0 (NVIDIA H200) but there has a GPU of compute capability 8.0"),
         (meta(level="AMPERE_PLUS"), None, T4, "built hardware-compatible (Ampere and newer) but there has a GPU of compute capability 7.5"),
@@ -57,14 +66,16 @@ def test_a_plan_is_refused_where_it_cannot_load(metadata: dict[str, Any], tensor
     with pytest.raises(PipelineError) as info:
         check_plan("m_fp16_trt", metadata, tensorrt_version=tensorrt, compute_capability=gpu and gpu.compute_capability, target="there")
     assert str(info.value.problem) == f"plan m_fp16_trt cannot load there: {why}"
-    assert "\n" not in str(info.value) and "--hardware-compatible" in str(info.value.fix)
+    assert "\n" not in str(info.value)
+    # --hardware-compatible helps only where the GPU differs: it does not make a plan load on another TensorRT
+    assert ("--hardware-compatible" in str(info.value.fix)) == (gpu is A100)
 
 
 @pytest.mark.parametrize(
     "metadata, tensorrt, gpu",
-    [(meta(), "10.16.0.1", H200), (meta(level="AMPERE_PLUS"), "10.16.1.11", A100), (meta(level="AMPERE_PLUS"), None, H200)],
+    [(meta(), "10.16.1.11", H200), (meta(), "10.16", H200), (meta(level="AMPERE_PLUS"), "10.16.1.11", A100), (meta(level="AMPERE_PLUS"), None, H200)],
 )
-def test_a_plan_loads_on_its_tensorrt_minor_and_gpu(metadata: dict[str, Any], tensorrt: str | None, gpu: GpuInfo) -> None:
+def test_a_plan_loads_on_its_tensorrt_and_gpu(metadata: dict[str, Any], tensorrt: str | None, gpu: GpuInfo) -> None:
     check_plan("m", metadata, tensorrt_version=tensorrt, compute_capability=gpu.compute_capability, target="there")
 
 

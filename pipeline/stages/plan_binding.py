@@ -16,7 +16,6 @@ from pathlib import Path
 from typing import Any
 
 from pipeline.errors import PipelineError
-from pipeline.stages.tensorrt_env import tensorrt_version_tuple
 
 AMPERE = (8, 0)  # the oldest compute capability an AMPERE_PLUS plan runs on
 
@@ -44,8 +43,7 @@ class PlanBinding:
 
     def problem(self, *, tensorrt_version: str | None, compute_capability: tuple[int, int] | None, target: str) -> str | None:
         """Why this plan cannot load on ``target`` (a TensorRT version and/or GPU compute capability); None if it can."""
-        built = tensorrt_version_tuple(self.tensorrt_version)
-        if tensorrt_version is not None and tensorrt_version_tuple(tensorrt_version) != built:
+        if tensorrt_version is not None and not same_tensorrt(self.tensorrt_version, tensorrt_version):
             return f"built with TensorRT {self.tensorrt_version} but {target} has TensorRT {tensorrt_version} (a plan loads only on the TensorRT that built it)"
         if compute_capability is None:
             return None
@@ -59,6 +57,24 @@ class PlanBinding:
         return None
 
 
+def same_tensorrt(built: str, target: str) -> bool:
+    """Whether a plan built with TensorRT ``built`` loads on TensorRT ``target``: the same version, compared on
+    as many numeric parts as both give (``"10.5"``, a release table's precision, matches ``"10.5.0.18"``)."""
+    a, b = _version_parts(built), _version_parts(target)
+    n = min(len(a), len(b))
+    return n >= 2 and a[:n] == b[:n]
+
+
+def _version_parts(text: str) -> tuple[int, ...]:
+    parts = []
+    for part in text.strip().split("."):
+        digits = "".join(c for c in part if c.isdigit())
+        if not digits:
+            break
+        parts.append(int(digits))
+    return tuple(parts)
+
+
 def _cc(value: tuple[int, int]) -> str:
     return f"{value[0]}.{value[1]}"
 
@@ -69,11 +85,10 @@ def check_plan(name: str, metadata: Mapping[str, Any], *, tensorrt_version: str 
     binding = PlanBinding.of(metadata, f"the metadata of plan {name}")
     why = binding.problem(tensorrt_version=tensorrt_version, compute_capability=compute_capability, target=target)
     if why:
-        raise PipelineError(
-            f"plan {name} cannot load there: {why}",
-            "rebuild it with the TensorRT and on the GPU it will run on (python -m pipeline build), or with "
-            "--hardware-compatible for a fleet of Ampere-or-newer GPUs",
-        )
+        fix = "rebuild it with the TensorRT and on the GPU it will run on (python -m pipeline build)"
+        if "compute capability" in why and "hardware-compatible" not in why:
+            fix += ", or with --hardware-compatible for a fleet of Ampere-or-newer GPUs"
+        raise PipelineError(f"plan {name} cannot load there: {why}", fix)
 
 
 def served_plan_metadata(model_dir: Path) -> dict[str, Any] | None:
