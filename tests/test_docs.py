@@ -1,0 +1,65 @@
+"""The documentation site: `mkdocs build --strict` (every page in the nav, every link and anchor
+resolving) and the README's first screen (its links into docs/, its test command = what CI runs)."""
+
+from __future__ import annotations
+
+import re
+import shlex
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+from tests.conftest import ROOT
+
+_LINK = re.compile(r"\]\(([^)\s]+)\)")
+
+
+def _mkdocs_build(config: Path, site: Path) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "mkdocs", "build", "--strict", "--config-file", str(config), "--site-dir", str(site)],
+                          capture_output=True, text=True, timeout=300)
+
+
+def test_site_builds_strict_without_a_warning(tmp_path: Path) -> None:
+    built = _mkdocs_build(ROOT / "mkdocs.yml", tmp_path / "site")
+    assert built.returncode == 0, built.stderr[-3000:]
+    assert "WARNING" not in built.stderr, built.stderr[-3000:]
+    assert (tmp_path / "site" / "guide" / "build" / "index.html").is_file()
+
+
+def test_a_broken_link_fails_the_strict_build(tmp_path: Path) -> None:
+    """The site's settings catch what they promise: a missing page and a missing anchor each fail it."""
+    shutil.copytree(ROOT / "docs", tmp_path / "docs")
+    shutil.copy(ROOT / "mkdocs.yml", tmp_path / "mkdocs.yml")
+    with (tmp_path / "docs" / "design.md").open("a") as page:
+        page.write("\n[a page](no-such-page.md) and [an anchor](gpu.md#no-such-anchor)\n")
+    built = _mkdocs_build(tmp_path / "mkdocs.yml", tmp_path / "site")
+    assert built.returncode != 0
+    assert "no-such-page.md" in built.stderr and "no-such-anchor" in built.stderr, built.stderr[-3000:]
+
+
+def test_readme_links_into_docs_resolve() -> None:
+    readme = (ROOT / "README.md").read_text()
+    links = [link for link in _LINK.findall(readme) if "://" not in link]
+    assert any(link.startswith("docs/") for link in links)
+    missing = [link for link in links if not (ROOT / link.split("#")[0]).exists()]
+    assert not missing, missing
+
+
+def _readme_test_command() -> list[str]:
+    readme = (ROOT / "README.md").read_text()
+    block = re.search(r"Tests \(what `\.ci/run` runs[^\n]*\n\n```bash\n([^\n]+)\n```", readme)
+    assert block, "README's first screen lost its test command (.ci/run and CI run it)"
+    return shlex.split(block.group(1))
+
+
+def test_readme_test_command_is_what_ci_runs() -> None:
+    """.ci/run runs the README's test command; it may only add report flags after it (--durations)."""
+    readme = _readme_test_command()
+    ci_lines = [line.strip().rstrip("\\").strip() for line in (ROOT / ".ci" / "run").read_text().splitlines()]
+    commands = [shlex.split(line) for line in ci_lines if "-m pytest" in line and not line.startswith("#")]
+    assert len(commands) == 1, commands
+    ran = commands[0]
+    assert ran[:len(readme)] == readme, (ran, readme)
+    assert all(extra.startswith("--durations") for extra in ran[len(readme):]), ran
+    assert (ROOT / "docs" / "setup.md").read_text().count(" ".join(readme)) == 1
