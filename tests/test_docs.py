@@ -25,6 +25,13 @@ def test_site_builds_strict_without_a_warning(tmp_path: Path) -> None:
     assert built.returncode == 0, built.stderr[-3000:]
     assert "WARNING" not in built.stderr, built.stderr[-3000:]
     assert (tmp_path / "site" / "guide" / "build" / "index.html").is_file()
+    # README.md is outside the site: its anchors into docs/ are checked against the built pages.
+    readme = (ROOT / "README.md").read_text()
+    for link in _LINK.findall(readme):
+        if link.startswith("docs/") and "#" in link:
+            page, anchor = link.removeprefix("docs/").split("#")
+            html = tmp_path / "site" / (page.removesuffix(".md").removesuffix("index") + "/index.html").lstrip("/")
+            assert f'id="{anchor}"' in html.read_text(), link
 
 
 def test_a_broken_link_fails_the_strict_build(tmp_path: Path) -> None:
