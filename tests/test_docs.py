@@ -70,3 +70,40 @@ def test_readme_test_command_is_what_ci_runs() -> None:
     assert ran[:len(readme)] == readme, (ran, readme)
     assert all(extra.startswith("--durations") for extra in ran[len(readme):]), ran
     assert (ROOT / "docs" / "setup.md").read_text().count(" ".join(readme)) == 1
+
+
+# Paths the docs name that are not files of this repository, with the reason.
+NOT_OURS = {
+    ".ci/stubs": "made by scripts/setup.sh, git-ignored",
+    "calibration/tokens/eval.npz": "an example inside an error message",
+    "docs/operators.md": "onnx-tensorrt's operator list, not ours",
+}
+_REPO_PATH = re.compile(r"(?<![\w/.-])((?:pipeline|scripts|tests|\.ci|calibration|docs)/[\w.*/-]*)")
+_MODULE = re.compile(r"(?<![\w/.-])pipeline(?:\.\w+)+")
+
+
+def _doc_texts() -> dict[str, str]:
+    return {str(page.relative_to(ROOT)): page.read_text() for page in [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]}
+
+
+def test_every_repository_path_the_docs_name_exists() -> None:
+    missing = sorted({(page, path) for page, text in _doc_texts().items() for match in _REPO_PATH.finditer(text)
+                      if (path := match[1].rstrip(".,:;/")) not in NOT_OURS and not list(ROOT.glob(path))})
+    assert not missing, missing
+
+
+def test_every_module_and_name_the_docs_give_exists() -> None:
+    """`pipeline.stages.tf2onnx_run`, `pipeline.errors.PipelineError`: the module file, and the name defined in it."""
+    wrong = []
+    for page, text in _doc_texts().items():
+        for dotted in sorted(set(_MODULE.findall(text)) - {"pipeline.toml"}):  # pipeline.toml: the config file's name
+            parts = dotted.split(".")
+            for k in range(len(parts), 0, -1):
+                base = ROOT.joinpath(*parts[:k])
+                source = base.with_suffix(".py") if base.with_suffix(".py").is_file() else base / "__init__.py"
+                if source.is_file():
+                    rest = parts[k:]
+                    if rest and not re.search(rf"^(class|def) {rest[0]}\b|^{rest[0]}\s*[:=]", source.read_text(), re.M):
+                        wrong.append((page, dotted))
+                    break
+    assert not wrong, wrong
