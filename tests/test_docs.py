@@ -3,6 +3,7 @@ resolving) and the README's first screen (its links into docs/, its test command
 
 from __future__ import annotations
 
+import argparse
 import re
 import shlex
 import shutil
@@ -107,3 +108,25 @@ def test_every_module_and_name_the_docs_give_exists() -> None:
                         wrong.append((page, dotted))
                     break
     assert not wrong, wrong
+
+
+def _table(text: str, header: str) -> list[str]:
+    lines = text.splitlines()
+    start = lines.index(header)
+    end = next((i for i in range(start, len(lines)) if not lines[i].startswith("|")), len(lines))
+    return lines[start:end]
+
+
+def test_readme_first_screen_matches_the_site() -> None:
+    """The README's first screen is repeated on the site (README.md is outside it): the same words,
+    diagram and command table, so the two cannot drift apart."""
+    readme = (ROOT / "README.md").read_text()
+    intro = readme.split("## Start here", 1)[0].replace("](docs/", "](")
+    assert intro in (ROOT / "docs" / "index.md").read_text()
+    header = "| command | what it does | writes (default `--workdir build`) |"
+    assert _table(readme, header) == _table((ROOT / "docs" / "guide" / "index.md").read_text(), header)
+    from pipeline.cli import make_parser
+
+    commands = next(action for action in make_parser()._actions if isinstance(action, argparse._SubParsersAction)).choices
+    rows = [row.split("`")[1].split()[0] for row in _table(readme, header)[2:]]
+    assert sorted(rows) == sorted(commands), "the command table has one row per command"
