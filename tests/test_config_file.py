@@ -134,11 +134,11 @@ def _subparsers() -> argparse._SubParsersAction:
     return next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
 
 
-def test_the_readme_example_is_a_valid_config_for_every_command_it_names(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_the_docs_example_is_a_valid_config_for_every_command_it_names(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     from tests.conftest import ROOT
 
-    readme = (ROOT / "README.md").read_text()
-    example = readme.split("```toml\n", 1)[1].split("```", 1)[0]
+    page = (ROOT / "docs" / "guide" / "config.md").read_text()
+    example = page.split("```toml\n", 1)[1].split("```", 1)[0]
     config = tmp_path / "pipeline.toml"
     config.write_text(example)
     tables = tomllib.loads(example)
