@@ -2,7 +2,9 @@
 
 Docker is not installed here, so the generated script runs against a stub ``docker`` (and the
 container command against a stub ``tritonserver``) that print their arguments; the real tritonserver
-2.51 binary is then started with the same generated command line.
+2.51 binary is then started with the same generated command line. The engine-cache setup the
+container runs first is run for real too, against a cache root under the test's temporary folder
+(the only substitution: the root is ``/tmp`` inside the container, shared by the whole host here).
 """
 
 from __future__ import annotations
@@ -26,8 +28,13 @@ import pytest
 import yaml
 from publish_harness import publish_two, two_io_onnx
 
+from pipeline.artifacts import Artifact
 from pipeline.errors import PipelineError
+from pipeline.tensors import signature_from_onnx
+from pipeline.triton.accelerators import TRT_CACHE_ROOT
+from pipeline.triton.config import model_config_from_artifact
 from pipeline.triton.deploy import DEFAULT_IMAGE, server_args, write_deploy_bundle
+from pipeline.triton.repository import publish_repository
 from pipeline.triton.deploy_cli import register
 from pipeline.triton.server_args import shell_command, tritonserver_args
 
@@ -36,12 +43,32 @@ BIND = "${TRITON_BIND_ADDRESS:-127.0.0.1}"  # where a bundle publishes its ports
 _DIRECT = urllib.request.build_opener(urllib.request.ProxyHandler({}))  # loopback never goes through a proxy
 
 
+GPU_MODELS = ["digits_fp16", "digits_fp32"]
+
+
+def add_cpu_variant(onnx_path: Path, repo: Path) -> None:
+    """Publish ``onnx_path`` as the CPU-only ``digits_int8cpu`` variant (KIND_CPU, as a build does)."""
+    artifact = Artifact("int8cpu", "onnx", onnx_path)
+    cfg = model_config_from_artifact(artifact, name="digits_int8cpu", signature=signature_from_onnx(onnx_path), max_batch=8)
+    publish_repository([artifact], model="digits", repository=repo, configs={"digits_int8cpu": cfg}, extra_files={},
+                       version_policy="new", report={}, reproduce="python -m pipeline build --name digits")
+
+
 @pytest.fixture(scope="module")
 def repository(tmp_path_factory: pytest.TempPathFactory) -> Path:
     root = tmp_path_factory.mktemp("deploy")
     repo = root / "model_repository"
-    publish_two(two_io_onnx(root / "two_io.onnx"), repo, "new")
+    onnx_path = two_io_onnx(root / "two_io.onnx")
+    publish_two(onnx_path, repo, "new")
+    add_cpu_variant(onnx_path, repo)
     return repo
+
+
+def split_setup(command: str) -> tuple[str, str]:
+    """(engine-cache setup, tritonserver command) of a container command ``<setup> && exec tritonserver ...``."""
+    setup, _, server = command.partition(" && exec ")
+    assert server, command
+    return setup, server
 
 
 def stub(folder: Path, name: str) -> None:
@@ -72,9 +99,15 @@ def test_bundle_files_parse_and_agree_on_ports(repository: Path, tmp_path: Path)
     assert (service["user"], service["init"]) == ("triton-server", True)
     bash, dash_c, command = service["command"]
     assert (bash, dash_c) == ("bash", "-c")
-    args = shlex.split(command.replace("$$", "$"))  # compose turns "$$" into "$"
-    for flag in ("--http-port=9000", "--grpc-port=9001", "--metrics-port=9002", "--model-repository=/models", "--model-control-mode=none", "--strict-readiness=true"):
+    setup, server = split_setup(command.replace("$$", "$"))  # compose turns "$$" into "$"
+    assert setup == f"rm -rf {TRT_CACHE_ROOT} && mkdir -p " + " ".join(f"{TRT_CACHE_ROOT}/{m}" for m in GPU_MODELS)
+    args = shlex.split(server)
+    for flag in ("--http-port=9000", "--grpc-port=9001", "--metrics-port=9002", "--model-repository=/models", "--model-control-mode=explicit", "--strict-readiness=true"):
         assert flag in args
+    # A GPU host loads the GPU variants only; the CPU-only variant keeps its KIND_CPU config for CPU deployments.
+    assert [a for a in args if a.startswith("--load-model=")] == [f"--load-model={m}" for m in GPU_MODELS]
+    assert "KIND_CPU" in (repository / "digits_int8cpu" / "config.pbtxt").read_text()
+    assert "digits_int8cpu" in (compose_path.parent / "README.md").read_text()  # said, not loaded
     assert f"--http-restricted-api={RESTRICTED}:admin-key=${{TRITON_ADMIN_KEY}}" in args
     assert f"--grpc-restricted-protocol={RESTRICTED}:admin-key=${{TRITON_ADMIN_KEY}}" in args
 
@@ -107,9 +140,11 @@ def test_script_runs_docker_with_the_key_from_the_environment(repository: Path, 
 
     # What the container's shell then runs, with the key from its environment.
     stub(bin_dir, "tritonserver")
-    inner = subprocess.run(["bash", "-c", docker_args[image_at + 3]], env={**env, "TRITON_ADMIN_KEY": secret}, check=False, capture_output=True, text=True)
+    setup, server = split_setup(docker_args[image_at + 3])
+    assert setup.startswith(f"rm -rf {TRT_CACHE_ROOT} && mkdir -p ")
+    inner = subprocess.run(["bash", "-c", "exec " + server], env={**env, "TRITON_ADMIN_KEY": secret}, check=False, capture_output=True, text=True)
     received = inner.stdout.splitlines()
-    assert received == [a.replace("${TRITON_ADMIN_KEY}", secret) for a in tritonserver_args(server_args())[1:]]
+    assert received == [a.replace("${TRITON_ADMIN_KEY}", secret) for a in tritonserver_args(server_args(models=tuple(GPU_MODELS)))[1:]]
     assert f"--http-restricted-api={RESTRICTED}:admin-key={secret}" in received
     assert f"--grpc-restricted-protocol={RESTRICTED}:admin-key={secret}" in received
     assert {"--http-port=8000", "--grpc-port=8001", "--metrics-port=8002", "--disable-auto-complete-config"} <= set(received)
@@ -176,23 +211,85 @@ def test_the_real_tritonserver_starts_with_the_bundle_flags(tmp_path: Path) -> N
         log.close()
 
 
-def test_default_image_refuses_models_it_cannot_load(repository: Path, tmp_path: Path) -> None:
-    too_new = tmp_path / "too_new"
-    publish_two(two_io_onnx(tmp_path / "m.onnx"), too_new, "new")
-    model_file = too_new / "digits_fp32" / "1" / "model.onnx"
-    proto = onnx.load(str(model_file))
-    proto.ir_version = 11
-    onnx.save(proto, str(model_file))
-    with pytest.raises(PipelineError, match="has ONNX IR version 11 and opset 17, but .*24.10-py3 .* loads at most IR 10 / opset 21"):
-        write_deploy_bundle(too_new, tmp_path / "out")
-    assert write_deploy_bundle(too_new, tmp_path / "out", image="nvcr.io/nvidia/tritonserver:25.10-py3")
+def test_the_container_setup_empties_the_cache_and_creates_every_models_directory(repository: Path, tmp_path: Path) -> None:
+    """The generated setup, run by bash twice as two container starts would: ONNX Runtime's TensorRT EP
+    only creates the leaf directory and races between parallel instances (accelerators.py), so every
+    model's directory must exist before tritonserver starts; a stale engine from a previous start must go."""
+    command = yaml.safe_load(write_deploy_bundle(repository, tmp_path / "deploy")[1].read_text())["services"]["triton"]["command"][2]
+    setup, _ = split_setup(command.replace("$$", "$"))
+    root = tmp_path / "container-tmp" / "trt-engine-cache"
+    here = setup.replace(TRT_CACHE_ROOT, str(root))
+    assert here != setup
+    subprocess.run(["bash", "-c", here], check=True)
+    assert sorted(p.name for p in root.iterdir()) == GPU_MODELS
+    (root / "digits_fp32" / "TRTKernel_graph_main_123_sm90.engine").write_bytes(b"old version")
+    subprocess.run(["bash", "-c", here], check=True)
+    assert sorted(p.name for p in root.iterdir()) == GPU_MODELS and not any((root / "digits_fp32").iterdir())
 
-    with_plan = tmp_path / "with_plan"
-    (with_plan / "digits_fp16_trt" / "1").mkdir(parents=True)
-    (with_plan / "digits_fp16_trt" / "1" / "model.plan").write_bytes(b"engine")
-    (with_plan / "digits_fp16_trt" / "config.pbtxt").write_text('name: "digits_fp16_trt"\nplatform: "tensorrt_plan"\nmax_batch_size: 8\n')
+
+def _too_new(tmp_path: Path, ir_version: int) -> Path:
+    repo = tmp_path / f"ir{ir_version}"
+    publish_two(two_io_onnx(tmp_path / "m.onnx"), repo, "new")
+    for name in GPU_MODELS:
+        model_file = repo / name / "1" / "model.onnx"
+        proto = onnx.load(str(model_file))
+        proto.ir_version = ir_version
+        onnx.save(proto, str(model_file))
+    return repo
+
+
+def test_each_release_in_the_table_checks_ir_version_and_opset(tmp_path: Path) -> None:
+    """IR 11 needs ONNX Runtime 1.22 (25.05 on): 24.10 refuses and names the oldest tag that loads it."""
+    repo = _too_new(tmp_path, 11)
+    with pytest.raises(PipelineError, match=r"has ONNX IR version 11 and opset 17, but .*24.10-py3 \(ONNX Runtime 1.19.2\) "
+                                            r"loads at most IR 10 / opset 21.*use nvcr.io/nvidia/tritonserver:25.05-py3 or newer"):
+        write_deploy_bundle(repo, tmp_path / "out")
+    with pytest.raises(PipelineError, match=r"25.04-py3 \(ONNX Runtime 1.21.0\) loads at most IR 10"):
+        write_deploy_bundle(repo, tmp_path / "out", image="nvcr.io/nvidia/tritonserver:25.04-py3")
+    assert write_deploy_bundle(repo, tmp_path / "out", image="nvcr.io/nvidia/tritonserver:25.10-py3")
+
+
+def test_images_older_than_the_configs_are_refused_and_unknown_ones_say_what_was_not_checked(
+    repository: Path, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    with pytest.raises(PipelineError, match=r"24.05-py3 is older than 24.10.*use nvcr.io/nvidia/tritonserver:24.10-py3 or newer"):
+        write_deploy_bundle(repository, tmp_path / "old", image="nvcr.io/nvidia/tritonserver:24.05-py3")
+    with caplog.at_level("WARNING"):
+        write_deploy_bundle(repository, tmp_path / "custom", image="registry.example/tritonserver:prod")
+    [line] = [r.getMessage() for r in caplog.records if r.getMessage().startswith("not checked")]
+    assert "registry.example/tritonserver:prod is not in the NGC release table" in line and "opset" in line
+    caplog.clear()
+    with caplog.at_level("WARNING"):
+        write_deploy_bundle(repository, tmp_path / "known", image="nvcr.io/nvidia/tritonserver:25.03-py3")
+    assert not [r for r in caplog.records if r.getMessage().startswith("not checked")]
+
+
+def _plan_repository(tmp_path: Path, tensorrt: str | None) -> Path:
+    import json
+
+    repo = tmp_path / f"plan_{tensorrt}"
+    (repo / "digits_fp16_trt" / "1").mkdir(parents=True)
+    (repo / "digits_fp16_trt" / "1" / "model.plan").write_bytes(b"engine")
+    (repo / "digits_fp16_trt" / "config.pbtxt").write_text('name: "digits_fp16_trt"\nplatform: "tensorrt_plan"\nmax_batch_size: 8\n')
+    if tensorrt:
+        report = {"versions": {"1": {"engine_metadata": {"tensorrt_version": tensorrt}}}}
+        (repo / "digits_fp16_trt" / ".pipeline-report.json").write_text(json.dumps(report))
+    return repo
+
+
+def test_plans_must_match_the_images_tensorrt(tmp_path: Path) -> None:
     with pytest.raises(PipelineError, match="digits_fp16_trt is a TensorRT plan, and a plan only loads on the TensorRT version that built it"):
-        write_deploy_bundle(with_plan, tmp_path / "out2")
+        write_deploy_bundle(_plan_repository(tmp_path, None), tmp_path / "out")
+    with pytest.raises(PipelineError, match=r"built with TensorRT 10.8.0.43, but .*24.10-py3 runs TensorRT 10.5"):
+        write_deploy_bundle(_plan_repository(tmp_path, "10.8.0.43"), tmp_path / "out")
+    assert write_deploy_bundle(_plan_repository(tmp_path, "10.5.0.18"), tmp_path / "out")
+
+
+def test_a_repository_of_cpu_only_models_is_not_a_gpu_bundle(tmp_path: Path) -> None:
+    repo = tmp_path / "cpu_only"
+    add_cpu_variant(two_io_onnx(tmp_path / "m.onnx"), repo)
+    with pytest.raises(PipelineError, match="every model in .* is CPU-only"):
+        write_deploy_bundle(repo, tmp_path / "out")
 
 
 def test_bad_ports_and_missing_repository(repository: Path, tmp_path: Path) -> None:
