@@ -112,12 +112,14 @@ def test_launch_script_skips_unplanned_profiles_and_fails_without_devices(plan: 
 
 
 def compose_args(service: dict) -> list[str]:
-    """The tritonserver arguments of a compose service (``bash -c "exec tritonserver ..."``)."""
+    """The tritonserver arguments of a compose service (``bash -c "<cache setup> && exec tritonserver ..."``)."""
     bash, dash_c, command = service["command"]
     assert (bash, dash_c) == ("bash", "-c")
-    exec_, *args = shlex.split(command.replace("$$", "$"))  # compose turns "$$" into "$"
-    assert exec_ == "exec"
-    return args
+    setup, _, server = command.replace("$$", "$").partition(" && exec ")  # compose turns "$$" into "$"
+    loaded = [a.split("=", 1)[1] for a in shlex.split(server) if a.startswith("--load-model=")]
+    # the container's own /tmp: emptied, then every loaded model's engine cache directory made
+    assert setup == "rm -rf /tmp/trt-engine-cache && mkdir -p " + " ".join(f"/tmp/trt-engine-cache/{m}" for m in sorted(loaded))
+    return shlex.split(server)
 
 
 def test_compose_file(plan: MigPlan) -> None:
@@ -225,7 +227,8 @@ def test_launch_script_starts_real_tritonservers_with_profile_configs(tmp_path: 
     """The generated launch script runs the real tritonserver (pytriton's, python backend) once per
     MIG device of a hand-written `nvidia-smi -L`; each server must load configs/<profile>.pbtxt,
     including the '.' and '+' in 1g.18gb+me. No GPU here: the generated KIND_GPU instance groups
-    are switched to KIND_CPU in the written files, and CUDA_VISIBLE_DEVICES holds a fake UUID."""
+    are switched to KIND_CPU in the written files, and CUDA_VISIBLE_DEVICES holds a fake UUID. The
+    servers start one after the other (the script waits for each to answer ready: STAGGER=1)."""
     spec = find_spec("pytriton")
     assert spec is not None and spec.submodule_search_locations
     pytriton = Path(next(iter(spec.submodule_search_locations)))
@@ -311,6 +314,8 @@ def test_launch_script_starts_real_tritonservers_with_profile_configs(tmp_path: 
                     found[port] = sum(g["count"] for g in json.loads(config)["instance_group"])
             time.sleep(0.5)
         assert found == expected, (tmp_path / "servers.log").read_text()[-3000:]
+        # made before the servers started (they share the host's /tmp; ONNX Runtime only creates the leaf, racily)
+        assert Path("/tmp/trt-engine-cache/echo").is_dir()
         request = urllib.request.Request(f"http://127.0.0.1:{base_port}/v2/repository/index", data=b"{}", method="POST")
         with pytest.raises(urllib.error.HTTPError) as denied:
             urllib.request.build_opener(urllib.request.ProxyHandler({})).open(request, timeout=5)
