@@ -209,6 +209,21 @@ def write_bundle(out_dir: Path, plan: MigPlan, settings: BundleSettings = Bundle
     relative to ``out_dir``. Returns the paths written (``<file>.new`` for files the user edited)."""
     if repository is not None:
         settings = replace(settings, repository=relative_repository(repository, out_dir))
+        # A build writes this bundle before it publishes the repository; its deploy bundle, written
+        # after, checks the same image against the published models.
+        if Path(repository).is_dir():
+            _check_image(settings.image, repository, sorted({m for p in plan.profiles for m in p.loaded}))
     paths = write_bundle_files(out_dir, bundle_files(plan, settings, devices), executable=[LAUNCH_SCRIPT])
     log.info("%s", exposure_note())
     return paths
+
+
+def _check_image(image: str, repository: Path, names: list[str]) -> None:
+    """The NGC release check of ``deploy`` for the planned models (the servers also need
+    ``--model-config-name``, which every release the check accepts reads)."""
+    from pipeline.triton.ngc_releases import check_image, repository_needs
+    from pipeline.triton.repository import read_repository
+
+    models = read_repository(repository)
+    for line in check_image(image, repository_needs(models, [n for n in names if n in models])):
+        log.warning("not checked: %s", line)

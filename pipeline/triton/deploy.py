@@ -43,8 +43,8 @@ from pipeline.triton.bundle_files import (
     script_repository_lines,
     write_bundle_files,
 )
-from pipeline.triton.ngc_releases import DEFAULT_IMAGE, check_image, needs_of
-from pipeline.triton.repository import model_filename, read_repository
+from pipeline.triton.ngc_releases import DEFAULT_IMAGE, check_image, repository_needs
+from pipeline.triton.repository import read_repository
 from pipeline.triton.server_args import (
     ADMIN_HEADER,
     ADMIN_KEY_ENV,
@@ -99,8 +99,7 @@ def write_deploy_bundle(
     loaded = gpu_models(models)
     require(bool(loaded), f"every model in {repository} is CPU-only (KIND_CPU), and this bundle is for a GPU host",
             "build GPU variants (e.g. --fp16), or serve the CPU variants with `python -m pipeline serve`")
-    needs = [needs_of(name, models[name], path) for name in loaded for path in _onnx_files(models[name])]
-    for line in check_image(image, needs):
+    for line in check_image(image, repository_needs(models, loaded)):
         log.warning("not checked: %s", line)
 
     out_dir = Path(out_dir)
@@ -173,11 +172,3 @@ def _readme(image: str, models: list[str], skipped: list[str], ports: tuple[int,
         "Files you edit here are kept when the bundle is regenerated: the new version is written beside them as `<file>.new`.",
         "",
     ])
-
-
-def _onnx_files(info: Any) -> list[Path | None]:
-    """Every version's ONNX file of an ONNX Runtime model (``[None]`` for other platforms)."""
-    if info.config.platform != "onnxruntime_onnx" and info.config.backend != "onnxruntime":
-        return [None]
-    paths = [info.path / str(version) / model_filename(info.config) for version in info.versions]
-    return [path / "model.onnx" if path.is_dir() else path for path in paths]

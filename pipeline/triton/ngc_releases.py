@@ -140,6 +140,22 @@ def needs_of(name: str, info: Any, model_file: Path | None) -> ModelNeeds:
     return ModelNeeds(name, proto.ir_version, opset)
 
 
+def repository_needs(models: dict[str, Any], names: list[str]) -> list[ModelNeeds]:
+    """The needs of ``names`` among ``models`` (``read_repository``), one per version file."""
+    from pipeline.triton.repository import model_filename
+
+    needs = []
+    for name in names:
+        info = models[name]
+        if info.config.platform != "onnxruntime_onnx" and info.config.backend != "onnxruntime":
+            needs.append(needs_of(name, info, None))
+            continue
+        for version in info.versions:
+            path = info.path / str(version) / model_filename(info.config)
+            needs.append(needs_of(name, info, path / "model.onnx" if path.is_dir() else path))
+    return needs
+
+
 def _plan_tensorrt(model_dir: Path) -> str:
     from pipeline.triton.repository import REPORT
 

@@ -337,3 +337,22 @@ def test_launch_script_starts_real_tritonservers_with_profile_configs(tmp_path: 
     # session (pipeline_triton_<pid>_…) and of other processes on the machine are not theirs.
     leaked = {n for n in set(os.listdir("/dev/shm")) - shm_before if n.startswith("triton_python_backend_shm_region")}
     assert not leaked, f"the servers left shared memory behind: {sorted(leaked)}"
+
+
+def test_the_bundle_image_is_checked_against_the_ngc_release_table(plan: MigPlan, tiny_onnx: Path, tmp_path: Path) -> None:
+    """As deploy: a tag older than the configs need is refused in one line; a listed one loads the planned models."""
+    from pipeline.artifacts import Artifact
+    from pipeline.errors import PipelineError
+    from pipeline.mig.bundle import write_bundle
+    from pipeline.tensors import signature_from_onnx
+    from pipeline.triton.config import model_config_from_artifact
+    from pipeline.triton.repository import publish_repository
+
+    repo = tmp_path / "model_repository"
+    artifact = Artifact("fp32", "onnx", tiny_onnx)
+    cfg = model_config_from_artifact(artifact, name="tiny_fp32", signature=signature_from_onnx(tiny_onnx), max_batch=8)
+    publish_repository([artifact], model="tiny", repository=repo, configs={"tiny_fp32": cfg}, extra_files={},
+                       version_policy="new", report={}, reproduce="test")
+    with pytest.raises(PipelineError, match=r"24.03-py3 is older than 24.10"):
+        write_bundle(tmp_path / "old", plan, BundleSettings(image="nvcr.io/nvidia/tritonserver:24.03-py3"), repository=repo)
+    assert write_bundle(tmp_path / "ok", plan, BundleSettings(image="nvcr.io/nvidia/tritonserver:25.03-py3"), repository=repo)
