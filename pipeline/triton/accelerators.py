@@ -24,8 +24,10 @@ Decisions (keys as the backend's ``src/onnxruntime.cc`` parses them; the same fi
   optimizations they fell back to the CPU).
 
 Engine cache (``trt_engine_cache_path``), from ONNX Runtime's TensorRT EP source
-(``onnxruntime/core/providers/tensorrt/tensorrt_execution_provider.cc``, 1.16 … main, and the
-onnxruntime_backend ``src/onnxruntime.cc`` that passes the key through unchanged):
+(``onnxruntime/core/providers/tensorrt/tensorrt_execution_provider.cc`` as stored in the search
+index — a 1.16-era microsoft/onnxruntime version, and a later port of the same provider with the
+same code for these parts; ``TRTGenerateId`` in ``tensorrt_execution_provider_utils.h``), and the
+onnxruntime_backend ``src/onnxruntime.cc`` (2026) that passes the key through unchanged:
 
 * ``TensorrtExecutionProvider::TensorrtExecutionProvider`` (the constructor, run for every
   session) does ``if (!fs::is_directory(cache_path_)) if (!fs::create_directory(cache_path_))
