@@ -32,13 +32,15 @@ onnxruntime_backend ``src/onnxruntime.cc`` (2026) that passes the key through un
 * ``TensorrtExecutionProvider::TensorrtExecutionProvider`` (the constructor, run for every
   session) does ``if (!fs::is_directory(cache_path_)) if (!fs::create_directory(cache_path_))
   throw``: only the leaf is created, and ``std::filesystem::create_directory`` throws when the
-  parent is missing or not writable — ``/tmp/trt-engine-cache/<model>`` in a fresh container fails
-  the load. The check-then-create is not atomic either, and the backend loads instances in parallel
-  (``TRITONBACKEND_BackendAttributeSetParallelModelInstanceLoading(…, true)``): when two instances of
-  one model find no directory, one ``create_directory`` returns false and that instance fails.
-  So every bundle creates each model's cache directory before the server starts
-  (:func:`cache_setup_shell`: the compose/docker command, a Kubernetes init container, the MIG
-  launch script), and the constructor then only finds it.
+  parent is missing or not writable — ``/tmp/trt-engine-cache/<model>`` fails the load in a fresh
+  container. So the path is one level under ``/tmp`` (:data:`TRT_CACHE_PREFIX` + model), whose
+  parent exists (mode 1777) in every image and in an ``emptyDir`` mounted there: the config loads
+  even where no bundle prepared anything. The check-then-create is not atomic either, and the
+  backend loads instances in parallel (``TRITONBACKEND_BackendAttributeSetParallelModelInstanceLoading(…,
+  true)``): when two instances of one model find no directory, one ``create_directory`` returns
+  false and that instance fails. So every bundle also creates each model's directory before the
+  server starts (:func:`cache_setup_shell`: the compose/docker command, a Kubernetes init container,
+  the MIG launch script), and the constructor then only finds it.
 * ``CreateNodeComputeInfoFromGraph`` (``Compile`` in older releases) checks for the engine file,
   deserializes it, or builds and writes it (a plain ``std::ofstream``: truncate and write, no
   temporary file and rename, no file lock) all inside ``GetApiLock()`` — a function-local static
@@ -67,7 +69,7 @@ from pipeline.tensors import ModelSignature
 
 TRT_PRECISION = {"fp32": "FP32", "fp16": "FP16", "int8": "INT8"}
 TRT_WORKSPACE_BYTES = 1 << 30
-TRT_CACHE_ROOT = "/tmp/trt-engine-cache"
+TRT_CACHE_PREFIX = "/tmp/trt-engine-cache-"  # + the model name: one level under /tmp (see "Engine cache")
 
 
 def trt_profile_shapes(signature: ModelSignature, max_batch: int, opt_batch: int) -> dict[str, str] | None:
@@ -87,16 +89,17 @@ def trt_profile_shapes(signature: ModelSignature, max_batch: int, opt_batch: int
 
 def trt_cache_dir(model: str) -> str:
     """Where the TensorRT accelerator of ``model`` caches its engines (see "Engine cache" above)."""
-    return f"{TRT_CACHE_ROOT}/{model}"
+    return f"{TRT_CACHE_PREFIX}{model}"
 
 
 def cache_setup_shell(models: Iterable[str], *, clear: bool = True) -> str:
     """The shell command that prepares the engine cache of ``models`` before tritonserver starts:
     empty it (``clear``: engines are keyed by layer names, not weights) and create each model's
-    directory, so ONNX Runtime's leaf-only, non-atomic ``create_directory`` never runs."""
+    directory, so ONNX Runtime's non-atomic check-then-create never runs for two instances at once."""
     dirs = " ".join(shlex.quote(trt_cache_dir(m)) for m in sorted(set(models)))
-    mkdir = f"mkdir -p {dirs}" if dirs else f"mkdir -p {TRT_CACHE_ROOT}"
-    return f"rm -rf {TRT_CACHE_ROOT} && {mkdir}" if clear else mkdir
+    if not dirs:
+        return "true"
+    return f"rm -rf {dirs} && mkdir -p {dirs}" if clear else f"mkdir -p {dirs}"
 
 
 def uses_tensorrt(cfg: Any) -> bool:

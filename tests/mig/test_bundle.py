@@ -118,7 +118,8 @@ def compose_args(service: dict) -> list[str]:
     setup, _, server = command.replace("$$", "$").partition(" && exec ")  # compose turns "$$" into "$"
     loaded = [a.split("=", 1)[1] for a in shlex.split(server) if a.startswith("--load-model=")]
     # the container's own /tmp: emptied, then every loaded model's engine cache directory made
-    assert setup == "rm -rf /tmp/trt-engine-cache && mkdir -p " + " ".join(f"/tmp/trt-engine-cache/{m}" for m in sorted(loaded))
+    dirs = " ".join(f"/tmp/trt-engine-cache-{m}" for m in sorted(loaded))
+    assert setup == f"rm -rf {dirs} && mkdir -p {dirs}"
     return shlex.split(server)
 
 
@@ -315,7 +316,7 @@ def test_launch_script_starts_real_tritonservers_with_profile_configs(tmp_path: 
             time.sleep(0.5)
         assert found == expected, (tmp_path / "servers.log").read_text()[-3000:]
         # made before the servers started (they share the host's /tmp; ONNX Runtime only creates the leaf, racily)
-        assert Path("/tmp/trt-engine-cache/echo").is_dir()
+        assert Path("/tmp/trt-engine-cache-echo").is_dir()
         request = urllib.request.Request(f"http://127.0.0.1:{base_port}/v2/repository/index", data=b"{}", method="POST")
         with pytest.raises(urllib.error.HTTPError) as denied:
             urllib.request.build_opener(urllib.request.ProxyHandler({})).open(request, timeout=5)

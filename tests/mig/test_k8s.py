@@ -154,8 +154,8 @@ def test_pods_run_non_root_read_only_with_a_per_pod_tmp_and_the_cache_made_first
             [init] = spec["initContainers"]
             loaded = [a.split("=", 1)[1] for a in spec["containers"][0]["args"] if a.startswith("--load-model=")]
             assert init["command"][:2] == ["/bin/sh", "-c"]
-            assert init["command"][2] == "rm -rf /tmp/trt-engine-cache && mkdir -p " + " ".join(
-                f"/tmp/trt-engine-cache/{m}" for m in sorted(loaded)), path
+            dirs = " ".join(f"/tmp/trt-engine-cache-{m}" for m in sorted(loaded))
+            assert init["command"][2] == f"rm -rf {dirs} && mkdir -p {dirs}", path
 
 
 def test_startup_probe_budget_covers_one_engine_build_per_model(plan: MigPlan) -> None:

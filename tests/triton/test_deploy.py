@@ -31,8 +31,8 @@ from publish_harness import publish_two, two_io_onnx
 from pipeline.artifacts import Artifact
 from pipeline.errors import PipelineError
 from pipeline.tensors import signature_from_onnx
-from pipeline.triton.accelerators import TRT_CACHE_ROOT
-from pipeline.triton.config import model_config_from_artifact
+from pipeline.triton.accelerators import TRT_CACHE_PREFIX, gpu_accelerator_parameters
+from pipeline.triton.config import model_config_from_artifact, parse_config
 from pipeline.triton.deploy import DEFAULT_IMAGE, server_args, write_deploy_bundle
 from pipeline.triton.repository import publish_repository
 from pipeline.triton.deploy_cli import register
@@ -100,7 +100,8 @@ def test_bundle_files_parse_and_agree_on_ports(repository: Path, tmp_path: Path)
     bash, dash_c, command = service["command"]
     assert (bash, dash_c) == ("bash", "-c")
     setup, server = split_setup(command.replace("$$", "$"))  # compose turns "$$" into "$"
-    assert setup == f"rm -rf {TRT_CACHE_ROOT} && mkdir -p " + " ".join(f"{TRT_CACHE_ROOT}/{m}" for m in GPU_MODELS)
+    dirs = " ".join(f"{TRT_CACHE_PREFIX}{m}" for m in GPU_MODELS)
+    assert setup == f"rm -rf {dirs} && mkdir -p {dirs}"
     args = shlex.split(server)
     for flag in ("--http-port=9000", "--grpc-port=9001", "--metrics-port=9002", "--model-repository=/models", "--model-control-mode=explicit", "--strict-readiness=true"):
         assert flag in args
@@ -141,7 +142,7 @@ def test_script_runs_docker_with_the_key_from_the_environment(repository: Path, 
     # What the container's shell then runs, with the key from its environment.
     stub(bin_dir, "tritonserver")
     setup, server = split_setup(docker_args[image_at + 3])
-    assert setup.startswith(f"rm -rf {TRT_CACHE_ROOT} && mkdir -p ")
+    assert setup.startswith(f"rm -rf {TRT_CACHE_PREFIX}")
     inner = subprocess.run(["bash", "-c", "exec " + server], env={**env, "TRITON_ADMIN_KEY": secret}, check=False, capture_output=True, text=True)
     received = inner.stdout.splitlines()
     assert received == [a.replace("${TRITON_ADMIN_KEY}", secret) for a in tritonserver_args(server_args(models=tuple(GPU_MODELS)))[1:]]
@@ -217,14 +218,22 @@ def test_the_container_setup_empties_the_cache_and_creates_every_models_director
     model's directory must exist before tritonserver starts; a stale engine from a previous start must go."""
     command = yaml.safe_load(write_deploy_bundle(repository, tmp_path / "deploy")[1].read_text())["services"]["triton"]["command"][2]
     setup, _ = split_setup(command.replace("$$", "$"))
-    root = tmp_path / "container-tmp" / "trt-engine-cache"
-    here = setup.replace(TRT_CACHE_ROOT, str(root))
+    # The published configs' cache paths are one level under /tmp, which exists in every image: ONNX Runtime
+    # creates only the leaf, so a config loads even where no bundle prepared the directory.
+    for model in GPU_MODELS:
+        cfg = parse_config((repository / model / "config.pbtxt").read_text())
+        path = gpu_accelerator_parameters(cfg, "tensorrt")["trt_engine_cache_path"]  # type: ignore[index]
+        assert Path(path).parent == Path("/tmp") and f"{TRT_CACHE_PREFIX}{model}" in setup
+    tmp = tmp_path / "container-tmp"  # the container's /tmp
+    tmp.mkdir()
+    here = setup.replace(TRT_CACHE_PREFIX, f"{tmp}/trt-engine-cache-")
     assert here != setup
     subprocess.run(["bash", "-c", here], check=True)
-    assert sorted(p.name for p in root.iterdir()) == GPU_MODELS
-    (root / "digits_fp32" / "TRTKernel_graph_main_123_sm90.engine").write_bytes(b"old version")
+    assert sorted(p.name for p in tmp.iterdir()) == [f"trt-engine-cache-{m}" for m in GPU_MODELS]
+    (tmp / "trt-engine-cache-digits_fp32" / "TRTKernel_graph_main_123_sm90.engine").write_bytes(b"old version")
     subprocess.run(["bash", "-c", here], check=True)
-    assert sorted(p.name for p in root.iterdir()) == GPU_MODELS and not any((root / "digits_fp32").iterdir())
+    assert sorted(p.name for p in tmp.iterdir()) == [f"trt-engine-cache-{m}" for m in GPU_MODELS]
+    assert not any((tmp / "trt-engine-cache-digits_fp32").iterdir())
 
 
 def _too_new(tmp_path: Path, ir_version: int) -> Path:
