@@ -36,6 +36,7 @@ from pipeline.triton.config import model_config_from_artifact, parse_config
 from pipeline.triton.deploy import DEFAULT_IMAGE, server_args, write_deploy_bundle
 from pipeline.triton.repository import publish_repository
 from pipeline.triton.deploy_cli import register
+from pipeline.triton.ngc_releases import ONNXRUNTIME_LIMITS, OPTIONAL_FIELDS, RELEASES, ModelNeeds, NgcRelease, check_image
 from pipeline.triton.server_args import shell_command, tritonserver_args
 
 RESTRICTED = "model-repository,model-config,shared-memory,trace,logging"
@@ -248,14 +249,51 @@ def _too_new(tmp_path: Path, ir_version: int) -> Path:
 
 
 def test_each_release_in_the_table_checks_ir_version_and_opset(tmp_path: Path) -> None:
-    """IR 11 needs ONNX Runtime 1.22 (25.05 on): 24.10 refuses and names the oldest tag that loads it."""
+    """IR 11 needs ONNX Runtime 1.23 (25.08 on; 1.22 was measured to stop at IR 10): 24.10 refuses and
+    names the oldest tag that loads it."""
     repo = _too_new(tmp_path, 11)
     with pytest.raises(PipelineError, match=r"has ONNX IR version 11 and opset 17, but .*24.10-py3 \(ONNX Runtime 1.19.2\) "
-                                            r"loads at most IR 10 / opset 21.*use nvcr.io/nvidia/tritonserver:25.05-py3 or newer"):
+                                            r"loads at most IR 10 / opset 21.*use nvcr.io/nvidia/tritonserver:25.08-py3 or newer"):
         write_deploy_bundle(repo, tmp_path / "out")
-    with pytest.raises(PipelineError, match=r"25.04-py3 \(ONNX Runtime 1.21.0\) loads at most IR 10"):
-        write_deploy_bundle(repo, tmp_path / "out", image="nvcr.io/nvidia/tritonserver:25.04-py3")
-    assert write_deploy_bundle(repo, tmp_path / "out", image="nvcr.io/nvidia/tritonserver:25.10-py3")
+    with pytest.raises(PipelineError, match=r"25.07-py3 \(ONNX Runtime 1.22.0\) loads at most IR 10 / opset 22"):
+        write_deploy_bundle(repo, tmp_path / "out", image="nvcr.io/nvidia/tritonserver:25.07-py3")
+    assert write_deploy_bundle(repo, tmp_path / "out", image="nvcr.io/nvidia/tritonserver:25.08-py3")
+
+
+def test_every_release_field_is_known_or_listed_as_unknown() -> None:
+    """No value is missing by accident: each optional field of each row is set or named in
+    ``unknown``; ``unverified``/``unknown`` name real fields, never the same one; tags are in order."""
+    real = {f for f in OPTIONAL_FIELDS}
+    assert real == {"triton", "tensorrt", "cuda", "min_driver", "datacenter_drivers", "max_ir", "max_opset"}
+    for release in RELEASES:
+        for name in OPTIONAL_FIELDS:
+            assert (getattr(release, name) is None) == (name in release.unknown), (release.tag, name)
+        assert set(release.unverified) <= real and set(release.unknown) <= real, release.tag
+        assert not set(release.unverified) & set(release.unknown), release.tag
+        assert release.onnxruntime.split("+")[0] in ONNXRUNTIME_LIMITS, release.tag
+    tags = [r.tag for r in RELEASES]
+    assert tags == sorted(set(tags))
+
+
+def _table(*tensorrt: tuple[str, str | None]) -> tuple[NgcRelease, ...]:
+    return tuple(NgcRelease(tag, "1.19.2", tensorrt=trt, max_ir=10, max_opset=21) for tag, trt in tensorrt)
+
+
+def test_a_plan_on_an_image_with_another_tensorrt_names_the_tag_that_runs_its_tensorrt() -> None:
+    """The TensorRT column decides (major.minor); the refusal names the newest tag whose TensorRT
+    matches. A made-up table: the real one knows only 24.10's TensorRT."""
+    table = _table(("24.10", "10.5"), ("24.11", "10.6"), ("24.12", "10.7"), ("25.01", "10.7"), ("25.02", None))
+    plan = [ModelNeeds("m", is_plan=True, plan_tensorrt="10.7.0.23")]
+    with pytest.raises(PipelineError, match=r"^model m is a TensorRT plan built with TensorRT 10.7.0.23, but "
+                                            r"nvcr.io/nvidia/tritonserver:24.10-py3 runs TensorRT 10.5 — pass --image "
+                                            r"nvcr.io/nvidia/tritonserver:25.01-py3, which runs TensorRT 10.7; or rebuild"):
+        check_image("nvcr.io/nvidia/tritonserver:24.10-py3", plan, table)
+    assert check_image("nvcr.io/nvidia/tritonserver:24.12-py3", plan, table) == []
+    with pytest.raises(PipelineError, match=r"no tag in the table is known to run TensorRT 10.9; or rebuild the plan with TensorRT 10.6"):
+        check_image("nvcr.io/nvidia/tritonserver:24.11-py3", [ModelNeeds("m", is_plan=True, plan_tensorrt="10.9.0.34")], table)
+    [line] = check_image("nvcr.io/nvidia/tritonserver:25.02-py3", plan, table)
+    assert line == ("m: built with TensorRT 10.7.0.23; nvcr.io/nvidia/tritonserver:25.02-py3's TensorRT is not in the table "
+                    "(the table lists TensorRT 10.7 for 24.12, 25.01)")
 
 
 def test_images_older_than_the_configs_are_refused_and_unknown_ones_say_what_was_not_checked(
@@ -286,12 +324,17 @@ def _plan_repository(tmp_path: Path, tensorrt: str | None) -> Path:
     return repo
 
 
-def test_plans_must_match_the_images_tensorrt(tmp_path: Path) -> None:
+def test_plans_must_match_the_images_tensorrt(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     with pytest.raises(PipelineError, match="digits_fp16_trt is a TensorRT plan, and a plan only loads on the TensorRT version that built it"):
         write_deploy_bundle(_plan_repository(tmp_path, None), tmp_path / "out")
-    with pytest.raises(PipelineError, match=r"built with TensorRT 10.8.0.43, but .*24.10-py3 runs TensorRT 10.5"):
+    with pytest.raises(PipelineError, match=r"built with TensorRT 10.8.0.43, but .*24.10-py3 runs TensorRT 10.5 \(the table's "
+                                            r"value, not verified\) — no tag in the table is known to run TensorRT 10.8"):
         write_deploy_bundle(_plan_repository(tmp_path, "10.8.0.43"), tmp_path / "out")
     assert write_deploy_bundle(_plan_repository(tmp_path, "10.5.0.18"), tmp_path / "out")
+    with caplog.at_level("WARNING"):  # 25.03's TensorRT could not be read: said, not refused
+        write_deploy_bundle(_plan_repository(tmp_path, "10.9.0.34"), tmp_path / "later", image="nvcr.io/nvidia/tritonserver:25.03-py3")
+    [line] = [r.getMessage() for r in caplog.records if r.getMessage().startswith("not checked")]
+    assert "digits_fp16_trt: built with TensorRT 10.9.0.34; nvcr.io/nvidia/tritonserver:25.03-py3's TensorRT is not in the table" in line
 
 
 def test_a_repository_of_cpu_only_models_is_not_a_gpu_bundle(tmp_path: Path) -> None:
