@@ -4,15 +4,21 @@ checked without TensorRT.
 The rules are data: ``pipeline/data/onnx_trt_ops.json`` encodes onnx-tensorrt's published
 operator list (``docs/operators.md``: which ops parse, for which tensor types, with which
 restrictions) and what each 10.x release changed (``CHANGELOG.md``), with its source noted in the
-file. The default target is TensorRT 10.5, the version in the NGC ``tritonserver:24.10-py3`` image
-the deploy bundle names.
+file. Targets, named by what runs them: **10.8**, the default — what ``build``'s engine stage needs
+(``tensorrt>=10.8``, the data's ``build_minimum``); **10.5**, what the NGC ``tritonserver:24.10-py3``
+image runs (its ONNX Runtime TensorRT EP parses with it); **10.15**, the operator list that was read.
 
-What is checked, per node (subgraphs of Loop/If/Scan included): the op is listed and supported in
-the target version; its tensor type is one of the listed types (from ONNX shape inference); the
-encoded restrictions (inputs that must be constants, attribute values, output counts, input
-ranks); the model's opset is in the target's range; ops outside the default ONNX domain need a
-plugin. What cannot be checked here: whether a kernel exists for a layer on a given GPU, and
-restrictions that depend on values only known at build time.
+What is checked, per node (subgraphs of Loop/If/Scan and the bodies of model-local functions
+included): the op is listed and supported in the target version; its tensor type is one of the
+listed types (from ONNX shape inference); the encoded restrictions (inputs that must be constants,
+attribute values, output counts, input ranks); the model's ``ai.onnx`` opset is in the target's
+documented range; ops outside the default ONNX domain that are not model-local functions need a
+plugin. Rules checked against onnx-tensorrt's ``docs/operators.md`` (the 10.15 list; the data file
+says where a target's value is derived): TopK's ``K`` must be below 3840 when it is a constant and
+is not required to be one (that was the 8.x list); a call of a model-local function is parsed by
+expanding it, so its body is checked instead of asking for a plugin. What cannot be checked here:
+whether a kernel exists for a layer on a given GPU, and restrictions on values only known at build
+time (a computed ``K``).
 """
 
 from __future__ import annotations
@@ -61,7 +67,7 @@ def _version(text: str) -> tuple[int, ...]:
 
 def check_onnx(model: Any, target: str | None = None) -> list[Finding]:
     """Every node of ``model`` (an ``onnx.ModelProto``) that TensorRT ``target`` (default: the
-    data's default, 10.5) would not parse, or would parse only under a restriction it breaks."""
+    data's default, 10.8) would not parse, or would parse only under a restriction it breaks."""
     import onnx
 
     data = support_data()
@@ -74,15 +80,26 @@ def check_onnx(model: Any, target: str | None = None) -> list[Finding]:
     for opset in model.opset_import:
         if opset.domain in ("", "ai.onnx") and not low <= opset.version <= high:
             findings.append(Finding("(model)", "opset", f"opset {opset.version} is outside TensorRT {target}'s {low}..{high}"))
+    functions = {(f.domain, f.name): f for f in model.functions}
     try:
         inferred = onnx.shape_inference.infer_shapes(model, strict_mode=False)
     except Exception:  # a model shape inference cannot follow is still checked, without types
         inferred = model
     types, ranks = _tensor_info(inferred.graph)
     constants = _constants(inferred.graph)
-    for node in _nodes(inferred.graph):
+    for node in _expanded(_nodes(inferred.graph), functions, ()):
         findings.extend(_check_node(node, data["ops"], version, types, ranks, constants, target))
     return findings
+
+
+def _expanded(nodes: Iterator[Any], functions: dict[tuple[str, str], Any], calling: tuple[tuple[str, str], ...]) -> Iterator[Any]:
+    """``nodes`` with each call of a model-local function replaced by its body's nodes (recursively)."""
+    for node in nodes:
+        key = (node.domain, node.op_type)
+        if key in functions and key not in calling:
+            yield from _expanded(iter(functions[key].node), functions, (*calling, key))
+        else:
+            yield node
 
 
 def summarize(findings: list[Finding]) -> list[str]:
@@ -215,8 +232,8 @@ def _breaks(check: dict, node: Any, constants: dict[str, Any], ranks: dict[str, 
     given = index < len(node.input) and bool(node.input[index])
     if kind == "constant_input":
         return given and node.input[index] not in constants
-    if kind == "constant_input_below":
-        return given and (node.input[index] not in constants or int(constants[node.input[index]].max()) >= check["limit"])
+    if kind == "constant_below":  # a computed value is TensorRT's to check at build time
+        return given and node.input[index] in constants and int(constants[node.input[index]].max()) >= check["limit"]
     if kind == "zero_input":
         return given and node.input[index] in constants and bool((constants[node.input[index]] != 0).any())
     if kind == "false_input":

@@ -114,19 +114,82 @@ def test_summary_groups_nodes_and_build_warning(caplog: pytest.LogCaptureFixture
     with caplog.at_level(logging.WARNING, logger="pipeline.trt_support"):
         found = warn_unparsable({"fp16": tmp_path / "m.onnx"})
     assert found == {"fp16": summarize(check_onnx(m))}
-    assert [r.getMessage() for r in caplog.records] == [f"TensorRT 10.5's ONNX parser would not take the fp16 model: {found['fp16'][0]}"]
+    assert [r.getMessage() for r in caplog.records] == [f"TensorRT 10.8's ONNX parser would not take the fp16 model: {found['fp16'][0]}"]
 
 
 def test_the_data_names_its_source_and_targets() -> None:
     data = support_data()
     assert "onnx/onnx-tensorrt docs/operators.md" in data["source"] and "CHANGELOG.md" in data["source"]
-    assert data["default_target"] == "10.5" and data["targets"]["10.5"]["image"] == "nvcr.io/nvidia/tritonserver:24.10-py3"
+    assert data["targets"]["10.5"]["image"] == "nvcr.io/nvidia/tritonserver:24.10-py3"
+    assert all(target["note"] for target in data["targets"].values())  # each says where its values come from
     kinds = {c["kind"] for rule in data["ops"].values() for c in rule.get("checks", [])}
-    assert kinds <= {"constant_input", "constant_input_below", "zero_input", "false_input", "attribute_equals", "attribute_in",
+    assert kinds <= {"constant_input", "constant_below", "zero_input", "false_input", "attribute_equals", "attribute_in",
                      "all_ones_attribute", "attribute_absent", "max_outputs", "input_rank_in", "einsum_simple"}
     assert all(rule.get("supported") is False or rule["types"] for rule in data["ops"].values())
     with pytest.raises(PipelineError, match="no ONNX parser data for TensorRT 9.0"):
         check_onnx(model([], [vi("x")], [vi("x")]), "9.0")
+
+
+# -- the four rules review doubted, each against onnx-tensorrt's docs/operators.md (pipeline/trt_support.py) --------
+
+
+def test_rule_opset_range_per_target() -> None:
+    """The 10.15 list: 'supports operators in the inclusive range of opset 9 to opset 24'; 10.8: 9..22 (opset 22,
+    ONNX 1.17, came in 10.6); 10.5 (the NGC 24.10 image): 9..20."""
+    x, y = [vi("x")], [vi("y")]
+    at = {opset: model([helper.make_node("Relu", ["x"], ["y"])], x, y, opset=opset) for opset in (8, 21, 22, 23, 24)}
+    assert problems(at[22], "10.8") == [] and problems(at[21], "10.5") == ["opset: opset 21 is outside TensorRT 10.5's 9..20"]
+    assert problems(at[23], "10.8") == ["opset: opset 23 is outside TensorRT 10.8's 9..22"]
+    assert problems(at[24], "10.15") == [] and problems(at[8], "10.15") == ["opset: opset 8 is outside TensorRT 10.15's 9..24"]
+
+
+def test_rule_the_default_target_is_what_build_needs() -> None:
+    """Not 10.5 (what the NGC 24.10 image runs): the engine stage needs TensorRT 10.8 (pyproject's bound), so a
+    build on a machine with TensorRT is checked against the parser it will use."""
+    import re
+
+    data = support_data()
+    pyproject = (Path(__file__).resolve().parents[1] / "pyproject.toml").read_text()
+    [lower] = re.findall(r'"tensorrt>=([0-9.]+)', pyproject)
+    assert data["default_target"] == data["build_minimum"] == lower == "10.8"
+    m = model([helper.make_node("Relu", ["x"], ["y"])], [vi("x")], [vi("y")], opset=22)
+    assert check_onnx(m) == [] and problems(m, "10.5") == ["opset: opset 22 is outside TensorRT 10.5's 9..20"]
+
+
+def test_rule_topk_k_must_be_below_3840_when_constant_and_may_be_computed() -> None:
+    """10.15: '`sorted` must be 1. `K` input must be less than 3840' — no initializer rule (8.4's list had
+    '`K` input must be an initializer'), so a K computed in the graph parses and TensorRT checks it at build time."""
+    def topk(k_value: int | None) -> onnx.ModelProto:
+        nodes = [helper.make_node("TopK", ["x", "k"], ["v", "i"])]
+        inputs = [vi("x", shape=("batch", 5000))]
+        inits = []
+        if k_value is None:  # K computed from the input's shape
+            nodes[:0] = [helper.make_node("Shape", ["x"], ["s"], start=1), helper.make_node("Div", ["s", "two"], ["k"])]
+            inits.append(numpy_helper.from_array(np.array([2], np.int64), "two"))
+        else:
+            inits.append(numpy_helper.from_array(np.array([k_value], np.int64), "k"))
+        return model(nodes, inputs, [vi("v", shape=("batch", None)), vi("i", TensorProto.INT64, shape=("batch", None))], inits)
+
+    assert problems(topk(None), "10.8") == [] and problems(topk(None), "10.5") == []
+    assert problems(topk(5), "10.8") == []
+    assert problems(topk(4000), "10.8") == ["TopK: `K` must be less than 3840"]
+
+
+def test_rule_model_local_functions_are_expanded_not_sent_to_a_plugin() -> None:
+    """10.15's list composes ops 'in the form of a model local function' (DynamicQuantizeLinear's row): the
+    parser expands a call, so the body is checked — and an unsupported op inside it is still found."""
+    def with_function(body_op: str) -> onnx.ModelProto:
+        body = [helper.make_node(body_op, ["a"], ["b"])]
+        fn = helper.make_function("local.fns", "Block", ["a"], ["b"], body, [helper.make_opsetid("", 17)])
+        m = model([helper.make_node("Block", ["x"], ["y"], domain="local.fns")], [vi("x")], [vi("y")],
+                  extra_opsets=[helper.make_opsetid("local.fns", 1)])
+        m.functions.append(fn)
+        return m
+
+    assert problems(with_function("Relu"), "10.8") == []
+    assert problems(with_function("Unique"), "10.8") == ["Unique: not supported by TensorRT's ONNX parser (not supported by the ONNX parser)"]
+    plugin = model([helper.make_node("Block", ["x"], ["y"], domain="other.ops")], [vi("x")], [vi("y")], extra_opsets=[helper.make_opsetid("other.ops", 1)])
+    assert problems(plugin, "10.8") == ["other.ops::Block: custom-domain op: TensorRT 10.8 needs a plugin for it"]
 
 
 def qdq_conv(path: Path) -> Path:
@@ -158,10 +221,10 @@ def test_cli_inspects_a_qdq_onnx_model(tmp_path: Path) -> None:
     assert "quantized (Q/DQ) nodes: Conv ×1" in out
     assert "Conv 'conv': input 0 (activation) per-tensor, input 1 (weight) per-channel (axis 0)" in out
     assert "left in float: MatMul 'head'" in out
-    assert "TensorRT 10.5 ONNX parser: every node is supported" in out
+    assert "TensorRT 10.8 ONNX parser: every node is supported" in out  # the default: what build needs
     assert "---- 6 Node(s) ----" in out  # Polygraphy's own summary
     as_json = json.loads(cli("inspect", str(tmp_path / "q.onnx"), "--json").stdout)
-    assert as_json["op_counts"]["DequantizeLinear"] == 2 and as_json["parser"] == {"10.5": []}
+    assert as_json["op_counts"]["DequantizeLinear"] == 2 and as_json["parser"] == {"10.8": []}
 
 
 def test_cli_exit_1_and_the_problems_when_the_parser_would_refuse(tmp_path: Path) -> None:
@@ -205,4 +268,4 @@ def test_cli_converts_a_keras_model_as_build_does(tmp_path: Path) -> None:
     assert "tests.keras_models:tokens (function)" in proc.stdout
     assert "tokens: int32 [batch, tokens_dim1]  dynamic axes [0, 1]" in proc.stdout
     assert "0: tokens:1x8/16x24/16x32" in proc.stdout
-    assert "TensorRT 10.5 ONNX parser: every node is supported" in proc.stdout
+    assert "TensorRT 10.8 ONNX parser: every node is supported" in proc.stdout

@@ -28,7 +28,7 @@ class InspectConfig:
     calibration: Path | None = option(None, "calibration arrays (.npz or .npy folder) whose sizes size the dynamic axes, as build does", metavar="PATH")
     eval_data: Path | None = option(None, "evaluation arrays (.npz or .npy folder) whose sizes size the dynamic axes, as build does", metavar="PATH")
     trt_versions: tuple[str, ...] = option((), "TensorRT version(s) whose ONNX parser the graph is checked against "
-                                               "(default: 10.5, the version in tritonserver:24.10)", flag="--trt-version", metavar="VERSION")
+                                               "(default: 10.8, what build needs; 10.5 is what tritonserver:24.10 runs)", flag="--trt-version", metavar="VERSION")
     opset: int = option(17, "ONNX opset for converting a Keras model / SavedModel (as build)", check=lambda v: None if v >= 17 else "is too old",
                         fix="use --opset 17 or newer")
     show_layers: bool = option(False, "include Polygraphy's per-layer listing")

@@ -5,17 +5,31 @@ Per MIG profile with planned models:
 - ``k8s/triton-mig-<profile>.yaml``: Deployment + Service. Each pod requests one
   ``nvidia.com/mig-<profile>`` (GPU Operator / device plugin **mixed** strategy; the plugin spells
   ``+me`` profiles with a dot: ``mig-1g.18gb.me``) plus CPU/memory requests and limits; readiness on
-  ``/v2/health/ready``, liveness on ``/v2/health/live``. Replicas start at the devices of one GPU.
+  ``/v2/health/ready``, liveness on ``/v2/health/live``, both held off by a startupProbe on
+  ``/v2/health/ready`` whose budget covers the TensorRT engine builds of the first load (Triton
+  answers nothing until its models are loaded, and ONNX Runtime's TensorRT EP builds engines at
+  load, one at a time: the build is inside its process-wide ``GetApiLock()``; see
+  :mod:`pipeline.triton.accelerators`): ``startup_base_s + engine_build_s × models``
+  (:class:`~pipeline.mig.servers.BundleSettings`; 300 s per engine is an assumption — no engine was
+  timed here — change it to what your models take). Replicas start at the devices of one GPU.
+- Pods run as the NGC image's non-root ``triton-server`` user (uid/gid 1000), without privilege
+  escalation or capabilities, on a read-only root filesystem: ``/tmp`` is an ``emptyDir`` (per pod,
+  so no two servers share an engine cache), where an init container creates each model's engine
+  cache directory first (ONNX Runtime only creates the leaf, racily: accelerators.py).
 - ``k8s/autoscaling/triton-mig-<profile>-hpa.yaml``: an ``autoscaling/v2`` HorizontalPodAutoscaler on a
   Pods metric, ``triton_queue_us_per_request`` (mean time a request waited in Triton's queue), up to
   ``max_gpus`` GPUs' worth of devices; pods that find no free MIG device stay Pending, which is what
   a cluster autoscaler adds GPU nodes for.
 - ``k8s/monitoring/``: a ServiceMonitor (Prometheus Operator, ``monitoring.coreos.com/v1``) scraping
-  the metrics port, and the prometheus-adapter rule (a ConfigMap) that turns Triton's counters
+  the metrics port, labelled ``settings.monitor_labels`` (default ``release: kube-prometheus-stack``:
+  that chart's Prometheus selects ServiceMonitors by its Helm release), and the prometheus-adapter rule (a ConfigMap) that turns Triton's counters
   ``nv_inference_queue_duration_us`` / ``nv_inference_request_success`` into that Pods metric.
 - ``k8s/kserve/triton-mig-<profile>.yaml``: the alternative for clusters running KServe, an
   InferenceService (``serving.kserve.io/v1beta1``) on KServe's Triton runtime with the same
-  per-profile flags (the runtime sets the repository and ports itself).
+  per-profile flags (the runtime sets the repository and ports itself), ``runtimeVersion`` pinned to
+  the bundle image's tag (a stock runtime's default tag may be older than the configs need), and the
+  same init container, ``/tmp`` volume, security context and startupProbe (on the runtime's HTTP
+  port 8080, ``--http-port=8080`` in KServe's ``kserve-tritonserver`` runtime).
 """
 
 from __future__ import annotations
@@ -23,17 +37,25 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+import math
+
 import yaml
 
 from pipeline.mig.servers import BundleSettings, container_ports, k8s_name, mig_resource, profile_server
 from pipeline.mig.plan import MigPlan, ProfilePlan
+from pipeline.triton.accelerators import cache_setup_shell
 from pipeline.triton.bundle_files import CONTAINER_ADDRESS, CONTAINER_REPOSITORY
+from pipeline.triton.ngc_releases import image_tag
 from pipeline.triton.server_args import ADMIN_KEY_ENV, K8S_ADMIN_KEY, tritonserver_args
 
 K8S_ADMIN_SECRET = "triton-admin"
 APP = "triton-mig"
 QUEUE_METRIC = "triton_queue_us_per_request"
 KSERVE_RUNTIME = "kserve-tritonserver"
+KSERVE_HTTP_PORT = 8080  # the kserve-tritonserver runtime's --http-port
+TRITON_UID = 1000  # the NGC image's triton-server user and group
+STARTUP_PERIOD_S = 10
+TMP_VOLUME = "tmp"
 # prometheus-adapter rule: queue time per successful request over the last minute, per pod.
 ADAPTER_RULE = {
     "seriesQuery": 'nv_inference_queue_duration_us{namespace!="",pod!=""}',
@@ -73,6 +95,43 @@ def _admin_env() -> list[dict[str, Any]]:
     return [{"name": ADMIN_KEY_ENV, "valueFrom": {"secretKeyRef": {"name": K8S_ADMIN_SECRET, "key": "admin-key"}}}]
 
 
+def startup_budget_s(models: int, settings: BundleSettings) -> int:
+    """Seconds a server may take to load ``models`` models on first start (engines built one at a time)."""
+    return settings.startup_base_s + settings.engine_build_s * max(1, models)
+
+
+def _startup_probe(port: str | int, models: int, settings: BundleSettings) -> dict[str, Any]:
+    budget = startup_budget_s(models, settings)
+    return {"httpGet": {"path": "/v2/health/ready", "port": port}, "periodSeconds": STARTUP_PERIOD_S,
+            "failureThreshold": math.ceil(budget / STARTUP_PERIOD_S)}
+
+
+def _container_security() -> dict[str, Any]:
+    return {"allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]}, "readOnlyRootFilesystem": True,
+            "runAsNonRoot": True, "runAsUser": TRITON_UID, "runAsGroup": TRITON_UID}
+
+
+def _pod_security() -> dict[str, Any]:
+    return {"runAsNonRoot": True, "runAsUser": TRITON_UID, "runAsGroup": TRITON_UID, "fsGroup": TRITON_UID,
+            "seccompProfile": {"type": "RuntimeDefault"}}
+
+
+def _cache_init(image: str, models: tuple[str, ...]) -> dict[str, Any]:
+    """The init container that creates each model's engine cache directory on the pod's /tmp."""
+    return {
+        "name": "trt-engine-cache",
+        "image": image,
+        "command": ["/bin/sh", "-c", cache_setup_shell(models)],
+        "securityContext": _container_security(),
+        "resources": {"requests": {"cpu": "10m", "memory": "16Mi"}, "limits": {"memory": "64Mi"}},
+        "volumeMounts": [{"name": TMP_VOLUME, "mountPath": "/tmp"}],
+    }
+
+
+def _tmp_volume() -> dict[str, Any]:
+    return {"name": TMP_VOLUME, "emptyDir": {}}
+
+
 def deployment(profile_plan: ProfilePlan, replicas: int, settings: BundleSettings) -> dict[str, Any]:
     """The Deployment of one profile's servers."""
     profile = profile_plan.profile.name
@@ -91,11 +150,14 @@ def deployment(profile_plan: ProfilePlan, replicas: int, settings: BundleSetting
             {"name": "metrics", "containerPort": metrics},
         ],
         "resources": _resources(profile, settings),
+        "startupProbe": _startup_probe("http", len(profile_plan.loaded), settings),
         "readinessProbe": {"httpGet": {"path": "/v2/health/ready", "port": "http"}, "periodSeconds": 5},
-        # Generous: model loading (warmup included) happens before the server answers at all.
-        "livenessProbe": {"httpGet": {"path": "/v2/health/live", "port": "http"}, "initialDelaySeconds": 60,
-                          "periodSeconds": 10, "failureThreshold": 6},
-        "volumeMounts": [{"name": "model-repository", "mountPath": CONTAINER_REPOSITORY, "readOnly": True}],
+        "livenessProbe": {"httpGet": {"path": "/v2/health/live", "port": "http"}, "periodSeconds": 10, "failureThreshold": 6},
+        "securityContext": _container_security(),
+        "volumeMounts": [
+            {"name": "model-repository", "mountPath": CONTAINER_REPOSITORY, "readOnly": True},
+            {"name": TMP_VOLUME, "mountPath": "/tmp"},
+        ],
     }
     return {
         "apiVersion": "apps/v1",
@@ -107,8 +169,13 @@ def deployment(profile_plan: ProfilePlan, replicas: int, settings: BundleSetting
             "template": {
                 "metadata": {"labels": labels},
                 "spec": {
+                    "securityContext": _pod_security(),
+                    "initContainers": [_cache_init(settings.image, tuple(profile_plan.loaded))],
                     "containers": [container],
-                    "volumes": [{"name": "model-repository", "persistentVolumeClaim": {"claimName": settings.pvc_claim, "readOnly": True}}],
+                    "volumes": [
+                        {"name": "model-repository", "persistentVolumeClaim": {"claimName": settings.pvc_claim, "readOnly": True}},
+                        _tmp_volume(),
+                    ],
                 },
             },
         },
@@ -161,7 +228,7 @@ def service_monitor(settings: BundleSettings) -> dict[str, Any]:
     return {
         "apiVersion": "monitoring.coreos.com/v1",
         "kind": "ServiceMonitor",
-        "metadata": {"name": APP, "labels": {"app.kubernetes.io/name": APP}},
+        "metadata": {"name": APP, "labels": {"app.kubernetes.io/name": APP, **dict(settings.monitor_labels)}},
         "spec": {
             "selector": {"matchLabels": {"app.kubernetes.io/name": APP}},
             "endpoints": [{"port": "metrics", "path": "/metrics", "interval": "15s"}],
@@ -191,13 +258,21 @@ def inference_service(profile_plan: ProfilePlan, replicas: int, settings: Bundle
             "predictor": {
                 "minReplicas": replicas,
                 "maxReplicas": replicas * max(1, settings.max_gpus),
+                "securityContext": _pod_security(),
+                "initContainers": [_cache_init(settings.image, tuple(profile_plan.loaded))],
+                "volumes": [_tmp_volume()],
                 "model": {
                     "modelFormat": {"name": "triton"},
                     "runtime": KSERVE_RUNTIME,
+                    # The runtime image's tag: the NGC release the configs and the image check are for.
+                    "runtimeVersion": image_tag(settings.image),
                     "storageUri": f"pvc://{settings.pvc_claim}/",
                     "args": args,
                     "env": _admin_env(),
                     "resources": _resources(profile, settings),
+                    "startupProbe": _startup_probe(KSERVE_HTTP_PORT, len(profile_plan.loaded), settings),
+                    "securityContext": _container_security(),
+                    "volumeMounts": [{"name": TMP_VOLUME, "mountPath": "/tmp"}],
                 },
             }
         },

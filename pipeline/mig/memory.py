@@ -9,6 +9,8 @@ Two sources, best first:
    plan size stands in for the weights. Triton's TensorRT backend shares one ``ICudaEngine``
    between all instances of a model on the same GPU (``device_engines_`` in tensorrt_backend), so
    weights count once and each instance adds its execution context's device memory.
+   The device memory is the execution context's whole need, TensorRT's scratch for the tactics it
+   chose (at most the build's workspace limit) included, so no workspace is added on top.
 2. **ONNX model at max batch** (ONNX Runtime backend): Triton's ORT backend builds one session
    per instance, so each instance holds its own copy of the weights. Weights = initializer and
    Constant bytes. Activations = the sum of every non-weight tensor's bytes (inputs, node
@@ -16,7 +18,12 @@ Two sources, best first:
    shape inference cannot size (data-dependent, e.g. NonZero) are measured by running the model
    once in ONNX Runtime on an all-ones max-batch sample with those tensors exposed as outputs.
    The sum ignores buffer reuse, so it is an upper bound of ORT's peak; planning with it
-   never overcommits a slice.
+   never overcommits a slice. When the model's GPU instances run ONNX Runtime's TensorRT
+   execution provider (the ``tensorrt`` accelerator every GPU config of this project carries),
+   each instance's session also builds and holds a TensorRT engine: its weights (estimated as the
+   ONNX weights again: an FP16/INT8 engine stores less) and TensorRT's workspace, up to
+   ``max_workspace_size_bytes`` (the config's value, else
+   :data:`pipeline.triton.accelerators.TRT_WORKSPACE_BYTES`, 1 GiB), per instance.
 
 Fixed costs (constants below, documented reasoning):
 
@@ -44,6 +51,7 @@ import numpy as np
 from pipeline.artifacts import Artifact
 from pipeline.errors import PipelineError
 from pipeline.tensors import load_onnx
+from pipeline.triton.accelerators import TRT_WORKSPACE_BYTES, gpu_accelerator_parameters
 
 log = logging.getLogger(__name__)
 
@@ -192,8 +200,12 @@ _ORT_TYPES = {
 }
 
 
-def memory_from_onnx(onnx_path: Path, max_batch: int) -> MemoryEstimate:
-    """Per-instance memory of an ONNX model served by Triton's ONNX Runtime backend."""
+def memory_from_onnx(onnx_path: Path, max_batch: int, tensorrt_workspace: tuple[int, str] | None = None) -> MemoryEstimate:
+    """Per-instance memory of an ONNX model served by Triton's ONNX Runtime backend.
+
+    ``tensorrt_workspace`` (bytes, where the number comes from) when the GPU instances run ONNX
+    Runtime's TensorRT EP: each instance then also holds an engine (≈ the ONNX weights) and the workspace.
+    """
 
     if max_batch < 1:
         raise PipelineError(f"max batch {max_batch} is not a batch size", "use --max-batch 1 or more")
@@ -208,12 +220,28 @@ def memory_from_onnx(onnx_path: Path, max_batch: int) -> MemoryEstimate:
     )
     if measured:
         detail += f"; {len(measured)} tensor(s) measured with ONNX Runtime"
+    engine = 0
+    if tensorrt_workspace is not None:
+        workspace, origin = tensorrt_workspace
+        engine = weights + workspace
+        detail += (f"; TensorRT EP per instance: engine ≈ ONNX weights {_size(weights)} + workspace {_size(workspace)} "
+                   f"(max_workspace_size_bytes, {origin})")
     return MemoryEstimate(
-        source=f"ONNX {Path(onnx_path).name} at batch {max_batch}",
+        source=f"ONNX {Path(onnx_path).name} at batch {max_batch}" + (" with TensorRT" if tensorrt_workspace else ""),
         shared_bytes=0,
-        per_instance_bytes=weights + activations + INSTANCE_OVERHEAD_BYTES,
+        per_instance_bytes=weights + activations + INSTANCE_OVERHEAD_BYTES + engine,
         detail=detail,
     )
+
+
+def tensorrt_workspace_of(config: Any, origin: str) -> tuple[int, str] | None:
+    """(workspace bytes, where from) when ``config`` gives GPU instances the ``tensorrt`` accelerator, else None."""
+    params = gpu_accelerator_parameters(config, "tensorrt")
+    if params is None:
+        return None
+    if "max_workspace_size_bytes" in params:
+        return int(params["max_workspace_size_bytes"]), origin
+    return TRT_WORKSPACE_BYTES, "ONNX Runtime's default, pipeline.triton.accelerators.TRT_WORKSPACE_BYTES"
 
 
 def memory_for_artifact(artifact: Artifact, max_batch: int) -> MemoryEstimate:
@@ -222,7 +250,9 @@ def memory_for_artifact(artifact: Artifact, max_batch: int) -> MemoryEstimate:
         if artifact.metadata is None:
             raise PipelineError(f"plan {artifact.path} has no engine metadata JSON", "rebuild the engine")
         return memory_from_engine_metadata(artifact.metadata)
-    return memory_from_onnx(artifact.path, max_batch)
+    # The build's GPU configs give every non-CPU ONNX variant the tensorrt accelerator (accelerators.py).
+    workspace = None if artifact.cpu_only else (TRT_WORKSPACE_BYTES, "the build's configs: pipeline.triton.accelerators.TRT_WORKSPACE_BYTES")
+    return memory_from_onnx(artifact.path, max_batch, workspace)
 
 
 def _size(n: int) -> str:
@@ -297,8 +327,8 @@ def memory_from_metadata(
             "rebuild the engine with the engine stage, or also pass --onnx and --max-batch",
         )
     detail = (
-        f"engine weights {_size(weights)} once (shared by instances) + device memory "
-        f"{_size(device)} + {INSTANCE_OVERHEAD_BYTES // MIB} MiB per instance"
+        f"engine weights {_size(weights)} once (shared by instances) + execution-context device memory "
+        f"{_size(device)} (TensorRT scratch included) + {INSTANCE_OVERHEAD_BYTES // MIB} MiB per instance"
     )
     if notes:
         detail += "; " + "; ".join(notes)
@@ -346,7 +376,7 @@ def memory_for_model_dir(model_dir: Path, max_batch: int) -> MemoryEstimate:
             "publish it with the build (it records the metadata in .pipeline-report.json)",
         )
     if (latest / "model.onnx").is_file():
-        return memory_from_onnx(latest / "model.onnx", max_batch)
+        return memory_from_onnx(latest / "model.onnx", max_batch, _config_workspace(model_dir))
     raise PipelineError(f"{latest} holds neither model.plan nor model.onnx", "point --repository at a Triton model repository")
 
 
@@ -361,3 +391,13 @@ def _report_metadata(model_dir: Path, version: str) -> dict[str, Any] | None:
     entry = data.get("versions", {}).get(version) if isinstance(data, dict) else None
     metadata = entry.get("engine_metadata") if isinstance(entry, dict) else None
     return metadata if isinstance(metadata, dict) else None
+
+
+def _config_workspace(model_dir: Path) -> tuple[int, str] | None:
+    """The TensorRT workspace the model's ``config.pbtxt`` gives its GPU instances (None: no TensorRT, or no config)."""
+    from pipeline.triton.config import parse_config
+
+    path = model_dir / "config.pbtxt"
+    if not path.is_file():
+        return None
+    return tensorrt_workspace_of(parse_config(path.read_text(), str(path)), f"{model_dir.name}/config.pbtxt")

@@ -47,6 +47,15 @@ class MigPlanConfig:
     image: str = option(BundleSettings.image, "tritonserver image for compose and Kubernetes")
     max_gpus: int = option(BundleSettings.max_gpus, "Kubernetes autoscaling: grow each profile up to N GPUs' worth of MIG devices",
                            metavar="N", check=at_least(1), fix="use 1 or more GPUs")
+    engine_build_s: int = option(BundleSettings.engine_build_s, "Kubernetes startupProbe: seconds allowed per model for its "
+                                 "TensorRT engine build on first load (plus a base of "
+                                 f"{BundleSettings.startup_base_s}s)", metavar="S", check=at_least(1), fix="use 1 second or more")
+    monitor_labels: tuple[str, ...] = option(tuple(f"{k}={v}" for k, v in BundleSettings.monitor_labels),
+                                             "ServiceMonitor label KEY=VALUE (repeatable; default: release=kube-prometheus-stack, "
+                                             "the label kube-prometheus-stack selects by: use your Helm release name)",
+                                             flag="--monitor-label", metavar="KEY=VALUE",
+                                             check=lambda v: None if all("=" in x and x.split("=", 1)[0] for x in v) else "is not KEY=VALUE",
+                                             fix="pass --monitor-label release=<your kube-prometheus-stack release>")
     from_tune: tuple[Path, ...] = option((), "report dirs of `tune --profile P` runs (one per slice type): instances, batching and "
                                              "layout ranking from those measurements instead of the heuristic; a 'whole-gpu' run is the full "
                                              "profile's capacity, scaled by SM share to the others (estimated); profiles cpu-N rehearse "
@@ -216,7 +225,9 @@ def _write_bundle(console: Any, plan: MigPlan, out: Path, cfg: MigPlanConfig, re
     if not any(p.loaded for p in plan.profiles):
         raise PipelineError("no model fits any planned MIG profile, so there is nothing to launch",
                             "use larger profiles or a smaller --max-batch")
-    write_bundle(out, plan, BundleSettings(image=cfg.image, max_gpus=cfg.max_gpus), devices, repository=cfg.repository)
+    labels = tuple((key, value) for key, _, value in (x.partition("=") for x in cfg.monitor_labels))
+    settings = BundleSettings(image=cfg.image, max_gpus=cfg.max_gpus, engine_build_s=cfg.engine_build_s, monitor_labels=labels)
+    write_bundle(out, plan, settings, devices, repository=cfg.repository)
     where = f"the repository {cfg.repository}" if cfg.repository else "$MODEL_REPOSITORY (set it: no --repository given)"
     console.print(f"wrote the MIG bundle to {out}/ ({LAUNCH_SCRIPT}, docker-compose.yml, k8s/), serving {where}", highlight=False)
     if not repository_configs:

@@ -28,6 +28,13 @@ class BundleSettings:
     cpu_request: str = "1"  # Kubernetes requests/limits beside the MIG device
     memory_request: str = "4Gi"
     memory_limit: str = "8Gi"
+    # Kubernetes startupProbe budget: startup_base_s + engine_build_s per model the server loads (ONNX
+    # Runtime's TensorRT EP builds one engine per model at load, one at a time: pipeline.mig.k8s).
+    engine_build_s: int = 300
+    startup_base_s: int = 120
+    # Labels of the ServiceMonitor: kube-prometheus-stack's Prometheus selects ServiceMonitors by its
+    # Helm release name (serviceMonitorSelector: release=<name>); set it to yours.
+    monitor_labels: tuple[tuple[str, str], ...] = (("release", "kube-prometheus-stack"),)
 
 
 def k8s_name(profile: str) -> str:

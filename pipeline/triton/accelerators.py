@@ -9,9 +9,8 @@ Decisions (keys as the backend's ``src/onnxruntime.cc`` parses them; the same fi
 * ``tensorrt`` with the variant's ``precision_mode`` (FP32, FP16, INT8): an NGC Triton without a
   prebuilt plan still runs TensorRT kernels. INT8 takes its scales from the explicit Q/DQ nodes (no
   calibration table, which would fail a Q/DQ model). ``max_workspace_size_bytes`` is the backend's
-  stated default (1 GiB), written out so a MIG profile's config can lower it. Engines are cached per
-  model under ``/tmp`` (writable for the image's non-root user; the repository is mounted read-only),
-  so an instance restart does not rebuild. For inputs whose only dynamic axis is the batch, the
+  stated default (1 GiB), written out so a MIG profile's config can lower it. Engines are cached in
+  :func:`trt_cache_dir` (see "Engine cache" below). For inputs whose only dynamic axis is the batch, the
   TensorRT profile spans batch 1..max batch (optimum at the largest preferred batch): without it
   ONNX Runtime rebuilds the engine each time a larger batch arrives.
 * ``cuda`` for the nodes TensorRT leaves (all of them where TensorRT is missing): ``use_tf32: "0"``.
@@ -23,17 +22,54 @@ Decisions (keys as the backend's ``src/onnxruntime.cc`` parses them; the same fi
   graph optimizations off), which also keeps ORT's ``WeightBiasQuantization`` pass from adding int32
   bias DequantizeLinear nodes that have no CUDA kernel (measured on an H200: with default
   optimizations they fell back to the CPU).
+
+Engine cache (``trt_engine_cache_path``), from ONNX Runtime's TensorRT EP source
+(``onnxruntime/core/providers/tensorrt/tensorrt_execution_provider.cc`` as stored in the search
+index — a 1.16-era microsoft/onnxruntime version, and a later port of the same provider with the
+same code for these parts; ``TRTGenerateId`` in ``tensorrt_execution_provider_utils.h``), and the
+onnxruntime_backend ``src/onnxruntime.cc`` (2026) that passes the key through unchanged:
+
+* ``TensorrtExecutionProvider::TensorrtExecutionProvider`` (the constructor, run for every
+  session) does ``if (!fs::is_directory(cache_path_)) if (!fs::create_directory(cache_path_))
+  throw``: only the leaf is created, and ``std::filesystem::create_directory`` throws when the
+  parent is missing or not writable — ``/tmp/trt-engine-cache/<model>`` fails the load in a fresh
+  container. So the path is one level under ``/tmp`` (:data:`TRT_CACHE_PREFIX` + model), whose
+  parent exists (mode 1777) in every image and in an ``emptyDir`` mounted there: the config loads
+  even where no bundle prepared anything. The check-then-create is not atomic either, and the
+  backend loads instances in parallel (``TRITONBACKEND_BackendAttributeSetParallelModelInstanceLoading(…,
+  true)``): when two instances of one model find no directory, one ``create_directory`` returns
+  false and that instance fails. So every bundle also creates each model's directory before the
+  server starts (:func:`cache_setup_shell`: the compose/docker command, a Kubernetes init container,
+  the MIG launch script), and the constructor then only finds it.
+* ``CreateNodeComputeInfoFromGraph`` (``Compile`` in older releases) checks for the engine file,
+  deserializes it, or builds and writes it (a plain ``std::ofstream``: truncate and write, no
+  temporary file and rename, no file lock) all inside ``GetApiLock()`` — a function-local static
+  mutex, so one per process. Instances of a model inside one tritonserver therefore never see a
+  half-written engine: the first builds and writes it, the others read the finished file. Two
+  *processes* sharing one directory are not protected (a reader can get a partial file: "could not
+  deserialize engine from cache", the load fails), so each container/pod gets its own ``/tmp``
+  (compose/docker: the container's; Kubernetes: an ``emptyDir``), never a shared volume. The
+  launch script's servers on one host do share ``/tmp``: see docs/ngc.md.
+* The engine file's name comes from ``TRTGenerateId``: a hash of the model's *file name*
+  (``model.onnx`` for every Triton model), input and node-output names, ORT/TensorRT/CUDA versions
+  and the compute capability — not the weights. Hence one directory per model (two models with the
+  same layer names must not share files), and the bundles empty the cache at container start: a new
+  version of a model, with the same names, would otherwise load the previous version's engine.
+* The path is absolute under ``/tmp``, so a read-only repository is never written to (nothing
+  else in these keys writes beside the model: no timing cache, no EP-context dump).
 """
 
 from __future__ import annotations
 
+import shlex
+from collections.abc import Iterable
 from typing import Any
 
 from pipeline.tensors import ModelSignature
 
 TRT_PRECISION = {"fp32": "FP32", "fp16": "FP16", "int8": "INT8"}
 TRT_WORKSPACE_BYTES = 1 << 30
-TRT_CACHE_ROOT = "/tmp/trt-engine-cache"
+TRT_CACHE_PREFIX = "/tmp/trt-engine-cache-"  # + the model name: one level under /tmp (see "Engine cache")
 
 
 def trt_profile_shapes(signature: ModelSignature, max_batch: int, opt_batch: int) -> dict[str, str] | None:
@@ -51,6 +87,26 @@ def trt_profile_shapes(signature: ModelSignature, max_batch: int, opt_batch: int
     return {f"trt_profile_{key}_shapes": ",".join(values) for key, values in rows.items()}
 
 
+def trt_cache_dir(model: str) -> str:
+    """Where the TensorRT accelerator of ``model`` caches its engines (see "Engine cache" above)."""
+    return f"{TRT_CACHE_PREFIX}{model}"
+
+
+def cache_setup_shell(models: Iterable[str], *, clear: bool = True) -> str:
+    """The shell command that prepares the engine cache of ``models`` before tritonserver starts:
+    empty it (``clear``: engines are keyed by layer names, not weights) and create each model's
+    directory, so ONNX Runtime's non-atomic check-then-create never runs for two instances at once."""
+    dirs = " ".join(shlex.quote(trt_cache_dir(m)) for m in sorted(set(models)))
+    if not dirs:
+        return "true"
+    return f"rm -rf {dirs} && mkdir -p {dirs}" if clear else f"mkdir -p {dirs}"
+
+
+def uses_tensorrt(cfg: Any) -> bool:
+    """Whether ``cfg`` gives its GPU instances the ``tensorrt`` accelerator."""
+    return gpu_accelerator_parameters(cfg, "tensorrt") is not None
+
+
 def add_gpu_accelerators(cfg: Any, *, precision: str, signature: ModelSignature) -> None:
     """Add the ``tensorrt`` and ``cuda`` GPU execution accelerators to an ONNX model's ``ModelConfig``."""
     accelerators = cfg.optimization.execution_accelerators.gpu_execution_accelerator
@@ -59,7 +115,7 @@ def add_gpu_accelerators(cfg: Any, *, precision: str, signature: ModelSignature)
     trt.parameters["precision_mode"] = TRT_PRECISION[precision]
     trt.parameters["max_workspace_size_bytes"] = str(TRT_WORKSPACE_BYTES)
     trt.parameters["trt_engine_cache_enable"] = "1"
-    trt.parameters["trt_engine_cache_path"] = f"{TRT_CACHE_ROOT}/{cfg.name}"
+    trt.parameters["trt_engine_cache_path"] = trt_cache_dir(cfg.name)
     preferred = list(cfg.dynamic_batching.preferred_batch_size)
     profile = trt_profile_shapes(signature, cfg.max_batch_size, max(preferred or [cfg.max_batch_size]))
     for key, value in (profile or {}).items():

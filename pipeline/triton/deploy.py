@@ -1,28 +1,34 @@
 """A production deploy bundle for a model repository: ``docker-run.sh`` and ``compose.yaml`` for NGC Triton.
 
-Image: ``nvcr.io/nvidia/tritonserver:24.10-py3`` by default. It is Triton 2.51, the same server as the
-local ``tritonserver`` the repository is served and tested with, so config semantics match; its
-ONNX Runtime is 1.19.2 (Triton's compatibility matrix), which loads ONNX IR ≤ 10 and opset ≤ 21 —
-checked here for every ONNX model. A TensorRT plan only loads on the TensorRT version that built it,
-so a repository with plans needs ``image=`` set to the NGC tag whose TensorRT built them.
+Image: ``nvcr.io/nvidia/tritonserver:24.10-py3`` by default, Triton 2.51, the same server as the
+local ``tritonserver`` the repository is served and tested with, so config semantics match. Any
+other tag is checked against the NGC release table (:mod:`pipeline.triton.ngc_releases`): an
+image older than 24.10 is refused, a listed tag must load every model's ONNX IR version and opset
+(and a plan's TensorRT), and what could not be checked is logged in one line.
 
-The server's flags come from :mod:`pipeline.triton.server_args` (shared with ``serve`` and the MIG
-bundle): ``--model-control-mode=none`` (the repository is loaded at start and cannot be changed
-through the API), ``--strict-readiness``, ``--disable-auto-complete-config``, and the admin APIs
-behind the header ``admin-key: $TRITON_ADMIN_KEY``. How the files are written (repository relative to
-the bundle, non-root user, init, key only in the environment, user edits kept) is
-:mod:`pipeline.triton.bundle_files`, shared with the MIG bundle.
+The bundle is for a GPU host: the server runs ``--model-control-mode=explicit`` with one
+``--load-model`` per GPU model, so models whose every instance group is ``KIND_CPU`` (the
+``*_int8cpu`` variants made for ONNX Runtime's CPU kernels) stay in the repository, with their
+CPU config, for CPU deployments, and are not loaded here. Before the server starts, the container
+empties and creates each model's TensorRT engine cache directory (why: "Engine cache" in
+:mod:`pipeline.triton.accelerators`).
+
+The server's other flags come from :mod:`pipeline.triton.server_args` (shared with ``serve`` and
+the MIG bundle): ``--strict-readiness``, ``--disable-auto-complete-config``, and the admin APIs
+(model load/unload included) behind the header ``admin-key: $TRITON_ADMIN_KEY``. How the files are
+written (repository relative to the bundle, non-root user, init, key only in the environment, user
+edits kept) is :mod:`pipeline.triton.bundle_files`, shared with the MIG bundle.
 """
 
 from __future__ import annotations
 
-import json
 import logging
 import shlex
 from pathlib import Path
 from typing import Any
 
-from pipeline.errors import PipelineError, require
+from pipeline.errors import require
+from pipeline.triton.accelerators import cache_setup_shell
 from pipeline.triton.bundle_files import (
     BIND_ADDRESS,
     BIND_ENV,
@@ -37,7 +43,8 @@ from pipeline.triton.bundle_files import (
     script_repository_lines,
     write_bundle_files,
 )
-from pipeline.triton.repository import REPORT, model_filename, read_repository
+from pipeline.triton.ngc_releases import DEFAULT_IMAGE, check_image, repository_needs
+from pipeline.triton.repository import read_repository
 from pipeline.triton.server_args import (
     ADMIN_HEADER,
     ADMIN_KEY_ENV,
@@ -49,16 +56,25 @@ from pipeline.triton.server_args import (
 
 log = logging.getLogger(__name__)
 
-DEFAULT_IMAGE = "nvcr.io/nvidia/tritonserver:24.10-py3"
-# What the default image's ONNX Runtime (1.19.2) can load: newest ONNX IR version and ai.onnx opset.
-DEFAULT_IMAGE_ONNX_LIMITS = (10, 21)
+__all__ = ["DEFAULT_IMAGE", "server_args", "write_deploy_bundle", "gpu_models"]
 SCRIPT, COMPOSE, README = "docker-run.sh", "compose.yaml", "README.md"
 
 
-def server_args(http_port: int = 8000, grpc_port: int = 8001, metrics_port: int = 8002) -> ServerArgs:
-    """How the production server runs: the whole repository loaded at start, admin APIs behind the key."""
+def server_args(http_port: int = 8000, grpc_port: int = 8001, metrics_port: int = 8002,
+                models: tuple[str, ...] = ()) -> ServerArgs:
+    """How the production server runs: exactly ``models`` loaded at start (explicit model control),
+    the admin APIs (load/unload included) behind the key."""
     return ServerArgs(repository=CONTAINER_REPOSITORY, http_port=http_port, grpc_port=grpc_port, metrics_port=metrics_port,
-                      host=CONTAINER_ADDRESS)
+                      host=CONTAINER_ADDRESS, model_control="explicit", load_models=tuple(models))
+
+
+def gpu_models(models: dict[str, Any]) -> list[str]:
+    """The models a GPU server loads: every model but those whose instance groups are all ``KIND_CPU``."""
+    from tritonclient.grpc.model_config_pb2 import ModelInstanceGroup
+
+    cpu = ModelInstanceGroup.Kind.KIND_CPU
+    return sorted(name for name, info in models.items()
+                  if not (info.config.instance_group and all(g.kind == cpu for g in info.config.instance_group)))
 
 
 def write_deploy_bundle(
@@ -74,22 +90,29 @@ def write_deploy_bundle(
 
     The repository is referenced relative to ``out_dir`` so bundle and repository can move together.
     Files the user edited are kept (the new version goes to ``<file>.new``). Raises PipelineError if
-    a model cannot load in ``image`` (ONNX too new for its ONNX Runtime, or TensorRT plans with the
-    default image).
+    a GPU model cannot load in ``image`` (:func:`pipeline.triton.ngc_releases.check_image`) or the
+    repository has no GPU model.
     """
     ports = (http_port, grpc_port, metrics_port)
     require(all(1 <= p <= 65535 for p in ports) and len(set(ports)) == 3, f"ports {ports} must be distinct and in 1..65535", "pick three free ports")
     models = read_repository(repository)
-    _check_image_can_load(Path(repository), models, image)
+    loaded = gpu_models(models)
+    require(bool(loaded), f"every model in {repository} is CPU-only (KIND_CPU), and this bundle is for a GPU host",
+            "build GPU variants (e.g. --fp16), or serve the CPU variants with `python -m pipeline serve`")
+    for line in check_image(image, repository_needs(models, loaded)):
+        log.warning("not checked: %s", line)
 
     out_dir = Path(out_dir)
     rel_repo = relative_repository(Path(repository), out_dir)
-    server = server_args(http_port, grpc_port, metrics_port)
-    service = compose_service(image=image, server=server, ports=[(p, p) for p in ports], rel_repo=rel_repo, devices={"count": "all"})
+    server = server_args(http_port, grpc_port, metrics_port, tuple(loaded))
+    setup = cache_setup_shell(loaded)
+    service = compose_service(image=image, server=server, ports=[(p, p) for p in ports], rel_repo=rel_repo, devices={"count": "all"},
+                              setup=setup)
+    skipped = sorted(set(models) - set(loaded))
     files = {
-        SCRIPT: _docker_run_script(image, rel_repo, shell_command(tritonserver_args(server)), ports),
+        SCRIPT: _docker_run_script(image, rel_repo, f"{setup} && exec " + shell_command(tritonserver_args(server)), ports),
         COMPOSE: compose_yaml({"triton": service}, f"Serve the model repository with {image}: {ADMIN_KEY_ENV}=<secret> docker compose up"),
-        README: _readme(image, sorted(models), ports),
+        README: _readme(image, loaded, skipped, ports),
     }
     paths = write_bundle_files(out_dir, files, executable=[SCRIPT])
     log.info("deploy bundle for %s (%s) written to %s", repository, image, out_dir)
@@ -108,7 +131,7 @@ def _docker_run_script(image: str, rel_repo: str | None, server: str, ports: tup
         '-v "${MODEL_REPOSITORY}:' + CONTAINER_REPOSITORY + ':ro"',
         f"-e {ADMIN_KEY_ENV}",
         shlex.quote(image),
-        "bash -c " + shlex.quote("exec " + server),
+        "bash -c " + shlex.quote(server),
     ]
     return "\n".join([
         "#!/usr/bin/env bash",
@@ -125,13 +148,15 @@ def _docker_run_script(image: str, rel_repo: str | None, server: str, ports: tup
     ])
 
 
-def _readme(image: str, models: list[str], ports: tuple[int, ...]) -> str:
+def _readme(image: str, models: list[str], skipped: list[str], ports: tuple[int, ...]) -> str:
     http, grpc, metrics = ports
+    cpu_note = [f"Not loaded (CPU-only variants, `KIND_CPU`, for CPU deployments): {', '.join(skipped)}.", ""] if skipped else []
     return "\n".join([
         "# Triton deploy bundle",
         "",
         f"Serves {', '.join(models)} with `{image}` on a GPU host (NVIDIA Container Toolkit).",
         "",
+        *cpu_note,
         f"    export {ADMIN_KEY_ENV}=$(openssl rand -hex 32)",
         "    ./docker-run.sh            # or: docker compose up",
         f"    curl -fsS localhost:{http}/v2/health/ready",
@@ -142,46 +167,8 @@ def _readme(image: str, models: list[str], ports: tuple[int, ...]) -> str:
         f"The ports are published on `${BIND_ENV}` (default `{DEFAULT_BIND_ADDRESS}`: this host only).",
         f"Inference, metadata, health and metrics carry no authentication: before setting `{BIND_ENV}=0.0.0.0`,",
         "put the ports behind a proxy that authenticates (e.g. NGINX or Envoy with mTLS or tokens) or a firewall.",
-        "Models load once at start (`--model-control-mode=none`); publish a new build, then restart.",
+        "The listed models load at start (`--model-control-mode=explicit`, one `--load-model` each); publish a new build,",
+        "then restart: the container empties its TensorRT engine cache at start, so a new version never reuses an old engine.",
         "Files you edit here are kept when the bundle is regenerated: the new version is written beside them as `<file>.new`.",
         "",
     ])
-
-
-def _check_image_can_load(repository: Path, models: dict[str, Any], image: str) -> None:
-    if image != DEFAULT_IMAGE:
-        log.warning("not checking that %s can load every model: only %s's limits are known", image, DEFAULT_IMAGE)
-        return
-    import onnx
-
-    max_ir, max_opset = DEFAULT_IMAGE_ONNX_LIMITS
-    for name, info in models.items():
-        if info.config.platform == "tensorrt_plan" or info.config.backend == "tensorrt":
-            raise PipelineError(
-                f"model {name} is a TensorRT plan{_trt_version(info.path)}, and a plan only loads on the TensorRT version that built it",
-                "pass image= (or --image) the NGC tritonserver tag whose release notes list that TensorRT version",
-            )
-        if info.config.platform != "onnxruntime_onnx" and info.config.backend != "onnxruntime":
-            continue
-        filename = model_filename(info.config)
-        for version in info.versions:
-            path = info.path / str(version) / filename
-            if path.is_dir():
-                path = path / "model.onnx"
-            proto = onnx.load(str(path), load_external_data=False)
-            opset = max((o.version for o in proto.opset_import if o.domain in ("", "ai.onnx")), default=0)
-            require(
-                proto.ir_version <= max_ir and opset <= max_opset,
-                f"{path} has ONNX IR version {proto.ir_version} and opset {opset}, but {image} (ONNX Runtime 1.19.2) loads at most IR {max_ir} / opset {max_opset}",
-                "export with a lower --opset (and IR version), or pass image= a newer tritonserver tag",
-            )
-
-
-def _trt_version(model_dir: Path) -> str:
-    try:
-        versions = json.loads((model_dir / REPORT).read_text())["versions"]
-        meta = versions[max(versions, key=int)].get("engine_metadata") or {}
-        found = meta.get("tensorrt_version") or meta.get("trt_version")
-        return f" built with TensorRT {found}" if found else ""
-    except (OSError, ValueError, KeyError, TypeError):
-        return ""

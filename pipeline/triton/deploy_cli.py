@@ -33,12 +33,14 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="write docker-run.sh and compose.yaml that serve the model repository with NGC Triton on a GPU host",
         description=(
             "Write a production bundle for the model repository: docker-run.sh (docker run --gpus ...), compose.yaml "
-            f"and a README. The server loads the repository once at start (--model-control-mode=none), mounts it "
+            "and a README. The server loads the GPU models at start (--model-control-mode=explicit, one --load-model "
+            "each; CPU-only variants such as *_int8cpu are left to CPU deployments), mounts the repository "
             f"read-only, runs as a non-root user, and restricts the admin APIs ({', '.join(RESTRICTED_APIS)}) to "
             f"requests with the header '{ADMIN_HEADER}: ${ADMIN_KEY_ENV}'; the key comes from the environment "
             f"when the bundle runs and is never written to disk. The default image ({DEFAULT_IMAGE}) is the same Triton "
-            "(2.51) as `python -m pipeline serve`; repositories with TensorRT plans need --image with the NGC tag "
-            "whose TensorRT built the plans."
+            "(2.51) as `python -m pipeline serve`; --image is checked against the NGC release table (older than 24.10: "
+            "refused; a listed tag: every model's ONNX IR version/opset and plan TensorRT; others: a warning says what "
+            "was not checked)."
         ),
         epilog=(
             "examples:\n"

@@ -112,12 +112,15 @@ def test_launch_script_skips_unplanned_profiles_and_fails_without_devices(plan: 
 
 
 def compose_args(service: dict) -> list[str]:
-    """The tritonserver arguments of a compose service (``bash -c "exec tritonserver ..."``)."""
+    """The tritonserver arguments of a compose service (``bash -c "<cache setup> && exec tritonserver ..."``)."""
     bash, dash_c, command = service["command"]
     assert (bash, dash_c) == ("bash", "-c")
-    exec_, *args = shlex.split(command.replace("$$", "$"))  # compose turns "$$" into "$"
-    assert exec_ == "exec"
-    return args
+    setup, _, server = command.replace("$$", "$").partition(" && exec ")  # compose turns "$$" into "$"
+    loaded = [a.split("=", 1)[1] for a in shlex.split(server) if a.startswith("--load-model=")]
+    # the container's own /tmp: emptied, then every loaded model's engine cache directory made
+    dirs = " ".join(f"/tmp/trt-engine-cache-{m}" for m in sorted(loaded))
+    assert setup == f"rm -rf {dirs} && mkdir -p {dirs}"
+    return shlex.split(server)
 
 
 def test_compose_file(plan: MigPlan) -> None:
@@ -225,7 +228,8 @@ def test_launch_script_starts_real_tritonservers_with_profile_configs(tmp_path: 
     """The generated launch script runs the real tritonserver (pytriton's, python backend) once per
     MIG device of a hand-written `nvidia-smi -L`; each server must load configs/<profile>.pbtxt,
     including the '.' and '+' in 1g.18gb+me. No GPU here: the generated KIND_GPU instance groups
-    are switched to KIND_CPU in the written files, and CUDA_VISIBLE_DEVICES holds a fake UUID."""
+    are switched to KIND_CPU in the written files, and CUDA_VISIBLE_DEVICES holds a fake UUID. The
+    servers start one after the other (the script waits for each to answer ready: STAGGER=1)."""
     spec = find_spec("pytriton")
     assert spec is not None and spec.submodule_search_locations
     pytriton = Path(next(iter(spec.submodule_search_locations)))
@@ -303,7 +307,7 @@ def test_launch_script_starts_real_tritonservers_with_profile_configs(tmp_path: 
     try:
         expected = {base_port: 2, base_port + 10: 1}
         found: dict[int, int] = {}
-        deadline = time.monotonic() + 90
+        deadline = time.monotonic() + 240  # a guard against a hang: the servers start one after the other (STAGGER=1)
         while time.monotonic() < deadline and len(found) < len(expected) and proc.poll() is None:
             for port in expected:
                 config = _get(f"http://127.0.0.1:{port}/v2/models/echo/config", admin_key="s3cret")  # model-config is restricted
@@ -311,6 +315,8 @@ def test_launch_script_starts_real_tritonservers_with_profile_configs(tmp_path: 
                     found[port] = sum(g["count"] for g in json.loads(config)["instance_group"])
             time.sleep(0.5)
         assert found == expected, (tmp_path / "servers.log").read_text()[-3000:]
+        # made before the servers started (they share the host's /tmp; ONNX Runtime only creates the leaf, racily)
+        assert Path("/tmp/trt-engine-cache-echo").is_dir()
         request = urllib.request.Request(f"http://127.0.0.1:{base_port}/v2/repository/index", data=b"{}", method="POST")
         with pytest.raises(urllib.error.HTTPError) as denied:
             urllib.request.build_opener(urllib.request.ProxyHandler({})).open(request, timeout=5)
@@ -332,3 +338,22 @@ def test_launch_script_starts_real_tritonservers_with_profile_configs(tmp_path: 
     # session (pipeline_triton_<pid>_…) and of other processes on the machine are not theirs.
     leaked = {n for n in set(os.listdir("/dev/shm")) - shm_before if n.startswith("triton_python_backend_shm_region")}
     assert not leaked, f"the servers left shared memory behind: {sorted(leaked)}"
+
+
+def test_the_bundle_image_is_checked_against_the_ngc_release_table(plan: MigPlan, tiny_onnx: Path, tmp_path: Path) -> None:
+    """As deploy: a tag older than the configs need is refused in one line; a listed one loads the planned models."""
+    from pipeline.artifacts import Artifact
+    from pipeline.errors import PipelineError
+    from pipeline.mig.bundle import write_bundle
+    from pipeline.tensors import signature_from_onnx
+    from pipeline.triton.config import model_config_from_artifact
+    from pipeline.triton.repository import publish_repository
+
+    repo = tmp_path / "model_repository"
+    artifact = Artifact("fp32", "onnx", tiny_onnx)
+    cfg = model_config_from_artifact(artifact, name="tiny_fp32", signature=signature_from_onnx(tiny_onnx), max_batch=8)
+    publish_repository([artifact], model="tiny", repository=repo, configs={"tiny_fp32": cfg}, extra_files={},
+                       version_policy="new", report={}, reproduce="test")
+    with pytest.raises(PipelineError, match=r"24.03-py3 is older than 24.10"):
+        write_bundle(tmp_path / "old", plan, BundleSettings(image="nvcr.io/nvidia/tritonserver:24.03-py3"), repository=repo)
+    assert write_bundle(tmp_path / "ok", plan, BundleSettings(image="nvcr.io/nvidia/tritonserver:25.03-py3"), repository=repo)

@@ -71,6 +71,18 @@ def test_layout_from_nvidia_smi_l_and_bundle_with_uuids(tmp_path: Path, tiny_onn
     ids = [s["deploy"]["resources"]["reservations"]["devices"][0]["device_ids"][0] for s in compose["services"].values()]
     assert ids[3] == "MIG-3d4e5f6a-7b8c-5d9e-9f0a-2b3c4d5e6f7a"
     assert sorted(p.name for p in (bundle / "k8s").glob("*.yaml")) == ["triton-mig-1g-18gb.yaml", "triton-mig-2g-35gb.yaml"]
+    monitor = yaml.safe_load((bundle / "k8s" / "monitoring" / "servicemonitor.yaml").read_text())
+    assert monitor["metadata"]["labels"]["release"] == "kube-prometheus-stack"  # what that chart selects by, by default
+    assert mig_plan("--gpu", "H200-141GB", "--from-nvidia-smi", str(listing), "--onnx", str(tiny_onnx), "--max-batch", "8",
+                    "--bundle", str(bundle), "--monitor-label", "release=prom", "--monitor-label", "team=ml",
+                    "--engine-build-s", "900") == 0
+    monitor = yaml.safe_load((bundle / "k8s" / "monitoring" / "servicemonitor.yaml").read_text())
+    assert (monitor["metadata"]["labels"]["release"], monitor["metadata"]["labels"]["team"]) == ("prom", "ml")
+    deployment = next(yaml.safe_load_all((bundle / "k8s" / "triton-mig-1g-18gb.yaml").read_text()))
+    probe = deployment["spec"]["template"]["spec"]["containers"][0]["startupProbe"]
+    assert probe["periodSeconds"] * probe["failureThreshold"] >= 120 + 900  # one model on the profile
+    with pytest.raises(PipelineError, match="is not KEY=VALUE"):
+        mig_plan("--gpu", "H200-141GB", "--onnx", str(tiny_onnx), "--max-batch", "8", "--monitor-label", "release")
     with pytest.raises(PipelineError, match="differs from the MIG devices"):
         mig_plan("--gpu", "H200-141GB", "--from-nvidia-smi", str(listing), "--onnx", str(tiny_onnx),
                  "--max-batch", "8", "--layout", "7x1g.18gb")

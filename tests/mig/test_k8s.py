@@ -1,10 +1,18 @@
 """Every generated Kubernetes manifest validates offline against the Kubernetes API schemas
-(``kubernetes-validate``, strict: unknown fields fail). ServiceMonitor and InferenceService are
-custom resources the validator has no schema for (it says so: SchemaNotFoundError); their structure
-is checked here field by field against the Prometheus Operator and KServe v1beta1 APIs instead."""
+(``kubernetes-validate``, strict: unknown fields fail), through its Python API and its command line
+on the written files. ServiceMonitor and InferenceService are custom resources the validator has no
+schema for: the API raises SchemaNotFoundError and the command line only warns ("Couldn't find
+schema") and exits 0, so it would pass anything. Their CRD schemas are not available offline here,
+so instead: the InferenceService's pod parts (init container, volumes, security context, and the
+model container with KServe's own keys removed) are validated strictly as a core/v1 Pod, and the
+remaining fields of both are checked one by one against the Prometheus Operator and KServe v1beta1
+APIs. The compose files are not Kubernetes objects (tests/mig/test_bundle.py checks them)."""
 
 from __future__ import annotations
 
+import math
+import subprocess
+import sys
 from pathlib import Path
 
 import kubernetes_validate
@@ -12,7 +20,8 @@ import pytest
 import yaml
 
 from pipeline.mig.bundle import bundle_files
-from pipeline.mig.k8s import ADAPTER_RULE, KSERVE_RUNTIME, QUEUE_METRIC
+from pipeline.mig.bundle import write_bundle
+from pipeline.mig.k8s import ADAPTER_RULE, KSERVE_RUNTIME, QUEUE_METRIC, startup_budget_s
 from pipeline.mig.layout import parse_layout
 from pipeline.mig.memory import MemoryEstimate, memory_from_onnx
 from pipeline.mig.servers import BundleSettings, mig_resource
@@ -89,14 +98,19 @@ def test_service_monitor_scrapes_the_metrics_port_of_every_service(plan: MigPlan
         assert endpoint["port"] in {p["name"] for p in service["spec"]["ports"]}
 
 
+KSERVE_MODEL_KEYS = {"modelFormat", "runtime", "runtimeVersion", "storageUri"}  # KServe's, not core/v1 Container fields
+KSERVE_PREDICTOR_KEYS = {"minReplicas", "maxReplicas", "model"}
+
+
 def test_kserve_inference_service_carries_the_profile_flags_and_device(plan: MigPlan) -> None:
     docs = documents(plan)
     [isvc] = docs["k8s/kserve/triton-mig-1g-18gb-me.yaml"]
     assert (isvc["apiVersion"], isvc["kind"]) == ("serving.kserve.io/v1beta1", "InferenceService")
     predictor = isvc["spec"]["predictor"]
-    assert set(predictor) == {"minReplicas", "maxReplicas", "model"}
+    assert set(predictor) == KSERVE_PREDICTOR_KEYS | {"securityContext", "initContainers", "volumes"}
     model = predictor["model"]
     assert model["modelFormat"] == {"name": "triton"} and model["runtime"] == KSERVE_RUNTIME
+    assert model["runtimeVersion"] == "24.10-py3"  # pinned: the release the configs are written and checked for
     assert model["storageUri"] == "pvc://triton-model-repository/"
     args = model["args"]
     assert "--model-config-name=1g.18gb+me" in args and "--model-control-mode=explicit" in args
@@ -104,7 +118,79 @@ def test_kserve_inference_service_carries_the_profile_flags_and_device(plan: Mig
     # the runtime sets the repository and ports itself
     assert not [a for a in args if a.startswith(("--model-repository", "--http-port", "--grpc-port", "tritonserver"))]
     assert model["resources"]["limits"][mig_resource("1g.18gb+me")] == 1
-    # same container fields as a Deployment's: they validate as a core/v1 Container
-    container = {"name": "kserve-container", "image": "x", "args": args, "env": model["env"], "resources": model["resources"]}
-    pod = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "p"}, "spec": {"containers": [container]}}
+    # PredictorSpec inlines a core/v1 PodSpec and its model a core/v1 Container: validate those parts as a Pod
+    container = {k: v for k, v in model.items() if k not in KSERVE_MODEL_KEYS}
+    pod_spec = {k: v for k, v in predictor.items() if k not in KSERVE_PREDICTOR_KEYS}
+    pod = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "p"},
+           "spec": {**pod_spec, "containers": [{"name": "kserve-container", "image": "x", **container}]}}
     kubernetes_validate.validate(pod, K8S_VERSION, strict=True)
+    assert {m["mountPath"] for m in container["volumeMounts"]} == {"/tmp"}
+    assert container["securityContext"]["readOnlyRootFilesystem"] is True
+
+
+def test_kserve_runtime_version_follows_the_image(plan: MigPlan) -> None:
+    docs = documents(plan, BundleSettings(image="nvcr.io/nvidia/tritonserver:25.03-py3"))
+    [isvc] = docs["k8s/kserve/triton-mig-2g-35gb.yaml"]
+    assert isvc["spec"]["predictor"]["model"]["runtimeVersion"] == "25.03-py3"
+
+
+def test_pods_run_non_root_read_only_with_a_per_pod_tmp_and_the_cache_made_first(plan: MigPlan) -> None:
+    for path, docs in documents(plan).items():
+        for doc in docs:
+            if doc["kind"] == "Deployment":
+                spec = doc["spec"]["template"]["spec"]
+            elif doc["kind"] == "InferenceService":
+                spec = {**doc["spec"]["predictor"], "containers": [doc["spec"]["predictor"]["model"]]}
+            else:
+                continue
+            assert spec["securityContext"] == {"runAsNonRoot": True, "runAsUser": 1000, "runAsGroup": 1000, "fsGroup": 1000,
+                                               "seccompProfile": {"type": "RuntimeDefault"}}
+            for container in [*spec["initContainers"], *spec["containers"]]:
+                security = container["securityContext"]
+                assert security["allowPrivilegeEscalation"] is False and security["capabilities"] == {"drop": ["ALL"]}
+                assert security["readOnlyRootFilesystem"] is True and security["runAsUser"] == 1000
+                assert {"name": "tmp", "mountPath": "/tmp"} in container["volumeMounts"]
+            assert {"name": "tmp", "emptyDir": {}} in spec["volumes"]  # per pod: no engine cache shared between servers
+            [init] = spec["initContainers"]
+            loaded = [a.split("=", 1)[1] for a in spec["containers"][0]["args"] if a.startswith("--load-model=")]
+            assert init["command"][:2] == ["/bin/sh", "-c"]
+            dirs = " ".join(f"/tmp/trt-engine-cache-{m}" for m in sorted(loaded))
+            assert init["command"][2] == f"rm -rf {dirs} && mkdir -p {dirs}", path
+
+
+def test_startup_probe_budget_covers_one_engine_build_per_model(plan: MigPlan) -> None:
+    settings = BundleSettings(engine_build_s=600, startup_base_s=60)
+    for profile in ("2g.35gb", "1g.18gb+me"):
+        name = "triton-mig-" + profile.replace(".", "-").replace("+", "-")
+        deployment = documents(plan, settings)[f"k8s/{name}.yaml"][0]
+        (container,) = deployment["spec"]["template"]["spec"]["containers"]
+        probe = container["startupProbe"]
+        models = len(plan.profile(profile).loaded)
+        assert probe["httpGet"] == {"path": "/v2/health/ready", "port": "http"}
+        assert probe["periodSeconds"] * probe["failureThreshold"] >= 60 + 600 * models == startup_budget_s(models, settings)
+        assert probe["failureThreshold"] == math.ceil((60 + 600 * models) / probe["periodSeconds"])
+        # liveness and readiness stay; the startup probe holds them off, so no guessed initial delay
+        assert "initialDelaySeconds" not in container["livenessProbe"] and container["readinessProbe"]
+
+
+def test_service_monitor_labels_default_to_the_kube_prometheus_stack_release_and_are_configurable(plan: MigPlan) -> None:
+    [monitor] = documents(plan)["k8s/monitoring/servicemonitor.yaml"]
+    assert monitor["metadata"]["labels"]["release"] == "kube-prometheus-stack"
+    custom = BundleSettings(monitor_labels=(("release", "prom"), ("team", "ml")))
+    [monitor] = documents(plan, custom)["k8s/monitoring/servicemonitor.yaml"]
+    assert monitor["metadata"]["labels"] == {"app.kubernetes.io/name": "triton-mig", "release": "prom", "team": "ml"}
+
+
+def test_the_written_files_pass_the_kubernetes_validate_command_line(plan: MigPlan, tmp_path: Path) -> None:
+    """``kubernetes-validate --strict`` on every written manifest: exit 0; custom resources only warn."""
+    paths = [p for p in write_bundle(tmp_path / "bundle", plan) if p.suffix == ".yaml" and "k8s" in p.parts]
+    cli = Path(sys.executable).parent / "kubernetes-validate"
+    run = subprocess.run([str(cli), "--strict", "-k", K8S_VERSION, *map(str, paths)], capture_output=True, text=True)
+    assert run.returncode == 0, run.stdout + run.stderr
+    warned = {line.split()[1] for line in (run.stdout + run.stderr).splitlines() if line.startswith("WARN")}
+    assert {Path(w).name for w in warned} == {"servicemonitor.yaml", "triton-mig-2g-35gb.yaml", "triton-mig-1g-18gb-me.yaml"}
+    assert all("kserve" in w or "monitoring" in w for w in warned)  # only the custom resources are unvalidated
+    broken = paths[0].read_text().replace("readOnlyRootFilesystem", "readOnlyRootFileSystem")
+    (tmp_path / "broken.yaml").write_text(broken)
+    bad = subprocess.run([str(cli), "--strict", "-k", K8S_VERSION, str(tmp_path / "broken.yaml")], capture_output=True, text=True)
+    assert bad.returncode != 0 and "readOnlyRootFileSystem" in bad.stdout + bad.stderr

@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 from pipeline.errors import PipelineError
+from pipeline.triton.accelerators import TRT_WORKSPACE_BYTES
 from pipeline.mig.memory import (
     INSTANCE_OVERHEAD_BYTES,
     activation_bytes,
@@ -146,7 +147,11 @@ def test_memory_for_build_artifacts(tmp_path: Path, tiny_onnx: Path) -> None:
     from pipeline.mig.memory import memory_for_artifact
 
     onnx_est = memory_for_artifact(Artifact("fp32", "onnx", tiny_onnx), 8)
-    assert onnx_est.per_instance_bytes == TINY_WEIGHTS + tiny_activations(8) + INSTANCE_OVERHEAD_BYTES
+    # a GPU variant: its config runs ONNX Runtime's TensorRT EP, so each instance also holds an engine and the workspace
+    assert onnx_est.per_instance_bytes == 2 * TINY_WEIGHTS + tiny_activations(8) + INSTANCE_OVERHEAD_BYTES + TRT_WORKSPACE_BYTES
+    assert "pipeline.triton.accelerators.TRT_WORKSPACE_BYTES" in onnx_est.detail
+    cpu_est = memory_for_artifact(Artifact("int8cpu", "onnx", tiny_onnx), 8)
+    assert cpu_est.per_instance_bytes == TINY_WEIGHTS + tiny_activations(8) + INSTANCE_OVERHEAD_BYTES
     plan = tmp_path / "digits_int8.plan"
     plan.write_bytes(b"\0" * 3000)
     meta = tmp_path / "digits_int8.plan.json"
@@ -155,3 +160,26 @@ def test_memory_for_build_artifacts(tmp_path: Path, tiny_onnx: Path) -> None:
     assert (plan_est.shared_bytes, plan_est.per_instance_bytes) == (3000, 2_000_000 + INSTANCE_OVERHEAD_BYTES)
     with pytest.raises(PipelineError, match="no engine metadata JSON"):
         memory_for_artifact(Artifact("int8", "plan", plan), 8)
+
+
+def test_a_published_onnx_model_counts_the_workspace_its_config_gives_tensorrt(tmp_path: Path, tiny_onnx: Path) -> None:
+    """The workspace comes from the model's real config.pbtxt (written by the config generator), and the
+    estimate says so; a config without the tensorrt accelerator (CPU instances) adds nothing."""
+    from pipeline.artifacts import Artifact
+    from pipeline.tensors import signature_from_onnx
+    from pipeline.triton.config import config_text, model_config_from_artifact
+
+    model_dir = tmp_path / "tiny_fp32"
+    (model_dir / "1").mkdir(parents=True)
+    (model_dir / "1" / "model.onnx").write_bytes(tiny_onnx.read_bytes())
+    cfg = model_config_from_artifact(Artifact("fp32", "onnx", tiny_onnx), name="tiny_fp32", signature=signature_from_onnx(tiny_onnx), max_batch=8)
+    trt = next(a for a in cfg.optimization.execution_accelerators.gpu_execution_accelerator if a.name == "tensorrt")
+    trt.parameters["max_workspace_size_bytes"] = str(256 << 20)  # as a MIG profile's config may lower it
+    (model_dir / "config.pbtxt").write_text(config_text(cfg))
+    est = memory_for_model_dir(model_dir, 8)
+    assert est.per_instance_bytes == 2 * TINY_WEIGHTS + tiny_activations(8) + INSTANCE_OVERHEAD_BYTES + (256 << 20)
+    assert "tiny_fp32/config.pbtxt" in est.detail and "with TensorRT" in est.source
+    cpu = model_config_from_artifact(Artifact("fp32", "onnx", tiny_onnx), name="tiny_fp32", signature=signature_from_onnx(tiny_onnx),
+                                     max_batch=8, kind="KIND_CPU")
+    (model_dir / "config.pbtxt").write_text(config_text(cpu))
+    assert memory_for_model_dir(model_dir, 8).per_instance_bytes == TINY_WEIGHTS + tiny_activations(8) + INSTANCE_OVERHEAD_BYTES

@@ -301,7 +301,7 @@ def test_gpu_instances_get_tensorrt_with_the_variants_precision_and_cuda_without
                                      max_batch=8, preferred_batch_sizes=[4])
     assert _accelerators(cfg) == {
         "tensorrt": {"precision_mode": mode, "max_workspace_size_bytes": str(1 << 30), "trt_engine_cache_enable": "1",
-                     "trt_engine_cache_path": f"/tmp/trt-engine-cache/digits_{precision}"},
+                     "trt_engine_cache_path": f"/tmp/trt-engine-cache-digits_{precision}"},
         "cuda": {"use_tf32": "0"},
     }
     text = config_text(cfg)

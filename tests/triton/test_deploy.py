@@ -2,7 +2,9 @@
 
 Docker is not installed here, so the generated script runs against a stub ``docker`` (and the
 container command against a stub ``tritonserver``) that print their arguments; the real tritonserver
-2.51 binary is then started with the same generated command line.
+2.51 binary is then started with the same generated command line. The engine-cache setup the
+container runs first is run for real too, against a cache root under the test's temporary folder
+(the only substitution: the root is ``/tmp`` inside the container, shared by the whole host here).
 """
 
 from __future__ import annotations
@@ -26,9 +28,15 @@ import pytest
 import yaml
 from publish_harness import publish_two, two_io_onnx
 
+from pipeline.artifacts import Artifact
 from pipeline.errors import PipelineError
+from pipeline.tensors import signature_from_onnx
+from pipeline.triton.accelerators import TRT_CACHE_PREFIX, gpu_accelerator_parameters
+from pipeline.triton.config import model_config_from_artifact, parse_config
 from pipeline.triton.deploy import DEFAULT_IMAGE, server_args, write_deploy_bundle
+from pipeline.triton.repository import publish_repository
 from pipeline.triton.deploy_cli import register
+from pipeline.triton.ngc_releases import ONNXRUNTIME_LIMITS, OPTIONAL_FIELDS, RELEASES, ModelNeeds, NgcRelease, check_image
 from pipeline.triton.server_args import shell_command, tritonserver_args
 
 RESTRICTED = "model-repository,model-config,shared-memory,trace,logging"
@@ -36,12 +44,32 @@ BIND = "${TRITON_BIND_ADDRESS:-127.0.0.1}"  # where a bundle publishes its ports
 _DIRECT = urllib.request.build_opener(urllib.request.ProxyHandler({}))  # loopback never goes through a proxy
 
 
+GPU_MODELS = ["digits_fp16", "digits_fp32"]
+
+
+def add_cpu_variant(onnx_path: Path, repo: Path) -> None:
+    """Publish ``onnx_path`` as the CPU-only ``digits_int8cpu`` variant (KIND_CPU, as a build does)."""
+    artifact = Artifact("int8cpu", "onnx", onnx_path)
+    cfg = model_config_from_artifact(artifact, name="digits_int8cpu", signature=signature_from_onnx(onnx_path), max_batch=8)
+    publish_repository([artifact], model="digits", repository=repo, configs={"digits_int8cpu": cfg}, extra_files={},
+                       version_policy="new", report={}, reproduce="python -m pipeline build --name digits")
+
+
 @pytest.fixture(scope="module")
 def repository(tmp_path_factory: pytest.TempPathFactory) -> Path:
     root = tmp_path_factory.mktemp("deploy")
     repo = root / "model_repository"
-    publish_two(two_io_onnx(root / "two_io.onnx"), repo, "new")
+    onnx_path = two_io_onnx(root / "two_io.onnx")
+    publish_two(onnx_path, repo, "new")
+    add_cpu_variant(onnx_path, repo)
     return repo
+
+
+def split_setup(command: str) -> tuple[str, str]:
+    """(engine-cache setup, tritonserver command) of a container command ``<setup> && exec tritonserver ...``."""
+    setup, _, server = command.partition(" && exec ")
+    assert server, command
+    return setup, server
 
 
 def stub(folder: Path, name: str) -> None:
@@ -72,9 +100,16 @@ def test_bundle_files_parse_and_agree_on_ports(repository: Path, tmp_path: Path)
     assert (service["user"], service["init"]) == ("triton-server", True)
     bash, dash_c, command = service["command"]
     assert (bash, dash_c) == ("bash", "-c")
-    args = shlex.split(command.replace("$$", "$"))  # compose turns "$$" into "$"
-    for flag in ("--http-port=9000", "--grpc-port=9001", "--metrics-port=9002", "--model-repository=/models", "--model-control-mode=none", "--strict-readiness=true"):
+    setup, server = split_setup(command.replace("$$", "$"))  # compose turns "$$" into "$"
+    dirs = " ".join(f"{TRT_CACHE_PREFIX}{m}" for m in GPU_MODELS)
+    assert setup == f"rm -rf {dirs} && mkdir -p {dirs}"
+    args = shlex.split(server)
+    for flag in ("--http-port=9000", "--grpc-port=9001", "--metrics-port=9002", "--model-repository=/models", "--model-control-mode=explicit", "--strict-readiness=true"):
         assert flag in args
+    # A GPU host loads the GPU variants only; the CPU-only variant keeps its KIND_CPU config for CPU deployments.
+    assert [a for a in args if a.startswith("--load-model=")] == [f"--load-model={m}" for m in GPU_MODELS]
+    assert "KIND_CPU" in (repository / "digits_int8cpu" / "config.pbtxt").read_text()
+    assert "digits_int8cpu" in (compose_path.parent / "README.md").read_text()  # said, not loaded
     assert f"--http-restricted-api={RESTRICTED}:admin-key=${{TRITON_ADMIN_KEY}}" in args
     assert f"--grpc-restricted-protocol={RESTRICTED}:admin-key=${{TRITON_ADMIN_KEY}}" in args
 
@@ -107,9 +142,11 @@ def test_script_runs_docker_with_the_key_from_the_environment(repository: Path, 
 
     # What the container's shell then runs, with the key from its environment.
     stub(bin_dir, "tritonserver")
-    inner = subprocess.run(["bash", "-c", docker_args[image_at + 3]], env={**env, "TRITON_ADMIN_KEY": secret}, check=False, capture_output=True, text=True)
+    setup, server = split_setup(docker_args[image_at + 3])
+    assert setup.startswith(f"rm -rf {TRT_CACHE_PREFIX}")
+    inner = subprocess.run(["bash", "-c", "exec " + server], env={**env, "TRITON_ADMIN_KEY": secret}, check=False, capture_output=True, text=True)
     received = inner.stdout.splitlines()
-    assert received == [a.replace("${TRITON_ADMIN_KEY}", secret) for a in tritonserver_args(server_args())[1:]]
+    assert received == [a.replace("${TRITON_ADMIN_KEY}", secret) for a in tritonserver_args(server_args(models=tuple(GPU_MODELS)))[1:]]
     assert f"--http-restricted-api={RESTRICTED}:admin-key={secret}" in received
     assert f"--grpc-restricted-protocol={RESTRICTED}:admin-key={secret}" in received
     assert {"--http-port=8000", "--grpc-port=8001", "--metrics-port=8002", "--disable-auto-complete-config"} <= set(received)
@@ -176,23 +213,135 @@ def test_the_real_tritonserver_starts_with_the_bundle_flags(tmp_path: Path) -> N
         log.close()
 
 
-def test_default_image_refuses_models_it_cannot_load(repository: Path, tmp_path: Path) -> None:
-    too_new = tmp_path / "too_new"
-    publish_two(two_io_onnx(tmp_path / "m.onnx"), too_new, "new")
-    model_file = too_new / "digits_fp32" / "1" / "model.onnx"
-    proto = onnx.load(str(model_file))
-    proto.ir_version = 11
-    onnx.save(proto, str(model_file))
-    with pytest.raises(PipelineError, match="has ONNX IR version 11 and opset 17, but .*24.10-py3 .* loads at most IR 10 / opset 21"):
-        write_deploy_bundle(too_new, tmp_path / "out")
-    assert write_deploy_bundle(too_new, tmp_path / "out", image="nvcr.io/nvidia/tritonserver:25.10-py3")
+def test_the_container_setup_empties_the_cache_and_creates_every_models_directory(repository: Path, tmp_path: Path) -> None:
+    """The generated setup, run by bash twice as two container starts would: ONNX Runtime's TensorRT EP
+    only creates the leaf directory and races between parallel instances (accelerators.py), so every
+    model's directory must exist before tritonserver starts; a stale engine from a previous start must go."""
+    command = yaml.safe_load(write_deploy_bundle(repository, tmp_path / "deploy")[1].read_text())["services"]["triton"]["command"][2]
+    setup, _ = split_setup(command.replace("$$", "$"))
+    # The published configs' cache paths are one level under /tmp, which exists in every image: ONNX Runtime
+    # creates only the leaf, so a config loads even where no bundle prepared the directory.
+    for model in GPU_MODELS:
+        cfg = parse_config((repository / model / "config.pbtxt").read_text())
+        path = gpu_accelerator_parameters(cfg, "tensorrt")["trt_engine_cache_path"]  # type: ignore[index]
+        assert Path(path).parent == Path("/tmp") and f"{TRT_CACHE_PREFIX}{model}" in setup
+    tmp = tmp_path / "container-tmp"  # the container's /tmp
+    tmp.mkdir()
+    here = setup.replace(TRT_CACHE_PREFIX, f"{tmp}/trt-engine-cache-")
+    assert here != setup
+    subprocess.run(["bash", "-c", here], check=True)
+    assert sorted(p.name for p in tmp.iterdir()) == [f"trt-engine-cache-{m}" for m in GPU_MODELS]
+    (tmp / "trt-engine-cache-digits_fp32" / "TRTKernel_graph_main_123_sm90.engine").write_bytes(b"old version")
+    subprocess.run(["bash", "-c", here], check=True)
+    assert sorted(p.name for p in tmp.iterdir()) == [f"trt-engine-cache-{m}" for m in GPU_MODELS]
+    assert not any((tmp / "trt-engine-cache-digits_fp32").iterdir())
 
-    with_plan = tmp_path / "with_plan"
-    (with_plan / "digits_fp16_trt" / "1").mkdir(parents=True)
-    (with_plan / "digits_fp16_trt" / "1" / "model.plan").write_bytes(b"engine")
-    (with_plan / "digits_fp16_trt" / "config.pbtxt").write_text('name: "digits_fp16_trt"\nplatform: "tensorrt_plan"\nmax_batch_size: 8\n')
+
+def _too_new(tmp_path: Path, ir_version: int) -> Path:
+    repo = tmp_path / f"ir{ir_version}"
+    publish_two(two_io_onnx(tmp_path / "m.onnx"), repo, "new")
+    for name in GPU_MODELS:
+        model_file = repo / name / "1" / "model.onnx"
+        proto = onnx.load(str(model_file))
+        proto.ir_version = ir_version
+        onnx.save(proto, str(model_file))
+    return repo
+
+
+def test_each_release_in_the_table_checks_ir_version_and_opset(tmp_path: Path) -> None:
+    """IR 11 needs ONNX Runtime 1.23 (25.08 on; 1.22 was measured to stop at IR 10): 24.10 refuses and
+    names the oldest tag that loads it."""
+    repo = _too_new(tmp_path, 11)
+    with pytest.raises(PipelineError, match=r"has ONNX IR version 11 and opset 17, but .*24.10-py3 \(ONNX Runtime 1.19.2\) "
+                                            r"loads at most IR 10 / opset 21.*use nvcr.io/nvidia/tritonserver:25.08-py3 or newer"):
+        write_deploy_bundle(repo, tmp_path / "out")
+    with pytest.raises(PipelineError, match=r"25.07-py3 \(ONNX Runtime 1.22.0\) loads at most IR 10 / opset 22"):
+        write_deploy_bundle(repo, tmp_path / "out", image="nvcr.io/nvidia/tritonserver:25.07-py3")
+    assert write_deploy_bundle(repo, tmp_path / "out", image="nvcr.io/nvidia/tritonserver:25.08-py3")
+
+
+def test_every_release_field_is_known_or_listed_as_unknown() -> None:
+    """No value is missing by accident: each optional field of each row is set or named in
+    ``unknown``; ``unverified``/``unknown`` name real fields, never the same one; tags are in order."""
+    real = {f for f in OPTIONAL_FIELDS}
+    assert real == {"triton", "tensorrt", "cuda", "min_driver", "datacenter_drivers", "max_ir", "max_opset"}
+    for release in RELEASES:
+        for name in OPTIONAL_FIELDS:
+            assert (getattr(release, name) is None) == (name in release.unknown), (release.tag, name)
+        assert set(release.unverified) <= real and set(release.unknown) <= real, release.tag
+        assert not set(release.unverified) & set(release.unknown), release.tag
+        assert release.onnxruntime.split("+")[0] in ONNXRUNTIME_LIMITS, release.tag
+    tags = [r.tag for r in RELEASES]
+    assert tags == sorted(set(tags))
+
+
+def _table(*tensorrt: tuple[str, str | None]) -> tuple[NgcRelease, ...]:
+    return tuple(NgcRelease(tag, "1.19.2", tensorrt=trt, max_ir=10, max_opset=21) for tag, trt in tensorrt)
+
+
+def test_a_plan_on_an_image_with_another_tensorrt_names_the_tag_that_runs_its_tensorrt() -> None:
+    """The TensorRT column decides (major.minor); the refusal names the newest tag whose TensorRT
+    matches. A made-up table: the real one knows only 24.10's TensorRT."""
+    table = _table(("24.10", "10.5"), ("24.11", "10.6"), ("24.12", "10.7"), ("25.01", "10.7"), ("25.02", None))
+    plan = [ModelNeeds("m", is_plan=True, plan_tensorrt="10.7.0.23")]
+    with pytest.raises(PipelineError, match=r"^model m is a TensorRT plan built with TensorRT 10.7.0.23, but "
+                                            r"nvcr.io/nvidia/tritonserver:24.10-py3 runs TensorRT 10.5 — pass --image "
+                                            r"nvcr.io/nvidia/tritonserver:25.01-py3, which runs TensorRT 10.7; or rebuild"):
+        check_image("nvcr.io/nvidia/tritonserver:24.10-py3", plan, table)
+    assert check_image("nvcr.io/nvidia/tritonserver:24.12-py3", plan, table) == []
+    with pytest.raises(PipelineError, match=r"no tag in the table is known to run TensorRT 10.9; or rebuild the plan with TensorRT 10.6"):
+        check_image("nvcr.io/nvidia/tritonserver:24.11-py3", [ModelNeeds("m", is_plan=True, plan_tensorrt="10.9.0.34")], table)
+    [line] = check_image("nvcr.io/nvidia/tritonserver:25.02-py3", plan, table)
+    assert line == ("m: built with TensorRT 10.7.0.23; nvcr.io/nvidia/tritonserver:25.02-py3's TensorRT is not in the table "
+                    "(the table lists TensorRT 10.7 for 24.12, 25.01)")
+
+
+def test_images_older_than_the_configs_are_refused_and_unknown_ones_say_what_was_not_checked(
+    repository: Path, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    with pytest.raises(PipelineError, match=r"24.05-py3 is older than 24.10.*use nvcr.io/nvidia/tritonserver:24.10-py3 or newer"):
+        write_deploy_bundle(repository, tmp_path / "old", image="nvcr.io/nvidia/tritonserver:24.05-py3")
+    with caplog.at_level("WARNING"):
+        write_deploy_bundle(repository, tmp_path / "custom", image="registry.example/tritonserver:prod")
+    [line] = [r.getMessage() for r in caplog.records if r.getMessage().startswith("not checked")]
+    assert "registry.example/tritonserver:prod is not in the NGC release table" in line and "opset" in line
+    caplog.clear()
+    with caplog.at_level("WARNING"):
+        write_deploy_bundle(repository, tmp_path / "known", image="nvcr.io/nvidia/tritonserver:25.03-py3")
+    assert not [r for r in caplog.records if r.getMessage().startswith("not checked")]
+
+
+def _plan_repository(tmp_path: Path, tensorrt: str | None) -> Path:
+    import json
+
+    repo = tmp_path / f"plan_{tensorrt}"
+    (repo / "digits_fp16_trt" / "1").mkdir(parents=True)
+    (repo / "digits_fp16_trt" / "1" / "model.plan").write_bytes(b"engine")
+    (repo / "digits_fp16_trt" / "config.pbtxt").write_text('name: "digits_fp16_trt"\nplatform: "tensorrt_plan"\nmax_batch_size: 8\n')
+    if tensorrt:
+        report = {"versions": {"1": {"engine_metadata": {"tensorrt_version": tensorrt}}}}
+        (repo / "digits_fp16_trt" / ".pipeline-report.json").write_text(json.dumps(report))
+    return repo
+
+
+def test_plans_must_match_the_images_tensorrt(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     with pytest.raises(PipelineError, match="digits_fp16_trt is a TensorRT plan, and a plan only loads on the TensorRT version that built it"):
-        write_deploy_bundle(with_plan, tmp_path / "out2")
+        write_deploy_bundle(_plan_repository(tmp_path, None), tmp_path / "out")
+    with pytest.raises(PipelineError, match=r"built with TensorRT 10.8.0.43, but .*24.10-py3 runs TensorRT 10.5 \(the table's "
+                                            r"value, not verified\) — no tag in the table is known to run TensorRT 10.8"):
+        write_deploy_bundle(_plan_repository(tmp_path, "10.8.0.43"), tmp_path / "out")
+    assert write_deploy_bundle(_plan_repository(tmp_path, "10.5.0.18"), tmp_path / "out")
+    with caplog.at_level("WARNING"):  # 25.03's TensorRT could not be read: said, not refused
+        write_deploy_bundle(_plan_repository(tmp_path, "10.9.0.34"), tmp_path / "later", image="nvcr.io/nvidia/tritonserver:25.03-py3")
+    [line] = [r.getMessage() for r in caplog.records if r.getMessage().startswith("not checked")]
+    assert "digits_fp16_trt: built with TensorRT 10.9.0.34; nvcr.io/nvidia/tritonserver:25.03-py3's TensorRT is not in the table" in line
+
+
+def test_a_repository_of_cpu_only_models_is_not_a_gpu_bundle(tmp_path: Path) -> None:
+    repo = tmp_path / "cpu_only"
+    add_cpu_variant(two_io_onnx(tmp_path / "m.onnx"), repo)
+    with pytest.raises(PipelineError, match="every model in .* is CPU-only"):
+        write_deploy_bundle(repo, tmp_path / "out")
 
 
 def test_bad_ports_and_missing_repository(repository: Path, tmp_path: Path) -> None:

@@ -1,0 +1,299 @@
+"""NGC ``tritonserver:<YY.MM>-py3`` releases: what each runs, and whether a repository can load in it.
+
+One table, :data:`RELEASES`, from 24.10 (the release the configs are written for: ``DEFAULT_TAG``)
+to 26.08, the newest whose ONNX Runtime version could be read. Every optional field of a row is
+either set or named in the row's ``unknown``; a set value is named in ``unverified`` unless it was
+read in one of the sources below on 2026-12-02 (through the project's search index) or measured.
+
+* ONNX Runtime: triton-inference-server/server ``docs/introduction/compatibility.md``, "ONNX
+  Runtime Versions" (24.04 … 26.08), every row. One conflict: the 24.12 release notes (docs.nvidia.com
+  archive ``triton-inference-server-2530``, "container also includes") list ONNX Runtime 1.19.2
+  where that page says 1.20.1; the table keeps 1.20.1 — both have the same limits (below).
+* Max ONNX IR version / ``ai.onnx`` opset (``ONNXRUNTIME_LIMITS``): measured, not read. Each
+  listed ONNX Runtime version was installed from PyPI (the CPU wheel: same ONNX schema registry as
+  the GPU build) and asked to load a one-node model per (opset, IR) pair
+  (``scripts/ort_limits.py``); it refuses an opset or IR version past its own. ONNX Runtime's own
+  compatibility page (microsoft/onnxruntime ``docs/reference/compatibility.md``, up to 1.20) agrees
+  for 1.19/1.20 (ONNX 1.16.1, opset 21, IR 10). The earlier "from memory" values were wrong for
+  1.20 (opset 22), 1.22 (IR 11 / opset 23) and 1.24+ (left out).
+* Triton version, read: 24.12 = 2.53.0 (server PR #7864 "Update README and versions for 2.53.0 /
+  24.12"; docs archive ``triton-inference-server-2530`` holds the 24.12 release notes); 25.01 =
+  2.54.0 (docs archive ``triton-inference-server-2540``: its compatibility page's newest row is
+  25.01); 25.03 = 2.56.0 (server ``build.py`` ``DEFAULT_TRITON_VERSION_MAP``: 2.56.0dev ↔
+  25.03dev); 25.06 = 2.59.0 (server PR #8268 "Update README.md for 2.59.0 / 25.06 release");
+  26.04 = 2.68.0 (server PR #8729: "the 26.04 container train and 2.68.0 release line").
+  Unverified: 24.10 = 2.51.0 (the nvidia-pytriton 0.7.0 binary served here reports 2.51; not
+  re-read); 25.07 = 2.59.1 (server PR #8428, a maintainer: "There was no 25.07 DLFW release, only
+  PSIRT patches"; pytriton#108, a user: the fix "prior to 25.07, corresponding to 2.59.1"); the
+  months between read ones by numbering — each bracket fits exactly (24.11; 25.02; 25.04–25.05;
+  25.08–26.03: eight months for 2.60–2.67 under 2.68); 26.05 = 2.69.0 (a third-party wiki). 26.06
+  on: unknown.
+* CUDA, minimum driver and the data-center forward-compatibility drivers: the "Driver
+  Requirements" paragraph of the release notes (docs.nvidia.com/deeplearning/triton-inference-server/
+  release-notes/rel-YY-MM.html) for 24.10, 24.12, 25.01, 25.03, 25.04, 25.06, 25.08, 25.10, 25.12,
+  26.02 (all naming R470/R525/R535/R545 for data-center GPUs), 26.06 and 26.08 (CUDA only: those
+  notes name no driver). The notes' driver number is copied as written: from 25.03 on it is below
+  what the CUDA release itself asks for (e.g. 575 for CUDA 13.0); not resolved here. Other months:
+  no notes read (25.07 has none).
+* TensorRT in the py3 image: not on the compatibility page (its TensorRT column is the ``trtllm``
+  image's, a different build), not in the stored release notes (their "container also includes"
+  list names no TensorRT; the Frameworks Support Matrix, which does, was not found in the index).
+  Only 24.10's 10.5 is recorded (the project's parser data and README; unverified); a plan for any
+  other tag is therefore not checked, and says so.
+
+What the configs need from the server, all read by 24.10 (Triton 2.51, which the project runs and
+tests with ``--model-config-name``; onnxruntime_backend ``src/onnxruntime.cc`` parses the ``cuda``
+accelerator and the ``trt_profile_*`` keys, which 24.03 still refused as "unknown parameter",
+triton-inference-server/server#7156): an older tag is refused, with 24.10 named as the minimum.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import re
+from dataclasses import dataclass, fields
+from pathlib import Path
+from typing import Any
+
+from pipeline.errors import PipelineError
+
+log = logging.getLogger(__name__)
+
+NGC_REPOSITORY = "nvcr.io/nvidia/tritonserver"
+DEFAULT_TAG = "24.10"
+
+# Newest ONNX IR version and ai.onnx opset each ONNX Runtime loads, measured (module docstring).
+ONNXRUNTIME_LIMITS: dict[str, tuple[int, int]] = {
+    "1.19.2": (10, 21), "1.20.1": (10, 21), "1.21.0": (10, 22), "1.22.0": (10, 22),
+    "1.23.0": (11, 23), "1.23.1": (11, 23), "1.23.2": (11, 23),
+    "1.24.1": (13, 25), "1.24.2": (13, 25), "1.24.4": (13, 25), "1.27.0": (13, 26), "1.28.0": (13, 26),
+}
+
+
+@dataclass(frozen=True)
+class NgcRelease:
+    """One NGC Triton release. A field named in ``unknown`` is ``None`` and not checked; one named in
+    ``unverified`` was not read from a source (numbering, memory or a third party)."""
+
+    tag: str  # YY.MM
+    onnxruntime: str
+    triton: str | None = None
+    tensorrt: str | None = None  # in the -py3 image
+    cuda: str | None = None
+    min_driver: str | None = None  # as the release notes write it
+    datacenter_drivers: str | None = None  # the notes' forward-compatible drivers for data-center GPUs
+    max_ir: int | None = None
+    max_opset: int | None = None
+    unverified: tuple[str, ...] = ()
+    unknown: tuple[str, ...] = ()
+
+    @property
+    def image(self) -> str:
+        """The image reference of this release."""
+        return f"{NGC_REPOSITORY}:{self.tag}-py3"
+
+
+OPTIONAL_FIELDS = tuple(f.name for f in fields(NgcRelease) if f.name not in ("tag", "onnxruntime", "unverified", "unknown"))
+
+
+def _release(tag: str, onnxruntime: str, **values: Any) -> NgcRelease:
+    limits = ONNXRUNTIME_LIMITS.get(onnxruntime.split("+")[0])
+    max_ir, max_opset = limits if limits else (None, None)
+    return NgcRelease(tag, onnxruntime, max_ir=max_ir, max_opset=max_opset, **values)
+
+
+_DC = "470.57+ (R470), 525.85+ (R525), 535.86+ (R535), 545.23+ (R545)"
+_NO_NOTES = ("cuda", "min_driver", "datacenter_drivers")
+_NO_DRIVER = ("min_driver", "datacenter_drivers")
+_TRT = ("tensorrt",)
+_TRITON = ("triton",)
+
+
+def _notes(cuda: str, driver: str) -> dict[str, str]:
+    return {"cuda": cuda, "min_driver": driver, "datacenter_drivers": _DC}
+
+
+RELEASES: tuple[NgcRelease, ...] = (
+    _release("24.10", "1.19.2", triton="2.51.0", tensorrt="10.5", **_notes("12.6.2", "560"), unverified=("triton", "tensorrt")),
+    _release("24.11", "1.19.2", triton="2.52.0", unverified=_TRITON, unknown=(*_TRT, *_NO_NOTES)),
+    _release("24.12", "1.20.1", triton="2.53.0", **_notes("12.6.3", "560"), unknown=_TRT),
+    _release("25.01", "1.20.1", triton="2.54.0", **_notes("12.8.0.038", "560"), unknown=_TRT),
+    _release("25.02", "1.20.1", triton="2.55.0", unverified=_TRITON, unknown=(*_TRT, *_NO_NOTES)),
+    _release("25.03", "1.21.0", triton="2.56.0", **_notes("12.8.1.012", "560"), unknown=_TRT),
+    _release("25.04", "1.21.0", triton="2.57.0", **_notes("12.9.0", "575"), unverified=_TRITON, unknown=_TRT),
+    _release("25.05", "1.22.0", triton="2.58.0", unverified=_TRITON, unknown=(*_TRT, *_NO_NOTES)),
+    _release("25.06", "1.22.0", triton="2.59.0", **_notes("12.9.1.010", "575"), unknown=_TRT),
+    _release("25.07", "1.22.0", triton="2.59.1", unverified=_TRITON, unknown=(*_TRT, *_NO_NOTES)),
+    _release("25.08", "1.23.0+1d1712fdaf", triton="2.60.0", **_notes("13.0.0.044", "575"), unverified=_TRITON, unknown=_TRT),
+    _release("25.09", "1.23.0", triton="2.61.0", unverified=_TRITON, unknown=(*_TRT, *_NO_NOTES)),
+    _release("25.10", "1.23.1", triton="2.62.0", **_notes("13.0.2.006", "575"), unverified=_TRITON, unknown=_TRT),
+    _release("25.11", "1.23.2", triton="2.63.0", unverified=_TRITON, unknown=(*_TRT, *_NO_NOTES)),
+    _release("25.12", "1.23.2", triton="2.64.0", **_notes("13.1.0.36", "575"), unverified=_TRITON, unknown=_TRT),
+    _release("26.01", "1.23.2", triton="2.65.0", unverified=_TRITON, unknown=(*_TRT, *_NO_NOTES)),
+    _release("26.02", "1.24.1", triton="2.66.0", **_notes("13.1.1", "575"), unverified=_TRITON, unknown=_TRT),
+    _release("26.03", "1.24.2", triton="2.67.0", unverified=_TRITON, unknown=(*_TRT, *_NO_NOTES)),
+    _release("26.04", "1.24.4", triton="2.68.0", unknown=(*_TRT, *_NO_NOTES)),
+    _release("26.05", "1.24.4", triton="2.69.0", unverified=_TRITON, unknown=(*_TRT, *_NO_NOTES)),
+    _release("26.06", "1.24.4", cuda="13.3.0", unknown=(*_TRITON, *_TRT, *_NO_DRIVER)),
+    _release("26.07", "1.27.0", unknown=(*_TRITON, *_TRT, *_NO_NOTES)),
+    _release("26.08", "1.28.0", cuda="13.4.1", unknown=(*_TRITON, *_TRT, *_NO_DRIVER)),
+)
+_BY_TAG = {r.tag: r for r in RELEASES}
+DEFAULT_RELEASE = _BY_TAG[DEFAULT_TAG]
+DEFAULT_IMAGE = DEFAULT_RELEASE.image
+_NGC_TAG = re.compile(rf"^{re.escape(NGC_REPOSITORY)}:(?P<tag>\d\d\.\d\d)-py3$")
+
+
+def image_tag(image: str) -> str:
+    """The tag of an image reference (``nvcr.io/nvidia/tritonserver:24.10-py3`` → ``24.10-py3``)."""
+    name = image.rsplit("/", 1)[-1]
+    return name.split(":", 1)[1] if ":" in name else "latest"
+
+
+def ngc_tag(image: str) -> str | None:
+    """``YY.MM`` when ``image`` is an NGC ``tritonserver:<YY.MM>-py3`` image, else None."""
+    match = _NGC_TAG.match(image)
+    return match["tag"] if match else None
+
+
+def release_for(image: str) -> NgcRelease | None:
+    """The table's row for ``image``, or None when it is not an NGC py3 tag the table lists."""
+    tag = ngc_tag(image)
+    return _BY_TAG.get(tag) if tag else None
+
+
+@dataclass(frozen=True)
+class ModelNeeds:
+    """What one published model asks of the server image."""
+
+    name: str
+    ir_version: int = 0
+    opset: int = 0
+    plan_tensorrt: str | None = None  # the TensorRT a plan was built with ("" when it records none)
+    is_plan: bool = False
+
+
+def needs_of(name: str, info: Any, model_file: Path | None) -> ModelNeeds:
+    """The needs of one model of ``read_repository`` (its ONNX file read without external data)."""
+    config = info.config
+    if config.platform == "tensorrt_plan" or config.backend == "tensorrt":
+        return ModelNeeds(name, is_plan=True, plan_tensorrt=_plan_tensorrt(info.path))
+    if model_file is None:
+        return ModelNeeds(name)
+    import onnx
+
+    proto = onnx.load(str(model_file), load_external_data=False)
+    opset = max((o.version for o in proto.opset_import if o.domain in ("", "ai.onnx")), default=0)
+    return ModelNeeds(name, proto.ir_version, opset)
+
+
+def repository_needs(models: dict[str, Any], names: list[str]) -> list[ModelNeeds]:
+    """The needs of ``names`` among ``models`` (``read_repository``), one per version file."""
+    from pipeline.triton.repository import model_filename
+
+    needs = []
+    for name in names:
+        info = models[name]
+        if info.config.platform != "onnxruntime_onnx" and info.config.backend != "onnxruntime":
+            needs.append(needs_of(name, info, None))
+            continue
+        for version in info.versions:
+            path = info.path / str(version) / model_filename(info.config)
+            needs.append(needs_of(name, info, path / "model.onnx" if path.is_dir() else path))
+    return needs
+
+
+def _plan_tensorrt(model_dir: Path) -> str:
+    from pipeline.triton.repository import REPORT
+
+    try:
+        versions = json.loads((model_dir / REPORT).read_text())["versions"]
+        meta = versions[max(versions, key=int)].get("engine_metadata") or {}
+        return str(meta.get("tensorrt_version") or meta.get("trt_version") or "")
+    except (OSError, ValueError, KeyError, TypeError):
+        return ""
+
+
+def minimum_tag(needs: ModelNeeds, releases: tuple[NgcRelease, ...] = RELEASES) -> str | None:
+    """The oldest release in ``releases`` that can load ``needs`` (None: none the table knows)."""
+    for release in releases:
+        if release.max_ir is None or release.max_opset is None:
+            return None
+        if needs.ir_version <= release.max_ir and needs.opset <= release.max_opset:
+            return release.tag
+    return None
+
+
+def tags_running_tensorrt(version: str, releases: tuple[NgcRelease, ...] = RELEASES) -> list[str]:
+    """The tags whose -py3 image runs TensorRT ``version``'s major.minor, as far as the table knows."""
+    return [r.tag for r in releases if r.tensorrt and _major_minor(r.tensorrt) == _major_minor(version)]
+
+
+def _major_minor(version: str) -> tuple[str, ...]:
+    return tuple(version.split(".")[:2])
+
+
+def check_image(image: str, models: list[ModelNeeds], releases: tuple[NgcRelease, ...] = RELEASES) -> list[str]:
+    """Refuse (PipelineError, one line) an image that cannot load ``models``; return what was not
+    checked (empty when everything was).
+
+    An NGC tag older than :data:`DEFAULT_TAG` is refused (the configs need 24.10's keys); a tag the
+    table lists is checked for every ONNX model's IR version and opset and every plan's TensorRT
+    (major.minor, the refusal naming a tag whose TensorRT matches when the table knows one); any
+    other image (a newer NGC tag, a private registry) is not refused — newer ONNX Runtime releases
+    load older IR versions and opsets — and the returned lines say what went unchecked.
+    ``releases`` is the table (:data:`RELEASES`; another one only to exercise the check).
+    """
+    tag = ngc_tag(image)
+    if tag is not None and tag < DEFAULT_TAG:
+        raise PipelineError(
+            f"{image} is older than {DEFAULT_TAG}: its onnxruntime backend refuses the configs' keys "
+            "(the cuda accelerator, trt_profile_* shapes) and --model-config-name is not checked there",
+            f"use {NGC_REPOSITORY}:{DEFAULT_TAG}-py3 or newer",
+        )
+    release = next((r for r in releases if r.tag == tag), None)
+    if release is None:
+        return [f"{image} is not in the NGC release table ({releases[0].tag}…{releases[-1].tag}): "
+                "ONNX IR version/opset limits and TensorRT plan versions were not checked"]
+    unchecked = []
+    for needs in models:
+        if needs.is_plan:
+            unchecked += _check_plan(release, needs, releases)
+            continue
+        if release.max_ir is None or release.max_opset is None:
+            unchecked.append(f"{needs.name}: {image}'s ONNX Runtime {release.onnxruntime} limits are not in the table")
+            continue
+        if needs.ir_version > release.max_ir or needs.opset > release.max_opset:
+            least = minimum_tag(needs, releases)
+            fix = f"use {NGC_REPOSITORY}:{least}-py3 or newer, or export with a lower --opset" if least else \
+                "export with a lower --opset"
+            raise PipelineError(
+                f"model {needs.name} has ONNX IR version {needs.ir_version} and opset {needs.opset}, but {image} "
+                f"(ONNX Runtime {release.onnxruntime}) loads at most IR {release.max_ir} / opset {release.max_opset}",
+                fix,
+            )
+    return unchecked
+
+
+def _check_plan(release: NgcRelease, needs: ModelNeeds, releases: tuple[NgcRelease, ...]) -> list[str]:
+    if not needs.plan_tensorrt:
+        raise PipelineError(
+            f"model {needs.name} is a TensorRT plan, and a plan only loads on the TensorRT version that built it",
+            "rebuild it so its metadata records the TensorRT version, and pass --image the NGC tag with that TensorRT",
+        )
+    matching = tags_running_tensorrt(needs.plan_tensorrt, releases)
+    if release.tensorrt is None:
+        known = f" (the table lists TensorRT {'.'.join(_major_minor(needs.plan_tensorrt))} for {', '.join(matching)})" \
+            if matching else ""
+        return [f"{needs.name}: built with TensorRT {needs.plan_tensorrt}; {release.image}'s TensorRT is not in the table{known}"]
+    if _major_minor(needs.plan_tensorrt) != _major_minor(release.tensorrt):
+        # A serialized engine names the exact TensorRT that built it; major.minor is what the table can say.
+        runs = f"TensorRT {release.tensorrt}" + (" (the table's value, not verified)" if "tensorrt" in release.unverified else "")
+        fix = f"pass --image {NGC_REPOSITORY}:{matching[-1]}-py3, which runs TensorRT {'.'.join(_major_minor(needs.plan_tensorrt))}" \
+            if matching else f"no tag in the table is known to run TensorRT {'.'.join(_major_minor(needs.plan_tensorrt))}"
+        raise PipelineError(
+            f"model {needs.name} is a TensorRT plan built with TensorRT {needs.plan_tensorrt}, but {release.image} runs {runs}",
+            f"{fix}; or rebuild the plan with TensorRT {release.tensorrt} for this image",
+        )
+    return []
