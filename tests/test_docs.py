@@ -78,6 +78,7 @@ NOT_OURS = {
     ".ci/stubs": "made by scripts/setup.sh, git-ignored",
     "calibration/tokens/eval.npz": "an example inside an error message",
     "docs/operators.md": "onnx-tensorrt's operator list, not ours",
+    "docs/introduction/compatibility.md": "the Triton server repository's compatibility page, not ours",
 }
 _REPO_PATH = re.compile(r"(?<![\w/.-])((?:pipeline|scripts|tests|\.ci|calibration|docs)/[\w.*/-]*)")
 _MODULE = re.compile(r"(?<![\w/.-])pipeline(?:\.\w+)+")

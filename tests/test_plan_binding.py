@@ -21,7 +21,6 @@ from pipeline.publish import PublishSettings, check_repository_plans
 from pipeline.stages.engine import metadata_path
 from pipeline.stages.plan_binding import PlanBinding, check_plan, same_tensorrt
 from pipeline.stages.tensorrt_env import GpuInfo
-from pipeline.triton.bundle_files import check_plans_for_image
 from pipeline.triton.verify import verify_repository
 from tests.trt_standin import StandInTensorRT
 
@@ -108,18 +107,6 @@ def test_publishing_refuses_plans_one_server_cannot_load_together(tmp_path: Path
     with pytest.raises(PipelineError, match=r"plan other_fp16_trt cannot load there: built with TensorRT 10.8.0.43 but the server of "):
         check_repository_plans([Artifact("fp16", "plan", plan, metadata_path(plan))], settings)
     check_repository_plans([Artifact("fp16", "onnx", plan)], settings)  # no plan published: nothing to check
-
-
-def test_a_bundle_image_with_another_tensorrt_is_refused(tmp_path: Path) -> None:
-    repository = tmp_path / "repo"
-    plan_model(repository, "m_fp16_trt", meta())
-    image = "nvcr.io/nvidia/tritonserver:24.10-py3"
-    with pytest.raises(PipelineError, match=r"cannot load there: built with TensorRT 10.16.1.11 but .*24.10-py3 \(TensorRT 10.5.0\) has"):
-        check_plans_for_image(repository, tensorrt_version="10.5.0", image=image)
-    check_plans_for_image(repository, tensorrt_version="10.16.1", image=image)
-    plan_model(repository, "old_fp16_trt", None)
-    with pytest.raises(PipelineError, match="metadata of plan old_fp16_trt does not record"):
-        check_plans_for_image(repository, tensorrt_version="10.16.1", image=image)
 
 
 def test_inspect_reads_a_plan_through_the_seam_with_host_code_refused(tmp_path: Path) -> None:

@@ -146,15 +146,3 @@ def _read_record(path: Path) -> dict[str, str]:
     except (OSError, ValueError):
         return {}
     return {str(k): str(v) for k, v in data.items()} if isinstance(data, dict) else {}
-
-
-def check_plans_for_image(repository: Path, *, tensorrt_version: str, image: str, compute_capability: tuple[int, int] | None = None) -> None:
-    """Refuse (one PipelineError line) a bundle whose ``image`` (shipping TensorRT ``tensorrt_version``, and
-    running on GPUs of ``compute_capability`` where known) cannot load a TensorRT plan of ``repository``."""
-    from pipeline.stages.plan_binding import check_plan_models
-    from pipeline.triton.repository import read_repository
-
-    plans = {name: model.path for name, model in read_repository(repository).items()
-             if model.config.platform == "tensorrt_plan" or model.config.backend == "tensorrt"}
-    check_plan_models(plans, tensorrt_version=tensorrt_version, compute_capability=compute_capability,
-                      target=f"{image} (TensorRT {tensorrt_version})")

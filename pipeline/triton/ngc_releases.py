@@ -49,7 +49,6 @@ triton-inference-server/server#7156): an older tag is refused, with 24.10 named 
 
 from __future__ import annotations
 
-import json
 import logging
 import re
 from dataclasses import dataclass, fields
@@ -205,14 +204,10 @@ def repository_needs(models: dict[str, Any], names: list[str]) -> list[ModelNeed
 
 
 def _plan_tensorrt(model_dir: Path) -> str:
-    from pipeline.triton.repository import REPORT
+    from pipeline.stages.plan_binding import served_plan_metadata
 
-    try:
-        versions = json.loads((model_dir / REPORT).read_text())["versions"]
-        meta = versions[max(versions, key=int)].get("engine_metadata") or {}
-        return str(meta.get("tensorrt_version") or meta.get("trt_version") or "")
-    except (OSError, ValueError, KeyError, TypeError):
-        return ""
+    meta = served_plan_metadata(model_dir) or {}
+    return str(meta.get("tensorrt_version") or "")
 
 
 def minimum_tag(needs: ModelNeeds, releases: tuple[NgcRelease, ...] = RELEASES) -> str | None:
@@ -227,11 +222,13 @@ def minimum_tag(needs: ModelNeeds, releases: tuple[NgcRelease, ...] = RELEASES) 
 
 def tags_running_tensorrt(version: str, releases: tuple[NgcRelease, ...] = RELEASES) -> list[str]:
     """The tags whose -py3 image runs TensorRT ``version``'s major.minor, as far as the table knows."""
-    return [r.tag for r in releases if r.tensorrt and _major_minor(r.tensorrt) == _major_minor(version)]
+    from pipeline.stages.plan_binding import same_tensorrt
+
+    return [r.tag for r in releases if r.tensorrt and same_tensorrt(version, r.tensorrt)]
 
 
-def _major_minor(version: str) -> tuple[str, ...]:
-    return tuple(version.split(".")[:2])
+def _major_minor(version: str) -> str:
+    return ".".join(version.split(".")[:2])
 
 
 def check_image(image: str, models: list[ModelNeeds], releases: tuple[NgcRelease, ...] = RELEASES) -> list[str]:
@@ -240,7 +237,7 @@ def check_image(image: str, models: list[ModelNeeds], releases: tuple[NgcRelease
 
     An NGC tag older than :data:`DEFAULT_TAG` is refused (the configs need 24.10's keys); a tag the
     table lists is checked for every ONNX model's IR version and opset and every plan's TensorRT
-    (major.minor, the refusal naming a tag whose TensorRT matches when the table knows one); any
+    (the same version on as many parts as the table gives, the refusal naming a tag whose TensorRT matches when the table knows one); any
     other image (a newer NGC tag, a private registry) is not refused — newer ONNX Runtime releases
     load older IR versions and opsets — and the returned lines say what went unchecked.
     ``releases`` is the table (:data:`RELEASES`; another one only to exercise the check).
@@ -277,6 +274,8 @@ def check_image(image: str, models: list[ModelNeeds], releases: tuple[NgcRelease
 
 
 def _check_plan(release: NgcRelease, needs: ModelNeeds, releases: tuple[NgcRelease, ...]) -> list[str]:
+    from pipeline.stages.plan_binding import same_tensorrt
+
     if not needs.plan_tensorrt:
         raise PipelineError(
             f"model {needs.name} is a TensorRT plan, and a plan only loads on the TensorRT version that built it",
@@ -284,14 +283,14 @@ def _check_plan(release: NgcRelease, needs: ModelNeeds, releases: tuple[NgcRelea
         )
     matching = tags_running_tensorrt(needs.plan_tensorrt, releases)
     if release.tensorrt is None:
-        known = f" (the table lists TensorRT {'.'.join(_major_minor(needs.plan_tensorrt))} for {', '.join(matching)})" \
+        known = f" (the table lists TensorRT {_major_minor(needs.plan_tensorrt)} for {', '.join(matching)})" \
             if matching else ""
         return [f"{needs.name}: built with TensorRT {needs.plan_tensorrt}; {release.image}'s TensorRT is not in the table{known}"]
-    if _major_minor(needs.plan_tensorrt) != _major_minor(release.tensorrt):
-        # A serialized engine names the exact TensorRT that built it; major.minor is what the table can say.
+    if not same_tensorrt(needs.plan_tensorrt, release.tensorrt):
+        # A plan loads only on the TensorRT that built it; compared on as many parts as the table gives.
         runs = f"TensorRT {release.tensorrt}" + (" (the table's value, not verified)" if "tensorrt" in release.unverified else "")
-        fix = f"pass --image {NGC_REPOSITORY}:{matching[-1]}-py3, which runs TensorRT {'.'.join(_major_minor(needs.plan_tensorrt))}" \
-            if matching else f"no tag in the table is known to run TensorRT {'.'.join(_major_minor(needs.plan_tensorrt))}"
+        fix = f"pass --image {NGC_REPOSITORY}:{matching[-1]}-py3, which runs TensorRT {_major_minor(needs.plan_tensorrt)}" \
+            if matching else f"no tag in the table is known to run TensorRT {_major_minor(needs.plan_tensorrt)}"
         raise PipelineError(
             f"model {needs.name} is a TensorRT plan built with TensorRT {needs.plan_tensorrt}, but {release.image} runs {runs}",
             f"{fix}; or rebuild the plan with TensorRT {release.tensorrt} for this image",

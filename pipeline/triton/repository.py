@@ -31,6 +31,7 @@ from pipeline.artifacts import Artifact
 from pipeline.errors import PipelineError, require
 from pipeline.fingerprint import hash_path
 from pipeline.pausepoints import pause_point
+from pipeline.workspace import BUILD_REPORT
 from pipeline.triton.config import (
     WARMUP_DIR,
     config_text,
@@ -56,7 +57,7 @@ log = logging.getLogger(__name__)
 
 CONFIG = "config.pbtxt"
 OWNED = ".pipeline-owned.json"
-REPORT = ".pipeline-report.json"
+REPORT = BUILD_REPORT  # beside each published model (pipeline.workspace)
 POLICIES = ("new", "replace")
 _RESERVED = (CONFIG, OWNED, REPORT)
 
