@@ -174,6 +174,8 @@ def _point_done(settings: LoadTestSettings, model: str, point: PointResult, resu
         model, point.label, agg.infer_per_s, agg.latency.p50_ms, agg.latency.p99_ms, agg.error_count,
         " (overloaded: below the offered rate)" if point.overloaded else ("" if point.stable else " (not stable)"), f" — aborted: {point.aborted}" if point.aborted else "",
     )
+    for window in point.disrupted:
+        log.warning("%s %s: %s — left out of the statistics", model, point.label, window)
     if point.incomplete:
         result.failures.append(f"{model} {point.label}: incomplete — {point.incomplete}; the other workers' results are kept")
     if point.aborted:
@@ -254,7 +256,7 @@ def _targets(
 
 def point_from_measurement(settings: LoadTestSettings, model: str, policy: Policy, m: Measurement) -> PointResult:
     """Summaries of the used windows, per endpoint and aggregated."""
-    used_count = min(settings.windows.stable_windows, len(m.windows))
+    used_count = m.usable(settings.windows.stable_windows)
     used = m.used(used_count)
     seconds = (used[-1].end.at_ns - used[0].start.at_ns) / 1e9 if used else 0.0
     open_loop = isinstance(policy, OpenLoop)
@@ -306,6 +308,7 @@ def point_from_measurement(settings: LoadTestSettings, model: str, policy: Polic
         endpoints=endpoints,
         aborted=m.aborted,
         window_spread=window_spread,
+        disrupted=list(m.disrupted),
     )
 
 
