@@ -233,7 +233,7 @@ def _over(summary: dict[str, Any], seconds: float) -> dict[str, Any]:
 
 
 def _targets(
-    settings: LoadTestSettings, io: pl.ModelIO, batches: list[dict[str, np.ndarray]], regions: SharedMemoryRegions | None
+    settings: LoadTestSettings, io: pl.ModelIO, batches: list[dict[str, np.ndarray]], regions: SharedMemoryRegions | None = None
 ) -> list[tuple[Endpoint, list[bytes]]]:
     """Per endpoint, the pre-encoded requests; the first is checked against tritonclient."""
     if settings.protocol == "grpc":

@@ -26,8 +26,6 @@ import numpy as np
 import triton_python_backend_utils as pb_utils
 
 GPU_PROVIDERS = ("CUDAExecutionProvider", "TensorrtExecutionProvider")
-# The Python backend's model-config parameter that lets GPU tensors through to execute (python_backend README).
-FORCE_CPU_ONLY_INPUT_TENSORS = "FORCE_CPU_ONLY_INPUT_TENSORS"
 
 
 def device_io(kind: str, providers: list[str], dlpack: bool) -> bool:
