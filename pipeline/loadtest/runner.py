@@ -37,6 +37,7 @@ from pipeline.loadtest.targets import (
     server_metadata,
 )
 from pipeline.loadtest.request_check import check_request, check_shm_request
+from pipeline.stages.uint8_input import quantized, served_uint8_scales
 from pipeline.loadtest.shm import SHARED_MEMORY, SharedMemoryRegions, output_byte_sizes, shm_requests
 from pipeline.loadtest.window import spread
 from pipeline.loadtest.workers import EngineSpec, WorkerPool, build_engine
@@ -142,6 +143,8 @@ def model_spec(settings: LoadTestSettings, model: str, regions: SharedMemoryRegi
     with shared memory), the first checked against tritonclient."""
     io = model_io(settings.endpoints[0], model)
     samples = pl.load_samples(settings.data or pl.eval_data_path(model, settings.calibration_dir, settings.repository))
+    if settings.repository is not None:  # a uint8-input variant gets its float samples as the uint8 a client sends
+        samples = quantized(samples, served_uint8_scales(settings.repository / model))
     batches = pl.request_batches(samples, io, settings.batch_size, settings.distinct_requests)
     log.info("%s: %d distinct requests of batch %d, %s/%s, %d process(es)", model, len(batches), settings.batch_size,
              settings.protocol, settings.transport, settings.workers)

@@ -145,3 +145,11 @@ def uint8_parity_from_models(fp32: Path, u8: Path, data: EvalData, dst: Path, *,
     log.info("uint8 input: outputs within %g + %g·|FP32| of FP32 on %d samples (max abs diff %s)", atol, rtol, samples,
              ", ".join(f"{n} {worst[n]:.2g}" for n in names))
     return dst
+
+
+def served_uint8_scales(model_dir: Path) -> dict[str, float]:
+    """The uint8 input scales of the newest version of a published model (``<model>/<version>/*.onnx``);
+    empty when it has none or is not an ONNX model."""
+    versions = sorted((int(p.name), p) for p in Path(model_dir).iterdir() if p.is_dir() and p.name.isdigit()) if Path(model_dir).is_dir() else []
+    files = sorted(versions[-1][1].glob("*.onnx")) if versions else []
+    return uint8_scales(files[0]) if files else {}
