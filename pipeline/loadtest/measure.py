@@ -98,11 +98,14 @@ def measure(
     *,
     cpu: Callable[[], float] = time.process_time,
     start_ns: int | None = None,
+    after_disruption: Callable[[], bool] | None = None,
 ) -> Measurement:
     """Run one point on ``engine``; ``fetchers`` read each endpoint's server counters.
 
     ``cpu``: the client's CPU seconds so far (this process; worker processes add theirs).
     ``start_ns``: start the load at this ``perf_counter_ns`` instant (a shard's shared start).
+    ``after_disruption``: called at each window's end after the server went away until it returns True
+    (what the load needs set up again on a restarted server: shared-memory registrations).
 
     ``offered_rps`` (open loop, all endpoints together): when the last windows all complete less
     than ``1 - threshold`` of it, the server is overloaded — its queue only grows, so the point
@@ -125,6 +128,9 @@ def measure(
         # a shard's windows lie on the shared schedule, so that window i of every shard is one interval
         warm = Mark.take(recorders, began + int(settings.warmup_s * 1e9) if settings.fixed else time.perf_counter_ns(), cpu())
         aborted = _dead(Window(start, warm))
+        down_since: int | None = None
+        if aborted and settings.restart_wait_s > 0:  # gone during the warm-up: wait for it as in a window
+            aborted, down_since = None, start.at_ns
         marks, stats = [warm], [probe.read()]
         windows: list[Window] = []
         stable = overloaded = False
@@ -132,7 +138,8 @@ def measure(
         latencies: list[float] = []
         dropped: dict[int, str] = {}  # window number → why it is left out
         clean_from = 0  # index of the first window after the last disruption
-        down_since: int | None = None
+        restore = False  # after_disruption still to succeed
+        recovering = False  # after a disruption, until a window without errors
         step = int(settings.window_s * 1e9)
         while aborted is None and (marks[-1].at_ns + step <= bound if settings.fixed else marks[-1].at_ns < bound):
             due = min(marks[-1].at_ns + step, bound)
@@ -151,6 +158,17 @@ def measure(
             if window.dropped:
                 dropped[len(windows)] = f"{window.dropped} requests lost with their connection (the server went away or restarted)"
                 clean_from = len(windows)
+                restore, recovering = after_disruption is not None, True
+            elif restore:  # this window's requests ran before the setup was restored
+                dropped[len(windows)] = "the load's setup (shared memory) not yet registered again with the restarted server"
+                clean_from = len(windows)
+            elif recovering and window.errors:  # e.g. answers before the new server has loaded the model
+                dropped[len(windows)] = f"the server was still coming back ({window.errors} failed requests)"
+                clean_from = len(windows)
+            else:
+                recovering = False
+            if restore:
+                restore = not after_disruption()  # type: ignore[misc]
             aborted = _dead(window)
             if aborted and settings.restart_wait_s > 0:
                 down_since = window.start.at_ns if down_since is None else down_since

@@ -9,6 +9,7 @@ import functools
 import logging
 import platform
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -118,11 +119,12 @@ def new_run(settings: LoadTestSettings) -> RunResult:
 def _run_model(settings: LoadTestSettings, model: str, result: RunResult) -> bool:
     """Run the sweep of one model; False when the run must stop (a server is gone)."""
     with contextlib.ExitStack() as stack, progress(f"load test {model}", len(settings.policies), unit="points", summary=False) as bar:
-        spec = model_spec(settings, model, stack.enter_context(shared_memory(settings)))
+        regions = stack.enter_context(shared_memory(settings))
+        spec = model_spec(settings, model, regions)
         pool = stack.enter_context(WorkerPool(settings.workers, spec)) if settings.workers > 1 else None
         for policy in bar.track(settings.policies):  # each point logs its line
             bar.note(policy.label)
-            point = _run_point(settings, model, policy, spec, pool)
+            point = _run_point(settings, model, policy, spec, pool, regions.ensure_registered if regions is not None else None)
             result.points.append(point)
             if not _point_done(settings, model, point, result):
                 return False
@@ -151,7 +153,10 @@ def model_spec(settings: LoadTestSettings, model: str, regions: SharedMemoryRegi
     return EngineSpec(settings.protocol, _targets(settings, io, batches, regions), settings.timeout_s, settings.max_connections)
 
 
-def _run_point(settings: LoadTestSettings, model: str, policy: Policy, spec: EngineSpec, pool: WorkerPool | None) -> PointResult:
+def _run_point(
+    settings: LoadTestSettings, model: str, policy: Policy, spec: EngineSpec, pool: WorkerPool | None,
+    after_disruption: Callable[[], bool] | None = None,
+) -> PointResult:
     """Measure one load point, with Triton's Prometheus metrics scraped when it starts and ends."""
     log.debug("%s: %s", model, policy.label)
     engine = pool.engine(policy) if pool is not None else build_engine(spec, policy)
@@ -160,7 +165,7 @@ def _run_point(settings: LoadTestSettings, model: str, policy: Policy, spec: Eng
     scraped_ns = time.perf_counter_ns()
     before = [_scrape(m) for m in _metrics_endpoints(settings)]
     cpu = engine.cpu_seconds if pool is not None else time.process_time
-    measurement = measure(engine, settings.windows, fetchers, offered, cpu=cpu)
+    measurement = measure(engine, settings.windows, fetchers, offered, cpu=cpu, after_disruption=after_disruption)
     after = [_scrape(m) for m in _metrics_endpoints(settings)]
     point = point_from_measurement(settings, model, policy, measurement)
     if pool is not None:

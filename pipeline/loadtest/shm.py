@@ -67,6 +67,7 @@ class SharedMemoryRegions:
         self.device_id = device_id
         self.tag = f"{REGION_PREFIX}{os.getpid()}_{uuid.uuid4().hex[:8]}_"
         self._handles: dict[str, Any] = {}
+        self._sizes: dict[str, int] = {}
         self._registered: list[tuple[Endpoint, str]] = []
         self._module = (
             import_optional("tritonclient.utils.shared_memory", None, "--shared-memory system")
@@ -93,11 +94,25 @@ class SharedMemoryRegions:
             raise PipelineError(f"cannot create {self.kind} shared memory of {byte_size} bytes ({exc})",
                                 "free /dev/shm space (df -h /dev/shm) or use --shared-memory none") from None
         self._handles[name] = handle
+        self._sizes[name] = byte_size
         if arrays:
             self._module.set_shared_memory_region(handle, [np.ascontiguousarray(a) for a in arrays])
         for endpoint in self.endpoints:
             self._register(endpoint, name, handle, byte_size)
         return name
+
+    def ensure_registered(self) -> bool:
+        """Register again what a restarted server lost (its registrations die with its process); True
+        once every endpoint holds every region, False while one cannot be reached or refuses."""
+        try:
+            for endpoint in self.endpoints:
+                missing = set(self._handles) - set(registered_regions(endpoint, self.kind))
+                for name in sorted(missing):
+                    self._register(endpoint, name, self._handles[name], self._sizes[name])
+        except (OSError, PipelineError) as exc:
+            log.debug("shared memory not registered again yet: %s", exc)
+            return False
+        return True
 
     def read(self, region: str, offset: int, dtype: np.dtype, shape: tuple[int, ...]) -> np.ndarray:
         """A copy of a tensor in one of these regions."""

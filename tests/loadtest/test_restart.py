@@ -1,5 +1,6 @@
 """A server that survives: `serve`'s tritonserver killed with SIGKILL comes back ready, the cause and the
-restart in the log, and a load test running across the kill names the window the restart fell in."""
+restart in the log, and a load test running across the kill (over system shared memory, registered again
+with the new server) names the window the restart fell in."""
 
 from __future__ import annotations
 
@@ -78,16 +79,18 @@ def test_a_killed_tritonserver_comes_back_and_the_load_test_names_the_window(wor
         assert serve.poll() is None, text
         port = int(text.split("http=127.0.0.1:")[1].split()[0])
         endpoint = Endpoint("127.0.0.1", port)
-        # Stability made unreachable, so the point runs to --max-seconds, across the kill and the restart.
+        # Stability made unreachable, so the point runs to --max-seconds, across the kill and the restart;
+        # over system shared memory, which the restarted server has to be given again.
         load = subprocess.Popen(
-            [sys.executable, "-m", "pipeline", "loadtest", "--url", f"127.0.0.1:{port}", "--model", "add",
+            [sys.executable, "-m", "pipeline", "-v", "loadtest", "--url", f"127.0.0.1:{port}", "--model", "add",
              "--calibration-root", str(workspace / "calibration"), "--concurrency", "2", "--window-ms", "500",
              "--warmup-ms", "500", "--max-seconds", "45", "--stability-percentage", "0.0001", "--restart-wait-s", "40",
-             "--timeout-ms", "2000", "--report-dir", str(tmp_path / "report")],
+             "--timeout-ms", "2000", "--shared-memory", "system", "--report-dir", str(tmp_path / "report")],
             cwd=ROOT, env=env, stdout=open(load_out, "wb"), stderr=subprocess.STDOUT,
         )  # fmt: skip
-        _wait_for("the load reaching the server", lambda: _successes(endpoint) > 0 or load.poll() is not None, 60, load_out)
-        assert load.poll() is None, load_out.read_text()
+        # the first measurement window is logged (-v) once the warm-up is over: the kill falls in the windows
+        _wait_for("the first measurement window", lambda: "window 1:" in load_out.read_text() or load.poll() is not None, 60, load_out)
+        assert load.poll() is None and _successes(endpoint) > 0, load_out.read_text()
 
         killed = _tritonserver_child(serve.pid)
         os.kill(killed, signal.SIGKILL)
@@ -114,5 +117,6 @@ def test_a_killed_tritonserver_comes_back_and_the_load_test_names_the_window(wor
     assert any("went away or restarted" in w for w in point["disrupted"])
     last = max(int(w.split()[1].rstrip(":")) for w in point["disrupted"])
     assert point["windows"] - last >= point["used_windows"] == 3  # the statistics use only windows after the restart
-    assert point["aborted"] is None
+    assert point["aborted"] is None and point["encoding"] == "system-shm"
+    assert point["aggregate"]["requests"] > 0  # the windows after the restart ran: the regions were registered again
     assert "left out of the statistics" in load_out.read_text()
