@@ -129,6 +129,9 @@ class SharedMemoryRegions:
             body = {"raw_handle": {"b64": raw.decode() if isinstance(raw, bytes) else str(raw)},
                     "device_id": self.device_id, "byte_size": byte_size}
         path = f"{_API[self.kind]}/region/{quote(name)}/register"
+        # Recorded before asking: a Ctrl-C that lands while the server registers it must still unregister it
+        # (unregistering a name the server does not hold is harmless).
+        self._registered.append((endpoint, name))
         try:
             status, answer = request_json(endpoint, "POST", path, body, timeout=10.0)
         except OSError as exc:
@@ -139,7 +142,6 @@ class SharedMemoryRegions:
                 "the server must run on this machine (shared memory is local) and its shared-memory API must not be "
                 "restricted; otherwise use --shared-memory none",
             )
-        self._registered.append((endpoint, name))
 
     def close(self) -> None:
         """Unregister every region from every endpoint (best effort: a dead server holds none), then
