@@ -27,6 +27,8 @@ import numpy as np
 from pipeline.errors import CheckFailed, PipelineError, require
 
 if TYPE_CHECKING:
+    import onnx
+
     from pipeline.evaldata import EvalData
 
 log = logging.getLogger(__name__)
@@ -35,7 +37,7 @@ SCALE_KEY = "pipeline.uint8_input_scale"  # ONNX metadata_props: JSON {input nam
 _CHANNELS = (1, 3, 4)
 
 
-def image_inputs(model: "onnx.ModelProto") -> list[str]:  # noqa: F821 (onnx is imported lazily)
+def image_inputs(model: onnx.ModelProto) -> list[str]:
     """The float inputs of ``model`` shaped like NHWC images (rank 4, last dimension 1, 3 or 4)."""
     from onnx import TensorProto
 
