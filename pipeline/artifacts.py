@@ -10,7 +10,10 @@ PRECISIONS = ("fp32", "fp16", "int8")  # what TensorRT builds engines of (and an
 # Variants made for ONNX Runtime's CPU integer kernels: published with KIND_CPU instances and ORT's
 # graph optimizations on, never built into an engine. ``int8cpu``: uint8 activations, int8 weights.
 CPU_PRECISIONS = ("int8cpu",)
-VARIANTS = PRECISIONS + CPU_PRECISIONS
+# Variants that change what a client sends, not how the model computes; ONNX only, no engine.
+# ``u8``: the FP32 model taking uint8 image inputs (pipeline.stages.uint8_input).
+WIRE_PRECISIONS = ("u8",)
+VARIANTS = PRECISIONS + CPU_PRECISIONS + WIRE_PRECISIONS
 
 
 @dataclass(frozen=True)

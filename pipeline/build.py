@@ -17,7 +17,7 @@ from pathlib import Path
 
 import numpy as np
 
-from pipeline.artifacts import Artifact
+from pipeline.artifacts import PRECISIONS, WIRE_PRECISIONS, Artifact
 from pipeline.config import BuildConfig
 from pipeline.errors import PipelineError, require_creatable
 from pipeline.fingerprint import hash_path
@@ -39,6 +39,7 @@ from pipeline.stages.parity import parity_report_from_models
 from pipeline.stages.savedmodel import savedmodel_from_source
 from pipeline.stages.shapes import ShapeProfile, calibration_hints, profiles_from_args, seen_in_files, seen_shapes
 from pipeline.stages.source import DEFAULT_MODEL, ModelSource, model_source
+from pipeline.stages.uint8_input import uint8_input_onnx_from_onnx, uint8_parity_from_models
 from pipeline.tensors import ModelSignature, load_onnx, signature_from_onnx
 from pipeline.trt_support import warn_unparsable
 from pipeline.triton.verify import verify_repository
@@ -113,10 +114,13 @@ def build(cfg: BuildConfig) -> BuildResult:
             variants.append(_int8_stage(onnx_fp32, calib, ctx))
             if cfg.int8_cpu:
                 variants.append(_int8_cpu_stage(onnx_fp32, calib, ctx))
-        gpu_variants = [v for v in variants if not v.cpu_only]
+        if cfg.uint8_input is not None:
+            variants.append(_uint8_stage(onnx_fp32, data, ctx))
+        gpu_variants = [v for v in variants if v.precision in PRECISIONS]
         ctx.manifest.results["tensorrt_parser"] = warn_unparsable({v.precision: v.path for v in gpu_variants})  # before a GPU machine finds out
         engines = _engine_stages(gpu_variants, profiles, ctx)
-        _accuracy_stage(onnx_fp32, variants[1:] + engines, data, kinds, ctx)
+        # the uint8-input variant computes as FP32 does: its gate is the parity one (_uint8_stage)
+        _accuracy_stage(onnx_fp32, [v for v in variants[1:] if v.precision not in WIRE_PRECISIONS] + engines, data, kinds, ctx)
         artifacts = variants + engines
         ctx.manifest.artifacts = {f"{a.precision}.{a.kind}": str(a.path) for a in artifacts}
         repository = _publish_stage(artifacts, variants, data, kinds, ctx)
@@ -167,6 +171,15 @@ def _fp16_stage(onnx_fp32: Path, ctx: BuildContext) -> Artifact:
                   settings={"keep_op_types": cfg.fp16_keep_op_types, "keep_nodes": cfg.fp16_keep_nodes}, outputs={"dst": dst},
                   environment={"always_fp32": DEFAULT_FP32_OPS}))
     return Artifact("fp16", "onnx", dst)
+
+
+def _uint8_stage(onnx_fp32: Path, data: EvalData, ctx: BuildContext) -> Artifact:
+    dst = ctx.ws.onnx("u8")
+    gates = ctx.cfg.gates
+    ctx.run(Stage("uint8", uint8_input_onnx_from_onnx, inputs={"src": onnx_fp32}, settings={"scale": ctx.cfg.uint8_input}, outputs={"dst": dst}))
+    ctx.run(Stage("uint8_parity", uint8_parity_from_models, inputs={"fp32": onnx_fp32, "u8": dst, "data": data},
+                  settings={"atol": gates.parity_atol, "rtol": gates.parity_rtol, "batch_size": EVAL_BATCH}, outputs={"dst": ctx.ws.uint8_parity}))
+    return Artifact("u8", "onnx", dst)
 
 
 def _calibration_data(signature: ModelSignature, ctx: BuildContext) -> CalibrationData:

@@ -77,6 +77,11 @@ class BuildConfig:
     int8_keep_nodes: tuple[str, ...] = option((), "INT8: keep these Conv/ConvTranspose/Gemm/MatMul nodes of model.fp32.onnx in float (no Q/DQ "
                                               "on their inputs; a failed INT8 gate names the layers that add the most error), comma-separated "
                                               "or repeated", metavar="NAME,...", group=PRECISION)
+    uint8_input: float | None = option(None, "image models: add <name>_u8, the FP32 model taking uint8 NHWC image inputs with × SCALE "
+                                             "folded into the graph (a quarter of the bytes per request; SCALE 1 when the model rescales "
+                                             "0..255 itself), gated against FP32 within the parity tolerance", metavar="SCALE",
+                                        check=lambda v: None if v is None or v > 0 else "must be positive", fix="e.g. --uint8-input 0.00392156862745098 (1/255)",
+                                        group=PRECISION)
     calibration: Path | None = option(None, "INT8 calibration data: an .npz (one array per input), a folder with calib.npz or <input>.npy "
                                             "files, or a folder of JPEG/PNG images (default: <calibration-root>/<name>/)",
                                       metavar="PATH", group=PRECISION)
@@ -115,7 +120,8 @@ class BuildConfig:
 
     @property
     def precisions(self) -> tuple[str, ...]:
-        return ("fp32",) + (("fp16",) if self.fp16 else ()) + (("int8",) if self.int8 else ()) + (("int8cpu",) if self.int8 and self.int8_cpu else ())
+        return (("fp32",) + (("fp16",) if self.fp16 else ()) + (("int8",) if self.int8 else ()) + (("int8cpu",) if self.int8 and self.int8_cpu else ())
+                + (("u8",) if self.uint8_input is not None else ()))
 
     def model_name(self, source: ModelSource) -> str:
         """``--name``, else the file stem / folder name / module name (``digits`` for the default)."""

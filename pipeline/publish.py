@@ -52,6 +52,7 @@ def repository_from_artifacts(
 
     ``onnx_of`` maps a precision to its ONNX variant, whose I/O a plan of that precision must match.
     """
+    from pipeline.stages.uint8_input import quantized, uint8_scales
     from pipeline.triton.config import model_config_from_artifact, warmup_files
     from pipeline.triton.deploy import DEFAULT_IMAGE, write_deploy_bundle
     from pipeline.triton.repository import publish_repository
@@ -62,6 +63,7 @@ def repository_from_artifacts(
     for artifact in artifacts:
         name = artifact.triton_name(settings.model)
         signature = signature_from_onnx(onnx_of[artifact.precision])
+        samples = quantized(warmup, uint8_scales(onnx_of[artifact.precision]))  # what a client sends a uint8-input variant
         configs[name] = model_config_from_artifact(
             artifact,
             name=name,
@@ -69,10 +71,10 @@ def repository_from_artifacts(
             max_batch=settings.max_batch,
             labels_file=LABELS_FILE if settings.labels else None,
             classifier_output=settings.classifier_output if settings.labels else None,
-            warmup=warmup,
+            warmup=samples,
             preferred_batch_sizes=preferred_batch_sizes(settings.max_batch),
         )
-        extra[name] = dict(warmup_files(signature, warmup, settings.max_batch))
+        extra[name] = dict(warmup_files(signature, samples, settings.max_batch))
         if settings.labels:
             extra[name][LABELS_FILE] = settings.labels.read_bytes()
     if settings.mig:

@@ -31,6 +31,10 @@ class Workspace:
         return self.root / "parity.json"
 
     @property
+    def uint8_parity(self) -> Path:
+        return self.root / "uint8_parity.json"
+
+    @property
     def accuracy(self) -> Path:
         return self.root / "accuracy.json"
 

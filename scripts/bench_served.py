@@ -5,13 +5,17 @@ In process: ``session_from_onnx(model.onnx, threads=T)`` running batch-32 infere
 tritonserver on a copy of the repository holding only ``digits_fp32``, pinned to T cores
 (``TritonServer(cpus=...)``), its config's ``intra_op_thread_count`` set to T and
 ``inter_op_thread_count`` to 1 (the parameters our onnxruntime backend reads, as the C++ one does),
-driven by C concurrent tritonclient HTTP clients (threads of this process, pinned to the *other*
-cores when there are any, like remote clients), each sending batch-32 requests for ``--seconds``.
+driven by the product's load generator (``pipeline.loadtest``: a closed loop of C requests in flight,
+its epoll HTTP engine pinned to the *other* cores when there are any, like a remote client), each
+request a batch of 32 real samples, once with the tensors in the HTTP body (binary extension) and once
+in system shared memory registered with Triton (``--shared-memory system``). Every row runs in every
+round, in turn, on one server; the ratio is taken within a round, and the table shows the medians.
 
 The served path adds HTTP framing, Triton's scheduler (dynamic batching: concurrent batch-32 requests
 may be merged up to the config's preferred 64), the Python backend's shared-memory hop into a stub
-process and numpy copies. On a model this small (~0.1 ms of compute per sample) that overhead is most
-of the request time, so served throughput is expected to be well below in-process; the ratio says how much.
+process and the backend's Python. On a model this small (~0.1 ms of compute per sample) that overhead
+is a large part of the request time; Triton's own per-request breakdown (queue, compute input / infer /
+output, average batch) is printed beside each served row.
 
     .venv/bin/python scripts/bench_served.py                   # builds build/bench_served/ if needed
     .venv/bin/python scripts/bench_served.py --repository model_repository --threads 1 --seconds 10
@@ -29,9 +33,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
-import threading
 import time
-from contextlib import closing
 from pathlib import Path
 
 import numpy as np
@@ -112,50 +114,58 @@ def run_in_process(model_file: Path, images: np.ndarray, threads: int, cpus: lis
         os.sched_setaffinity(0, allowed)
 
 
-def run_served(url: str, images: np.ndarray, threads: int, concurrency: int, seconds: float, warmup: float, expected: np.ndarray) -> dict:
-    import tritonclient.http as httpclient
+def ort_us_per_run(model_file: Path, images: np.ndarray, rows: int, threads: int, cpus: list[int], runs: int = 500) -> float:
+    """Mean µs of one in-process ORT run at ``rows`` rows (the served executions' average batch), pinned like the server."""
+    allowed = os.sched_getaffinity(0)
+    os.sched_setaffinity(0, cpus)
+    try:
+        session = session_from_onnx(model_file, threads=threads)
+        feed = {"image": np.ascontiguousarray(np.resize(images, (rows, *images.shape[1:])))}
+        for _ in range(50):
+            session.run(["probs"], feed)
+        started = time.perf_counter()
+        for _ in range(runs):
+            session.run(["probs"], feed)
+        return (time.perf_counter() - started) / runs * 1e6
+    finally:
+        os.sched_setaffinity(0, allowed)
 
-    latencies: list[list[float]] = [[] for _ in range(concurrency)]
-    errors: list[BaseException] = []
-    barrier = threading.Barrier(concurrency + 1)
-    window: dict[str, float] = {}
 
-    def client(index: int) -> None:
-        try:
-            with closing(httpclient.InferenceServerClient(url, connection_timeout=30, network_timeout=60)) as http:
-                inp = httpclient.InferInput("image", list(images.shape), "FP32")
-                inp.set_data_from_numpy(images, binary_data=True)
-                out = [httpclient.InferRequestedOutput("probs", binary_data=True)]
-                got = http.infer(MODEL, [inp], outputs=out).as_numpy("probs")
-                np.testing.assert_allclose(got, expected, rtol=0, atol=1e-5)  # measure the right thing
-                end = time.perf_counter() + warmup
-                while time.perf_counter() < end:
-                    http.infer(MODEL, [inp], outputs=out)
-                barrier.wait()
-                mine = latencies[index]
-                while True:
-                    t0 = time.perf_counter()
-                    http.infer(MODEL, [inp], outputs=out)
-                    t1 = time.perf_counter()
-                    mine.append(t1 - t0)
-                    if t1 >= window["end"]:
-                        break
-        except BaseException as exc:  # noqa: BLE001 - any failure (incl. a broken barrier) is re-raised after join
-            errors.append(exc)
-            barrier.abort()
+def run_served(url: str, data: Path, threads: int, concurrency: int, seconds: float, warmup: float, transport: str) -> dict:
+    """``concurrency`` requests of batch BATCH in flight through the product's load generator (its epoll
+    HTTP engine: tens of µs of client CPU per request, where tritonclient's threads spent hundreds),
+    tensors in the body (``binary``) or in system shared memory (``system``); infer/s over the last
+    three windows, with Triton's own per-request breakdown over the same windows."""
+    from pipeline.loadtest.client import endpoint_from_url
+    from pipeline.loadtest.measure import WindowSettings
+    from pipeline.loadtest.policy import ClosedLoop
+    from pipeline.loadtest.runner import LoadTestSettings, run_loadtest
 
-    workers = [threading.Thread(target=client, args=(i,), daemon=True) for i in range(concurrency)]
-    for worker in workers:
-        worker.start()
-    barrier.wait()
-    started = time.perf_counter()
-    window["end"] = started + seconds
-    for worker in workers:
-        worker.join()
-    if errors:
-        raise errors[0]
-    elapsed = time.perf_counter() - started
-    return summary("served (Triton HTTP)", threads, concurrency, [x for lat in latencies for x in lat], elapsed)
+    window = max(seconds / 3, 0.5)
+    settings = LoadTestSettings(
+        endpoints=(endpoint_from_url(url),), policies=(ClosedLoop(concurrency),), models=(MODEL,), batch_size=BATCH,
+        windows=WindowSettings(window_s=window, warmup_s=warmup, max_s=warmup + 3 * window + 0.01, threshold=0.99),
+        data=data, shared_memory="system" if transport == "system" else "none",
+    )
+    point = run_loadtest(settings).points[0]
+    agg = point.aggregate
+    if agg.error_count:
+        raise RuntimeError(f"{transport}: {agg.error_count} failed requests: {agg.errors}")
+    server = agg.server or {}
+    return {
+        "mode": f"served ({transport})",
+        "threads": threads,
+        "concurrency": concurrency,
+        "requests": agg.requests,
+        "seconds": round(agg.seconds, 3),
+        "samples_per_s": round(agg.infer_per_s, 1),
+        "requests_per_s": round(agg.throughput_rps, 1),
+        "p50_ms": round(agg.latency.p50_ms, 3),
+        "p99_ms": round(agg.latency.p99_ms, 3),
+        "client_cpu_us_per_request": round(point.client_cpu_us_per_request, 1),
+        "triton_us_per_request": {k: round(float(server[k]), 1) for k in ("request_us", "queue_us", "compute_input_us", "compute_infer_us", "compute_output_us") if k in server},
+        "avg_batch_size": round(float(server.get("avg_batch_size", float("nan"))), 2),
+    }
 
 
 def main() -> int:
@@ -164,8 +174,11 @@ def main() -> int:
                         help="repository with digits_fp32 (built there if missing; default: %(default)s)")
     parser.add_argument("--workdir", type=Path, default=ROOT / "build" / "bench_served" / "build", help="build workdir if a build is needed")
     parser.add_argument("--threads", type=int, default=1, help="ORT intra-op threads = cores pinned, both modes (default: %(default)s)")
-    parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 4], help="concurrent HTTP clients (default: 1 4)")
-    parser.add_argument("--seconds", type=float, default=10.0, help="measured seconds per row (default: %(default)s)")
+    parser.add_argument("--concurrency", type=int, nargs="+", default=[4], help="requests in flight (default: 4)")
+    parser.add_argument("--transports", nargs="+", choices=("binary", "system"), default=["binary", "system"],
+                        help="served rows: HTTP binary body, or inputs and outputs in system shared memory (default: both)")
+    parser.add_argument("--rounds", type=int, default=3, help="rounds of all rows in turn; medians reported (default: %(default)s)")
+    parser.add_argument("--seconds", type=float, default=6.0, help="measured seconds per row (default: %(default)s)")
     parser.add_argument("--warmup", type=float, default=1.0, help="unmeasured seconds before each row (default: %(default)s)")
     parser.add_argument("--report", type=Path, default=ROOT / "reports" / "bench_served.json")
     args = parser.parse_args()
@@ -177,36 +190,55 @@ def main() -> int:
     client_cpus = [c for c in allowed if c not in server_cpus] or allowed
 
     repository = ensure_repository(args.repository.resolve(), args.workdir.resolve())
-    with np.load(ROOT / "calibration" / "digits" / "eval.npz", allow_pickle=False) as data:
-        images = np.ascontiguousarray(data["image"][:BATCH].astype(np.float32))
+    data = ROOT / "calibration" / "digits" / "eval.npz"
+    with np.load(data, allow_pickle=False) as npz:
+        images = np.ascontiguousarray(npz["image"][:BATCH].astype(np.float32))
 
-    rows = []
+    rounds: list[list[dict]] = []
+    load = [os.getloadavg()[0]]
     with tempfile.TemporaryDirectory(prefix="bench-served-") as tmp:
         bench_repo, version = bench_repository(repository, Path(tmp) / "repo", args.threads)
         model_file = bench_repo / MODEL / str(version) / "model.onnx"
-        expected = session_from_onnx(model_file).run(["probs"], {"image": images})[0]
-        print(f"in process: {model_file.name} v{version}, {args.threads} thread(s) on CPUs {server_cpus}, {args.seconds:g} s", flush=True)
-        rows.append(run_in_process(model_file, images, args.threads, server_cpus, args.seconds, args.warmup))
         with TritonServer(bench_repo, cpus=server_cpus, log_path=Path(tmp) / "tritonserver.log") as server:
-            os.sched_setaffinity(0, client_cpus)  # clients off the server's cores when there are others
-            try:
-                for concurrency in args.concurrency:
-                    print(f"served: {concurrency} HTTP client(s) on CPUs {client_cpus}, server on CPUs {server_cpus}, {args.seconds:g} s", flush=True)
-                    rows.append(run_served(server.http_url, images, args.threads, concurrency, args.seconds, args.warmup, expected))
-            finally:
-                os.sched_setaffinity(0, allowed)
+            for k in range(args.rounds):
+                rows = [run_in_process(model_file, images, args.threads, server_cpus, args.seconds, args.warmup)]
+                os.sched_setaffinity(0, client_cpus)  # clients off the server's cores when there are others
+                try:
+                    for concurrency in args.concurrency:
+                        for transport in args.transports:
+                            rows.append(run_served(server.http_url, data, args.threads, concurrency, args.seconds, args.warmup, transport))
+                finally:
+                    os.sched_setaffinity(0, allowed)
+                for row in rows:
+                    row["ratio_vs_in_process"] = round(row["samples_per_s"] / rows[0]["samples_per_s"], 3)
+                print(f"round {k + 1}: " + ", ".join(f"{r['mode']} c={r['concurrency']} {r['samples_per_s']:.0f}/s ({r['ratio_vs_in_process']:.2f}x)" for r in rows), flush=True)
+                rounds.append(rows)
+                load.append(os.getloadavg()[0])
             log_text = server.log_path.read_text() if server.log_path else ""
-    base = rows[0]["samples_per_s"]
-    for row in rows:
-        row["ratio_vs_in_process"] = round(row["samples_per_s"] / base, 3)
+        for r in rounds[-1][1:]:
+            r["ort_us_at_avg_batch"] = round(ort_us_per_run(model_file, images, max(1, round(r["avg_batch_size"])), args.threads, server_cpus), 1)
+    medians = []
+    for i, first in enumerate(rounds[0]):
+        row = dict(first)
+        for key in ("samples_per_s", "requests_per_s", "p50_ms", "p99_ms", "ratio_vs_in_process"):
+            row[key] = round(float(np.median([r[i][key] for r in rounds])), 3)
+        medians.append(row)
 
     header = f"{'mode':<22} {'threads':>7} {'conc':>4} {'samples/s':>10} {'req/s':>8} {'p50 ms':>8} {'p99 ms':>8} {'ratio':>6}"
-    print(f"\n{MODEL}, batch {BATCH} per request\n{header}\n{'-' * len(header)}")
-    for r in rows:
+    print(f"\n{MODEL}, batch {BATCH} per request, median of {args.rounds} rounds (ratio: per round, vs that round's in-process)\n{header}\n{'-' * len(header)}")
+    for r in medians:
         print(f"{r['mode']:<22} {r['threads']:>7} {r['concurrency']:>4} {r['samples_per_s']:>10.0f} {r['requests_per_s']:>8.1f} "
               f"{r['p50_ms']:>8.2f} {r['p99_ms']:>8.2f} {r['ratio_vs_in_process']:>6.2f}")
-    print("served = tritonserver 2.51 + our Python-based onnxruntime backend (HTTP, scheduler, shared-memory hop into the "
-          "backend stub, numpy copies); the gap to in-process is that overhead, not ONNX Runtime.")
+    print("\nwhere a served request's time goes (last round; µs; an execution runs avg-batch rows, so its compute is shared by "
+          "the requests merged into it):")
+    for r in rounds[-1][1:]:
+        t = r["triton_us_per_request"]
+        rows = max(1, round(r["avg_batch_size"]))
+        print(f"  {r['mode']} c={r['concurrency']}: client p50 {r['p50_ms'] * 1000:.0f} = HTTP and client {r['p50_ms'] * 1000 - t['request_us']:.0f} "
+              f"+ Triton {t['request_us']:.0f} (queue {t['queue_us']:.0f}, input copy into the stub {t['compute_input_us']:.0f}, "
+              f"execution {t['compute_infer_us']:.0f} of which ONNX Runtime at batch {rows} in process {r['ort_us_at_avg_batch']:.0f}, "
+              f"output {t['compute_output_us']:.0f}); client CPU {r['client_cpu_us_per_request']} µs/request")
+    print(f"1-minute load average before and after each round: {', '.join(f'{x:.1f}' for x in load)}")
 
     import onnxruntime
 
@@ -221,7 +253,9 @@ def main() -> int:
         "python": platform.python_version(),
         "cpu_count": os.cpu_count(),
         "time": time.strftime("%Y-%m-%dT%H:%M:%S"),
-        "rows": rows,
+        "load_average_1m": load,
+        "rounds": rounds,
+        "rows": medians,
     }
     args.report.parent.mkdir(parents=True, exist_ok=True)
     args.report.write_text(json.dumps(report, indent=2) + "\n")

@@ -222,3 +222,46 @@ def test_mobilenet_v2_with_image_calibration(tmp_path: Path) -> None:
     for variant in variants.values():
         assert variant["reference_accuracy"] > 0.5 and variant["passed"], variant
     shutil.rmtree(tmp_path / "build" / "mobilenetv2" / "savedmodel")  # keep tmp small
+
+
+def test_uint8_input_builds_gates_and_serves(own_copy: Path, tmp_path: Path) -> None:
+    """--uint8-input 0.0625 (the digits samples are multiples of 1/16, so uint8 loses nothing): ``digits_u8``
+    takes uint8 NHWC, passed its parity gate, and served it answers what the float-input FP32 model
+    computes on the same values, within the parity tolerance, for a quarter of the request bytes."""
+    import tritonclient.http as httpclient
+    from tritonclient.grpc import model_config_pb2 as mc
+
+    from pipeline.gates import Gates
+    from pipeline.onnxrt import session_from_onnx
+    from pipeline.triton.config import parse_config
+    from pipeline.triton.server import TritonServer
+
+    repo = tmp_path / "repo"
+    proc = cli("build", "--uint8-input", "0.0625", "--workdir", str(own_copy / "build"), "--repository", str(repo))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    workspace = own_copy / "build" / "digits"
+    manifest = json.loads((workspace / "manifest.json").read_text())
+    assert set(manifest["artifacts"]) == {"fp32.onnx", "u8.onnx"}
+    stages = {s["name"]: s["status"] for s in manifest["stages"]}
+    assert stages["uint8"] == stages["uint8_parity"] == "ran"
+    parity = json.loads((workspace / "uint8_parity.json").read_text())
+    assert parity["outputs"]["probs"]["passed"] and parity["samples"] > 0
+    config = parse_config((repo / "digits_u8" / "config.pbtxt").read_text())
+    assert [(i.name, mc.DataType.Name(i.data_type), list(i.dims)) for i in config.input] == [("image", "TYPE_UINT8", [8, 8, 1])]
+
+    with np.load(ROOT / "calibration" / "digits" / "eval.npz") as npz:
+        images = np.ascontiguousarray(npz["image"][:32].astype(np.float32))
+    wire = np.rint(images / 0.0625).astype(np.uint8)
+    np.testing.assert_array_equal(wire.astype(np.float32) * np.float32(0.0625), images)
+    want = session_from_onnx(workspace / "model.fp32.onnx").run(["probs"], {"image": images})[0]
+    with TritonServer(repo, workdir=tmp_path / "work") as server:
+        client = httpclient.InferenceServerClient(server.http_url)
+        try:
+            item = httpclient.InferInput("image", list(wire.shape), "UINT8")
+            item.set_data_from_numpy(wire, binary_data=True)
+            got = client.infer("digits_u8", [item]).as_numpy("probs")
+        finally:
+            client.close()
+    assert wire.nbytes * 4 == images.nbytes
+    gates = Gates()
+    np.testing.assert_allclose(got, want, atol=gates.parity_atol, rtol=gates.parity_rtol)

@@ -19,6 +19,7 @@ from pipeline.loadtest.payload import ENCODINGS, eval_data_path
 from pipeline.loadtest.policy import ARRIVALS, policies_from_options
 from pipeline.loadtest.results import RunResult, best_point, unstable_hint
 from pipeline.loadtest.runner import PROTOCOLS, LoadTestSettings, run_loadtest
+from pipeline.loadtest.shm import SHARED_MEMORY
 from pipeline.reportdirs import REPORT_DIR_HELP, run_report_dirs
 
 log = logging.getLogger(__name__)
@@ -80,6 +81,14 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     req.add_argument("--encoding", choices=ENCODINGS, default="binary",
                      help="HTTP body: binary tensor extension (JSON header + raw tensor bytes, outputs binary) or plain "
                           "JSON (default: %(default)s)")
+    req.add_argument("--shared-memory", choices=SHARED_MEMORY, default="none",
+                     help="with --protocol http: tensors through shared memory registered with Triton (as perf_analyzer's "
+                          "option): system = /dev/shm, cuda = GPU memory by CUDA IPC (needs cuda-python and a GPU); the "
+                          "server must run on this machine. Inputs are written once, requests carry only region names; "
+                          "regions are unregistered and removed on exit, Ctrl-C included (default: %(default)s)")
+    req.add_argument("--output-shared-memory-size", type=int, metavar="BYTES",
+                     help="with --shared-memory: bytes of each output's region (default: what the model's output shape "
+                          "takes at --batch-size; required for outputs of variable size)")
     req.add_argument("--data", type=Path, metavar="NPZ",
                      help="samples to send, one array per input name (default: <calibration-root>/<model>/eval.npz)")
     req.add_argument("--calibration-root", type=Path, default=Path("calibration"),
@@ -102,6 +111,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     meas.add_argument("--warmup-ms", type=float, default=1000, help="load before the first window, not measured (default: %(default)g)")
     meas.add_argument("--max-seconds", type=float, default=30, help="bound per load point, warm-up included; an unstable point "
                       "is reported as such when it is reached (default: %(default)g)")
+    meas.add_argument("--restart-wait-s", type=float, default=0, metavar="SECONDS",
+                      help="how long a point waits for a server that went away to come back (a supervised `serve` restarts "
+                           "a crashed one) instead of ending; windows in which it went away or restarted are named in the "
+                           "report and left out of stability and percentiles (default: %(default)g, end the point at once)")
     meas.add_argument("--stability-percentage", type=float, default=10,
                       help="the last 3 windows' throughput and mean latency must lie within this %% of their mean (default: %(default)g)")
     dist = p.add_argument_group("distributed (several machines: one shard per machine, merged afterwards)")
@@ -136,6 +149,11 @@ def settings_from_args(
     require(args.warmup_ms >= 0, "--warmup-ms cannot be negative", "use 0 to skip the warm-up")
     require(args.timeout_ms > 0, "--timeout-ms must be positive", "e.g. --timeout-ms 5000")
     require(args.max_connections >= 1, "--max-connections must be at least 1", "e.g. --max-connections 256")
+    require(args.output_shared_memory_size is None or args.output_shared_memory_size > 0,
+            "--output-shared-memory-size must be positive", "e.g. --output-shared-memory-size 1048576")
+    require(args.shared_memory == "none" or args.protocol == "http", "--shared-memory is implemented for --protocol http only",
+            "use --protocol http with --shared-memory, or --shared-memory none")
+    require(args.restart_wait_s >= 0, "--restart-wait-s cannot be negative", "use 0 to end a point when the server is gone")
     require(args.workers >= 1, f"--workers must be at least 1, got {args.workers}", "e.g. --workers 2")
     require(0 < args.stability_percentage < 100, "--stability-percentage must be between 0 and 100", "e.g. 10")
     minimum = (args.warmup_ms + 3 * args.window_ms) / 1000
@@ -148,6 +166,7 @@ def settings_from_args(
         max_s=args.max_seconds,
         threshold=args.stability_percentage / 100,
         drain_s=args.timeout_ms / 1000,
+        restart_wait_s=args.restart_wait_s,
     )
     return LoadTestSettings(
         endpoints=tuple(endpoints),
@@ -165,6 +184,8 @@ def settings_from_args(
         metrics_endpoints=tuple(metrics or ()),
         repository=None if args.url else args.repository,
         workers=args.workers,
+        shared_memory=args.shared_memory,
+        output_shm_size=args.output_shared_memory_size,
     )
 
 
@@ -254,9 +275,9 @@ def _show(result: RunResult, args: argparse.Namespace, report_dir: Path, page_fo
 
 # the options a shard pod repeats (everything that shapes the load and its measurement)
 _SHARD_OPTIONS = (
-    "url", "grpc_url", "model", "batch_size", "protocol", "encoding", "data", "calibration_root", "timeout_ms",
+    "url", "grpc_url", "model", "batch_size", "protocol", "encoding", "shared_memory", "output_shared_memory_size", "data", "calibration_root", "timeout_ms",
     "concurrency", "request_rate", "arrivals", "seed", "workers", "max_connections", "window_ms", "warmup_ms",
-    "max_seconds", "stability_percentage",
+    "max_seconds", "stability_percentage", "restart_wait_s",
 )  # fmt: skip
 
 
@@ -310,6 +331,9 @@ def _verdict(result: RunResult, slo_p99_ms: float | None, console: object) -> in
         console.print(f"[red]{total} failed requests in {len(errored)} point(s): "  # type: ignore[attr-defined]
                       f"{', '.join(f'{k} ×{v}' for k, v in sorted(kinds.items()))}[/]")
         status = EXIT_CHECK_FAILED
+    for point in result.points:
+        for window in point.disrupted:
+            console.print(f"[yellow]{point.model} {point.label}: {window} — left out of the statistics[/]")  # type: ignore[attr-defined]
     hint = unstable_hint(result.points, result.settings.get("stability_threshold", 0.1), result.settings["window_s"], result.settings["max_s_per_point"])
     if hint:
         console.print(f"[yellow]{hint}[/]")  # type: ignore[attr-defined]

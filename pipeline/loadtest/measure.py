@@ -14,7 +14,7 @@ import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from concurrent.futures import TimeoutError as FutureTimeout
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Protocol
 
 import numpy as np
@@ -56,6 +56,10 @@ class WindowSettings:
     # server read, so that the other shards' last requests are in it.
     fixed: bool = False
     settle_s: float = 0.0
+    # How long a point waits for a server that went away to come back (a supervised `serve` restarts a
+    # crashed one); 0: a window without one success ends the point. Windows in which the server went
+    # away or restarted are named in the result and left out of stability and statistics.
+    restart_wait_s: float = 0.0
 
 
 @dataclass
@@ -72,9 +76,15 @@ class Measurement:
     server_window: list[ServerCounters | None]  # per endpoint, over the used windows
     server_total: list[ServerCounters | None]  # per endpoint, over the whole point
     server_notes: list[str]
+    disrupted: list[str] = field(default_factory=list)  # "window N: why", windows the server went away or restarted in
+    clean_tail: int | None = None  # windows after the last disrupted one (None: all of them)
 
     def used(self, count: int) -> list[Window]:
-        return self.windows[-count:]
+        return self.windows[-count:] if count else []
+
+    def usable(self, count: int) -> int:
+        """How many of the last windows the results use: ``count``, fewer after a disruption."""
+        return min(count, len(self.windows) if self.clean_tail is None else self.clean_tail)
 
 
 StatsFetch = Callable[[], ServerCounters]
@@ -88,11 +98,14 @@ def measure(
     *,
     cpu: Callable[[], float] = time.process_time,
     start_ns: int | None = None,
+    after_disruption: Callable[[], bool] | None = None,
 ) -> Measurement:
     """Run one point on ``engine``; ``fetchers`` read each endpoint's server counters.
 
     ``cpu``: the client's CPU seconds so far (this process; worker processes add theirs).
     ``start_ns``: start the load at this ``perf_counter_ns`` instant (a shard's shared start).
+    ``after_disruption``: called at each window's end after the server went away until it returns True
+    (what the load needs set up again on a restarted server: shared-memory registrations).
 
     ``offered_rps`` (open loop, all endpoints together): when the last windows all complete less
     than ``1 - threshold`` of it, the server is overloaded — its queue only grows, so the point
@@ -115,11 +128,18 @@ def measure(
         # a shard's windows lie on the shared schedule, so that window i of every shard is one interval
         warm = Mark.take(recorders, began + int(settings.warmup_s * 1e9) if settings.fixed else time.perf_counter_ns(), cpu())
         aborted = _dead(Window(start, warm))
+        down_since: int | None = None
+        if aborted and settings.restart_wait_s > 0:  # gone during the warm-up: wait for it as in a window
+            aborted, down_since = None, start.at_ns
         marks, stats = [warm], [probe.read()]
         windows: list[Window] = []
         stable = overloaded = False
         throughputs: list[float] = []
         latencies: list[float] = []
+        dropped: dict[int, str] = {}  # window number → why it is left out
+        clean_from = 0  # index of the first window after the last disruption
+        restore = False  # after_disruption still to succeed
+        recovering = False  # after a disruption, until a window without errors
         step = int(settings.window_s * 1e9)
         while aborted is None and (marks[-1].at_ns + step <= bound if settings.fixed else marks[-1].at_ns < bound):
             due = min(marks[-1].at_ns + step, bound)
@@ -135,19 +155,43 @@ def measure(
                 "  window %d: %.0f req/s, mean %.3f ms, %d errors",
                 len(windows), window.throughput, latencies[-1] / 1e6, window.errors,
             )
+            if window.dropped:
+                dropped[len(windows)] = f"{window.dropped} requests lost with their connection (the server went away or restarted)"
+                clean_from = len(windows)
+                restore, recovering = after_disruption is not None, True
+            elif restore:  # this window's requests ran before the setup was restored
+                dropped[len(windows)] = "the load's setup (shared memory) not yet registered again with the restarted server"
+                clean_from = len(windows)
+            elif recovering and window.errors:  # e.g. answers before the new server has loaded the model
+                dropped[len(windows)] = f"the server was still coming back ({window.errors} failed requests)"
+                clean_from = len(windows)
+            else:
+                recovering = False
+            if restore:
+                restore = not after_disruption()  # type: ignore[misc]
             aborted = _dead(window)
+            if aborted and settings.restart_wait_s > 0:
+                down_since = window.start.at_ns if down_since is None else down_since
+                if (window.end.at_ns - down_since) / 1e9 <= settings.restart_wait_s:
+                    aborted = None  # waiting for the server to come back
+                else:
+                    aborted = f"the server did not come back within {settings.restart_wait_s:g} s ({aborted})"
+            elif window.successes:
+                down_since = None
             if offered_rps and len(throughputs) >= settings.stable_windows and all(
                 t < (1 - settings.threshold) * offered_rps for t in throughputs[-settings.stable_windows :]
             ):
                 overloaded = True
                 break
-            stable = is_stable(throughputs, latencies, count=settings.stable_windows, threshold=settings.threshold)
+            stable = is_stable(throughputs[clean_from:], latencies[clean_from:], count=settings.stable_windows, threshold=settings.threshold)
             if stable and not settings.fixed:
                 break
         engine.finish(settings.drain_s)
         time.sleep(settings.settle_s)
         wall = (time.perf_counter_ns() - began) / 1e9
-        used = min(settings.stable_windows, len(windows))
+        _restarted_windows(stats, dropped)
+        clean_tail = len(windows) - max(dropped, default=0)
+        used = min(settings.stable_windows, clean_tail)
         first = len(marks) - 1 - used
         start_stats = [_resolve(f, notes, i) for i, f in enumerate(stats[first])] if used else [None] * len(fetchers)
         end_stats = [_resolve(f, notes, i) for i, f in enumerate(stats[-1])] if used else [None] * len(fetchers)
@@ -165,7 +209,31 @@ def measure(
         server_window=[_delta(e, s) for s, e in zip(start_stats, end_stats)],
         server_total=[_delta(a, b) for b, a in zip(before, after)],
         server_notes=notes,
+        disrupted=[f"window {n}: {why}" for n, why in sorted(dropped.items())],
+        clean_tail=clean_tail,
     )
+
+
+def _restarted_windows(stats: list[list[Future | None]], dropped: dict[int, str]) -> None:
+    """Add to ``dropped`` the windows over which an endpoint's success count went down: Triton's
+    statistics started again from zero, so a new server process answered (stats[j] is read at mark j,
+    window n spans marks n-1 and n)."""
+    for n in range(1, len(stats)):
+        for before, after in zip(stats[n - 1], stats[n]):
+            start, end = _settled(before), _settled(after)
+            if start is not None and end is not None and end.success_count < start.success_count:
+                why = "Triton's statistics started again from zero (a new server process)"
+                dropped[n] = f"{dropped[n]}; {why}" if n in dropped else why
+
+
+def _settled(future: Future | None) -> ServerCounters | None:
+    """A finished statistics read's counters (None if it failed or never finished)."""
+    if future is None:
+        return None
+    try:
+        return future.result(timeout=_STATS_TIMEOUT_S)
+    except (OSError, FutureTimeout):
+        return None
 
 
 def _sleep_until(at_ns: int) -> None:

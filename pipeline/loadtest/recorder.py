@@ -43,6 +43,12 @@ class Recorder:
     def error_count(self) -> int:
         return sum(self.errors.values())
 
+    @property
+    def connection_errors(self) -> int:
+        """Requests and connects that failed with their connection (refused, reset, closed, timed out
+        connecting), not with an answer: the server went away."""
+        return sum(n for kind, n in self.errors.items() if kind.startswith(("connect_", "connection_")))
+
 
 def lost_kind(exc: BaseException | None) -> str:
     """A short, stable name for a request lost with its connection (the report groups by it)."""

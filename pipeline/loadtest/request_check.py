@@ -8,6 +8,7 @@ only here — at 200-550 µs of CPU per request it would measure itself, not the
 
 from __future__ import annotations
 
+import json
 import socket
 from typing import Any
 
@@ -74,5 +75,35 @@ def compare_with_tritonclient(client: Any, module: Any, io: ModelIO, tensors: di
         if got is None or want is None or got.shape != want.shape or not np.allclose(got, want, rtol=rtol, atol=1e-6):
             raise PipelineError(
                 f"{what} output '{t.name}' of model '{io.name}' differs between the load generator's request and tritonclient's",
-                "this is a bug in the request encoding; run with --encoding json to compare",
+                "this is a bug in the request encoding; run with --encoding json (or --shared-memory none) to compare",
             )
+
+
+class _Outputs:
+    """Decoded outputs with tritonclient's ``InferResult.as_numpy`` interface."""
+
+    def __init__(self, arrays: dict[str, np.ndarray]) -> None:
+        self._arrays = arrays
+
+    def as_numpy(self, name: str) -> np.ndarray | None:
+        return self._arrays.get(name)
+
+
+def check_shm_request(endpoint: Endpoint, io: ModelIO, request: bytes, tensors: dict[str, np.ndarray], regions: Any, outputs: dict[str, Any]) -> None:
+    """Raise unless the shared-memory ``request`` (JSON naming regions of ``regions``) leaves in its
+    output regions what tritonclient's plain HTTP request returns for ``tensors``."""
+    from pipeline.loadtest.shm import read_outputs
+
+    httpclient = import_optional("tritonclient.http", None, "checking the load generator's requests")
+    try:
+        status, _, body = raw_exchange(endpoint, request)
+    except OSError as exc:
+        raise PipelineError(f"the check request to {endpoint.address} failed ({exc})", "check that the server is up") from None
+    if status != 200:
+        raise PipelineError(
+            f"Triton rejected the load generator's shared-memory request for model '{io.name}' (HTTP {status}: {body[:300]!r})",
+            "check --output-shared-memory-size and that the server runs on this machine",
+        )
+    ours = _Outputs(read_outputs(regions, json.loads(body), outputs))
+    client = httpclient.InferenceServerClient(endpoint.address, network_timeout=30.0, connection_timeout=10.0)
+    compare_with_tritonclient(client, httpclient, io, tensors, ours, rtol=1e-5, what=f"{regions.kind} shared-memory")

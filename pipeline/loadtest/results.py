@@ -71,6 +71,7 @@ class PointResult:
     endpoints: list[EndpointResult] = field(default_factory=list)
     aborted: str | None = None
     incomplete: str | None = None  # load generators (worker processes, shards) whose share is missing, and why
+    disrupted: list[str] = field(default_factory=list)  # windows the server went away or restarted in, left out of the statistics
     window_spread: dict[str, float] | None = None  # the used windows' throughput / mean latency: largest deviation from their mean (fraction)
 
     @property

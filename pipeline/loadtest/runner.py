@@ -9,6 +9,7 @@ import functools
 import logging
 import platform
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -36,7 +37,9 @@ from pipeline.loadtest.targets import (
     require_ready,
     server_metadata,
 )
-from pipeline.loadtest.request_check import check_request
+from pipeline.loadtest.request_check import check_request, check_shm_request
+from pipeline.stages.uint8_input import quantized, served_uint8_scales
+from pipeline.loadtest.shm import SHARED_MEMORY, SharedMemoryRegions, output_byte_sizes, shm_requests
 from pipeline.loadtest.window import spread
 from pipeline.loadtest.workers import EngineSpec, WorkerPool, build_engine
 from pipeline.progress import progress
@@ -66,6 +69,15 @@ class LoadTestSettings:
     distinct_requests: int = 16
     metrics_endpoints: tuple[Endpoint | None, ...] = ()  # Prometheus /metrics per HTTP endpoint (None: not scraped)
     workers: int = 1  # load-generating processes on this machine (pipeline.loadtest.workers)
+    shared_memory: str = "none"  # tensors through shared memory (pipeline.loadtest.shm.SHARED_MEMORY)
+    output_shm_size: int | None = None  # bytes per output region (None: from the model's output shapes)
+
+    @property
+    def transport(self) -> str:
+        """How tensors travel, as the reports name it."""
+        if self.shared_memory != "none":
+            return f"{self.shared_memory}-shm"
+        return self.encoding if self.protocol == "http" else "protobuf"
 
 
 def run_loadtest(settings: LoadTestSettings) -> RunResult:
@@ -81,6 +93,10 @@ def new_run(settings: LoadTestSettings) -> RunResult:
     """Check the settings and the servers (every model ready everywhere); the run's empty result."""
     if settings.protocol not in PROTOCOLS:
         raise PipelineError(f"unknown --protocol '{settings.protocol}'", f"use one of: {', '.join(PROTOCOLS)}")
+    if settings.shared_memory not in SHARED_MEMORY:
+        raise PipelineError(f"unknown --shared-memory '{settings.shared_memory}'", f"use one of: {', '.join(SHARED_MEMORY)}")
+    if settings.shared_memory != "none" and settings.protocol != "http":
+        raise PipelineError("--shared-memory is implemented for --protocol http only", "use --protocol http, or --shared-memory none")
     if settings.protocol == "grpc" and len(settings.grpc_endpoints) != len(settings.endpoints):
         raise PipelineError("--protocol grpc needs one gRPC address per --url", "pass --grpc-url once for every --url")
     meta = {e.address: server_metadata(e) for e in settings.endpoints}
@@ -102,12 +118,13 @@ def new_run(settings: LoadTestSettings) -> RunResult:
 
 def _run_model(settings: LoadTestSettings, model: str, result: RunResult) -> bool:
     """Run the sweep of one model; False when the run must stop (a server is gone)."""
-    spec = model_spec(settings, model)
     with contextlib.ExitStack() as stack, progress(f"load test {model}", len(settings.policies), unit="points", summary=False) as bar:
+        regions = stack.enter_context(shared_memory(settings))
+        spec = model_spec(settings, model, regions)
         pool = stack.enter_context(WorkerPool(settings.workers, spec)) if settings.workers > 1 else None
         for policy in bar.track(settings.policies):  # each point logs its line
             bar.note(policy.label)
-            point = _run_point(settings, model, policy, spec, pool)
+            point = _run_point(settings, model, policy, spec, pool, regions.ensure_registered if regions is not None else None)
             result.points.append(point)
             if not _point_done(settings, model, point, result):
                 return False
@@ -116,17 +133,30 @@ def _run_model(settings: LoadTestSettings, model: str, result: RunResult) -> boo
     return True
 
 
-def model_spec(settings: LoadTestSettings, model: str) -> EngineSpec:
-    """The engine's requests for ``model``: samples encoded once, the first checked against tritonclient."""
+def shared_memory(settings: LoadTestSettings) -> contextlib.AbstractContextManager[SharedMemoryRegions | None]:
+    """The regions the requests will name (a context that removes them), or nothing without shared memory."""
+    if settings.shared_memory == "none":
+        return contextlib.nullcontext()
+    return SharedMemoryRegions(settings.shared_memory, list(settings.endpoints))
+
+
+def model_spec(settings: LoadTestSettings, model: str, regions: SharedMemoryRegions | None = None) -> EngineSpec:
+    """The engine's requests for ``model``: samples encoded once (their tensors written into ``regions``
+    with shared memory), the first checked against tritonclient."""
     io = model_io(settings.endpoints[0], model)
     samples = pl.load_samples(settings.data or pl.eval_data_path(model, settings.calibration_dir, settings.repository))
+    if settings.repository is not None:  # a uint8-input variant gets its float samples as the uint8 a client sends
+        samples = quantized(samples, served_uint8_scales(settings.repository / model))
     batches = pl.request_batches(samples, io, settings.batch_size, settings.distinct_requests)
     log.info("%s: %d distinct requests of batch %d, %s/%s, %d process(es)", model, len(batches), settings.batch_size,
-             settings.protocol, settings.encoding if settings.protocol == "http" else "protobuf", settings.workers)
-    return EngineSpec(settings.protocol, _targets(settings, io, batches), settings.timeout_s, settings.max_connections)
+             settings.protocol, settings.transport, settings.workers)
+    return EngineSpec(settings.protocol, _targets(settings, io, batches, regions), settings.timeout_s, settings.max_connections)
 
 
-def _run_point(settings: LoadTestSettings, model: str, policy: Policy, spec: EngineSpec, pool: WorkerPool | None) -> PointResult:
+def _run_point(
+    settings: LoadTestSettings, model: str, policy: Policy, spec: EngineSpec, pool: WorkerPool | None,
+    after_disruption: Callable[[], bool] | None = None,
+) -> PointResult:
     """Measure one load point, with Triton's Prometheus metrics scraped when it starts and ends."""
     log.debug("%s: %s", model, policy.label)
     engine = pool.engine(policy) if pool is not None else build_engine(spec, policy)
@@ -135,7 +165,7 @@ def _run_point(settings: LoadTestSettings, model: str, policy: Policy, spec: Eng
     scraped_ns = time.perf_counter_ns()
     before = [_scrape(m) for m in _metrics_endpoints(settings)]
     cpu = engine.cpu_seconds if pool is not None else time.process_time
-    measurement = measure(engine, settings.windows, fetchers, offered, cpu=cpu)
+    measurement = measure(engine, settings.windows, fetchers, offered, cpu=cpu, after_disruption=after_disruption)
     after = [_scrape(m) for m in _metrics_endpoints(settings)]
     point = point_from_measurement(settings, model, policy, measurement)
     if pool is not None:
@@ -152,6 +182,8 @@ def _point_done(settings: LoadTestSettings, model: str, point: PointResult, resu
         model, point.label, agg.infer_per_s, agg.latency.p50_ms, agg.latency.p99_ms, agg.error_count,
         " (overloaded: below the offered rate)" if point.overloaded else ("" if point.stable else " (not stable)"), f" — aborted: {point.aborted}" if point.aborted else "",
     )
+    for window in point.disrupted:
+        log.warning("%s %s: %s — left out of the statistics", model, point.label, window)
     if point.incomplete:
         result.failures.append(f"{model} {point.label}: incomplete — {point.incomplete}; the other workers' results are kept")
     if point.aborted:
@@ -208,7 +240,9 @@ def _over(summary: dict[str, Any], seconds: float) -> dict[str, Any]:
     return {**summary, "seconds": seconds, "infer_per_s": inferences / seconds if isinstance(inferences, (int, float)) and seconds > 0 else None}
 
 
-def _targets(settings: LoadTestSettings, io: pl.ModelIO, batches: list[dict[str, np.ndarray]]) -> list[tuple[Endpoint, list[bytes]]]:
+def _targets(
+    settings: LoadTestSettings, io: pl.ModelIO, batches: list[dict[str, np.ndarray]], regions: SharedMemoryRegions | None = None
+) -> list[tuple[Endpoint, list[bytes]]]:
     """Per endpoint, the pre-encoded requests; the first is checked against tritonclient."""
     if settings.protocol == "grpc":
         from pipeline.loadtest.grpc_load import check_grpc_request, grpc_request_bytes
@@ -216,8 +250,13 @@ def _targets(settings: LoadTestSettings, io: pl.ModelIO, batches: list[dict[str,
         bodies = [grpc_request_bytes(io, b) for b in batches]
         check_grpc_request(settings.grpc_endpoints[0], io, bodies[0], batches[0])
         return [(e, bodies) for e in settings.grpc_endpoints]
-    encoded = [pl.encode(io, b, settings.encoding) for b in batches]
     path = f"/v2/models/{io.name}/infer"
+    if regions is not None:
+        shm = shm_requests(io, batches, regions, output_byte_sizes(io, settings.batch_size, settings.output_shm_size))
+        targets = [(e, [post_request_bytes(e, path, body) for body in shm.bodies]) for e in settings.endpoints]
+        check_shm_request(settings.endpoints[0], io, targets[0][1][0], batches[0], regions, shm.outputs)
+        return targets
+    encoded = [pl.encode(io, b, settings.encoding) for b in batches]
     targets = [(e, [post_request_bytes(e, path, body, head) for body, head in encoded]) for e in settings.endpoints]
     check_request(settings.endpoints[0], io, targets[0][1][0], batches[0])
     return targets
@@ -225,7 +264,7 @@ def _targets(settings: LoadTestSettings, io: pl.ModelIO, batches: list[dict[str,
 
 def point_from_measurement(settings: LoadTestSettings, model: str, policy: Policy, m: Measurement) -> PointResult:
     """Summaries of the used windows, per endpoint and aggregated."""
-    used_count = min(settings.windows.stable_windows, len(m.windows))
+    used_count = m.usable(settings.windows.stable_windows)
     used = m.used(used_count)
     seconds = (used[-1].end.at_ns - used[0].start.at_ns) / 1e9 if used else 0.0
     open_loop = isinstance(policy, OpenLoop)
@@ -262,7 +301,7 @@ def point_from_measurement(settings: LoadTestSettings, model: str, policy: Polic
     return PointResult(
         model=model,
         protocol=settings.protocol,
-        encoding=settings.encoding if settings.protocol == "http" else "protobuf",
+        encoding=settings.transport,
         policy=policy.kind,
         load=policy.value,
         arrivals=policy.arrivals if isinstance(policy, OpenLoop) else None,
@@ -277,6 +316,7 @@ def point_from_measurement(settings: LoadTestSettings, model: str, policy: Polic
         endpoints=endpoints,
         aborted=m.aborted,
         window_spread=window_spread,
+        disrupted=list(m.disrupted),
     )
 
 
@@ -318,6 +358,7 @@ def _settings_dict(s: LoadTestSettings, models: list[str]) -> dict[str, Any]:
         "grpc_endpoints": [e.address for e in s.grpc_endpoints],
         "protocol": s.protocol,
         "encoding": s.encoding,
+        "shared_memory": s.shared_memory,
         "batch_size": s.batch_size,
         "policies": [p.label for p in s.policies],
         "window_s": s.windows.window_s,

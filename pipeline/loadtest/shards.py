@@ -33,7 +33,7 @@ from pipeline.atomic import write_bytes_atomic
 from pipeline.errors import PipelineError
 from pipeline.loadtest.measure import Measurement, measure
 from pipeline.loadtest.policy import OpenLoop, Policy, split
-from pipeline.loadtest.runner import LoadTestSettings, model_spec, new_run
+from pipeline.loadtest.runner import LoadTestSettings, model_spec, new_run, shared_memory
 from pipeline.loadtest.server_stats import fetch_counters
 from pipeline.loadtest.window import Mark
 from pipeline.loadtest.workers import EngineSpec, WorkerPool, build_engine
@@ -101,8 +101,8 @@ def run_shard(settings: LoadTestSettings, plan: ShardPlan, out_dir: Path) -> Pat
     arrays: dict[str, np.ndarray] = {}
     k = 0
     for model in result.settings["models"]:
-        spec = model_spec(settings, model)
         with contextlib.ExitStack() as stack:
+            spec = model_spec(settings, model, stack.enter_context(shared_memory(settings)))
             pool = stack.enter_context(WorkerPool(settings.workers, spec)) if settings.workers > 1 else None
             k = _run_points(settings, plan, model, spec, pool, k, meta, arrays)
     return write_shard(out_dir / f"{plan.name}.npz", meta, arrays)

@@ -26,6 +26,7 @@ class Mark:
     lag_pos: tuple[int, ...]
     errors: tuple[int, ...]
     sent: tuple[int, ...]
+    dropped: tuple[int, ...] = ()  # connection-level errors so far (Recorder.connection_errors); () where not recorded
 
     @classmethod
     def take(cls, recorders: Sequence[Recorder], at_ns: int, cpu_s: float) -> Mark:
@@ -36,6 +37,7 @@ class Mark:
             tuple(len(r.lag_ns) for r in recorders),
             tuple(r.error_count for r in recorders),
             tuple(r.sent for r in recorders),
+            tuple(r.connection_errors for r in recorders),
         )
 
 
@@ -57,6 +59,11 @@ class Window:
     @property
     def errors(self) -> int:
         return sum(e - s for s, e in zip(self.start.errors, self.end.errors))
+
+    @property
+    def dropped(self) -> int:
+        """Requests and connects of this window that failed with their connection (the server went away)."""
+        return sum(e - s for s, e in zip(self.start.dropped, self.end.dropped))
 
     @property
     def throughput(self) -> float:

@@ -67,7 +67,7 @@ from typing import Any
 
 from pipeline.tensors import ModelSignature
 
-TRT_PRECISION = {"fp32": "FP32", "fp16": "FP16", "int8": "INT8"}
+TRT_PRECISION = {"fp32": "FP32", "fp16": "FP16", "int8": "INT8", "u8": "FP32"}  # u8: FP32 with uint8 inputs
 TRT_WORKSPACE_BYTES = 1 << 30
 TRT_CACHE_PREFIX = "/tmp/trt-engine-cache-"  # + the model name: one level under /tmp (see "Engine cache")
 

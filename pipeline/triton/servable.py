@@ -33,6 +33,9 @@ PLATFORM_BACKENDS = {
 }
 
 
+# The Python backend's key for letting GPU tensors reach execute() (default "yes": every input copied to the host).
+GPU_INPUTS_PARAMETER = "FORCE_CPU_ONLY_INPUT_TENSORS"
+
 def skip_reason(config: Any | None, backends: set[str], skipped: dict[str, str]) -> str | None:
     """Why a model cannot be served with ``backends``, or None if it can (``skipped``: models skipped so far)."""
     if config is None:
@@ -107,18 +110,28 @@ def require_gpu_runtime(models: list[str], providers: list[str]) -> None:
 
 def write_view(repository: Path, models: list[str], view: Path, config_name: str | None = None, *, cpu_only: bool) -> list[str]:
     """Fill ``view`` with ``models`` of ``repository``; return the models whose KIND_GPU instance
-    groups were switched to KIND_CPU (only when ``cpu_only``)."""
+    groups were switched to KIND_CPU (only when ``cpu_only``). On a GPU host, the view's configs of
+    models our Python ``onnxruntime`` backend serves get ``FORCE_CPU_ONLY_INPUT_TENSORS: no``, so the
+    Python backend hands GPU inputs (a client's CUDA shared memory) to the backend as GPU tensors
+    instead of copying them to the host first (python_backend README, "Input Tensor Device
+    Placement"); the repository's own configs are untouched (NGC Triton's C++ backend needs no such key)."""
     switched = []
     for name in models:
         source = (Path(repository) / name).resolve()
         config = read_model_config(source, config_name)
         gpu_groups = [g for g in config.instance_group if g.kind == g.KIND_GPU] if config is not None else []
-        if not (cpu_only and gpu_groups):
+        switch = cpu_only and bool(gpu_groups)
+        device_inputs = (not cpu_only and config is not None and config.platform == "onnxruntime_onnx"
+                         and GPU_INPUTS_PARAMETER not in config.parameters)
+        if not (switch or device_inputs):
             (view / name).symlink_to(source, target_is_directory=True)
             continue
-        for group in gpu_groups:
+        assert config is not None
+        for group in gpu_groups if switch else ():
             group.kind = group.KIND_CPU
             del group.gpus[:]
+        if device_inputs:
+            config.parameters[GPU_INPUTS_PARAMETER].string_value = "no"
         used = model_config_path(source, config_name).relative_to(source)
         target = view / name
         target.mkdir()
@@ -127,7 +140,8 @@ def write_view(repository: Path, models: list[str], view: Path, config_name: str
                 (target / entry.name).symlink_to(entry, target_is_directory=entry.is_dir())
         (target / used).parent.mkdir(parents=True, exist_ok=True)  # configs/ holds only the config in use
         (target / used).write_text(config_text(config))
-        switched.append(name)
+        if switch:
+            switched.append(name)
     if switched:
         which = f"configs/{config_name}.pbtxt where present" if config_name else "config.pbtxt"
         log.info("no GPU here: serving the KIND_GPU instances of %s (%s) as KIND_CPU, same counts",

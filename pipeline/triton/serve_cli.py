@@ -16,6 +16,7 @@ from pipeline.errors import PipelineError, require
 from pipeline.options import add_options, at_least, checked_config, option, port_option, repository_option
 from pipeline.triton.server_args import ADMIN_HEADER, ADMIN_KEY_ENV
 from pipeline.triton.server import MODEL_CONTROL_MODES, TritonServer
+from pipeline.triton.supervisor import RESTART_BACKOFF_S, Supervisor
 
 log = logging.getLogger(__name__)
 
@@ -59,7 +60,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
             "ONNX models (platform onnxruntime_onnx) are served by a Python-based 'onnxruntime' backend, so "
             "the repository loads unchanged; TensorRT plans need a GPU and are skipped with a reason. "
             "Endpoints bind to 127.0.0.1 unless --host says otherwise. Waits until every model is ready, "
-            "prints the endpoints, and runs until Ctrl-C or SIGTERM, then stops cleanly."
+            "prints the endpoints, and runs until Ctrl-C or SIGTERM, then stops cleanly. A server that dies is "
+            "logged with its cause (exit status or signal, last log lines) and restarted on the same ports after "
+            f"{', '.join(f'{d:g}' for d in RESTART_BACKOFF_S)} s (the last repeating) while it keeps crashing; "
+            "readiness says no until it is back."
         ),
         epilog=(
             "examples:\n"
@@ -131,14 +135,16 @@ def run(args: argparse.Namespace) -> int:
     received: list[str] = []
     starting = [True]
 
+    servers = _servers(cfg)
+    supervisor = Supervisor(servers, stop, start_timeout=cfg.timeout)
+
     def on_signal(signum: int, frame: FrameType | None) -> None:
         received.append(signal.Signals(signum).name)
         stop.set()
-        if starting[0]:
-            raise KeyboardInterrupt  # abort a startup that may wait for minutes; start() cleans up
+        if starting[0] or supervisor.restarting:
+            raise KeyboardInterrupt  # abort a (re)start that may wait for minutes; start() cleans up
 
     previous = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGINT, signal.SIGTERM)}
-    servers = _servers(cfg)
     try:
         try:
             for i, server in enumerate(servers):
@@ -153,13 +159,11 @@ def run(args: argparse.Namespace) -> int:
                 raise
         if not stop.is_set():
             log.info("ready; Ctrl-C or SIGTERM stops %s", "the servers" if len(servers) > 1 else "the server")
-        while not stop.wait(1.0):
-            dead = [s for s in servers if not s.is_running()]
-            if dead:
-                raise PipelineError(
-                    f"tritonserver on {dead[0].http_url} exited unexpectedly",
-                    f"see its log: {dead[0].log_path}",
-                )
+        try:
+            supervisor.watch()  # a server that dies is logged with its cause and restarted
+        except KeyboardInterrupt:
+            if not received:
+                raise
         log.info("%s received; stopping", received[0])
     finally:
         starting[0] = False

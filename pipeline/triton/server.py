@@ -25,7 +25,6 @@ import logging
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import sysconfig
@@ -39,6 +38,7 @@ from pathlib import Path
 from types import TracebackType
 
 from pipeline.errors import PipelineError, require
+from pipeline.triton.procs import client_host, exit_cause, free_ports, peek_exit, port_taken, wait_group_gone
 from pipeline.triton.servable import gpu_instance_models, require_gpu_runtime
 from pipeline.isolate import die_with_parent
 from pipeline.progress import progress
@@ -80,58 +80,6 @@ def _ort_providers() -> list[str]:
     import onnxruntime
 
     return list(onnxruntime.get_available_providers())
-
-
-def _peek_exit(process: subprocess.Popen[bytes]) -> int | None:
-    """The exit status of an exited child without reaping it (None while it runs)."""
-    try:
-        info = os.waitid(os.P_PID, process.pid, os.WEXITED | os.WNOHANG | os.WNOWAIT)
-    except ChildProcessError:  # reaped already
-        return process.returncode if process.returncode is not None else -1
-    return None if info is None else info.si_status
-
-
-def _wait_group_gone(pgid: int, timeout: float) -> None:
-    """Wait until no process of the group is left (SIGKILL is delivered asynchronously)."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        try:
-            os.killpg(pgid, 0)
-        except (ProcessLookupError, PermissionError):
-            return
-        time.sleep(0.05)
-    log.warning("processes of tritonserver's group %d are still exiting", pgid)
-
-
-def _client_host(host: str) -> str:
-    if host in ("0.0.0.0", ""):
-        return "127.0.0.1"
-    if host == "::":
-        return "[::1]"
-    return f"[{host}]" if ":" in host else host
-
-
-def _port_taken(host: str, port: int) -> bool:
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    with socket.socket(family, socket.SOCK_STREAM) as probe:
-        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as the server does: TIME_WAIT is no conflict
-        try:
-            probe.bind((host, port))
-        except OSError:
-            return True
-    return False
-
-
-def _free_ports(host: str, count: int) -> list[int]:
-    """``count`` distinct ports the OS says are free now (held open together so they differ)."""
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    with contextlib.ExitStack() as stack:
-        ports = []
-        for _ in range(count):
-            sock = stack.enter_context(socket.socket(family, socket.SOCK_STREAM))
-            sock.bind((host, 0))
-            ports.append(sock.getsockname()[1])
-        return ports
 
 
 class TritonServer:
@@ -186,18 +134,20 @@ class TritonServer:
         self._process: subprocess.Popen[bytes] | None = None
         self._workdir: Path | None = None
         self._shm_prefix = f"pipeline_triton_{os.getpid()}_{uuid.uuid4().hex[:8]}_"
+        self.restarts = 0  # how often restart() brought the server back
+        self._append_log = False  # a restart keeps the log of the run that died
 
     @property
     def http_url(self) -> str:
-        return f"{_client_host(self.host)}:{self.http_port}"
+        return f"{client_host(self.host)}:{self.http_port}"
 
     @property
     def grpc_url(self) -> str:
-        return f"{_client_host(self.host)}:{self.grpc_port}"
+        return f"{client_host(self.host)}:{self.grpc_port}"
 
     @property
     def metrics_url(self) -> str:
-        return f"{_client_host(self.host)}:{self.metrics_port}"
+        return f"{client_host(self.host)}:{self.metrics_port}"
 
     @property
     def pid(self) -> int | None:
@@ -207,13 +157,31 @@ class TritonServer:
         """Whether the server process is alive."""
         return self._process is not None and self._exit_status() is None
 
+    def exit_cause(self) -> str:
+        """Why the server process ended ("killed by SIGKILL", "exited with status 134"), without reaping it."""
+        if self._process is None:
+            return "not running (its last start failed or it was stopped)"
+        return exit_cause(self._process)
+
+    def restart(self, timeout: float = 120.0) -> None:
+        """Start a server that died again, on the same ports and log (appended to), and wait until it is ready.
+
+        Its leftovers (backend stubs of the old process group, shared-memory segments) are removed first."""
+        self.stop()
+        self._append_log = True
+        try:
+            self.start(timeout=timeout)
+        finally:
+            self._append_log = False
+        self.restarts += 1
+
     def _exit_status(self) -> int | None:
         """The server's exit status once it has exited, without reaping it.
 
         Until stop() reaps it, its PID cannot be reused, so killing its process group stays safe.
         """
         assert self._process is not None
-        return _peek_exit(self._process)
+        return peek_exit(self._process)
 
     def start(self, timeout: float = 120.0) -> None:
         """Launch the server and wait until it and every loadable model are ready."""
@@ -269,7 +237,7 @@ class TritonServer:
             # os.kill, not Popen.send_signal: that polls, and reaping now would free the PID too early.
             with contextlib.suppress(ProcessLookupError):
                 os.kill(process.pid, signal.SIGTERM)
-            while _peek_exit(process) is None:
+            while peek_exit(process) is None:
                 if time.monotonic() > deadline:
                     log.warning("tritonserver (pid %d) did not stop within %.0f s; killing it", process.pid, timeout)
                     break
@@ -279,7 +247,7 @@ class TritonServer:
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.killpg(process.pid, signal.SIGKILL)
             process.wait()
-            _wait_group_gone(process.pid, 5.0)
+            wait_group_gone(process.pid, 5.0)
         # Segments survive a killed server; ours all carry this server's unique prefix.
         for segment in SHM_DIR.glob(f"{self._shm_prefix}*"):
             with contextlib.suppress(FileNotFoundError):
@@ -321,13 +289,13 @@ class TritonServer:
         require(len(fixed) == len(set(fixed)), f"the HTTP, gRPC and metrics ports must differ, got {named}",
                 "give each endpoint its own port")
         for what, port in named.items():
-            if port and _port_taken(self.host, port):
+            if port and port_taken(self.host, port):
                 raise PipelineError(
                     f"port {port} on {self.host} (for {what}) is already in use",
                     f"stop whatever listens there (ss -ltnp 'sport = :{port}') or choose another "
                     f"port with --{what}-port (0 picks a free one)",
                 )
-        free = iter(p for p in _free_ports(self.host, 3 + len(fixed)) if p not in fixed)
+        free = iter(p for p in free_ports(self.host, 3 + len(fixed)) if p not in fixed)
         self.http_port = self.http_port or next(free)
         self.grpc_port = self.grpc_port or next(free)
         self.metrics_port = self.metrics_port or next(free)
@@ -400,7 +368,11 @@ class TritonServer:
             self.log_path = self.log_dir / f"tritonserver-{self.http_port}.log"
         self.log_path = self.log_path.resolve()
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
-        self.log_path.write_text("")  # Triton appends; start each run with an empty log
+        if self._append_log:
+            with open(self.log_path, "a") as previous:
+                previous.write(f"---- pipeline: tritonserver restarted at {time.strftime('%Y-%m-%dT%H:%M:%S%z')} ----\n")
+        else:
+            self.log_path.write_text("")  # Triton appends; start each run with an empty log
         cpus = self.cpus
 
         def child_setup() -> None:

@@ -19,7 +19,7 @@ from typing import Any
 
 import numpy as np
 
-from pipeline.artifacts import parse_variant
+from pipeline.artifacts import WIRE_PRECISIONS, parse_variant
 from pipeline.errors import CheckFailed, PipelineError
 from pipeline.evaldata import EvalData
 from pipeline.progress import progress
@@ -169,6 +169,9 @@ def verify_repository(
             not_verified[name] = f"{model.config.platform or model.config.backend} models need their own runtime (a TensorRT plan needs a GPU server)"
         elif parse_variant(name) is None:
             not_verified[name] = "not built by this pipeline (no variant suffix): no build record to judge it by"
+        elif parse_variant(name)[1] in WIRE_PRECISIONS:  # type: ignore[index]
+            not_verified[name] = ("takes uint8 inputs: verify does not turn evaluation samples into uint8 yet "
+                                  "(its build's parity gate held it to FP32's outputs)")
         else:
             chosen[name] = model
     if plans and url is None:

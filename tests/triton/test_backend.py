@@ -11,7 +11,7 @@ import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import closing
 from pathlib import Path
-from types import ModuleType
+from types import SimpleNamespace
 
 import numpy as np
 import onnxruntime as ort
@@ -26,24 +26,36 @@ from tests.triton.conftest import EMBEDDING_TABLE, SOFTMAX_WEIGHTS, child_pids, 
 _DIRECT = urllib.request.build_opener(urllib.request.ProxyHandler({}))  # loopback never via a proxy
 
 
+BACKEND_MODULES = ("ort_backend_config", "ort_backend_providers", "ort_backend_batching", "ort_backend_transport", "model")
+
+
 @pytest.fixture(scope="module")
-def backend() -> ModuleType:
-    """The backend's model.py, imported with the real triton_python_backend_utils shipped in the wheel.
+def backend() -> SimpleNamespace:
+    """The backend folder's modules, imported as the stub imports them (the folder on ``sys.path``) with
+    the real triton_python_backend_utils shipped in the wheel; their public names in one namespace.
 
     Outside the stub that module lacks the C++-injected classes (TritonError, Logger, ...), so only the
     pure configuration helpers are exercised here; the rest is tested through the real server.
     """
     import pytriton
 
-    sys.path.insert(0, str(Path(pytriton.__file__).parent / "tritonserver" / "backends" / "python"))
+    folder = OUR_BACKENDS / "onnxruntime"
+    paths = [str(Path(pytriton.__file__).parent / "tritonserver" / "backends" / "python"), str(folder)]
+    sys.path[:0] = paths
+    names: dict[str, object] = {}
     try:
-        spec = importlib.util.spec_from_file_location("ort_backend_model", OUR_BACKENDS / "onnxruntime" / "model.py")
-        assert spec and spec.loader
-        module = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(module)
+        for name in BACKEND_MODULES:
+            spec = importlib.util.spec_from_file_location(name, folder / f"{name}.py")
+            assert spec and spec.loader
+            module = importlib.util.module_from_spec(spec)
+            sys.modules[name] = module
+            spec.loader.exec_module(module)
+            names.update({k: v for k, v in vars(module).items() if not k.startswith("_")})
     finally:
-        sys.path.pop(0)
-    return module
+        del sys.path[: len(paths)]
+        for name in BACKEND_MODULES:
+            sys.modules.pop(name, None)
+    return SimpleNamespace(**names)
 
 
 @pytest.mark.parametrize(
@@ -51,13 +63,13 @@ def backend() -> ModuleType:
     [(None, "ORT_ENABLE_ALL"), (0, "ORT_ENABLE_ALL"), (-1, "ORT_ENABLE_BASIC"), (1, "ORT_ENABLE_EXTENDED"),
      (2, "ORT_DISABLE_ALL")],
 )
-def test_graph_level_follows_the_cpp_onnxruntime_backend(backend: ModuleType, level: int | None, expected: str) -> None:
+def test_graph_level_follows_the_cpp_onnxruntime_backend(backend: SimpleNamespace, level: int | None, expected: str) -> None:
     config: dict = {} if level is None else {"optimization": {"graph": {"level": level}}}
     options = backend.session_options_from_config(config)
     assert options.graph_optimization_level == getattr(ort.GraphOptimizationLevel, expected)
 
 
-def test_thread_and_memory_parameters_reach_the_session_options(backend: ModuleType) -> None:
+def test_thread_and_memory_parameters_reach_the_session_options(backend: SimpleNamespace) -> None:
     config = {"parameters": {
         "intra_op_thread_count": {"string_value": "3"},
         "inter_op_thread_count": {"string_value": "2"},
@@ -79,17 +91,17 @@ ACCELERATED = {"optimization": {"execution_accelerators": {"gpu_execution_accele
 ]}}}
 
 
-def test_cpu_instances_ignore_the_gpu_accelerators(backend: ModuleType) -> None:
+def test_cpu_instances_ignore_the_gpu_accelerators(backend: SimpleNamespace) -> None:
     assert backend.execution_providers(ACCELERATED, "CPU", 0, ort.get_available_providers(), False) == ([("CPUExecutionProvider", {})], [])
 
 
-def test_gpu_instance_without_onnxruntime_gpu_names_the_extra(backend: ModuleType) -> None:
+def test_gpu_instance_without_onnxruntime_gpu_names_the_extra(backend: SimpleNamespace) -> None:
     """This venv's real ONNX Runtime is the CPU build: a GPU instance must say which extra to install."""
     with pytest.raises(backend.BackendConfigError, match=r"install the 'gpu-serve' extra \(onnxruntime-gpu"):
         backend.execution_providers(ACCELERATED, "GPU", 0, ort.get_available_providers(), False)
 
 
-def test_gpu_instance_runs_tensorrt_then_cuda_as_the_cpp_backend_appends_them(backend: ModuleType) -> None:
+def test_gpu_instance_runs_tensorrt_then_cuda_as_the_cpp_backend_appends_them(backend: SimpleNamespace) -> None:
     """The provider lists are as onnxruntime-gpu would get them (no GPU here: checked as data)."""
     providers, notes = backend.execution_providers(ACCELERATED, "GPU", 1, GPU_ORT, True)
     assert providers == [
@@ -99,14 +111,14 @@ def test_gpu_instance_runs_tensorrt_then_cuda_as_the_cpp_backend_appends_them(ba
     ] and notes == []
 
 
-def test_without_tensorrt_libraries_the_cuda_provider_runs_alone_and_says_so(backend: ModuleType) -> None:
+def test_without_tensorrt_libraries_the_cuda_provider_runs_alone_and_says_so(backend: SimpleNamespace) -> None:
     assert backend.tensorrt_loadable() is False  # no TensorRT on this machine
     providers, notes = backend.execution_providers(ACCELERATED, "GPU", 0, GPU_ORT, backend.tensorrt_loadable())
     assert providers == [("CUDAExecutionProvider", {"use_tf32": "0", "device_id": "0"})]
     assert notes and "TensorRT" in notes[0] and "CUDA execution provider alone" in notes[0]
 
 
-def test_deprecated_cuda_parameters_get_the_cpp_backends_defaults(backend: ModuleType) -> None:
+def test_deprecated_cuda_parameters_get_the_cpp_backends_defaults(backend: SimpleNamespace) -> None:
     config = {"parameters": {"cudnn_conv_algo_search": {"string_value": "1"}, "intra_op_thread_count": {"string_value": "2"}}}
     [(name, options)], _ = backend.execution_providers(config, "GPU", 0, ["CUDAExecutionProvider", "CPUExecutionProvider"], False)
     assert name == "CUDAExecutionProvider"
@@ -120,7 +132,7 @@ def test_deprecated_cuda_parameters_get_the_cpp_backends_defaults(backend: Modul
      ({"name": "tensorrt", "parameters": {"precision_mode": "BF16"}}, "unsupported precision mode 'BF16'"),
      ({"name": "tensorrt", "parameters": {"workspace": "1"}}, "unknown parameter 'workspace' is provided for TensorRT")],
 )
-def test_accelerators_the_cpp_backend_refuses_fail_the_load(backend: ModuleType, accelerator: dict, message: str) -> None:
+def test_accelerators_the_cpp_backend_refuses_fail_the_load(backend: SimpleNamespace, accelerator: dict, message: str) -> None:
     config = {"optimization": {"execution_accelerators": {"gpu_execution_accelerator": [accelerator]}}}
     with pytest.raises(backend.BackendConfigError, match=message):
         backend.execution_providers(config, "GPU", 0, GPU_ORT, True)
@@ -137,7 +149,7 @@ def batched(max_batch: int, preferred: list[int] | None = None, fixed: str | Non
     return config
 
 
-def test_a_cnn_on_the_cuda_provider_runs_at_fixed_batch_sizes(backend: ModuleType) -> None:
+def test_a_cnn_on_the_cuda_provider_runs_at_fixed_batch_sizes(backend: SimpleNamespace) -> None:
     """Powers of two below the max, the preferred sizes and the max: each Conv then sees few shapes."""
     assert backend.fixed_batch_sizes(batched(128, [48, 128]), CUDA_ONLY, True) == [1, 2, 4, 8, 16, 32, 48, 64, 128]
     assert backend.fixed_batch_sizes(batched(100), CUDA_ONLY, True) == [1, 2, 4, 8, 16, 32, 64, 100]
@@ -151,11 +163,11 @@ def test_a_cnn_on_the_cuda_provider_runs_at_fixed_batch_sizes(backend: ModuleTyp
      (batched(1), CUDA_ONLY, True, "nothing to batch"),
      (batched(64, fixed="off"), CUDA_ONLY, True, "switched off")],
 )
-def test_fixed_batch_sizes_only_where_plans_are_rebuilt(backend: ModuleType, config: dict, providers: list, conv: bool, why: str) -> None:
+def test_fixed_batch_sizes_only_where_plans_are_rebuilt(backend: SimpleNamespace, config: dict, providers: list, conv: bool, why: str) -> None:
     assert backend.fixed_batch_sizes(config, providers, conv) == [], why
 
 
-def test_listed_fixed_batch_sizes_always_include_the_max(backend: ModuleType) -> None:
+def test_listed_fixed_batch_sizes_always_include_the_max(backend: SimpleNamespace) -> None:
     assert backend.fixed_batch_sizes(batched(8, fixed="2, 5"), [("CPUExecutionProvider", {})], False) == [2, 5, 8]
     with pytest.raises(backend.BackendConfigError, match=r"sizes must lie in 1\.\.8"):
         backend.fixed_batch_sizes(batched(8, fixed="4,16"), CUDA_ONLY, True)
@@ -163,7 +175,7 @@ def test_listed_fixed_batch_sizes_always_include_the_max(backend: ModuleType) ->
         backend.fixed_batch_sizes(batched(8, fixed="small"), CUDA_ONLY, True)
 
 
-def test_a_batch_is_padded_to_its_fixed_size_with_its_own_last_row(backend: ModuleType) -> None:
+def test_a_batch_is_padded_to_its_fixed_size_with_its_own_last_row(backend: SimpleNamespace) -> None:
     assert [backend.size_for(n, [1, 4, 16]) for n in (1, 2, 4, 5, 16)] == [1, 4, 4, 16, 16]
     assert backend.size_for(3, []) == 3
     feed = {"x": np.arange(6, dtype=np.float32).reshape(3, 2), "ids": np.array([[1], [2], [3]])}
@@ -173,7 +185,7 @@ def test_a_batch_is_padded_to_its_fixed_size_with_its_own_last_row(backend: Modu
     assert backend.padded(feed, 3)["x"] is feed["x"]
 
 
-def test_models_with_convolutions_are_recognised(backend: ModuleType, tmp_path: Path, onnx_models: dict[str, Path]) -> None:
+def test_models_with_convolutions_are_recognised(backend: SimpleNamespace, tmp_path: Path, onnx_models: dict[str, Path]) -> None:
     from onnx import TensorProto, helper, numpy_helper
 
     graph = helper.make_graph(
@@ -189,7 +201,41 @@ def test_models_with_convolutions_are_recognised(backend: ModuleType, tmp_path: 
     assert backend.plan_per_shape(onnx_models["softmax"]) is False
 
 
-def test_warmup_feed_follows_the_config_and_skips_variable_dims(backend: ModuleType) -> None:
+def test_only_gpu_instances_on_a_gpu_provider_bind_tensors_on_the_device(backend: SimpleNamespace) -> None:
+    assert backend.device_io("GPU", ["CUDAExecutionProvider", "CPUExecutionProvider"], dlpack=True)
+    assert backend.device_io("GPU", ["TensorrtExecutionProvider", "CUDAExecutionProvider"], dlpack=True)
+    assert not backend.device_io("CPU", ["CUDAExecutionProvider", "CPUExecutionProvider"], dlpack=True)
+    assert not backend.device_io("GPU", ["CPUExecutionProvider"], dlpack=True)
+    assert not backend.device_io("GPU", ["CUDAExecutionProvider"], dlpack=False)  # an ORT without OrtValue.from_dlpack
+
+
+def test_a_group_stays_on_the_device_only_as_one_unpadded_request(backend: SimpleNamespace) -> None:
+    assert backend.on_device(1, 128, 128)
+    assert not backend.on_device(1, 100, 128)  # padding to the fixed size needs device arithmetic
+    assert not backend.on_device(2, 64, 64)  # so does merging two requests
+
+
+def test_host_inputs_are_views_of_the_request_memory(backend: SimpleNamespace) -> None:
+    """A CPU instance hands ONNX Runtime the stub's memory itself: the feed (reshaped as configured)
+    shares memory with the request's array."""
+
+    class CpuTensor:  # stand-in for pb_utils.Tensor, whose C++ class exists only inside the stub
+        def __init__(self, array: np.ndarray) -> None:
+            self.array = array
+
+        def is_cpu(self) -> bool:
+            return True
+
+        def as_numpy(self) -> np.ndarray:
+            return self.array
+
+    array = np.random.default_rng(0).random((4, 64), dtype=np.float32)
+    feed = backend.host_feed({"image": CpuTensor(array)}, [("image", [8, 8, 1]), ("absent", None)], True)
+    assert feed["image"].shape == (4, 8, 8, 1) and np.shares_memory(feed["image"], array)
+    assert "absent" not in feed
+
+
+def test_warmup_feed_follows_the_config_and_skips_variable_dims(backend: SimpleNamespace) -> None:
     config = {"input": [{"name": "x", "data_type": "TYPE_FP32", "dims": ["4"]},
                         {"name": "ids", "data_type": "TYPE_INT64", "dims": ["6"], "reshape": {"shape": ["2", "3"]}}]}
     feed = backend.warmup_feed(config, 5)
@@ -324,3 +370,18 @@ def test_batches_run_at_fixed_sizes_come_back_unpadded(server: TritonServer) -> 
     inputs = [np.random.default_rng(i).normal(size=(1 + i % 3, 4)).astype(np.float32) for i in range(9)]
     infer_concurrently(server, "tiny_fixed", inputs)
     assert model_stats(server, "tiny_fixed")["inference_count"] >= sum(len(x) for x in inputs)  # counted unpadded
+
+
+def test_both_supported_tensorrt_majors_are_looked_for(backend: SimpleNamespace) -> None:
+    from pipeline.stages.tensorrt_env import MAX_TENSORRT, MIN_TENSORRT
+
+    majors = range(MIN_TENSORRT[0], MAX_TENSORRT[0])  # MAX_TENSORRT is exclusive
+    assert sorted(backend.NVINFER_LIBRARIES) == sorted(f"libnvinfer.so.{m}" for m in majors)
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="needs the GNU C library's soname")
+def test_any_of_the_tensorrt_libraries_loading_is_enough(backend: SimpleNamespace) -> None:
+    """TensorRT's runtime may be absent (here) or present (the documented GPU setup): names that cannot
+    exist and the C library stand in for an absent and a present ``libnvinfer``."""
+    assert backend.tensorrt_loadable(("libnvinfer-absent.so.99", "libc.so.6")) is True
+    assert backend.tensorrt_loadable(("libnvinfer-absent.so.99", "libnvinfer-absent.so.98")) is False

@@ -101,7 +101,12 @@ def test_write_view_switches_only_the_config_in_use_to_cpu(repository: Path, tmp
     assert parse_config((repo / "tiny" / "configs" / "1g.5gb.pbtxt").read_text()) == gpu  # on disk: unchanged
     other = tmp_path / "view2"
     other.mkdir()
-    assert write_view(repo, ["tiny"], other, "1g.5gb", cpu_only=False) == [] and (other / "tiny").is_symlink()
+    assert write_view(repo, ["tiny"], other, "1g.5gb", cpu_only=False) == []
+    # A GPU host: GPU instances stay, and the Python backend passes GPU inputs on as GPU tensors.
+    on_gpu = parse_config((other / "tiny" / "configs" / "1g.5gb.pbtxt").read_text())
+    assert on_gpu.parameters["FORCE_CPU_ONLY_INPUT_TENSORS"].string_value == "no"
+    del on_gpu.parameters["FORCE_CPU_ONLY_INPUT_TENSORS"]
+    assert on_gpu == gpu and (other / "tiny" / "1").is_symlink()
 
 
 @pytest.mark.slow

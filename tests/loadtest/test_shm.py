@@ -1,0 +1,125 @@
+"""`loadtest --shared-memory system`: regions registered with the real embedded tritonserver, outputs
+equal to the HTTP path's, and no region left behind after a normal exit or Ctrl-C."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from pipeline.errors import PipelineError
+from pipeline.loadtest.client import endpoint_from_url, post_request_bytes
+from pipeline.loadtest.payload import ModelIO, TensorInfo, load_samples, request_batches
+from pipeline.loadtest.request_check import raw_exchange
+from pipeline.loadtest.shm import (
+    REGION_PREFIX,
+    SharedMemoryRegions,
+    output_byte_sizes,
+    read_outputs,
+    registered_regions,
+    shm_requests,
+)
+from pipeline.loadtest.targets import model_io
+from tests.loadtest.test_cli import FAST, run_cli
+
+ROOT = Path(__file__).resolve().parents[2]
+ADD = ModelIO("add", (TensorInfo("x", "FP32", (4,)),), (TensorInfo("y", "FP32", (4,)),), 8)
+
+
+def _leftovers(pid: int | None = None) -> list[str]:
+    pattern = f"{REGION_PREFIX}{pid}_*" if pid else f"{REGION_PREFIX}*"
+    return sorted(p.name for p in Path("/dev/shm").glob(pattern))
+
+
+def _ours(names: list[str]) -> list[str]:
+    return [n for n in names if n.startswith(REGION_PREFIX)]
+
+
+def test_output_regions_take_the_models_static_size_or_the_option() -> None:
+    assert output_byte_sizes(ADD, 8, None) == {"y": 8 * 4 * 4}
+    assert output_byte_sizes(ADD, 8, 4096) == {"y": 4096}
+    dynamic = ModelIO("d", ADD.inputs, (TensorInfo("y", "FP32", (-1,)),), 8)
+    with pytest.raises(PipelineError, match="--output-shared-memory-size"):
+        output_byte_sizes(dynamic, 8, None)
+
+
+@pytest.mark.slow
+def test_shared_memory_outputs_equal_the_http_paths(server: object, workspace: Path) -> None:
+    """The tensors a shared-memory request leaves in its output region are those tritonclient's plain
+    binary HTTP request returns for the same inputs, to the bit."""
+    import tritonclient.http as httpclient
+
+    endpoint = endpoint_from_url(server.http_url)  # type: ignore[attr-defined]
+    io = model_io(endpoint, "add")
+    batches = request_batches(load_samples(workspace / "calibration" / "add" / "eval.npz"), io, 4, 3)
+    client = httpclient.InferenceServerClient(endpoint.address)
+    try:
+        with SharedMemoryRegions("system", [endpoint]) as regions:
+            requests = shm_requests(io, batches, regions, output_byte_sizes(io, 4, None))
+            assert set(_ours(registered_regions(endpoint, "system"))) == {f"{regions.tag}out0", *(f"{regions.tag}in{n}" for n in range(3))}
+            for body, batch in zip(requests.bodies, batches, strict=True):
+                status, _, answer = raw_exchange(endpoint, post_request_bytes(endpoint, "/v2/models/add/infer", body))
+                assert status == 200, answer
+                ours = read_outputs(regions, json.loads(answer), requests.outputs)["y"]
+                item = httpclient.InferInput("x", list(batch["x"].shape), "FP32")
+                item.set_data_from_numpy(batch["x"], binary_data=True)
+                reference = client.infer("add", [item], outputs=[httpclient.InferRequestedOutput("y", binary_data=True)]).as_numpy("y")
+                np.testing.assert_array_equal(ours, reference)
+                np.testing.assert_array_equal(ours, batch["x"] + 1)
+        assert not _ours(registered_regions(endpoint, "system"))
+        assert not _leftovers(os.getpid())
+    finally:
+        client.close()
+
+
+@pytest.mark.slow
+def test_loadtest_over_system_shared_memory(server: object, workspace: Path, tmp_path: Path) -> None:
+    """The command runs its sweep over shared memory (its check request compares with tritonclient's
+    HTTP outputs first), every request succeeds, and the regions are gone afterwards."""
+    url = server.http_url  # type: ignore[attr-defined]
+    status = run_cli("--url", url, "--model", "add", "--calibration-root", str(workspace / "calibration"),
+                     "--batch-size", "4", "--concurrency", "1,4", "--shared-memory", "system",
+                     "--report-dir", str(tmp_path / "r"), *FAST)  # fmt: skip
+    assert status == 0
+    report = json.loads((tmp_path / "r" / "results.json").read_text())
+    assert report["settings"]["shared_memory"] == "system"
+    for point in report["points"]:
+        assert point["encoding"] == "system-shm"
+        assert point["aggregate"]["errors"] == {}
+        assert point["aggregate"]["client_successes_total"] == point["aggregate"]["server_successes_total"] > 0
+    assert not _ours(registered_regions(endpoint_from_url(url), "system"))
+    assert not _leftovers(os.getpid())
+
+
+@pytest.mark.slow
+def test_ctrl_c_unregisters_and_removes_the_regions(server: object, workspace: Path, tmp_path: Path) -> None:
+    """A loadtest process sent SIGINT mid-load leaves no region registered with the server and none in /dev/shm."""
+    url = server.http_url  # type: ignore[attr-defined]
+    endpoint = endpoint_from_url(url)
+    command = [sys.executable, "-m", "pipeline", "loadtest", "--url", url, "--model", "add",
+               "--calibration-root", str(workspace / "calibration"), "--shared-memory", "system", "--concurrency", "1",
+               "--window-ms", "1000", "--warmup-ms", "1000", "--max-seconds", "600", "--report-dir", str(tmp_path / "r")]  # fmt: skip
+    process = subprocess.Popen(command, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    try:
+        deadline = time.monotonic() + 120
+        while not any(n.startswith(f"{REGION_PREFIX}{process.pid}_") for n in registered_regions(endpoint, "system")):
+            assert process.poll() is None, process.stdout.read().decode() if process.stdout else ""
+            assert time.monotonic() < deadline, "the load test never registered its regions"
+            time.sleep(0.1)
+        assert _leftovers(process.pid)
+        process.send_signal(signal.SIGINT)
+        output, _ = process.communicate(timeout=60)
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait()
+    assert process.returncode == 130, output.decode()
+    assert not [n for n in registered_regions(endpoint, "system") if n.startswith(f"{REGION_PREFIX}{process.pid}_")]
+    assert not _leftovers(process.pid)
