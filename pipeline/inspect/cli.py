@@ -44,7 +44,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
             "Inspect a .keras file, a SavedModel folder, module:function, an ONNX file or a TensorRT plan: inputs and outputs "
             "with dtypes and dynamic axes, the optimization profiles a build would use (sized from --calibration/--eval-data "
             "like build), op-type counts, which nodes of a Q/DQ model are quantized, and whether TensorRT's ONNX parser "
-            "(onnx-tensorrt's operator list, TensorRT 10.5 by default) takes every node. Keras models are converted as "
+            "(onnx-tensorrt's operator list; by default that of the TensorRT the engine stage needs, see --trt-version) "
+            "takes every node. Keras models are converted as "
             "build converts them. Exit status 1 when the parser check finds problems."
         ),
         epilog=(
