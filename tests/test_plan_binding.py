@@ -122,6 +122,8 @@ def test_inspect_reads_a_plan_through_the_seam_with_host_code_refused(tmp_path: 
     engine_from_onnx(onnx_path, tmp_path / "m.plan", settings=EngineSettings("fp32", profiles), timing_cache=tmp_path / "tc", tensorrt=standin)
     report = inspection_from_model(str(tmp_path / "m.plan"), tensorrt=standin)  # the stand-in refuses allow_host_code=True
     assert report.polygraphy == f"stand-in engine: {onnx_path}"
+    assert report.notes == ["built with TensorRT 10.16.1.11 on NVIDIA H200 (stand-in) (compute capability 9.0): loads on that TensorRT "
+                            "version and GPUs of compute capability 9.0 only; TF32 on"]  # what the plan is bound to, from its metadata
 
 
 def test_the_mig_bundle_refuses_a_plan_built_for_another_gpu(tmp_path: Path) -> None:

@@ -104,7 +104,7 @@ def report_lines(report) -> list[str]:  # type: ignore[no-untyped-def]
             shape = ", ".join(str(d) for d in t.get("shape", []))
             dynamic = t.get("dynamic_axes")
             lines.append(f"  {t.get('name')}: {t.get('dtype')} [{shape}]" + (f"  dynamic axes {dynamic}" if dynamic else ""))
-    lines.append("optimization profiles a build would use:")
+    lines.append("optimization profiles of this plan:" if report.kind == "plan" else "optimization profiles a build would use:")
     lines += [f"  {i}: {p}" for i, p in enumerate(report.profiles)] or ["  (none)"]
     if report.op_counts:
         lines.append(f"ops ({sum(report.op_counts.values())} nodes): {counts_line(report.op_counts)}")
