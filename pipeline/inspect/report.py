@@ -233,7 +233,8 @@ def _bound_to(data: dict[str, Any]) -> str | None:
     level = data.get("hardware_compatibility", "NONE")
     where = "any GPU of compute capability 8.0 or newer (hardware-compatible)" if level == "AMPERE_PLUS" else \
         f"GPUs of compute capability {gpu.get('compute_capability')} only"
-    tf32 = {True: "TF32 on", False: "TF32 off"}.get(data.get("tf32"), "TF32 not recorded")
+    recorded = data.get("tf32")
+    tf32 = "TF32 on" if recorded is True else "TF32 off" if recorded is False else "TF32 not recorded"
     return (f"built with TensorRT {data['tensorrt_version']} on {gpu.get('name')} (compute capability {gpu.get('compute_capability')}): "
             f"loads on that TensorRT version and {where}; {tf32}")
 
