@@ -142,6 +142,9 @@ _BY_TAG = {r.tag: r for r in RELEASES}
 DEFAULT_RELEASE = _BY_TAG[DEFAULT_TAG]
 DEFAULT_IMAGE = DEFAULT_RELEASE.image
 _NGC_TAG = re.compile(rf"^{re.escape(NGC_REPOSITORY)}:(?P<tag>\d\d\.\d\d)-(?P<flavor>[\w.-]+)$")
+# A container image reference as Docker reads it: lowercase repository path (an optional registry host:port first),
+# an optional tag, an optional sha256 digest. Loose on purpose: it only catches what no registry could serve.
+_IMAGE_REFERENCE = re.compile(r"^[a-z0-9][a-z0-9._/-]*(?::[0-9]+/[a-z0-9._/-]+)?(?::\w[\w.-]{0,127})?(?:@sha256:[0-9a-f]{64})?$")
 # NGC tritonserver tags without a server: the client SDK (perf_analyzer, client libraries) only.
 _NO_SERVER_FLAVORS = ("py3-sdk",)
 
@@ -251,6 +254,9 @@ def check_image(image: str, models: list[ModelNeeds], releases: tuple[NgcRelease
     load older IR versions and opsets — and the returned lines say what went unchecked.
     ``releases`` is the table (:data:`RELEASES`; another one only to exercise the check).
     """
+    if not _IMAGE_REFERENCE.match(image):
+        raise PipelineError(f"image {image!r} is not a container image reference",
+                            f"pass one such as {DEFAULT_IMAGE} (lowercase repository, optional :tag)")
     tag = ngc_tag(image)
     flavored = _ngc_flavor(image)
     if flavored and flavored[1] in _NO_SERVER_FLAVORS:

@@ -422,3 +422,10 @@ def test_a_plan_refused_by_an_image_below_the_engine_stages_tensorrt_is_not_told
     with pytest.raises(PipelineError, match=r"runs TensorRT 10.5 .* older than 10.8, the oldest the engine stage builds with") as caught:
         check_image("nvcr.io/nvidia/tritonserver:24.10-py3", [ModelNeeds("m", is_plan=True, plan_tensorrt="10.16.1.11")])
     assert "rebuild the plan with TensorRT 10.5" not in str(caught.value)
+
+
+@pytest.mark.parametrize("image", ["", "nvcr.io/nvidia/tritonserver 24.10-py3", "NVCR.io/nvidia/tritonserver:24.10-py3", "tritonserver:"])
+def test_an_image_no_registry_could_serve_is_refused_in_one_line(image: str) -> None:
+    with pytest.raises(PipelineError, match=r"is not a container image reference") as caught:
+        check_image(image, [ModelNeeds("m", ir_version=8, opset=17)])
+    assert caught.value.fix and "nvcr.io/nvidia/tritonserver:24.10-py3" in caught.value.fix
