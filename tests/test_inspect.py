@@ -258,6 +258,16 @@ def test_cli_on_plans_without_tensorrt(tmp_path: Path) -> None:
     proc = cli("inspect", str(plan))
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert "the plan itself cannot be read here" in proc.stdout and "x: float32 [-1, 4]" in proc.stdout
+    assert "optimization profiles of this plan:\n  0: x:1x4/8x4/8x4\n" in proc.stdout  # the --shape form, not JSON
+    meta |= {"tensorrt_version": "10.16.1.11", "gpu": {"index": 0, "name": "NVIDIA H200", "compute_capability": "9.0"},
+             "hardware_compatibility": "AMPERE_PLUS", "tf32": False}
+    (tmp_path / "model.fp16.plan.json").write_text(json.dumps(meta))
+    proc = cli("inspect", str(plan))
+    assert ("note: built with TensorRT 10.16.1.11 on NVIDIA H200 (compute capability 9.0): loads on that TensorRT version and any "
+            "GPU of compute capability 8.0 or newer (hardware-compatible); TF32 off") in proc.stdout
+    (tmp_path / "model.fp16.plan.json").write_text("{not json")
+    line = one_line_error(cli("inspect", str(plan)))
+    assert "model.fp16.plan.json is not valid JSON" in line and "rebuild the plan" in line
 
 
 @pytest.mark.slow

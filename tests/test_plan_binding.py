@@ -122,3 +122,30 @@ def test_inspect_reads_a_plan_through_the_seam_with_host_code_refused(tmp_path: 
     engine_from_onnx(onnx_path, tmp_path / "m.plan", settings=EngineSettings("fp32", profiles), timing_cache=tmp_path / "tc", tensorrt=standin)
     report = inspection_from_model(str(tmp_path / "m.plan"), tensorrt=standin)  # the stand-in refuses allow_host_code=True
     assert report.polygraphy == f"stand-in engine: {onnx_path}"
+    assert report.notes == ["built with TensorRT 10.16.1.11 on NVIDIA H200 (stand-in) (compute capability 9.0): loads on that TensorRT "
+                            "version and GPUs of compute capability 9.0 only; TF32 on"]  # what the plan is bound to, from its metadata
+
+
+def test_the_mig_bundle_refuses_a_plan_built_for_another_gpu(tmp_path: Path) -> None:
+    """mig-plan --repository --bundle for an A100 with a plan built on an H200: one line before any file is written;
+    the same plan on the H200's table, or built hardware-compatible, is bundled."""
+    from pipeline.mig.bundle import write_bundle
+    from pipeline.mig.memory import MemoryEstimate
+    from pipeline.mig.plan import GIB, plan_instances
+    from pipeline.mig.profiles import builtin_gpu
+    from pipeline.mig.servers import BundleSettings
+
+    settings = BundleSettings(image="nvcr.io/nvidia/tritonserver:25.08-py3")  # its TensorRT is not in the table: the GPU decides
+    memory = {"m_fp16_trt": MemoryEstimate("hand-written", GIB, GIB)}
+    for level, gpu, refused in (("NONE", "A100-80GB", True), ("NONE", "H200-141GB", False), ("AMPERE_PLUS", "A100-80GB", False)):
+        repository = tmp_path / f"{level}-{gpu}" / "repo"
+        plan_model(repository, "m_fp16_trt", meta(level=level))
+        plan = plan_instances(builtin_gpu(gpu), memory, None)
+        out = repository.parent / "bundle"
+        if refused:
+            with pytest.raises(PipelineError, match=r"plan m_fp16_trt cannot load there: built for compute capability 9.0 \(NVIDIA H200\) "
+                                                    r"but a MIG slice of A100-80GB has a GPU of compute capability 8.0"):
+                write_bundle(out, plan, settings, repository=repository)
+            assert not out.exists()
+        else:
+            assert write_bundle(out, plan, settings, repository=repository)

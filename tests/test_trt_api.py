@@ -41,6 +41,22 @@ OBJECT_NAMES = {
     "create_execution_context",
     "engine_host_code_allowed", "deserialize_cuda_engine",  # IRuntime
 }
+# TensorRT names Polygraphy (the installed version) calls on the seam's behalf, unguarded: NetworkFromOnnxPath,
+# CreateConfig with the seam's keywords, EngineFromNetwork, TrtRunner (activate, set_profile, infer) and str_from_engine.
+# Read from polygraphy/backend/trt/{loader,config,profile,runner,util}.py 0.53.6; a name missing from a TensorRT version
+# would fail there on a GPU even though the seam's own names all exist.
+THROUGH_POLYGRAPHY = {
+    "Builder", "create_network", "NetworkDefinitionCreationFlag", "STRONGLY_TYPED", "OnnxParser", "parse_from_file", "num_errors",
+    "get_error", "ILogger",  # NetworkFromOnnxPath
+    "create_builder_config", "create_optimization_profile", "add_optimization_profile", "set_shape", "ProfilingVerbosity", "DETAILED",
+    "profiling_verbosity", "set_memory_pool_limit", "create_timing_cache", "set_timing_cache", "builder_optimization_level",
+    "hardware_compatibility_level", "BuilderFlag", "TF32", "set_flag", "clear_flag",  # CreateConfig (tf32 sets or clears TF32)
+    "build_serialized_network", "init_libnvinfer_plugins", "engine_host_code_allowed", "deserialize_cuda_engine",  # EngineFromNetwork
+    "create_execution_context", "set_optimization_profile_async", "active_optimization_profile", "set_input_shape",
+    "set_tensor_address", "get_tensor_address", "execute_async_v3", "is_shape_inference_io", "get_aliased_input_tensor",
+    "IOutputAllocator", "set_output_allocator", "get_tensor_format", "get_tensor_vectorized_dim",
+    "get_tensor_components_per_element",  # TrtRunner, str_from_engine
+}
 # Attributes the seam touches that are not TensorRT's.
 NOT_TENSORRT = {
     "getLogger", "info", "warning", "shapes", "items", "add", "onnx_path", "profiles", "workspace_mib", "hardware_compatibility",
@@ -108,6 +124,14 @@ def test_every_tensorrt_name_the_package_uses_exists_in_every_supported_version(
     assert {"MemoryPoolType", "WORKSPACE", "TensorIOMode", "INPUT", "HardwareCompatibilityLevel", "Runtime", "__version__",
             "ICudaEngine"} <= set(names)
     assert missing(names) == []
+
+
+def test_every_tensorrt_name_polygraphy_calls_for_the_seam_exists_in_every_supported_version() -> None:
+    import polygraphy
+
+    source = "\n".join(path.read_text() for path in (Path(polygraphy.__file__).parent / "backend" / "trt").glob("*.py"))
+    assert {name for name in THROUGH_POLYGRAPHY if name not in source} == set()  # the list names what Polygraphy really calls
+    assert missing({name: ["polygraphy"] for name in THROUGH_POLYGRAPHY}) == []
 
 
 def test_a_misspelt_name_in_a_scratch_copy_fails(tmp_path: Path) -> None:

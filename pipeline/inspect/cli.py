@@ -44,7 +44,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
             "Inspect a .keras file, a SavedModel folder, module:function, an ONNX file or a TensorRT plan: inputs and outputs "
             "with dtypes and dynamic axes, the optimization profiles a build would use (sized from --calibration/--eval-data "
             "like build), op-type counts, which nodes of a Q/DQ model are quantized, and whether TensorRT's ONNX parser "
-            "(onnx-tensorrt's operator list, TensorRT 10.5 by default) takes every node. Keras models are converted as "
+            "(onnx-tensorrt's operator list; by default that of the TensorRT the engine stage needs, see --trt-version) "
+            "takes every node. Keras models are converted as "
             "build converts them. Exit status 1 when the parser check finds problems."
         ),
         epilog=(
@@ -103,7 +104,7 @@ def report_lines(report) -> list[str]:  # type: ignore[no-untyped-def]
             shape = ", ".join(str(d) for d in t.get("shape", []))
             dynamic = t.get("dynamic_axes")
             lines.append(f"  {t.get('name')}: {t.get('dtype')} [{shape}]" + (f"  dynamic axes {dynamic}" if dynamic else ""))
-    lines.append("optimization profiles a build would use:")
+    lines.append("optimization profiles of this plan:" if report.kind == "plan" else "optimization profiles a build would use:")
     lines += [f"  {i}: {p}" for i, p in enumerate(report.profiles)] or ["  (none)"]
     if report.op_counts:
         lines.append(f"ops ({sum(report.op_counts.values())} nodes): {counts_line(report.op_counts)}")

@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from pipeline.errors import PipelineError
-from pipeline.stages.shapes import SeenBucket, ShapeProfile, profiles_from_args, seen_in_files
+from pipeline.stages.shapes import SeenBucket, ShapeProfile, profiles_from_args, profiles_from_json, seen_in_files
 from pipeline.stages.trt_seam import PolygraphyTensorRT, TensorRT
 from pipeline.tensors import TensorSpec, load_onnx, signature_from_onnx
 
@@ -188,28 +188,55 @@ def _polygraphy_summary(model: Any, show_layers: bool) -> str:
 
 
 def _inspect_plan(path: Path, tensorrt: TensorRT) -> Inspection:
-    """A TensorRT plan: read through Polygraphy where TensorRT imports (host code refused); else its metadata JSON."""
+    """A TensorRT plan: read through Polygraphy where TensorRT imports (host code refused); else its metadata JSON.
+    Either way the metadata beside it, when there is one, says what the plan is bound to."""
     from pipeline.stages.engine import metadata_path
 
     if not path.is_file():
         raise PipelineError(f"plan '{path}' does not exist", "check the path")
     report = Inspection(str(path), "plan")
+    meta = metadata_path(path)
+    data = _plan_metadata(meta) if meta.is_file() else None
+    if data is not None and (bound := _bound_to(data)):
+        report.notes.append(bound)
     available, _ = tensorrt.status()
     if available:
         report.polygraphy = tensorrt.describe(path, allow_host_code=False)
         return report
-    meta = metadata_path(path)
-    if not meta.is_file():
+    if data is None:
         raise PipelineError(
             f"cannot read TensorRT plan '{path}' here (reading a plan needs TensorRT and a GPU), and it has no metadata JSON beside it ({meta.name})",
             "inspect it on the machine with TensorRT and a GPU, or inspect the ONNX model it was built from",
         )
-    data = json.loads(meta.read_text())
     report.notes.append(f"the plan itself cannot be read here (reading a plan needs TensorRT and a GPU); shown: its metadata {meta}")
     report.inputs = list(data.get("inputs", []))
     report.outputs = list(data.get("outputs", []))
-    report.profiles = [json.dumps(p) for p in data.get("profiles", [])]
+    report.profiles = [str(p) for p in profiles_from_json(data.get("profiles", []))]
     return report
+
+
+def _plan_metadata(meta: Path) -> dict[str, Any]:
+    try:
+        data = json.loads(meta.read_text())
+    except ValueError as exc:
+        raise PipelineError(f"plan metadata {meta} is not valid JSON ({exc})", "rebuild the plan (python -m pipeline build)") from None
+    if not isinstance(data, dict):
+        raise PipelineError(f"plan metadata {meta} is not a JSON object", "rebuild the plan (python -m pipeline build)")
+    return data
+
+
+def _bound_to(data: dict[str, Any]) -> str | None:
+    """What the plan loads on, from its metadata: the line a GPU user needs before copying it to a server."""
+    gpu = data.get("gpu")
+    if not data.get("tensorrt_version") or not isinstance(gpu, dict):
+        return None
+    level = data.get("hardware_compatibility", "NONE")
+    where = "any GPU of compute capability 8.0 or newer (hardware-compatible)" if level == "AMPERE_PLUS" else \
+        f"GPUs of compute capability {gpu.get('compute_capability')} only"
+    recorded = data.get("tf32")
+    tf32 = "TF32 on" if recorded is True else "TF32 off" if recorded is False else "TF32 not recorded"
+    return (f"built with TensorRT {data['tensorrt_version']} on {gpu.get('name')} (compute capability {gpu.get('compute_capability')}): "
+            f"loads on that TensorRT version and {where}; {tf32}")
 
 
 def counts_line(counts: dict[str, int]) -> str:

@@ -33,6 +33,7 @@ from pathlib import Path
 from pipeline.mig.k8s import k8s_manifests
 from pipeline.mig.nvidia_smi import MigDevice
 from pipeline.mig.plan import MigPlan, ProfilePlan
+from pipeline.mig.profiles import GpuMig
 from pipeline.triton.bundle_files import (
     BIND_ADDRESS,
     BIND_ENV,
@@ -212,18 +213,27 @@ def write_bundle(out_dir: Path, plan: MigPlan, settings: BundleSettings = Bundle
         # A build writes this bundle before it publishes the repository; its deploy bundle, written
         # after, checks the same image against the published models.
         if Path(repository).is_dir():
-            _check_image(settings.image, repository, sorted({m for p in plan.profiles for m in p.loaded}))
+            _check_image(settings.image, repository, sorted({m for p in plan.profiles for m in p.loaded}), plan.gpu)
     paths = write_bundle_files(out_dir, bundle_files(plan, settings, devices), executable=[LAUNCH_SCRIPT])
     log.info("%s", exposure_note())
     return paths
 
 
-def _check_image(image: str, repository: Path, names: list[str]) -> None:
+def _check_image(image: str, repository: Path, names: list[str], gpu: GpuMig) -> None:
     """The NGC release check of ``deploy`` for the planned models (the servers also need
-    ``--model-config-name``, which every release the check accepts reads)."""
+    ``--model-config-name``, which every release the check accepts reads), and every planned
+    TensorRT plan checked against ``gpu``'s compute capability where the GPU table gives it."""
+    from pipeline.stages.plan_binding import check_plan_models
     from pipeline.triton.ngc_releases import check_image, repository_needs
     from pipeline.triton.repository import read_repository
 
     models = read_repository(repository)
+    plans = {n: models[n].path for n in names
+             if n in models and (models[n].config.platform == "tensorrt_plan" or models[n].config.backend == "tensorrt")}
+    if plans and gpu.compute_capability is not None:
+        check_plan_models(plans, tensorrt_version=None, compute_capability=gpu.compute_capability, target=f"a MIG slice of {gpu.name}")
+    elif plans:
+        log.warning("not checked: the compute capability of %s is unknown, so plans %s were not checked against it",
+                    gpu.name, ", ".join(sorted(plans)))
     for line in check_image(image, repository_needs(models, [n for n in names if n in models])):
         log.warning("not checked: %s", line)

@@ -118,7 +118,8 @@ def _fix_batch(model: Any, max_batch: int) -> None:
                 raise PipelineError(
                     f"input '{value.name}' has a dynamic axis {axis} ('{dim.dim_param or '?'}') "
                     "besides the batch axis, so its activation memory cannot be sized",
-                    "export the ONNX model with fixed non-batch dims, or pass --engine-metadata",
+                    "export the model with fixed non-batch dims, or plan it from its TensorRT plan's engine metadata "
+                    "(mig-plan --engine-metadata <plan>.json: the engine's memory for its profiles)",
                 )
             dim.Clear()
             dim.dim_value = max_batch

@@ -175,7 +175,10 @@ def _memory(cfg: MigPlanConfig, repository_configs: dict[str, Any]) -> dict[str,
     if cfg.repository:
         out = {}
         for name, (config, model_dir) in repository_configs.items():
-            out[name] = memory_for_model_dir(model_dir, cfg.max_batch or max(1, config.max_batch_size))
+            try:
+                out[name] = memory_for_model_dir(model_dir, cfg.max_batch or max(1, config.max_batch_size))
+            except PipelineError as exc:  # a repository holds many models: say which one
+                raise PipelineError(f"model {name}: {exc.problem}", exc.fix) from None
         return out
     batch: int | None = cfg.max_batch or (_fixed_batch(cfg.onnx) if cfg.onnx else None)
     if cfg.engine_metadata:

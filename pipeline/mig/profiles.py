@@ -64,6 +64,7 @@ class GpuMig:
     name: str  # "H200-141GB"
     profiles: tuple[MigProfile, ...]
     source: str  # where the numbers come from
+    compute_capability: tuple[int, int] | None = None  # what a plan must be built for; None: not known (nvidia-smi -lgip)
 
     def profile(self, name: str) -> MigProfile:
         """The profile called ``name`` (``"MIG 1g.18gb"`` and ``"1g.18gb"`` both work)."""
@@ -112,6 +113,7 @@ def _p(name: str, profile_id: int, memory_gib: float, sms: int, max_instances: i
 
 
 _GUIDE = "NVIDIA MIG User Guide (supported profiles; nvidia-smi mig -lgip example)"
+# Compute capabilities: NVIDIA's CUDA GPUs list (developer.nvidia.com/cuda-gpus): A100 8.0, H100 and H200 9.0.
 
 BUILTIN_GPUS: dict[str, GpuMig] = {
     g.name: g
@@ -128,6 +130,7 @@ BUILTIN_GPUS: dict[str, GpuMig] = {
                 _p("7g.40gb", 0, 39.25, 98, 1),
             ),
             _GUIDE,
+            (8, 0),
         ),
         GpuMig(
             "A100-80GB",
@@ -141,6 +144,7 @@ BUILTIN_GPUS: dict[str, GpuMig] = {
                 _p("7g.80gb", 0, 79.00, 98, 1),
             ),
             _GUIDE,
+            (8, 0),
         ),
         GpuMig(
             "H100-80GB",
@@ -154,6 +158,7 @@ BUILTIN_GPUS: dict[str, GpuMig] = {
                 _p("7g.80gb", 0, 79.25, 132, 1),
             ),
             _GUIDE + "; H100-SXM5-80GB",
+            (9, 0),
         ),
         GpuMig(
             "H200-141GB",
@@ -167,6 +172,7 @@ BUILTIN_GPUS: dict[str, GpuMig] = {
                 _p("7g.141gb", 0, 140.00, 132, 1),
             ),
             "nvidia-smi mig -lgip on an H200 (driver 580.159.04)",
+            (9, 0),
         ),
     )
 }

@@ -73,7 +73,10 @@ class ProfiledRunner(BaseRunner):  # type: ignore[misc]  # Polygraphy is untyped
             ranges = "; ".join(str(p) for p in self._profiles)
             raise PipelineError(
                 f"a batch of shape {shown} fits no optimization profile of {self._plan} ({ranges})",
-                "rebuild the plan with a --shape profile covering this data, or evaluate with a smaller batch",
+                # The gate's batch is capped to every profile's MAX batch (plan_max_batch), so what is left is a
+                # profile's MIN above the bucket's last, partial batch, or a size outside every range: --shape decides.
+                "rebuild the plan with --shape profiles that admit it (MIN batch 1, and ranges covering every size in "
+                "the data)",
             )
         if index != self._active:
             self._inner.set_profile(index)

@@ -14,6 +14,7 @@ import ctypes
 import importlib
 import importlib.util
 import os
+import re
 import sys
 from dataclasses import dataclass
 
@@ -22,11 +23,13 @@ from pipeline.errors import PipelineError
 INSTALL_HINT = "pip install --extra-index-url https://pypi.nvidia.com '.[tensorrt]' on a machine with an NVIDIA GPU"
 MIN_TENSORRT = (10, 8)  # the first version the engine stage builds with (strongly typed networks, timing cache API)
 MAX_TENSORRT = (12, 0)  # exclusive: the next major, whose API nobody has checked
-# CUDA major of each TensorRT major's pip wheels (tensorrt-cu12 for 10.x, tensorrt-cu13 for 11.x) and the oldest Linux
-# driver that runs it (CUDA Compatibility guide: CUDA 12.x with minor-version compatibility from r525 (525.60.13),
-# CUDA 13.x from r580).
-CUDA_OF_TENSORRT = {10: 12, 11: 13}
-DRIVER_FOR_CUDA = {12: "r525 (525.60.13)", 13: "r580"}
+# CUDA majors each TensorRT major's pip wheels are built for (tensorrt-cu11/-cu12/-cu13 on PyPI: tensorrt-cu11 stops at
+# 10.13, tensorrt-cu12 and -cu13 carry 11.4). The CUDA is the wheel's, not the major's: the `tensorrt` metapackage
+# itself pulls tensorrt_cu13 for 10.16.1.11 as for 11.4.0.106 (their pyproject.toml). Oldest Linux driver for each CUDA
+# (CUDA Compatibility guide, minor-version compatibility): 11.x from 450.80.02, 12.x from 525.60.13, 13.x from r580.
+CUDA_OF_TENSORRT: dict[int, tuple[int, ...]] = {10: (11, 12, 13), 11: (12, 13)}
+DRIVER_FOR_CUDA = {11: "r450 (450.80.02)", 12: "r525 (525.60.13)", 13: "r580"}
+_WHEEL = re.compile(r"tensorrt[-_]cu(\d+)(?:[-_](libs|bindings))?")
 
 # CUDA driver API (cuda.h): CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR / _MINOR.
 _CU_CC_MAJOR, _CU_CC_MINOR = 75, 76
@@ -77,25 +80,42 @@ def _tensorrt_problem() -> tuple[str, str] | None:
     if tensorrt_version_tuple(version) >= MAX_TENSORRT:
         return (f"TensorRT {version} is newer than the versions this pipeline is checked against (below {MAX_TENSORRT[0]})",
                 f"pip install 'tensorrt<{MAX_TENSORRT[0]}' (the range the 'tensorrt' extra pins)")
-    driver = _driver_cuda_version()
-    if driver is not None:
-        return driver_problem(version, driver)
+    driver, cuda = _driver_cuda_version(), tensorrt_wheel_cuda()
+    if driver is not None and cuda is not None:
+        return driver_problem(version, cuda, driver)
     return None
 
 
-def driver_problem(tensorrt_version: str, driver_cuda: int) -> tuple[str, str] | None:
+def tensorrt_wheel_cuda(names: list[str] | None = None) -> int | None:
+    """The CUDA major of the installed TensorRT pip wheels (``tensorrt_cu13_libs`` → 13), read from the installed
+    distributions' names (``names``: those names instead); None when TensorRT did not come from such wheels (a
+    tarball, an NGC container: no driver check then, TensorRT's own error names the CUDA problem)."""
+    if names is None:
+        from importlib import metadata
+
+        names = [str(d.metadata["Name"] or "") for d in metadata.distributions()]
+    found = {(m[2] or "", int(m[1])) for n in names if (m := _WHEEL.fullmatch(n.lower()))}
+    for part in ("libs", "bindings", ""):  # the libraries are what the driver runs
+        majors = sorted(c for p, c in found if p == part)
+        if majors:
+            return majors[-1]
+    return None
+
+
+def driver_problem(tensorrt_version: str, tensorrt_cuda: int, driver_cuda: int) -> tuple[str, str] | None:
     """(problem, fix) when a driver whose CUDA version is ``driver_cuda`` (cuDriverGetVersion: 12080 for
-    12.8) is too old for the CUDA of TensorRT ``tensorrt_version``'s wheels; None when it is new enough."""
-    major = tensorrt_version_tuple(tensorrt_version)[0]
-    cuda = CUDA_OF_TENSORRT.get(major)
-    if cuda is None or driver_cuda >= cuda * 1000:
+    12.8) is too old for TensorRT ``tensorrt_version`` built for CUDA ``tensorrt_cuda``; None when it is new enough."""
+    if driver_cuda >= tensorrt_cuda * 1000:
         return None
-    have = f"{driver_cuda // 1000}.{driver_cuda % 1000 // 10}"
-    older = [m for m, c in sorted(CUDA_OF_TENSORRT.items()) if c <= driver_cuda // 1000]
+    have_major = driver_cuda // 1000
+    have = f"{have_major}.{driver_cuda % 1000 // 10}"
+    majors = [m for m, cudas in sorted(CUDA_OF_TENSORRT.items()) if have_major in cudas]
     lowest = ".".join(map(str, MIN_TENSORRT))
-    instead = f", or TensorRT {older[-1]} for CUDA {CUDA_OF_TENSORRT[older[-1]]} (pip install 'tensorrt>={lowest},<{older[-1] + 1}')" if older else ""
-    return (f"TensorRT {tensorrt_version} is built for CUDA {cuda}, but the NVIDIA driver supports CUDA {have} at most",
-            f"install NVIDIA driver {DRIVER_FOR_CUDA[cuda]} or newer{instead}")
+    instead = f", or the TensorRT wheels for CUDA {have_major} (pip install 'tensorrt-cu{have_major}>={lowest},<{majors[-1] + 1}')" \
+        if majors else ""
+    needs = DRIVER_FOR_CUDA.get(tensorrt_cuda, f"for CUDA {tensorrt_cuda}")
+    return (f"TensorRT {tensorrt_version} is built for CUDA {tensorrt_cuda}, but the NVIDIA driver supports CUDA {have} at most",
+            f"install NVIDIA driver {needs} or newer{instead}")
 
 
 def _load_libcuda() -> ctypes.CDLL | str:

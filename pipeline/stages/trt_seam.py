@@ -284,7 +284,12 @@ def _deserialize(plan_path: Path, allow_host_code: bool) -> trt.ICudaEngine:
 
     from polygraphy.backend.trt.util import get_trt_logger
 
-    runtime = trt.Runtime(get_trt_logger())
+    logger = get_trt_logger()
+    # TensorRT's standard plugins (what the ONNX parser falls back to for some ops) must be registered before a plan
+    # that uses one deserializes; the build registered them while parsing, a fresh process (inspect, verify) has not.
+    # Polygraphy's EngineFromBytes does the same (backend/trt/loader.py, 0.53.6).
+    trt.init_libnvinfer_plugins(logger, "")
+    runtime = trt.Runtime(logger)
     # Host code in a plan (the lean runtime of a version-compatible plan) runs with this process's
     # rights: it is refused unless asked for (TensorRT's own default; Polygraphy's loader turns it on).
     runtime.engine_host_code_allowed = allow_host_code

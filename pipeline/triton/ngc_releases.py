@@ -141,7 +141,12 @@ RELEASES: tuple[NgcRelease, ...] = (
 _BY_TAG = {r.tag: r for r in RELEASES}
 DEFAULT_RELEASE = _BY_TAG[DEFAULT_TAG]
 DEFAULT_IMAGE = DEFAULT_RELEASE.image
-_NGC_TAG = re.compile(rf"^{re.escape(NGC_REPOSITORY)}:(?P<tag>\d\d\.\d\d)-py3$")
+_NGC_TAG = re.compile(rf"^{re.escape(NGC_REPOSITORY)}:(?P<tag>\d\d\.\d\d)-(?P<flavor>[\w.-]+)$")
+# A container image reference as Docker reads it: lowercase repository path (an optional registry host:port first),
+# an optional tag, an optional sha256 digest. Loose on purpose: it only catches what no registry could serve.
+_IMAGE_REFERENCE = re.compile(r"^[a-z0-9][a-z0-9._/-]*(?::[0-9]+/[a-z0-9._/-]+)?(?::\w[\w.-]{0,127})?(?:@sha256:[0-9a-f]{64})?$")
+# NGC tritonserver tags without a server: the client SDK (perf_analyzer, client libraries) only.
+_NO_SERVER_FLAVORS = ("py3-sdk",)
 
 
 def image_tag(image: str) -> str:
@@ -153,7 +158,14 @@ def image_tag(image: str) -> str:
 def ngc_tag(image: str) -> str | None:
     """``YY.MM`` when ``image`` is an NGC ``tritonserver:<YY.MM>-py3`` image, else None."""
     match = _NGC_TAG.match(image)
-    return match["tag"] if match else None
+    return match["tag"] if match and match["flavor"] == "py3" else None
+
+
+def _ngc_flavor(image: str) -> tuple[str, str] | None:
+    """(``YY.MM``, flavor) of any NGC tritonserver image (``24.05-trtllm-python-py3`` → ("24.05",
+    "trtllm-python-py3")), else None: the month decides what an image of any flavor can parse."""
+    match = _NGC_TAG.match(image)
+    return (match["tag"], match["flavor"]) if match else None
 
 
 def release_for(image: str) -> NgcRelease | None:
@@ -242,8 +254,15 @@ def check_image(image: str, models: list[ModelNeeds], releases: tuple[NgcRelease
     load older IR versions and opsets — and the returned lines say what went unchecked.
     ``releases`` is the table (:data:`RELEASES`; another one only to exercise the check).
     """
+    if not _IMAGE_REFERENCE.match(image):
+        raise PipelineError(f"image {image!r} is not a container image reference",
+                            f"pass one such as {DEFAULT_IMAGE} (lowercase repository, optional :tag)")
     tag = ngc_tag(image)
-    if tag is not None and tag < DEFAULT_TAG:
+    flavored = _ngc_flavor(image)
+    if flavored and flavored[1] in _NO_SERVER_FLAVORS:
+        raise PipelineError(f"{image} is NGC's client SDK image: it has no tritonserver to run",
+                            f"use {NGC_REPOSITORY}:{flavored[0]}-py3 (the server image of the same release)")
+    if flavored is not None and flavored[0] < DEFAULT_TAG:  # every flavor of an older month has the older backend
         raise PipelineError(
             f"{image} is older than {DEFAULT_TAG}: its onnxruntime backend refuses the configs' keys "
             "(the cuda accelerator, trt_profile_* shapes) and --model-config-name is not checked there",
@@ -287,12 +306,19 @@ def _check_plan(release: NgcRelease, needs: ModelNeeds, releases: tuple[NgcRelea
             if matching else ""
         return [f"{needs.name}: built with TensorRT {needs.plan_tensorrt}; {release.image}'s TensorRT is not in the table{known}"]
     if not same_tensorrt(needs.plan_tensorrt, release.tensorrt):
+        from pipeline.stages.tensorrt_env import MIN_TENSORRT, tensorrt_version_tuple
+
         # A plan loads only on the TensorRT that built it; compared on as many parts as the table gives.
         runs = f"TensorRT {release.tensorrt}" + (" (the table's value, not verified)" if "tensorrt" in release.unverified else "")
         fix = f"pass --image {NGC_REPOSITORY}:{matching[-1]}-py3, which runs TensorRT {_major_minor(needs.plan_tensorrt)}" \
             if matching else f"no tag in the table is known to run TensorRT {_major_minor(needs.plan_tensorrt)}"
+        # The engine stage builds only with MIN_TENSORRT or newer: an image below it cannot run any plan of this pipeline.
+        rebuild = f"or rebuild the plan with TensorRT {release.tensorrt} for this image" \
+            if tensorrt_version_tuple(release.tensorrt) >= MIN_TENSORRT else \
+            f"this image's TensorRT is older than {'.'.join(map(str, MIN_TENSORRT))}, the oldest the engine stage builds with, " \
+            "so serve the plan from a newer tag whose TensorRT is the build host's"
         raise PipelineError(
             f"model {needs.name} is a TensorRT plan built with TensorRT {needs.plan_tensorrt}, but {release.image} runs {runs}",
-            f"{fix}; or rebuild the plan with TensorRT {release.tensorrt} for this image",
+            f"{fix}; {rebuild}",
         )
     return []

@@ -177,3 +177,22 @@ def test_bundle_serves_the_given_repository_from_any_directory(tmp_path: Path, t
     dry = subprocess.run(["bash", str(work / "migbundle" / "launch-mig.sh"), "--dry-run"], cwd=tmp_path, env=env,
                          capture_output=True, text=True, check=True).stdout
     assert f"--model-repository={(work / 'migrepo').resolve()} " in dry
+
+
+def test_repository_mode_names_the_model_it_cannot_size(tmp_path: Path) -> None:
+    """A sequence model's ONNX variant (dynamic length) cannot be sized: the one line names that model
+    among the repository's, and the fix works in repository mode too."""
+    import onnx
+
+    model = onnx.load(str(tiny_mlp(tmp_path / "tiny.onnx")))
+    model.graph.input[0].type.tensor_type.shape.dim[1].dim_param = "length"
+    model_dir = tmp_path / "repo" / "seq_fp32"
+    (model_dir / "1").mkdir(parents=True)
+    onnx.save(model, str(model_dir / "1" / "model.onnx"))
+    base = ModelConfig(name="seq_fp32", platform="onnxruntime_onnx", max_batch_size=16)
+    base.input.add(name="image", data_type=DataType.TYPE_FP32, dims=[-1])
+    base.output.add(name="probs", data_type=DataType.TYPE_FP32, dims=[10])
+    (model_dir / "config.pbtxt").write_text(config_text(base))
+    with pytest.raises(PipelineError, match=r"^model seq_fp32: input 'image' has a dynamic axis 1 \('length'\)") as caught:
+        mig_plan("--gpu", "H200-141GB", "--repository", str(tmp_path / "repo"))
+    assert caught.value.fix and "--engine-metadata <plan>.json" in caught.value.fix

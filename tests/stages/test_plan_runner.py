@@ -46,8 +46,9 @@ def test_each_batch_runs_in_the_profile_that_admits_it(tmp_path: Path) -> None:
         for batch in (1, 5, 2, 3):
             x = rng.standard_normal((batch, 8, 8, 1)).astype(np.float32)
             np.testing.assert_array_equal(runner.infer({"image": x})["probs"], np.maximum(x, 0))
-        with pytest.raises(PipelineError, match=r"a batch of shape image \[7, 8, 8, 1\] fits no optimization profile of .*m.plan"):
+        with pytest.raises(PipelineError, match=r"a batch of shape image \[7, 8, 8, 1\] fits no optimization profile of .*m.plan") as caught:
             runner.infer({"image": np.zeros((7, 8, 8, 1), np.float32)})
+        assert caught.value.fix and "--shape" in caught.value.fix and "smaller batch" not in caught.value.fix  # no option sets it
     assert standin.runners[0].profile_log == [0, 1, 0, 1]
 
 

@@ -282,18 +282,18 @@ def _table(*tensorrt: tuple[str, str | None]) -> tuple[NgcRelease, ...]:
 def test_a_plan_on_an_image_with_another_tensorrt_names_the_tag_that_runs_its_tensorrt() -> None:
     """The TensorRT column decides (major.minor); the refusal names the newest tag whose TensorRT
     matches. A made-up table: the real one knows only 24.10's TensorRT."""
-    table = _table(("24.10", "10.5"), ("24.11", "10.6"), ("24.12", "10.7"), ("25.01", "10.7"), ("25.02", None))
-    plan = [ModelNeeds("m", is_plan=True, plan_tensorrt="10.7.0.23")]
-    with pytest.raises(PipelineError, match=r"^model m is a TensorRT plan built with TensorRT 10.7.0.23, but "
-                                            r"nvcr.io/nvidia/tritonserver:24.10-py3 runs TensorRT 10.5 — pass --image "
-                                            r"nvcr.io/nvidia/tritonserver:25.01-py3, which runs TensorRT 10.7; or rebuild"):
+    table = _table(("24.10", "10.8"), ("24.11", "10.9"), ("24.12", "10.10"), ("25.01", "10.10"), ("25.02", None))
+    plan = [ModelNeeds("m", is_plan=True, plan_tensorrt="10.10.0.31")]
+    with pytest.raises(PipelineError, match=r"^model m is a TensorRT plan built with TensorRT 10.10.0.31, but "
+                                            r"nvcr.io/nvidia/tritonserver:24.10-py3 runs TensorRT 10.8 — pass --image "
+                                            r"nvcr.io/nvidia/tritonserver:25.01-py3, which runs TensorRT 10.10; or rebuild the plan with TensorRT 10.8"):
         check_image("nvcr.io/nvidia/tritonserver:24.10-py3", plan, table)
     assert check_image("nvcr.io/nvidia/tritonserver:24.12-py3", plan, table) == []
-    with pytest.raises(PipelineError, match=r"no tag in the table is known to run TensorRT 10.9; or rebuild the plan with TensorRT 10.6"):
-        check_image("nvcr.io/nvidia/tritonserver:24.11-py3", [ModelNeeds("m", is_plan=True, plan_tensorrt="10.9.0.34")], table)
+    with pytest.raises(PipelineError, match=r"no tag in the table is known to run TensorRT 10.13; or rebuild the plan with TensorRT 10.9"):
+        check_image("nvcr.io/nvidia/tritonserver:24.11-py3", [ModelNeeds("m", is_plan=True, plan_tensorrt="10.13.2.6")], table)
     [line] = check_image("nvcr.io/nvidia/tritonserver:25.02-py3", plan, table)
-    assert line == ("m: built with TensorRT 10.7.0.23; nvcr.io/nvidia/tritonserver:25.02-py3's TensorRT is not in the table "
-                    "(the table lists TensorRT 10.7 for 24.12, 25.01)")
+    assert line == ("m: built with TensorRT 10.10.0.31; nvcr.io/nvidia/tritonserver:25.02-py3's TensorRT is not in the table "
+                    "(the table lists TensorRT 10.10 for 24.12, 25.01)")
 
 
 def test_images_older_than_the_configs_are_refused_and_unknown_ones_say_what_was_not_checked(
@@ -402,3 +402,30 @@ def test_bundle_runs_from_any_directory_with_the_repository_next_to_it(repositor
     args = ran.stdout.splitlines()
     source, target = args[args.index("-v") + 1].rsplit(":", 2)[:2]
     assert (os.path.realpath(source), target) == (str(repository.resolve()), "/models")
+
+
+def test_older_ngc_images_of_any_flavor_and_the_sdk_image_are_refused() -> None:
+    """The month decides what the onnxruntime backend parses, whatever the flavor (trtllm, vllm, igpu …);
+    the -py3-sdk image has no tritonserver at all."""
+    onnx_model = [ModelNeeds("m", ir_version=8, opset=17)]
+    for image in ("nvcr.io/nvidia/tritonserver:24.05-trtllm-python-py3", "nvcr.io/nvidia/tritonserver:24.08-py3-igpu"):
+        with pytest.raises(PipelineError, match=r"is older than 24.10.*use nvcr.io/nvidia/tritonserver:24.10-py3 or newer"):
+            check_image(image, onnx_model)
+    with pytest.raises(PipelineError, match=r"client SDK image: it has no tritonserver.*use nvcr.io/nvidia/tritonserver:25.08-py3"):
+        check_image("nvcr.io/nvidia/tritonserver:25.08-py3-sdk", onnx_model)
+    [line] = check_image("nvcr.io/nvidia/tritonserver:25.08-vllm-python-py3", onnx_model)
+    assert "is not in the NGC release table" in line
+
+
+def test_a_plan_refused_by_an_image_below_the_engine_stages_tensorrt_is_not_told_to_rebuild_for_it() -> None:
+    """24.10 runs TensorRT 10.5, below MIN_TENSORRT (10.8): "rebuild with 10.5" is a fix the build refuses."""
+    with pytest.raises(PipelineError, match=r"runs TensorRT 10.5 .* older than 10.8, the oldest the engine stage builds with") as caught:
+        check_image("nvcr.io/nvidia/tritonserver:24.10-py3", [ModelNeeds("m", is_plan=True, plan_tensorrt="10.16.1.11")])
+    assert "rebuild the plan with TensorRT 10.5" not in str(caught.value)
+
+
+@pytest.mark.parametrize("image", ["", "nvcr.io/nvidia/tritonserver 24.10-py3", "NVCR.io/nvidia/tritonserver:24.10-py3", "tritonserver:"])
+def test_an_image_no_registry_could_serve_is_refused_in_one_line(image: str) -> None:
+    with pytest.raises(PipelineError, match=r"is not a container image reference") as caught:
+        check_image(image, [ModelNeeds("m", ir_version=8, opset=17)])
+    assert caught.value.fix and "nvcr.io/nvidia/tritonserver:24.10-py3" in caught.value.fix

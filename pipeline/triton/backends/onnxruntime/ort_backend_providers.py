@@ -137,6 +137,7 @@ def shared_arena(providers: list[tuple[str, dict[str, str]]]) -> bool:
     return True
 
 
+# TensorRT's runtime library by major version (11, 10: either may be a CUDA 12 or 13 build), the majors the pipeline supports.
 NVINFER_LIBRARIES = ("libnvinfer.so.11", "libnvinfer.so.10")
 
 
