@@ -63,11 +63,18 @@ def ensure_repository(repository: Path, workdir: Path) -> Path:
     return repository
 
 
-def bench_repository(repository: Path, dst: Path, threads: int) -> tuple[Path, int]:
-    """A copy of the repository with only MODEL, its ORT thread counts set; returns it and the served version."""
+def bench_repository(repository: Path, dst: Path, threads: int, max_batch: int | None = None) -> tuple[Path, int]:
+    """A copy of the repository with only MODEL, its ORT thread counts set (and, with ``max_batch``, its
+    max batch and one preferred batch size of that many rows); returns it and the served version."""
     shutil.copytree(repository / MODEL, dst / MODEL, symlinks=True)
     config_path = dst / MODEL / "config.pbtxt"
     cfg = parse_config(config_path.read_text())
+    if max_batch is not None:
+        # What tune chooses among: one execution may merge every request in flight (c × 32 rows), so the
+        # per-execution cost of the Python backend's stub round trip is paid once per merged batch.
+        cfg.max_batch_size = max_batch
+        del cfg.dynamic_batching.preferred_batch_size[:]
+        cfg.dynamic_batching.preferred_batch_size.append(max_batch)
     cfg.parameters["intra_op_thread_count"].string_value = str(threads)
     cfg.parameters["inter_op_thread_count"].string_value = "1"
     config_path.write_text(text_format.MessageToString(cfg))
@@ -177,6 +184,8 @@ def main() -> int:
     parser.add_argument("--concurrency", type=int, nargs="+", default=[4], help="requests in flight (default: 4)")
     parser.add_argument("--transports", nargs="+", choices=("binary", "system"), default=["binary", "system"],
                         help="served rows: HTTP binary body, or inputs and outputs in system shared memory (default: both)")
+    parser.add_argument("--max-batch", type=int, default=None,
+                        help="serve with this max batch and preferred batch size (default: the published config's)")
     parser.add_argument("--rounds", type=int, default=3, help="rounds of all rows in turn; medians reported (default: %(default)s)")
     parser.add_argument("--seconds", type=float, default=6.0, help="measured seconds per row (default: %(default)s)")
     parser.add_argument("--warmup", type=float, default=1.0, help="unmeasured seconds before each row (default: %(default)s)")
@@ -197,7 +206,7 @@ def main() -> int:
     rounds: list[list[dict]] = []
     load = [os.getloadavg()[0]]
     with tempfile.TemporaryDirectory(prefix="bench-served-") as tmp:
-        bench_repo, version = bench_repository(repository, Path(tmp) / "repo", args.threads)
+        bench_repo, version = bench_repository(repository, Path(tmp) / "repo", args.threads, args.max_batch)
         model_file = bench_repo / MODEL / str(version) / "model.onnx"
         with TritonServer(bench_repo, cpus=server_cpus, log_path=Path(tmp) / "tritonserver.log") as server:
             for k in range(args.rounds):
