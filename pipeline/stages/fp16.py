@@ -119,6 +119,7 @@ def _converted(original, blocked: set[str], node_names: set[str], src: Path):
     float_inits = {i.name: i for i in model.graph.initializer if i.data_type == onnx.TensorProto.FLOAT}
     island_refs = {id(n): _outer_refs_of(n) for n in model.graph.node if kept(n) and _has_subgraphs(n)}
     island_inits = {name: _copy(float_inits[name]) for refs in island_refs.values() for name in refs if name in float_inits}
+    _unshare_kept_initializers(model.graph, kept)
     try:
         model = float16.convert_float_to_float16(model, keep_io_types=True, op_block_list=sorted(op_block), node_block_list=sorted(node_names))
     except ValueError as exc:  # e.g. "The model is already converted to float16"
@@ -130,6 +131,31 @@ def _converted(original, blocked: set[str], node_names: set[str], src: Path):
     _check_io_types(model.graph, float_io, src)
     problem = _validation_problem(model)
     return (model, None) if problem is None else (None, problem)
+
+
+def _unshare_kept_initializers(graph, kept: Callable) -> None:
+    """Give kept-FP32 nodes their own copy of a float initializer that FP16 nodes read too. The converter
+    leaves an initializer FP32 when any kept node reads it, and then the FP16 readers get an FP32
+    input: tf2onnx's constant deduplication shares scalars such as 1.0 across the graph (exact GELU's
+    1 - Erf(x) with a LayerNorm's or a Softmax mask's 1.0)."""
+    from onnx import TensorProto
+
+    inits = {i.name: i for i in graph.initializer if i.data_type == TensorProto.FLOAT}
+    readers: dict[str, set[bool]] = {}
+    for node in graph.node:
+        for name in node.input:
+            if name in inits:
+                readers.setdefault(name, set()).add(bool(kept(node)))
+    shared = {name for name, kinds in readers.items() if kinds == {True, False}}
+    for name in sorted(shared):
+        copy = _copy(inits[name])
+        copy.name = f"{name}__fp32"
+        graph.initializer.append(copy)
+    for node in graph.node:
+        if kept(node):
+            for index, name in enumerate(node.input):
+                if name in shared:
+                    node.input[index] = f"{name}__fp32"
 
 
 def _validation_problem(model) -> str | None:
