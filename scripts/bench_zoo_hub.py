@@ -6,6 +6,7 @@ instances use; median of timed runs after warm-up).
     .venv/bin/python scripts/bench_zoo_hub.py                        # all models
     .venv/bin/python scripts/bench_zoo_hub.py --models hub_bert --json hub.json
     .venv/bin/python scripts/bench_zoo_hub.py --from-json hub.json     # the table again
+    .venv/bin/python scripts/bench_zoo_hub.py --attention hub_bert     # attention MatMuls quantized or not
 
 Prints a Markdown table: parity, FP16 and INT8 gates (drop with its 95% bounds), ONNX sizes, build
 and serve seconds, served verification, and CPU latency per variant at batch 1 and batch 32.
@@ -64,6 +65,33 @@ def cpu_latency_ms(workdir: Path, name: str, eval_npz: Path, runs: int = 30) -> 
     return result
 
 
+def attention_matmuls(fp32_onnx: Path) -> list[str]:
+    """The MatMuls of two activations (no weight input): attention's Q·Kᵀ and weights·V."""
+    import onnx
+
+    model = onnx.load(str(fp32_onnx))
+    weights = {i.name for i in model.graph.initializer}
+    return [n.name for n in model.graph.node if n.op_type == "MatMul" and not weights & set(n.input)]
+
+
+def attention_choice(name: str) -> dict:
+    """Build ``name`` twice, with the attention MatMuls quantized (the default) and kept in float
+    (``--int8-keep-nodes``); each INT8 gate's accuracy drop and the CPU latency of each."""
+    from dataclasses import replace
+
+    entry = HUB_ZOO[name]
+    result = {}
+    with tempfile.TemporaryDirectory(prefix=f"hub-attn-{name}-") as tmp:
+        quantized = build_zoo_model(entry, Path(tmp) / "quantized")
+        keep = attention_matmuls(Path(tmp) / "quantized" / "build" / name / "model.fp32.onnx")
+        floated = build_zoo_model(replace(entry, build_args=(*entry.build_args, "--int8-keep-nodes", ",".join(keep))), Path(tmp) / "float")
+        for label, run in (("attention quantized", quantized), ("attention in float", floated)):
+            root = Path(tmp) / ("quantized" if run is quantized else "float")
+            result[label] = {"gates": run.gates, "build_error": run.build_error, "kept": keep if run is floated else [],
+                             "cpu_ms": cpu_latency_ms(root / "build", name, root / "calibration" / name / "eval.npz")}
+    return result
+
+
 def row(run: dict) -> list[str]:
     """One table row from a run's JSON."""
     sizes = " / ".join(_size(run["sizes"][p]) if p in run["sizes"] else "—" for p in PRECISIONS)
@@ -91,7 +119,11 @@ def main() -> int:
     parser.add_argument("--json", type=Path, help="also write the runs as JSON here")
     parser.add_argument("--from-json", type=Path, help="print the table from runs recorded with --json (no builds)")
     parser.add_argument("--no-serve", action="store_true", help="build and time only (no server or verify)")
+    parser.add_argument("--attention", metavar="MODEL", help="measure INT8 with the attention MatMuls quantized vs in float (JSON)")
     args = parser.parse_args()
+    if args.attention:
+        print(json.dumps(attention_choice(args.attention), indent=1))
+        return 0
     if args.from_json:
         print(table(json.loads(args.from_json.read_text())))
         return 0

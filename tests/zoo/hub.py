@@ -148,6 +148,7 @@ def efficientnet_v2() -> keras.Model:
     return _fitted_image(backbone, keras.layers.GlobalAveragePooling2D(), bn_from_data=True)
 
 
+TRANSFORMERS = ("hub_bert", "hub_distil_bert", "hub_gpt2", "hub_vit")
 HUB_ZOO = {
     z.name: z
     for z in (

@@ -10,13 +10,14 @@ Slow (each builds and serves a real model; docs/keras-hub.md has the times). Nee
 from __future__ import annotations
 
 import json
+from collections import Counter
 from pathlib import Path
 
 import onnx
 import pytest
 
 from tests.zoo.harness import PRECISIONS, build_zoo_model, serve_zoo_model
-from tests.zoo.hub import HUB_ZOO
+from tests.zoo.hub import HUB_ZOO, TRANSFORMERS
 from tests.zoo.models import SEQ_LENGTHS
 
 INTEGER = (onnx.TensorProto.INT32, onnx.TensorProto.INT64, onnx.TensorProto.BOOL)
@@ -70,6 +71,13 @@ def test_integer_input_uses_finds_casts_to_float16_and_quantization(tmp_path: Pa
     assert integer_input_uses(tmp_path / "m.onnx") == {"ids": ["Cast(to_half)"], "mask": ["QuantizeLinear(quant)"]}
 
 
+def dq_consumers(path: Path) -> Counter[str]:
+    """How many DequantizeLinear outputs each op type reads: where the Q/DQ pairs sit."""
+    model = onnx.load(str(path))
+    dequantized = {n.output[0] for n in model.graph.node if n.op_type == "DequantizeLinear"}
+    return Counter(n.op_type for n in model.graph.node for name in n.input if name in dequantized)
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("name", list(HUB_ZOO))
 def test_hub_model_builds_gates_serves_and_verifies(name: str, tmp_path: Path) -> None:
@@ -90,6 +98,10 @@ def test_hub_model_builds_gates_serves_and_verifies(name: str, tmp_path: Path) -
         for precision in ("fp16", "int8", "int8cpu"):
             uses = integer_input_uses(ws / f"model.{precision}.onnx")
             assert set(uses) == set(inputs) and not any(uses.values()), (precision, uses)
+    if name in TRANSFORMERS:
+        # docs/keras-hub.md, INT8: Q/DQ only on the inputs of the projections, the MLP and the attention
+        # MatMuls (Q·Kᵀ and weights·V: both inputs); LayerNorm, Softmax, GELU and residual Adds stay float.
+        assert set(dq_consumers(ws / "model.int8.onnx")) == {"Gemm", "MatMul"}, dq_consumers(ws / "model.int8.onnx")
 
     serve_zoo_model(entry, tmp_path, run)
     summary = json.dumps(run.as_json(), indent=1)[:4000]
