@@ -65,6 +65,7 @@ def fp16_onnx_from_onnx(
     op_types = _checked_op_types(keep_op_types)
     node_names = _checked_node_names(original, keep_nodes, src)
     blocked = set(DEFAULT_FP32_OPS) | set(op_types)
+    node_names |= _integer_casts(original)
 
     model, problem = _converted(original, blocked, node_names, src)
     islands: list[onnx.NodeProto] = []
@@ -131,6 +132,31 @@ def _converted(original, blocked: set[str], node_names: set[str], src: Path):
     _check_io_types(model.graph, float_io, src)
     problem = _validation_problem(model)
     return (model, None) if problem is None else (None, problem)
+
+
+COMPARISONS = ("Less", "LessOrEqual", "Greater", "GreaterOrEqual", "Equal")
+
+
+def _integer_casts(model) -> set[str]:
+    """Casts of integer or bool tensors to float32 (token ids, padding masks, positions), and the
+    comparisons that read them: kept FP32, so no integer input is ever cast to float16 (float16
+    holds integers exactly only up to 2048; a vocabulary's ids go far beyond). Where an FP16 op
+    reads such a cast, the converter casts its float32 output down at that edge."""
+    import onnx
+    from onnx import TensorProto
+
+    integer = {TensorProto.INT8, TensorProto.INT16, TensorProto.INT32, TensorProto.INT64, TensorProto.UINT8, TensorProto.UINT16,
+               TensorProto.UINT32, TensorProto.UINT64, TensorProto.BOOL}
+    try:
+        graph = onnx.shape_inference.infer_shapes(model).graph
+    except Exception:  # shape inference refuses some exported graphs; then only the graph inputs' types are known
+        graph = model.graph
+    types = {v.name: v.type.tensor_type.elem_type for v in [*graph.input, *graph.value_info, *graph.output]}
+    types.update({i.name: i.data_type for i in graph.initializer})
+    casts = {n.name: n.output[0] for n in model.graph.node if n.op_type == "Cast" and types.get(n.input[0]) in integer
+             and _cast_to(n) == TensorProto.FLOAT}
+    outputs = set(casts.values())
+    return set(casts) | {n.name for n in model.graph.node if n.op_type in COMPARISONS and outputs & set(n.input)}
 
 
 def _unshare_kept_initializers(graph, kept: Callable) -> None:

@@ -26,8 +26,9 @@ FLOAT16 = onnx.TensorProto.FLOAT16
 
 def integer_input_uses(path: Path) -> dict[str, list[str]]:
     """For each integer graph input, what the precision stages could have done to it: every Cast to
-    float16 and every QuantizeLinear reached from it through shape-preserving ops (Cast, Reshape,
-    Unsqueeze, Squeeze, Expand, Identity), as ``op(node)`` strings."""
+    float16 and every QuantizeLinear reading it while it is still an integer (through Reshape,
+    Unsqueeze, Squeeze, Expand, Identity and Casts between integer types), as ``op(node)`` strings.
+    The model's own Cast to float32 (a mask made a multiplier) ends the integer value."""
     model = onnx.load(str(path))
     consumers: dict[str, list[onnx.NodeProto]] = {}
     for node in model.graph.node:
@@ -48,7 +49,7 @@ def integer_input_uses(path: Path) -> dict[str, list[str]]:
                 to = next((a.i for a in node.attribute if a.name == "to"), None)
                 if node.op_type == "QuantizeLinear" or (node.op_type == "Cast" and to == FLOAT16):
                     hits.append(f"{node.op_type}({node.name})")
-                if node.op_type in ("Cast", "Reshape", "Unsqueeze", "Squeeze", "Expand", "Identity"):
+                if node.op_type in ("Reshape", "Unsqueeze", "Squeeze", "Expand", "Identity") or (node.op_type == "Cast" and to in INTEGER):
                     frontier.extend(node.output)
         found[graph_input.name] = hits
     return found
