@@ -65,15 +65,15 @@ def fp16_onnx_from_onnx(
     op_types = _checked_op_types(keep_op_types)
     node_names = _checked_node_names(original, keep_nodes, src)
     blocked = set(DEFAULT_FP32_OPS) | set(op_types)
-    node_names |= _integer_casts(original)
+    integer_casts = _integer_casts(original)
 
-    model, problem = _converted(original, blocked, node_names, src)
+    model, problem = _converted(original, blocked, node_names | integer_casts, src)
     islands: list[onnx.NodeProto] = []
     if problem is not None:
         islands = [n for n in original.graph.node if n.op_type in CONTROL_FLOW_OPS and n.op_type not in blocked and n.name not in node_names]
         if not islands:
             raise _invalid(src, problem)
-        model, retry_problem = _converted(original, blocked, node_names | {n.name for n in islands}, src)
+        model, retry_problem = _converted(original, blocked, node_names | integer_casts | {n.name for n in islands}, src)
         if retry_problem is not None:
             raise _invalid(src, retry_problem)
         log.warning(
