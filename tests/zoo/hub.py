@@ -148,13 +148,20 @@ def efficientnet_v2() -> keras.Model:
     return _fitted_image(backbone, keras.layers.GlobalAveragePooling2D(), bn_from_data=True)
 
 
+# GPT-2's FP16 variant missed the 0.01 max-abs limit on its probabilities (0.0106; top-1 agreement 99.85%,
+# drop +0.02 points [-0.08, 0.14]) by rounding its head's logits to float16: its random backbone separates
+# the classes least (46% accuracy), so the class-mean head's scale, and its logits, are the largest.
+# Keeping LayerNorm's reductions or divisions in FP32 changed nothing; its owner keeps the head (MatMul +
+# bias) in FP32: 0.0084, within the unchanged limit (docs/keras-hub.md).
+GPT2_HEAD = "StatefulPartitionedCall/functional_1/probs_1/"
+GPT2_ARGS = ("--fp16-keep-nodes", f"{GPT2_HEAD}MatMul,{GPT2_HEAD}BiasAdd")
 TRANSFORMERS = ("hub_bert", "hub_distil_bert", "hub_gpt2", "hub_vit")
 HUB_ZOO = {
     z.name: z
     for z in (
         ZooModel("hub_bert", bert, _bert_tokens, sequence=True, eval_samples=HUB_EVAL),
         ZooModel("hub_distil_bert", distil_bert, _tokens, sequence=True, eval_samples=HUB_EVAL),
-        ZooModel("hub_gpt2", gpt2, _tokens, sequence=True, eval_samples=HUB_EVAL),
+        ZooModel("hub_gpt2", gpt2, _tokens, sequence=True, eval_samples=HUB_EVAL, build_args=GPT2_ARGS),
         ZooModel("hub_vit", vit, _images, eval_samples=HUB_EVAL),
         ZooModel("hub_efficientnet_v2", efficientnet_v2, _images, eval_samples=HUB_EVAL),
     )
