@@ -85,7 +85,7 @@ def build(cfg: BuildConfig) -> BuildResult:
     cfg.validate()
     require_creatable(cfg.workdir, "--workdir")
     require_creatable(cfg.repository, "--repository")
-    source = model_source(cfg.model, cfg.imports)
+    source = model_source(cfg.model, cfg.imports, cfg.allow_lambda)
     name = cfg.model_name(source)
     ws = Workspace(cfg.workdir / name)
     ctx = BuildContext(cfg, name, ws, ModelData.of(cfg.calibration_root, name), Manifest(ws.manifest, cfg.command, tool_versions()))

@@ -45,7 +45,7 @@ SERVED = "served check"
 class BuildConfig:
     """Everything a build needs; each field is one ``python -m pipeline build`` option."""
 
-    model: str = option(DEFAULT_MODEL, "a .keras file, a SavedModel folder, or module:function returning a Keras model "
+    model: str = option(DEFAULT_MODEL, "a .keras file, a Keras 2 .h5 file, a SavedModel folder, or module:function returning a Keras model "
                                        "(default: the bundled digits CNN)", metavar="PATH|MODULE:FUNC", group=MODEL)
     name: str | None = option(None, "model name in the workdir and Triton (default: file stem, folder name, or module name)", group=MODEL)
     eval_data: Path | None = eval_data_option(MODEL)
@@ -54,6 +54,8 @@ class BuildConfig:
     imports: tuple[str, ...] = option((), "import these Python modules before loading the model (modules that register custom Keras layers "
                                           "with @keras.saving.register_keras_serializable), comma-separated or repeated", flag="--import",
                                       metavar="MODULE", group=MODEL)
+    allow_lambda: bool = option(False, "load Lambda layers of a .keras or .h5 file, which runs Python code stored in the file "
+                                       "(refused otherwise: use only for files you trust)", group=MODEL)
     workdir: Path = option(Path("build"), "build artifacts, manifest, server logs and the reports folder", metavar="DIR", group=OUTPUTS)
     report_dir: Path | None = option(None, "where the HTML page index.html goes (default: <workdir>/reports)", metavar="DIR", group=OUTPUTS)
     repository: Path = repository_option(OUTPUTS)
@@ -128,7 +130,7 @@ class BuildConfig:
         if self.name:
             name = self.name
         elif source.path is not None:
-            name = source.path.stem if source.kind == "keras" else source.path.resolve().name
+            name = source.path.stem if source.kind in ("keras", "h5") else source.path.resolve().name
         else:
             name = source.spec.partition(":")[0].rsplit(".", 1)[-1]
         if not _NAME.match(name):

@@ -117,7 +117,8 @@ def describe_keras_outputs(model: keras.Model, names: Sequence[str], compile_con
     losses = _losses_by_output(model, names, compile_config)
     described = []
     for name, tensor in zip(names, model.outputs):
-        layer = getattr(getattr(tensor, "_keras_history", None), "operation", None)
+        history = getattr(tensor, "_keras_history", None)
+        layer = getattr(history, "operation", None) or getattr(history, "layer", None)  # tf-keras calls it layer
         layer_class = type(layer).__name__ if layer is not None else None
         activation = getattr(getattr(layer, "activation", None), "__name__", None)
         if layer_class == "Softmax":

@@ -10,6 +10,14 @@ fi
 .venv/bin/python -m pip install --quiet --upgrade pip
 # TensorFlow on the CPU (EXTRAS=gpu,dev for a CUDA machine; add tensorrt there for the engine step)
 .venv/bin/python -m pip install --quiet -e ".[${EXTRAS:-cpu,dev}]"
+# tf-keras (Keras 2 .h5 files) and keras-hub (the keras-hub zoo) require the `tensorflow` distribution, which
+# tensorflow-cpu does not provide: install them without dependencies, their other needs with theirs
+# (the versions are pyproject.toml's extras keras2, hub and hub-needs).
+extra() { .venv/bin/python -c "import sys, tomllib; print(' '.join(tomllib.load(open('pyproject.toml', 'rb'))['project']['optional-dependencies'][sys.argv[1]]))" "$1"; }
+# shellcheck disable=SC2046
+.venv/bin/python -m pip install --quiet --no-deps $(extra keras2) $(extra hub)
+# shellcheck disable=SC2046
+.venv/bin/python -m pip install --quiet $(extra hub-needs)
 # TensorRT's type stubs for the engine stage's type check (into .ci/stubs, never the venv), fetched
 # now so that running the tests needs no network.
 PYTHON=.venv/bin/python bash .ci/mypy-engine.sh --stubs-only

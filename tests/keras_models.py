@@ -44,6 +44,16 @@ def sequential() -> keras.Model:
     return keras.Sequential([keras.Input((5,), name="features"), keras.layers.Dense(4, activation="relu"), keras.layers.Dense(2, activation="softmax")])
 
 
+def exact_gelu() -> keras.Model:
+    """Dense layers with exact GELU (``activation="gelu"``: TensorFlow lowers it to Erfc, which tf2onnx
+    1.17 has no handler for; pipeline/stages/tf_ops.py converts it to 1 - Erf)."""
+    keras.utils.set_random_seed(4)
+    x = keras.Input((6,), name="features")
+    h = keras.layers.Dense(16, activation="gelu")(x)
+    h = keras.layers.Dense(16, activation="gelu")(h)
+    return keras.Model(x, keras.layers.Dense(3, activation="softmax", name="probs")(h))
+
+
 class _Igamma(keras.layers.Layer):
     def call(self, x):  # type: ignore[no-untyped-def]
         import tensorflow as tf

@@ -279,3 +279,9 @@ def test_cli_converts_a_keras_model_as_build_does(tmp_path: Path) -> None:
     assert "tokens: int32 [batch, tokens_dim1]  dynamic axes [0, 1]" in proc.stdout
     assert "0: tokens:1x8/16x24/16x32" in proc.stdout
     assert "TensorRT 10.8 ONNX parser: every node is supported" in proc.stdout
+
+
+@pytest.mark.slow
+def test_cli_names_a_tensorflow_op_no_opset_converts(tmp_path: Path) -> None:
+    line = one_line_error(cli("inspect", "tests.keras_models:unsupported_op"))
+    assert line.startswith("error: tf2onnx cannot convert TensorFlow op(s) Igamma (no tf2onnx handler at any opset up to 18) to ONNX opset 17"), line

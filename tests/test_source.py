@@ -22,6 +22,15 @@ def keras_archive(path: Path, content: bytes = b"{}") -> Path:
     return path
 
 
+def _weights_only_h5(path: Path) -> Path:
+    """An HDF5 file as save_weights writes it: layer groups, no model_config attribute."""
+    import h5py
+
+    with h5py.File(path, "w") as f:
+        f.create_group("dense").create_dataset("kernel", data=[[1.0]])
+    return path
+
+
 def test_keras_file(tmp_path: Path) -> None:
     path = keras_archive(tmp_path / "clf.keras")
     assert model_source(str(path)) == ModelSource(str(path), "keras", path)
@@ -42,7 +51,9 @@ def test_module_function() -> None:
     ("make", "problem"),
     [
         (lambda d: d / "missing.keras", "model file '{spec}' does not exist"),
-        (lambda d: (d / "model.h5").write_bytes(b"x") and d / "model.h5", "'{spec}' is not a Keras model file"),
+        (lambda d: (d / "model.pt").write_bytes(b"x") and d / "model.pt", "'{spec}' is not a Keras model file (expected a .keras or Keras 2 .h5 file"),
+        (lambda d: (d / "model.h5").write_bytes(b"x") and d / "model.h5", "'{spec}' is not an HDF5 file"),
+        (lambda d: _weights_only_h5(d / "weights.h5"), "'{spec}' holds weights only, no model (written by save_weights)"),
         (lambda d: (d / "bad.keras").write_bytes(b"truncated") and d / "bad.keras", "'{spec}' is not a valid .keras archive"),
         (lambda d: (d / "empty").mkdir() or d / "empty", "folder '{spec}' is not a SavedModel (no saved_model.pb in it)"),
         (lambda d: "no_such_module_xyz:make", "cannot import module 'no_such_module_xyz' named in --model {spec}"),
@@ -50,7 +61,7 @@ def test_module_function() -> None:
         (lambda d: "tests.keras_models:not-an-identifier", "model '{spec}' does not exist"),
         (lambda d: d / "nothing_here", "model '{spec}' does not exist"),
     ],
-    ids=["missing-keras", "not-keras", "corrupt-keras", "folder-without-pb", "no-module", "no-package", "bad-function", "nothing"],
+    ids=["missing-keras", "not-keras", "not-hdf5", "weights-only-h5", "corrupt-keras", "folder-without-pb", "no-module", "no-package", "bad-function", "nothing"],
 )
 def test_bad_model_specs_are_user_errors(tmp_path: Path, make, problem: str) -> None:  # type: ignore[no-untyped-def]
     spec = str(make(tmp_path))

@@ -31,6 +31,7 @@ class InspectConfig:
                                                "(default: 10.8, what build needs; 10.5 is what tritonserver:24.10 runs)", flag="--trt-version", metavar="VERSION")
     opset: int = option(17, "ONNX opset for converting a Keras model / SavedModel (as build)", check=lambda v: None if v >= 17 else "is too old",
                         fix="use --opset 17 or newer")
+    allow_lambda: bool = option(False, "load Lambda layers of a .keras or .h5 file (runs Python code stored in the file: only for files you trust)")
     show_layers: bool = option(False, "include Polygraphy's per-layer listing")
     json: bool = option(False, "print the report as JSON instead of text")
 
@@ -77,7 +78,7 @@ def run(args: argparse.Namespace) -> int:
     report = inspection_from_model(
         args.model, shapes=cfg.shapes, max_batch=cfg.max_batch, data=[p for p in (cfg.calibration, cfg.eval_data) if p is not None],
         targets=cfg.trt_versions,
-        show_layers=cfg.show_layers, opset=cfg.opset,
+        show_layers=cfg.show_layers, opset=cfg.opset, allow_lambda=cfg.allow_lambda,
     )
     out = console()
     if cfg.json:

@@ -79,9 +79,11 @@ def inspection_from_model(
     show_layers: bool = False,
     opset: int = 17,
     tensorrt: TensorRT | None = None,
+    allow_lambda: bool = False,
 ) -> Inspection:
     """Inspect ``model`` (see the module docstring); PipelineError for anything unreadable.
-    A plan is read through ``tensorrt`` (default: the installed TensorRT, pipeline.stages.trt_seam)."""
+    A plan is read through ``tensorrt`` (default: the installed TensorRT, pipeline.stages.trt_seam);
+    ``allow_lambda``: load Lambda layers of a .keras/.h5 file (pipeline/stages/keras2.py)."""
     path = Path(model)
     if path.suffix == ".plan" or path.suffix == ".engine":
         return _inspect_plan(path, tensorrt or PolygraphyTensorRT())
@@ -89,7 +91,7 @@ def inspection_from_model(
         return inspection_from_onnx(path, shapes=shapes, max_batch=max_batch, data=data, targets=targets, show_layers=show_layers)
     from pipeline.stages.source import model_source
 
-    source = model_source(model)  # .keras, SavedModel folder or module:function; raises on anything else
+    source = model_source(model, allow_lambda=allow_lambda)  # .keras, .h5, SavedModel folder or module:function; raises on anything else
     with tempfile.TemporaryDirectory(prefix="inspect-") as tmp:
         onnx_path = onnx_from_source(source, Path(tmp), opset)
         report = inspection_from_onnx(onnx_path, shapes=shapes, max_batch=max_batch, data=data, targets=targets, show_layers=show_layers)

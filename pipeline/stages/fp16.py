@@ -65,14 +65,15 @@ def fp16_onnx_from_onnx(
     op_types = _checked_op_types(keep_op_types)
     node_names = _checked_node_names(original, keep_nodes, src)
     blocked = set(DEFAULT_FP32_OPS) | set(op_types)
+    integer_casts = _integer_casts(original)
 
-    model, problem = _converted(original, blocked, node_names, src)
+    model, problem = _converted(original, blocked, node_names | integer_casts, src)
     islands: list[onnx.NodeProto] = []
     if problem is not None:
         islands = [n for n in original.graph.node if n.op_type in CONTROL_FLOW_OPS and n.op_type not in blocked and n.name not in node_names]
         if not islands:
             raise _invalid(src, problem)
-        model, retry_problem = _converted(original, blocked, node_names | {n.name for n in islands}, src)
+        model, retry_problem = _converted(original, blocked, node_names | integer_casts | {n.name for n in islands}, src)
         if retry_problem is not None:
             raise _invalid(src, retry_problem)
         log.warning(
@@ -119,6 +120,7 @@ def _converted(original, blocked: set[str], node_names: set[str], src: Path):
     float_inits = {i.name: i for i in model.graph.initializer if i.data_type == onnx.TensorProto.FLOAT}
     island_refs = {id(n): _outer_refs_of(n) for n in model.graph.node if kept(n) and _has_subgraphs(n)}
     island_inits = {name: _copy(float_inits[name]) for refs in island_refs.values() for name in refs if name in float_inits}
+    _unshare_kept_initializers(model.graph, kept)
     try:
         model = float16.convert_float_to_float16(model, keep_io_types=True, op_block_list=sorted(op_block), node_block_list=sorted(node_names))
     except ValueError as exc:  # e.g. "The model is already converted to float16"
@@ -130,6 +132,56 @@ def _converted(original, blocked: set[str], node_names: set[str], src: Path):
     _check_io_types(model.graph, float_io, src)
     problem = _validation_problem(model)
     return (model, None) if problem is None else (None, problem)
+
+
+COMPARISONS = ("Less", "LessOrEqual", "Greater", "GreaterOrEqual", "Equal")
+
+
+def _integer_casts(model) -> set[str]:
+    """Casts of integer or bool tensors to float32 (token ids, padding masks, positions), and the
+    comparisons that read them: kept FP32, so no integer input is ever cast to float16 (float16
+    holds integers exactly only up to 2048; a vocabulary's ids go far beyond). Where an FP16 op
+    reads such a cast, the converter casts its float32 output down at that edge."""
+    import onnx
+    from onnx import TensorProto
+
+    integer = {TensorProto.INT8, TensorProto.INT16, TensorProto.INT32, TensorProto.INT64, TensorProto.UINT8, TensorProto.UINT16,
+               TensorProto.UINT32, TensorProto.UINT64, TensorProto.BOOL}
+    try:
+        graph = onnx.shape_inference.infer_shapes(model).graph
+    except Exception:  # shape inference refuses some exported graphs; then only the graph inputs' types are known
+        graph = model.graph
+    types = {v.name: v.type.tensor_type.elem_type for v in [*graph.input, *graph.value_info, *graph.output]}
+    types.update({i.name: i.data_type for i in graph.initializer})
+    casts = {n.name: n.output[0] for n in model.graph.node if n.op_type == "Cast" and types.get(n.input[0]) in integer
+             and _cast_to(n) == TensorProto.FLOAT}
+    outputs = set(casts.values())
+    return set(casts) | {n.name for n in model.graph.node if n.op_type in COMPARISONS and outputs & set(n.input)}
+
+
+def _unshare_kept_initializers(graph, kept: Callable) -> None:
+    """Give kept-FP32 nodes their own copy of a float initializer that FP16 nodes read too. The converter
+    leaves an initializer FP32 when any kept node reads it, and then the FP16 readers get an FP32
+    input: tf2onnx's constant deduplication shares scalars such as 1.0 across the graph (exact GELU's
+    1 - Erf(x) with a LayerNorm's or a Softmax mask's 1.0)."""
+    from onnx import TensorProto
+
+    inits = {i.name: i for i in graph.initializer if i.data_type == TensorProto.FLOAT}
+    readers: dict[str, set[bool]] = {}
+    for node in graph.node:
+        for name in node.input:
+            if name in inits:
+                readers.setdefault(name, set()).add(bool(kept(node)))
+    shared = {name for name, kinds in readers.items() if kinds == {True, False}}
+    for name in sorted(shared):
+        copy = _copy(inits[name])
+        copy.name = f"{name}__fp32"
+        graph.initializer.append(copy)
+    for node in graph.node:
+        if kept(node):
+            for index, name in enumerate(node.input):
+                if name in shared:
+                    node.input[index] = f"{name}__fp32"
 
 
 def _validation_problem(model) -> str | None:

@@ -8,6 +8,7 @@ byte) but frees each intermediate when the next phase no longer needs it: ResNet
 
 from __future__ import annotations
 
+import json
 import logging
 import re
 import shlex
@@ -20,6 +21,7 @@ from pipeline.atomic import atomic_path
 from pipeline.errors import PipelineError
 from pipeline.isolate import die_with_parent
 from pipeline.stages.mixed import float32_from_mixed
+from pipeline.stages.tf2onnx_run import UNSUPPORTED_MARK
 from pipeline.tensors import SIGNATURE
 
 if TYPE_CHECKING:
@@ -52,13 +54,9 @@ def onnx_from_savedmodel(saved: Path, dst: Path, opset: int) -> Path:
         cmd = tf2onnx_command(saved, tmp, opset)
         log.info("tf2onnx: %s", shlex.join(cmd[1:]))
         proc = subprocess.run(cmd, capture_output=True, text=True, preexec_fn=die_with_parent)
-        unsupported = re.findall(r"Tensorflow op \[[^\]]*: (\w+)\] is not supported", proc.stderr)
-        if unsupported or "Unsupported ops" in proc.stderr:
-            ops = sorted(set(unsupported)) or re.findall(r"Unsupported ops: (.*)", proc.stderr)
-            raise PipelineError(
-                f"tf2onnx cannot convert TensorFlow op(s) {', '.join(ops)} to ONNX opset {opset}",
-                "replace those layers with supported ones, or try a newer --opset",
-            )
+        unsupported = unsupported_ops(proc.stderr)
+        if unsupported:
+            raise unsupported_error(unsupported, opset)
         if proc.returncode != 0 or tmp.stat().st_size == 0:
             tail = [line for line in proc.stderr.splitlines() if line.strip()][-1:] or ["no output"]
             raise PipelineError(f"tf2onnx failed: {tail[0][:300]}", f"run it by hand to see the full log: {shlex.join(tf2onnx_command(saved, dst, opset))}")
@@ -73,6 +71,27 @@ def onnx_from_savedmodel(saved: Path, dst: Path, opset: int) -> Path:
             raise PipelineError(f"tf2onnx produced an invalid ONNX model: {str(exc).splitlines()[0]}", "report the model to tf2onnx") from None
         onnx.save(model, str(tmp))
     return dst
+
+
+def unsupported_ops(stderr: str) -> dict:
+    """What the conversion driver's stderr line (tf2onnx_run.UNSUPPORTED_MARK) says was left
+    unconverted: ``{"newest_opset": N, "ops": {op: lowest opset converting it, or None}}``; empty when none."""
+    found = re.search(re.escape(UNSUPPORTED_MARK) + r"(\{.*\})", stderr)
+    return json.loads(found.group(1)) if found else {}
+
+
+def unsupported_error(unsupported: dict, opset: int) -> PipelineError:
+    """One line naming every unconverted op and the opset that would convert it."""
+    ops: dict[str, int | None] = unsupported["ops"]
+    later = {op: v for op, v in ops.items() if v is not None}
+    never = [op for op, v in ops.items() if v is None]
+    parts = [f"{op} (needs opset {v})" for op, v in later.items()] + [f"{op} (no tf2onnx handler at any opset up to {unsupported['newest_opset']})" for op in never]
+    if never:
+        fix = ("replace those layers with ones built from supported ops, or add a handler for them to pipeline/stages/tf_ops.py"
+               + (f" (and pass --opset {max(later.values())})" if later else ""))
+    else:
+        fix = f"pass --opset {max(later.values())}"
+    return PipelineError(f"tf2onnx cannot convert TensorFlow op(s) {', '.join(parts)} to ONNX opset {opset}", fix)
 
 
 def _keras_output_order(model: onnx.ModelProto, saved: Path) -> None:

@@ -50,10 +50,12 @@ def savedmodel_from_keras(model: "keras.Model", dst: Path, compile_config: dict[
     """Export ``model`` to a SavedModel at ``dst`` whose ``serving_default`` signature names every
     input after its Keras input and every output after its Keras output layer, batch axis dynamic.
     Beside it, ``assets.extra/pipeline_outputs.json`` describes the outputs in Keras order
-    (pipeline.outputkinds), with the losses of ``compile_config`` where the model was compiled."""
+    (pipeline.outputkinds), with the losses of ``compile_config`` where the model was compiled. A
+    tf-keras model (a Keras 2 file only tf-keras reads) is exported through TensorFlow (stages/keras2.py)."""
     import keras
 
     from pipeline.outputkinds import DESCRIPTION_FILE, describe_keras_outputs
+    from pipeline.stages.keras2 import is_tf_keras, savedmodel_from_tf_keras
 
     tf = import_tensorflow("Exporting the Keras model to a SavedModel")
 
@@ -69,13 +71,16 @@ def savedmodel_from_keras(model: "keras.Model", dst: Path, compile_config: dict[
         flat = result if isinstance(result, (list, tuple)) else [result]
         return dict(zip(outputs, flat))
 
-    archive = keras.export.ExportArchive()
-    archive.track(model)
-    archive.add_endpoint(SIGNATURE, serve, input_signature=specs)
     tmp = dst.with_name(dst.name + ".partial")
     shutil.rmtree(tmp, ignore_errors=True)
     try:
-        archive.write_out(str(tmp), verbose=False)
+        if is_tf_keras(model):
+            savedmodel_from_tf_keras(model, tmp, outputs, input_names(model))
+        else:
+            archive = keras.export.ExportArchive()
+            archive.track(model)
+            archive.add_endpoint(SIGNATURE, serve, input_signature=specs)
+            archive.write_out(str(tmp), verbose=False)
     except Exception as exc:  # TF raises a zoo of types when tracing fails
         shutil.rmtree(tmp, ignore_errors=True)
         raise PipelineError(
@@ -107,5 +112,10 @@ def _export_source(source: "ModelSource", dst: Path) -> Path:
     from pipeline.stages.source import keras_model_from_source
 
     model = keras_model_from_source(source)
-    compiled = compile_config_of_archive(source.path) if source.path is not None else compile_config_of_model(model)
+    if source.kind == "h5":
+        from pipeline.stages.keras2 import compile_config_of_hdf5
+
+        compiled = compile_config_of_hdf5(source.path)  # type: ignore[arg-type]
+    else:
+        compiled = compile_config_of_archive(source.path) if source.path is not None else compile_config_of_model(model)
     return savedmodel_from_keras(model, dst, compiled)

@@ -1,4 +1,4 @@
-"""Where the model comes from: a `.keras` file, a SavedModel folder, or `module:function`.
+"""Where the model comes from: a `.keras` file, a Keras 2 `.h5` file, a SavedModel folder, or `module:function`.
 
 The source is fingerprinted *before* anything is loaded, so an unchanged rebuild never has to
 load (or, for the bundled model, train) the Keras model at all.
@@ -21,16 +21,18 @@ if TYPE_CHECKING:
     import keras
 
 DEFAULT_MODEL = "pipeline.models.digits:trained_model"
+HDF5_SUFFIXES = (".h5", ".hdf5")  # Keras 2 / tf-keras model.save('name.h5')
 
 
 @dataclass(frozen=True)
 class ModelSource:
-    """A parsed ``--model`` value. ``kind`` is ``keras``, ``savedmodel`` or ``function``."""
+    """A parsed ``--model`` value. ``kind`` is ``keras``, ``h5``, ``savedmodel`` or ``function``."""
 
     spec: str
     kind: str
     path: Path | None = None
     imports: tuple[str, ...] = ()  # modules that register custom objects, imported before loading
+    allow_lambda: bool = False  # load Lambda layers' stored Python code (Keras safe_mode off)
 
     def fingerprint(self) -> str:
         """A hash of what the model is made from: the file, the folder, or the function's module source,
@@ -61,20 +63,32 @@ def _checked_imports(imports: tuple[str, ...]) -> tuple[str, ...]:
     return names
 
 
-def model_source(spec: str, imports: tuple[str, ...] = ()) -> ModelSource:
-    """Parse and check a ``--model`` value (and the ``--import`` modules) without loading anything heavy."""
+def model_source(spec: str, imports: tuple[str, ...] = (), allow_lambda: bool = False) -> ModelSource:
+    """Parse and check a ``--model`` value (and the ``--import`` modules) without loading anything heavy;
+    an HDF5 file's model config is checked for Lambda layers here (refused without ``allow_lambda``)."""
     source = _model_source(spec)
-    return ModelSource(source.spec, source.kind, source.path, _checked_imports(imports)) if imports else source
+    if source.kind == "h5" and source.path is not None:
+        from pipeline.stages.keras2 import checked_hdf5
+
+        checked_hdf5(source.path, spec, allow_lambda)
+    return ModelSource(source.spec, source.kind, source.path, _checked_imports(imports) if imports else (), allow_lambda)
 
 
 def _model_source(spec: str) -> ModelSource:
     path = Path(spec)
-    if path.suffix == ".keras" or path.is_file():
+    if path.suffix in (".keras", *HDF5_SUFFIXES) or path.is_file():
         if not path.exists():
             raise PipelineError(f"model file '{spec}' does not exist", "check the path given to --model")
+        if path.suffix in HDF5_SUFFIXES:
+            from pipeline.stages.keras2 import is_hdf5
+
+            if not is_hdf5(path):
+                raise PipelineError(f"'{spec}' is not an HDF5 file (corrupt, truncated, or another format named .h5)",
+                                    "save the model again with model.save('name.keras')")
+            return ModelSource(spec, "h5", path)
         if path.suffix != ".keras":
             raise PipelineError(
-                f"'{spec}' is not a Keras model file (expected a .keras file, a SavedModel folder or module:function)",
+                f"'{spec}' is not a Keras model file (expected a .keras or Keras 2 .h5 file, a SavedModel folder or module:function)",
                 "save the model with model.save('name.keras') and pass that file to --model",
             )
         if not zipfile.is_zipfile(path):
@@ -113,7 +127,8 @@ def _cause(exc: Exception) -> str:
 
 
 def keras_model_from_source(source: ModelSource) -> "keras.Model":
-    """Load (safe mode) or build the Keras model a source names."""
+    """Load (safe mode unless ``allow_lambda``) or build the Keras model a source names; a Keras 2 file
+    only tf-keras reads gives a ``tf_keras.Model``."""
     keras = import_optional("keras", "cpu", "Loading the Keras model")  # Keras needs its TensorFlow backend
 
     for module in source.imports:
@@ -121,16 +136,24 @@ def keras_model_from_source(source: ModelSource) -> "keras.Model":
             importlib.import_module(module)
         except Exception as exc:  # the user's module may raise anything while importing
             raise PipelineError(f"importing '{module}' (--import) failed: {type(exc).__name__}: {_cause(exc)}", "fix that module, or check PYTHONPATH") from None
-    if source.kind == "keras":
+    if source.kind == "h5":
+        from pipeline.stages.keras2 import is_tf_keras, model_from_hdf5
+
+        model = model_from_hdf5(source.path, source.spec, source.allow_lambda, _cause)  # type: ignore[arg-type]
+        if is_tf_keras(model):
+            return model  # a tf_keras.Model: Keras 2's API, exported by pipeline/stages/keras2.py
+    elif source.kind == "keras":
         try:
-            model = keras.models.load_model(source.path, compile=False, safe_mode=True)
+            model = keras.models.load_model(source.path, compile=False, safe_mode=not source.allow_lambda)
         except Exception as exc:  # Keras raises many types for bad archives
             custom = "Could not locate" in str(exc) or "Unknown layer" in str(exc) or "custom" in str(exc).lower()
-            raise PipelineError(
-                f"cannot load Keras model '{source.spec}': {_cause(exc)}",
-                "pass --import MODULE naming the module that registers its custom layers (@keras.saving.register_keras_serializable)"
-                if custom else "save the model again with model.save('name.keras')",
-            ) from None
+            if "safe_mode" in str(exc):
+                fix = "pass --allow-lambda only if you trust where the file comes from, or replace the Lambda layers with registered custom layers"
+            elif custom:
+                fix = "pass --import MODULE naming the module that registers its custom layers (@keras.saving.register_keras_serializable)"
+            else:
+                fix = "save the model again with model.save('name.keras')"
+            raise PipelineError(f"cannot load Keras model '{source.spec}': {_cause(exc)}", fix) from None
     elif source.kind == "function":
         module_name, _, func = source.spec.partition(":")
         factory = getattr(importlib.import_module(module_name), func, None)

@@ -13,6 +13,11 @@ needs it, collects garbage between optimizer passes and returns freed memory to 
 
 A SavedModel whose signature captures non-variable resources (lookup tables) goes through
 tf2onnx's own loader (``tf_loader.from_saved_model``), which restores those tables.
+
+TensorFlow ops tf2onnx has no handler for get one from :mod:`pipeline.stages.tf_ops` (exact GELU's
+``Erfc``), registered on import. Ops still left unconverted are named on one stderr line
+(``tf_ops.UNSUPPORTED_MARK``) with the lowest opset that would convert each; then no model is
+written and the exit status is 1.
 """
 
 from __future__ import annotations
@@ -20,6 +25,7 @@ from __future__ import annotations
 import argparse
 import ctypes
 import gc
+import json
 import logging
 import os
 from collections import OrderedDict
@@ -28,6 +34,10 @@ from typing import Any, Callable
 from pipeline.pausepoints import pause_point
 
 log = logging.getLogger("pipeline.tf2onnx_run")
+
+# Starts the stderr line naming the ops left unconverted, followed by JSON:
+# {"newest_opset": N, "ops": {op: the lowest opset that converts it, or null}}; onnx_export.py reads it.
+UNSUPPORTED_MARK = "pipeline.tf2onnx_run unsupported ops: "
 
 M_MMAP_THRESHOLD = -3  # glibc mallopt parameter
 
@@ -130,19 +140,50 @@ def _collecting(factory: Callable[[], Any]) -> Callable[[], Any]:
     return make
 
 
+class UnsupportedOps(Exception):
+    """TensorFlow ops tf2onnx left unconverted (their types, in graph order)."""
+
+    def __init__(self, ops: list[str]) -> None:
+        super().__init__(", ".join(sorted(set(ops))))
+        self.ops = ops
+
+
+class _Unmapped(logging.Handler):
+    """Collects the op types tf2onnx logs as unsupported ("Tensorflow op [%s: %s] is not supported": node, op)."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.ERROR)
+        self.ops: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if str(record.msg).startswith("Tensorflow op [") and isinstance(record.args, tuple) and len(record.args) == 2:
+            self.ops.append(str(record.args[1]))
+
+
 def onnx_model(graph_def: list, inputs: list[str], outputs: list[str], tables: dict, renames: dict[str, str], opset: int, name: str) -> Any:
-    """tf2onnx's ONNX ModelProto of the frozen graph in the one-element list ``graph_def`` (emptied, to free it)."""
+    """tf2onnx's ONNX ModelProto of the frozen graph in the one-element list ``graph_def`` (emptied, to free
+    it); :class:`UnsupportedOps` when ops are left without a handler at ``opset``."""
     import tensorflow as tf
     from tf2onnx import constants, optimizer
     from tf2onnx.tfonnx import process_tf_graph
 
-    with tf.device("/cpu:0"):
-        with tf.Graph().as_default() as tf_graph:
+    import pipeline.stages.tf_ops  # noqa: F401  (registers the handlers tf2onnx lacks)
+
+    unmapped = _Unmapped()
+    tf2onnx_log = logging.getLogger("tf2onnx.tfonnx")
+    tf2onnx_log.addHandler(unmapped)
+    try:
+        with tf.device("/cpu:0"), tf.Graph().as_default() as tf_graph:
             tf.import_graph_def(graph_def.pop(), name="")
             graph = process_tf_graph(tf_graph, continue_on_error=False, target="", opset=opset, custom_op_handlers={}, extra_opset=[],
                                      input_names=inputs, output_names=outputs, tensors_to_rename=renames, initialized_tables=tables)
-        del tf_graph
-        _release()
+    finally:
+        tf2onnx_log.removeHandler(unmapped)
+    if unmapped.ops:
+        raise UnsupportedOps(unmapped.ops)
+    del tf_graph
+    _release()
+    with tf.device("/cpu:0"):
         catch_errors = os.environ.get(constants.ENV_TF2ONNX_CATCH_ERRORS, "TRUE").upper() == "TRUE"
         passes = OrderedDict((key, _collecting(factory)) for key, factory in optimizer._get_optimizers().items())
         graph = optimizer.optimize_graph(graph, catch_errors, optimizers=passes)
@@ -151,7 +192,7 @@ def onnx_model(graph_def: list, inputs: list[str], outputs: list[str], tables: d
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Convert ``--saved-model``'s ``--signature_def`` to ONNX at ``--output``; the exit status is tf2onnx's."""
+    """Convert ``--saved-model``'s ``--signature_def`` to ONNX at ``--output``; exit status 1 when ops are left unconverted."""
     parser = argparse.ArgumentParser(prog="python -m pipeline.stages.tf2onnx_run", description=__doc__.splitlines()[0])
     parser.add_argument("--saved-model", required=True)
     parser.add_argument("--signature_def", required=True)
@@ -168,7 +209,13 @@ def main(argv: list[str] | None = None) -> int:
     graph_def, inputs, outputs, tables, renames = frozen_graph(args.saved_model, args.signature_def)
     held = [graph_def]
     del graph_def
-    model = onnx_model(held, inputs, outputs, tables, renames, args.opset, args.saved_model)
+    try:
+        model = onnx_model(held, inputs, outputs, tables, renames, args.opset, args.saved_model)
+    except UnsupportedOps as exc:
+        from pipeline.stages.tf_ops import NEWEST_OPSET, lowest_opsets
+
+        log.error("%s%s", UNSUPPORTED_MARK, json.dumps({"newest_opset": NEWEST_OPSET, "ops": lowest_opsets(sorted(set(exc.ops)))}))
+        return 1
     utils.save_protobuf(args.output, model)
     log.info("Successfully converted TensorFlow model %s to ONNX at %s", args.saved_model, args.output)
     return 0

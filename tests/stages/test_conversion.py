@@ -179,13 +179,56 @@ def test_too_old_opset_is_refused_before_converting(tmp_path: Path) -> None:
         onnx_from_savedmodel(tmp_path / "not-even-there", tmp_path / "m.onnx", MIN_OPSET - 1)
 
 
-def test_unsupported_tensorflow_op_is_named(tmp_path: Path) -> None:
+def test_unsupported_tensorflow_op_is_named_with_the_opset_that_would_have_it(tmp_path: Path) -> None:
     from tests.keras_models import unsupported_op
 
     saved = savedmodel_from_keras(unsupported_op(), tmp_path / "savedmodel")
-    with pytest.raises(PipelineError, match=f"tf2onnx cannot convert TensorFlow op\\(s\\) Igamma to ONNX opset {MIN_OPSET}"):
+    with pytest.raises(PipelineError, match=f"^tf2onnx cannot convert TensorFlow op\\(s\\) Igamma \\(no tf2onnx handler at any opset up to 18\\) "
+                                            f"to ONNX opset {MIN_OPSET} — replace those layers .* or add a handler for them to pipeline/stages/tf_ops.py$"):
         onnx_from_savedmodel(saved, tmp_path / "m.onnx", MIN_OPSET)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["savedmodel"]  # nothing half-written
+
+
+def test_an_op_a_newer_opset_converts_is_named_with_that_opset() -> None:
+    """The driver's line for an op whose handler starts at a newer opset (none such between opsets 17
+    and 18 in tf2onnx 1.17, so the line is written here as the driver writes it)."""
+    from pipeline.stages.onnx_export import unsupported_error, unsupported_ops
+    from pipeline.stages.tf2onnx_run import UNSUPPORTED_MARK
+
+    stderr = "noise\n2026-12-02 ERROR " + UNSUPPORTED_MARK + json.dumps({"newest_opset": 18, "ops": {"Foo": 18, "Bar": None}}) + "\nmore noise"
+    error = unsupported_error(unsupported_ops(stderr), 17)
+    assert str(error).startswith("tf2onnx cannot convert TensorFlow op(s) Foo (needs opset 18), Bar (no tf2onnx handler at any opset up to 18) to ONNX opset 17")
+    assert "(and pass --opset 18)" in str(error)
+    assert str(unsupported_error({"newest_opset": 18, "ops": {"Foo": 18}}, 17)).endswith("pass --opset 18")
+    assert unsupported_ops("no such line") == {}
+
+
+def test_lowest_opsets_come_from_tf2onnx_registry() -> None:
+    from pipeline.stages.tf_ops import NEWEST_OPSET, lowest_opsets
+
+    found = lowest_opsets(["Erfc", "Erf", "Igamma", "MatMul"])
+    assert found["Erfc"] == 9  # ours: ONNX Erf is opset 9
+    assert found["Igamma"] is None and found["MatMul"] is not None and found["MatMul"] <= 9
+    assert NEWEST_OPSET == 18
+
+
+def test_exact_gelu_converts_through_erf_and_matches_tensorflow(tmp_path: Path) -> None:
+    """``activation="gelu"`` (exact: Erfc in TensorFlow) converts, as Sub(1, Erf), and the ONNX model
+    matches TensorFlow on data spanning GELU's whole range (inputs scaled so pre-activations reach ±10)."""
+    from tests.keras_models import exact_gelu
+
+    saved = savedmodel_from_keras(exact_gelu(), tmp_path / "savedmodel")
+    onnx_path = onnx_from_savedmodel(saved, tmp_path / "model.onnx", MIN_OPSET)
+    ops = [n.op_type for n in onnx.load(str(onnx_path)).graph.node]
+    assert ops.count("Erf") == 2 and "Erfc" not in ops
+    rng = np.random.default_rng(4)
+    features = (rng.normal(size=(256, 6)) * 8).astype(np.float32)
+    np.savez(tmp_path / "eval.npz", features=features)
+    from pipeline.evaldata import eval_data_from_npz
+
+    data = eval_data_from_npz(tmp_path / "eval.npz", signature_from_onnx(onnx_path))
+    report = json.loads(parity_report_from_models(saved, onnx_path, data, tmp_path / "parity.json", atol=1e-5, rtol=1e-4, batch_size=64).read_text())
+    assert report["passed"] and report["samples"] == 256, report
 
 
 def test_tf2onnx_failure_names_the_command_to_rerun(tmp_path: Path) -> None:

@@ -298,3 +298,51 @@ def test_cli_keep_flags(tmp_path: Path) -> None:
     weights = {i.name: i.data_type for i in model.graph.initializer}
     assert weights[conv.input[1]] == TensorProto.FLOAT
     assert TensorProto.FLOAT16 in weights.values()  # the Dense layers are still FP16
+
+
+def test_a_constant_shared_by_a_kept_op_and_an_fp16_op_is_valid(tmp_path: Path, onnx_file: Any) -> None:
+    """tf2onnx deduplicates constants: exact GELU's 1 - Erf(x) and a Max(·, 1.0) (Max is on the
+    converter's block list) read one initializer 1.0. The converter left it FP32 for both, and the
+    FP16 Sub got an FP32 input: an invalid model (found on keras-hub DistilBERT)."""
+    nodes = [
+        helper.make_node("Erf", ["x"], ["e"], name="erf"),
+        helper.make_node("Sub", ["one", "e"], ["erfc"], name="erfc"),
+        helper.make_node("Max", ["x", "one"], ["m"], name="max"),
+        helper.make_node("Add", ["erfc", "m"], ["y"], name="add"),
+    ]
+    src = onnx_file(tmp_path / "shared.onnx", nodes, [vi("x", TensorProto.FLOAT, ["batch", 4])], [vi("y", TensorProto.FLOAT, ["batch", 4])],
+                    {"one": np.array(1.0, np.float32)})
+    model = onnx.load(str(fp16_onnx_from_onnx(src, tmp_path / "fp16.onnx")))
+    onnx.checker.check_model(model, full_check=True)
+    inits = {i.name: i.data_type for i in model.graph.initializer}
+    assert inits == {"one": TensorProto.FLOAT16, "one__fp32": TensorProto.FLOAT}
+    x = np.linspace(-3, 3, 8, dtype=np.float32).reshape(2, 4)
+    from math import erf
+
+    want = 1 - np.vectorize(erf)(x) + np.maximum(x, 1.0)
+    got = session_from_onnx(tmp_path / "fp16.onnx").run(None, {"x": x})[0]
+    np.testing.assert_allclose(got, want, atol=3e-3)
+
+
+def test_integer_inputs_are_never_cast_to_float16(tmp_path: Path, onnx_file: Any) -> None:
+    """Token ids cast to float (tf2onnx's negative-index check before a Gather, a mask made a
+    multiplier) stay float32 casts, and the comparison reading them stays FP32: float16 holds
+    integers exactly only up to 2048, and vocabularies go far beyond (id 30001 would become 30000)."""
+    nodes = [
+        helper.make_node("Cast", ["ids"], ["ids_f"], name="ids_to_float", to=TensorProto.FLOAT),
+        helper.make_node("Less", ["ids_f", "zero"], ["negative"], name="is_negative"),
+        helper.make_node("Cast", ["negative"], ["neg_f"], name="neg_to_float", to=TensorProto.FLOAT),
+        helper.make_node("Mul", ["ids_f", "scale"], ["scaled"], name="scaled"),
+        helper.make_node("Add", ["scaled", "neg_f"], ["y"], name="y"),
+    ]
+    src = onnx_file(tmp_path / "ids.onnx", nodes, [vi("ids", TensorProto.INT64, ["batch", 3])], [vi("y", TensorProto.FLOAT, ["batch", 3])],
+                    {"zero": np.array(0.0, np.float32), "scale": np.array(1e-4, np.float32)})
+    model = onnx.load(str(fp16_onnx_from_onnx(src, tmp_path / "fp16.onnx")))
+    casts = {n.name: next(a.i for a in n.attribute if a.name == "to") for n in model.graph.node if n.op_type == "Cast"}
+    assert casts["ids_to_float"] == casts["neg_to_float"] == TensorProto.FLOAT
+    types = _elem_types(model)
+    less = next(n for n in model.graph.node if n.name == "is_negative")
+    assert types[less.input[0]] == TensorProto.FLOAT
+    ids = np.array([[30001, 2047, 2049]], np.int64)
+    got = session_from_onnx(tmp_path / "fp16.onnx").run(None, {"ids": ids})[0]
+    np.testing.assert_allclose(got, ids * 1e-4, rtol=2e-3)  # the scaled ids in float16 (the Mul is FP16), from exact float32 ids

@@ -84,7 +84,7 @@ def _pixel_images(rng: np.random.Generator, n: int) -> tuple[np.ndarray, np.ndar
     return images * 255, label
 
 
-def class_mean_head(model: keras.Model, x: np.ndarray, label: np.ndarray, margin: float = 5.0) -> keras.Model:
+def class_mean_head(model: keras.Model, x: np.ndarray | dict[str, np.ndarray], label: np.ndarray, margin: float = 5.0, classes: int = CLASSES) -> keras.Model:
     """Set the classifier (the last layer with a kernel) to the nearest-class-mean rule on its input
     features, with the class means centred (m_c = μ_c − μ̄): logits_c = s·(f·m_c − μ̄·m_c − ‖m_c‖²/2),
     boundaries halfway between class means, ``s`` such that the median distance from a sample to
@@ -92,8 +92,8 @@ def class_mean_head(model: keras.Model, x: np.ndarray, label: np.ndarray, margin
     head's (tens); uncentred, a random backbone's large mean feature made them ~800 with a spread of
     20, where FP16's step is 0.5 and any FP16 model looked 0.1 off in probability."""
     head = next(layer for layer in reversed(model.layers) if getattr(layer, "kernel", None) is not None)
-    features = keras.Model(model.inputs, head.input).predict(x, batch_size=64, verbose=0).reshape(len(x), -1).astype(np.float64)
-    means = np.stack([features[label == c].mean(0) for c in range(CLASSES)])
+    features = keras.Model(model.inputs, head.input).predict(x, batch_size=64, verbose=0).reshape(len(label), -1).astype(np.float64)
+    means = np.stack([features[label == c].mean(0) for c in range(classes)])
     centre = means.mean(0)
     means -= centre
     bias = -means @ centre - 0.5 * (means**2).sum(1)
@@ -242,7 +242,7 @@ class ZooModel:
 
     @property
     def source(self) -> str:
-        return f"tests.zoo.models:{self.make.__name__}"
+        return f"{self.make.__module__}:{self.make.__name__}"
 
 
 COLOURS = np.array([[0.8, 0.2, 0.2], [0.2, 0.8, 0.2], [0.2, 0.2, 0.8], [0.8, 0.8, 0.2], [0.5, 0.5, 0.5]], np.float32)
