@@ -121,6 +121,7 @@ FOREIGN_OPTIONS = {
     "--pin": "scripts/bench_*.py", "--server-cores": "scripts/bench_workers.py",
     "--phase": "scripts/bench_gpu.py", "--from-json": "scripts/zoo_table.py", "--query-gpu": "nvidia-smi",
     "--field-name": "a placeholder in docs/design.md: the flag of a BuildConfig field",
+    "--attention": "scripts/bench_zoo_hub.py", "--no-deps": "pip",
 }
 _OPTION = re.compile(r"(?<![\w-])--[A-Za-z][\w{},-]*")
 _CODE = re.compile(r"```[^\n]*\n(.*?)```|`([^`\n]+)`", re.S)
