@@ -36,7 +36,7 @@ class ZooRun:
     loadtest_error: str | None = None
     serve_seconds: float = 0.0
     per_length: dict[str, float] = field(default_factory=dict)  # "<model>@<length>" → max |served - in-process|
-    parser: dict[str, list[str]] | None = None  # variant → what TensorRT 10.5's ONNX parser would refuse (from the manifest)
+    parser: dict[str, list[str]] | None = None  # variant → what the targeted TensorRT's ONNX parser (10.8 by default) would refuse (from the manifest)
 
     def as_json(self) -> dict:
         return asdict(self)
