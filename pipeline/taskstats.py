@@ -3,12 +3,12 @@
 One :class:`TaskStats` per (candidate, output) is fed every evaluation batch (the FP32 output, the
 candidate's output and, where the evaluation data has them, the labels of that output) and at the
 end yields :class:`Figure` values: the measured figure with its confidence bounds. How a figure is
-judged against its limit is :func:`pipeline.gates.judge_figure`.
+judged against its limit is :func:`pipeline.judging.judge_figure`.
 
 The statistical unit is the sample: per-position and per-label rates are averaged per sample first,
 and their bounds come from the spread of those per-sample values (positions of one image are not
 independent draws). One-sample decisions (top-1, a binary decision) use the paired score bounds of
-pipeline.gates, as the top-1 gate always has.
+pipeline.bounds, as the top-1 gate always has.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from typing import Any
 
 import numpy as np
 
-from pipeline.gates import disagreement, mean_bounds, paired_drop
+from pipeline.bounds import disagreement, mean_bounds, paired_drop
 from pipeline.outputkinds import OutputKind
 
 NEIGHBOUR_SAMPLES = 4096  # embeddings kept for the nearest-neighbour check (an n² similarity matrix)
@@ -39,6 +39,7 @@ class Figure:
     limit_key: str  # which Tolerance field limits it
     detail: dict[str, Any] = field(default_factory=dict)
     gated: bool = True  # False: reported beside the gated figure of the same output
+    decisions: bool = False  # one decision per sample (top-1, binary): a perfect result needs bounds.min_samples samples
 
 
 def _finite(array: np.ndarray) -> np.ndarray:
@@ -103,9 +104,9 @@ class DecisionStats(TaskStats):
         what = "top-1" if self.kind.kind == "classes" else "decision"
         if self.labeled:
             e = paired_drop(self.worse, self.better, self.samples, confidence)
-            return [Figure(f"accuracy drop ({what})", e.drop, e.low, e.high, "points", "higher", "max_drop_points", e.as_dict())]
+            return [Figure(f"accuracy drop ({what})", e.drop, e.low, e.high, "points", "higher", "max_drop_points", e.as_dict(), decisions=True)]
         e = disagreement(self.disagree, self.samples, confidence)
-        return [Figure(f"{what} disagreement", e.drop, e.low, e.high, "points", "higher", "max_drop_points", e.as_dict())]
+        return [Figure(f"{what} disagreement", e.drop, e.low, e.high, "points", "higher", "max_drop_points", e.as_dict(), decisions=True)]
 
     def summary(self) -> dict[str, float | None]:
         n = max(self.samples, 1)

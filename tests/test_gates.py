@@ -5,8 +5,16 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from pipeline.bounds import DropEstimate, disagreement, min_samples, paired_drop
 from pipeline.compare import OutputStats
-from pipeline.gates import disagreement, judge_drop, judge_figure, min_samples, paired_drop
+from pipeline.judging import judge_figure
+
+
+def judge_drop(estimate: DropEstimate, limit_points: float) -> tuple[str, str | None]:
+    """A drop judged as the build's accuracy stage judges a top-1 figure (pipeline.judging)."""
+    metric = "accuracy drop (top-1)" if estimate.paired else "top-1 disagreement"
+    return judge_figure("probs", "classes", metric, estimate.drop, estimate.low, estimate.high, "points", "higher", limit_points,
+                        estimate.samples, estimate.confidence, min_samples(limit_points, estimate.confidence))
 
 
 def test_one_flipped_sample_on_a_small_set_is_not_a_failure_but_undecided() -> None:
@@ -57,7 +65,7 @@ def test_each_bound_covers_the_true_drop_at_about_the_stated_confidence(worse: f
 def test_unlabeled_disagreement_is_judged_the_same_way() -> None:
     assert judge_drop(disagreement(0, 400, 0.95), 1.0)[0] == "pass"
     verdict, why = judge_drop(disagreement(2, 128, 0.95), 1.0)
-    assert verdict == "undecided" and "top-1 disagreement with FP32" in (why or "")
+    assert verdict == "undecided" and "output 'probs' (classes): top-1 disagreement 1.56 points" in (why or "")
 
 
 def test_cosine_statistics_and_figure_judging() -> None:
