@@ -1,0 +1,103 @@
+"""Mutation testing of the modules that decide a verdict, with mutmut 3 (configured in pyproject.toml's ``[tool.mutmut]``).
+
+mutmut copies the tree into ``mutants/`` (git-ignored), mutates the verdict modules (taskstats, gates
+and bounds, judging, compare, outputkinds, triton/verify and served_gate, stages/parity) and runs, for
+each mutant, the fast tests that cover the function it changed (``-m "not slow"``, the test files
+listed in the config). A mutant that no test kills is a check that cannot fail for that change.
+
+    python scripts/mutation.py                              # every verdict module, one after another
+    python scripts/mutation.py --module pipeline.taskstats  # one module (repeatable)
+    python scripts/mutation.py --fresh                      # forget earlier results (mutants/ removed)
+    python scripts/mutation.py --report-only                # the table of the last run
+
+Prints a table per module (killed, survived, no tests, timeouts, score) and every survivor; writes
+``mutants/summary.json``. Exit status 1 when a survivor is not listed in EQUIVALENT below (each with
+the reason why no test can tell it from the original), 0 otherwise. Results: docs/mutation.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+MUTMUT = [sys.executable, "-m", "mutmut"]
+MODULES = (
+    "pipeline.taskstats", "pipeline.gates", "pipeline.bounds", "pipeline.judging", "pipeline.compare", "pipeline.outputkinds",
+    "pipeline.triton.verify", "pipeline.triton.served_gate", "pipeline.stages.parity",
+)
+# Mutants no test can kill because the mutated program behaves the same (name → why). docs/mutation.md lists them.
+EQUIVALENT: dict[str, str] = json.loads((ROOT / "scripts" / "mutation_equivalent.json").read_text())
+
+
+def run_module(module: str) -> int:
+    """``mutmut run 'MODULE.*'``: mutants of one module only (the stats pass covers the configured tests)."""
+    env = dict(os.environ, PYTHONHASHSEED="0", TF_CPP_MIN_LOG_LEVEL="3")
+    return subprocess.call([*MUTMUT, "run", "--max-children", str(os.cpu_count() or 2), f"{module}.*"], cwd=ROOT, env=env)
+
+
+def results() -> dict[str, dict[str, str]]:
+    """Per module, each mutant's status, read from mutmut's ``.meta`` files under ``mutants/``."""
+    from mutmut.stats import status_by_exit_code  # mutmut's classes: 1 = a test failed (killed), 0 = survived, ...
+
+    found: dict[str, dict[str, str]] = {}
+    for meta in sorted((ROOT / "mutants").rglob("*.py.meta")):
+        module = ".".join(meta.relative_to(ROOT / "mutants").with_suffix("").with_suffix("").parts)
+        if module not in MODULES:
+            continue
+        codes = json.loads(meta.read_text()).get("exit_code_by_key", {})
+        found[module] = {name: status_by_exit_code[code] for name, code in codes.items()}
+    return found
+
+
+def summary(found: dict[str, dict[str, str]]) -> dict:
+    """Counts and score per module and in all; the score is killed / (mutants run − equivalent)."""
+    rows = {}
+    for module, statuses in found.items():
+        counts: dict[str, int] = {}
+        for status in statuses.values():
+            counts[status] = counts.get(status, 0) + 1
+        survivors = sorted(n for n, s in statuses.items() if s in ("survived", "no tests", "timeout", "suspicious"))
+        equivalent = [n for n in survivors if n in EQUIVALENT]
+        killed = counts.get("killed", 0) + counts.get("caught by type check", 0)
+        judged = killed + len(survivors) - len(equivalent)
+        rows[module] = {"mutants": len(statuses), **counts, "equivalent": len(equivalent), "score": round(killed / judged, 4) if judged else None,
+                        "survivors": [n for n in survivors if n not in EQUIVALENT], "equivalent_mutants": equivalent}  # fmt: skip
+    return rows
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--module", action="append", choices=MODULES, help="mutate only this module (repeatable; default: all)")
+    parser.add_argument("--fresh", action="store_true", help="remove mutants/ first (no cached results)")
+    parser.add_argument("--report-only", action="store_true", help="print the last run's results, run nothing")
+    args = parser.parse_args()
+    if args.fresh:
+        shutil.rmtree(ROOT / "mutants", ignore_errors=True)
+    if not args.report_only:
+        for module in args.module or MODULES:
+            print(f"== mutmut: {module}", flush=True)
+            status = run_module(module)
+            if status not in (0, 1):  # mutmut itself failed (e.g. the clean tests failed): no result to trust
+                return status
+    rows = summary(results())
+    (ROOT / "mutants").mkdir(exist_ok=True)
+    (ROOT / "mutants" / "summary.json").write_text(json.dumps(rows, indent=2) + "\n")
+    print(f"{'module':30} {'mutants':>7} {'killed':>6} {'survived':>8} {'no tests':>8} {'timeout':>7} {'equiv.':>6} {'score':>6}")
+    for module, row in rows.items():
+        score = "-" if row["score"] is None else f"{row['score']:.1%}"
+        print(f"{module:30} {row['mutants']:>7} {row.get('killed', 0):>6} {row.get('survived', 0):>8} {row.get('no tests', 0):>8} "
+              f"{row.get('timeout', 0):>7} {row['equivalent']:>6} {score:>6}")
+    left = [n for row in rows.values() for n in row["survivors"]]
+    for name in left:
+        print(f"survivor (not equivalent): {name}  — see: python -m mutmut show {name}")
+    return 1 if left else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
