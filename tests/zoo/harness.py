@@ -90,8 +90,10 @@ def _gates(report: dict) -> dict[str, dict]:
         name = str(variant.get("variant", ""))
         precision = variant.get("precision") or name.split("-")[0]
         comparison = variant.get("comparison", variant)
+        if not isinstance(variant.get("passed"), bool):  # a report without its verdict passes nothing
+            raise AssertionError(f"accuracy report variant '{name}' has no boolean 'passed' field (keys: {sorted(variant)})")
         gates[precision] = {
-            "passed": bool(variant.get("passed", not variant.get("failures"))),
+            "passed": variant["passed"],
             "failures": variant.get("failures", []),
             "accuracy": comparison.get("accuracy"),
             "reference_accuracy": comparison.get("reference_accuracy"),
