@@ -23,8 +23,8 @@ from collections.abc import Iterator
 
 from pipeline.errors import PipelineError
 from pipeline.loadtest.client import Endpoint, response_frame
-from pipeline.loadtest.loop import EpollLoop, backoff_ns, new_socket, take_payload
-from pipeline.loadtest.policy import ClosedLoop, OpenLoop, Policy
+from pipeline.loadtest.loop import EpollLoop, new_socket, take_payload
+from pipeline.loadtest.policy import ClosedLoop, OpenLoop, Policy, backoff_ns
 from pipeline.loadtest.recorder import Recorder, connect_kind, error_detail, lost_kind
 
 _RECV = 65536

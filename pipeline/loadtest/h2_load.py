@@ -34,8 +34,8 @@ from pipeline.loadtest.h2_frames import (
     ACK, CONTINUATION, DATA, END_HEADERS, END_STREAM, GOAWAY, HEADERS, LAST_STREAM_ID, MAX_WINDOW, PADDED, PING, PREFACE,
     PRIORITY, RST_STREAM, SETTINGS, STATUS_NAMES, WINDOW_UPDATE, all_indexed, frame, request_headers,
 )  # fmt: skip
-from pipeline.loadtest.loop import EpollLoop, backoff_ns, new_socket, take_payload
-from pipeline.loadtest.policy import ClosedLoop, OpenLoop, Policy
+from pipeline.loadtest.loop import EpollLoop, new_socket, take_payload
+from pipeline.loadtest.policy import ClosedLoop, OpenLoop, Policy, backoff_ns
 from pipeline.loadtest.recorder import Recorder, connect_kind, lost_kind
 
 _TOP_UP = 2**30  # received bytes after which the connection window is re-opened

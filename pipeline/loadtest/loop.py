@@ -19,14 +19,6 @@ from pipeline.loadtest.timer import DueTimer
 _IN, _OUT, _BAD = select.EPOLLIN, select.EPOLLOUT, select.EPOLLHUP | select.EPOLLERR
 
 
-BACKOFF_NS = (10_000_000, 20_000_000, 50_000_000, 100_000_000, 200_000_000, 500_000_000)
-
-
-def backoff_ns(failures: int) -> int:
-    """How long to wait before the next connect after ``failures`` (≥ 1) failures in a row."""
-    return BACKOFF_NS[min(failures, len(BACKOFF_NS)) - 1]
-
-
 def new_socket(family: int) -> socket.socket:
     """A non-blocking TCP socket without Nagle's delay."""
     sock = socket.socket(family, socket.SOCK_STREAM)
