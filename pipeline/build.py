@@ -43,6 +43,7 @@ from pipeline.stages.source import DEFAULT_MODEL, ModelSource, model_source
 from pipeline.stages.tensorrt_env import tensorrt_status
 from pipeline.tensors import ModelSignature, load_onnx, signature_from_onnx
 from pipeline.trt_support import warn_unparsable
+from pipeline.triton.served_gate import SERVED_ATOL
 from pipeline.triton.verify import verify_repository
 from pipeline.workspace import ModelData, Workspace
 
@@ -316,7 +317,7 @@ def _served_stage(artifacts: list[Artifact], data: EvalData, ctx: BuildContext) 
         calibration_root=cfg.calibration_root,
         eval_data={ctx.name: data},
         batch_size=EVAL_BATCH,
-        atol=1e-3,
+        atol=SERVED_ATOL,
         gates=cfg.gates,
         report_path=ctx.ws.served,
         workdir=cfg.workdir,

@@ -15,6 +15,7 @@ from pipeline.gates import Gates, tolerance_for
 from pipeline.judging import judge_comparison
 from pipeline.outputkinds import OutputKind
 
+SERVED_ATOL = 1e-3  # max abs difference served vs in process (verify --atol, build --verify-served)
 
 @dataclass
 class ServedResult:

@@ -9,6 +9,7 @@ from pathlib import Path
 
 from pipeline.console import console
 from pipeline.gates import Gates, confidence_option, fp16_max_drop_option, int8_max_drop_option
+from pipeline.triton.served_gate import SERVED_ATOL
 from pipeline.options import (
     add_options,
     calibration_root_option,
@@ -34,7 +35,7 @@ class VerifyConfig:
     eval_data: Path | None = eval_data_option()
     calibration_root: Path = calibration_root_option()
     batch_size: int = option(32, "samples per request", check=in_range(1, 1 << 20), fix="pass a positive batch size")
-    atol: float = option(1e-3, "max abs difference served vs in-process (FP16 variants: the looser of this and the build's "
+    atol: float = option(SERVED_ATOL, "max abs difference served vs in-process (FP16 variants: the looser of this and the build's "
                                "--fp16-atol: FP16 served on a GPU differs from it run on this CPU at FP16's precision)", check=non_negative)
     fp16_max_drop: float = fp16_max_drop_option()
     int8_max_drop: float = int8_max_drop_option()

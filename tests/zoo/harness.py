@@ -110,6 +110,7 @@ def serve_zoo_model(entry: ZooModel, root: Path, run: ZooRun) -> ZooRun:
     from pipeline.errors import PipelineError
     from pipeline.gates import Gates
     from pipeline.triton.server import TritonServer
+    from pipeline.triton.served_gate import SERVED_ATOL
     from pipeline.triton.verify import verify_repository
 
     paths = root_paths(root)
@@ -119,7 +120,7 @@ def serve_zoo_model(entry: ZooModel, root: Path, run: ZooRun) -> ZooRun:
         try:
             report = verify_repository(
                 paths["repository"], url=server.http_url, models=models, calibration_root=paths["calibration"],
-                batch_size=32, atol=1e-3, gates=Gates(), report_path=root / "served.json",
+                batch_size=32, atol=SERVED_ATOL, gates=Gates(), report_path=root / "served.json",
             )
             run.served = report["models"]
         except PipelineError as exc:  # CheckFailed included: the served check said no
