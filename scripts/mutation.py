@@ -35,10 +35,16 @@ MODULES = (
 EQUIVALENT: dict[str, str] = json.loads((ROOT / "scripts" / "mutation_equivalent.json").read_text())
 
 
-def run_module(module: str) -> int:
-    """``mutmut run 'MODULE.*'``: mutants of one module only (the stats pass covers the configured tests)."""
+def run_module(module: str, only_survivors: bool = False) -> int:
+    """``mutmut run 'MODULE.*'``: mutants of one module only (the stats pass covers the configured tests);
+    ``only_survivors``: just the mutants that survived its last run (after adding tests)."""
     env = dict(os.environ, PYTHONHASHSEED="0", TF_CPP_MIN_LOG_LEVEL="3")
-    return subprocess.call([*MUTMUT, "run", "--max-children", str(os.cpu_count() or 2), f"{module}.*"], cwd=ROOT, env=env)
+    names = [f"{module}.*"]
+    if only_survivors:
+        names = [n for n, s in results().get(module, {}).items() if s not in ("killed", "caught by type check")]
+        if not names:
+            return 0
+    return subprocess.call([*MUTMUT, "run", "--max-children", str(os.cpu_count() or 2), *names], cwd=ROOT, env=env)
 
 
 def results() -> dict[str, dict[str, str]]:
@@ -76,13 +82,14 @@ def main() -> int:
     parser.add_argument("--module", action="append", choices=MODULES, help="mutate only this module (repeatable; default: all)")
     parser.add_argument("--fresh", action="store_true", help="remove mutants/ first (no cached results)")
     parser.add_argument("--report-only", action="store_true", help="print the last run's results, run nothing")
+    parser.add_argument("--survivors", action="store_true", help="run only the mutants that survived the last run")
     args = parser.parse_args()
     if args.fresh:
         shutil.rmtree(ROOT / "mutants", ignore_errors=True)
     if not args.report_only:
         for module in args.module or MODULES:
             print(f"== mutmut: {module}", flush=True)
-            status = run_module(module)
+            status = run_module(module, args.survivors)
             if status not in (0, 1):  # mutmut itself failed (e.g. the clean tests failed): no result to trust
                 return status
     rows = summary(results())
