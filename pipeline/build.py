@@ -45,7 +45,8 @@ from pipeline.tensors import ModelSignature, load_onnx, signature_from_onnx
 from pipeline.trt_support import warn_unparsable
 from pipeline.triton.served_gate import SERVED_ATOL
 from pipeline.triton.verify import verify_repository
-from pipeline.workspace import ModelData, Workspace
+from pipeline.options import CALIBRATION_ROOT
+from pipeline.workspace import ModelData, Workspace, bundled_model_data
 
 log = logging.getLogger(__name__)
 
@@ -87,10 +88,12 @@ def build(cfg: BuildConfig) -> BuildResult:
     source = model_source(cfg.model, cfg.imports)
     name = cfg.model_name(source)
     ws = Workspace(cfg.workdir / name)
-    ctx = BuildContext(cfg, name, ws, ModelData.of(cfg.calibration_root, name), Manifest(ws.manifest, cfg.command, tool_versions()))
+    bundled = source.spec == DEFAULT_MODEL
+    data_dir = bundled_model_data(cfg.calibration_root, CALIBRATION_ROOT, cfg.workdir, name) if bundled else ModelData.of(cfg.calibration_root, name)
+    ctx = BuildContext(cfg, name, ws, data_dir, Manifest(ws.manifest, cfg.command, tool_versions()))
     ws.root.mkdir(parents=True, exist_ok=True)
 
-    if source.spec == DEFAULT_MODEL:
+    if bundled:
         ensure_default_data(ctx.data_dir)
     artifacts: list[Artifact] = []
     try:

@@ -19,6 +19,7 @@ from pipeline.loadtest.payload import ENCODINGS, eval_data_path
 from pipeline.loadtest.policy import ARRIVALS, policies_from_options
 from pipeline.loadtest.results import RunResult, best_point, unstable_hint
 from pipeline.loadtest.runner import PROTOCOLS, LoadTestSettings, run_loadtest
+from pipeline.options import CALIBRATION_ROOT
 from pipeline.reportdirs import REPORT_DIR_HELP, run_report_dirs
 
 log = logging.getLogger(__name__)
@@ -82,7 +83,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                           "JSON (default: %(default)s)")
     req.add_argument("--data", type=Path, metavar="NPZ",
                      help="samples to send, one array per input name (default: <calibration-root>/<model>/eval.npz)")
-    req.add_argument("--calibration-root", type=Path, default=Path("calibration"),
+    req.add_argument("--calibration-root", type=Path, default=CALIBRATION_ROOT,
                      help="where <model>/eval.npz lives; variants digits_fp16, digits_int8_trt use digits/ (default: %(default)s)")
     req.add_argument("--timeout-ms", type=float, default=5000, help="a request without response after this counts as a timeout (default: %(default)g)")
     load = p.add_argument_group("load policy")

@@ -14,6 +14,7 @@ from typing import Any
 from pipeline.errors import require, require_creatable
 from pipeline.loadtest.measure import WindowSettings
 from pipeline.loadtest.policy import ARRIVALS
+from pipeline.options import CALIBRATION_ROOT
 from pipeline.reportdirs import REPORT_DIR_HELP, run_report_dirs
 from pipeline.tune.policy import SEARCHES
 from pipeline.tune.space import PREFERRED_RULES
@@ -102,7 +103,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     load.add_argument("--window-ms", type=float, default=500, help="measurement window (default: %(default)g)")
     load.add_argument("--warmup-ms", type=float, default=300, help="warm-up per load point (default: %(default)g)")
     load.add_argument("--max-seconds", type=float, default=8, help="bound per load point (default: %(default)g)")
-    load.add_argument("--calibration-root", type=Path, default=Path("calibration"), help="where <model>/eval.npz lives (default: %(default)s)")
+    load.add_argument("--calibration-root", type=Path, default=CALIBRATION_ROOT, help="where <model>/eval.npz lives (default: %(default)s)")
     load.add_argument("--data", type=Path, metavar="NPZ", help="request samples (default: <calibration-root>/<model>/eval.npz)")
     out = p.add_argument_group("output")
     out.add_argument("--report-dir", type=Path, help=REPORT_DIR_HELP.format(run="tune-<timestamp>"))
