@@ -25,7 +25,6 @@ import logging
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import sysconfig
@@ -43,6 +42,7 @@ from pipeline.triton.servable import gpu_instance_models, require_gpu_runtime
 from pipeline.isolate import die_with_parent
 from pipeline.progress import progress
 from pipeline.triton.servable import has_gpu, servable_models, write_view
+from pipeline.triton.ports import client_host, free_ports, port_taken
 from pipeline.triton.server_args import ADMIN_HEADER, ADMIN_KEY_ENV, ServerArgs, redacted, tritonserver_args
 from pipeline.triton.server_log import PortInUseError, last_errors, startup_error
 
@@ -103,37 +103,6 @@ def _wait_group_gone(pgid: int, timeout: float) -> None:
     log.warning("processes of tritonserver's group %d are still exiting", pgid)
 
 
-def _client_host(host: str) -> str:
-    if host in ("0.0.0.0", ""):
-        return "127.0.0.1"
-    if host == "::":
-        return "[::1]"
-    return f"[{host}]" if ":" in host else host
-
-
-def _port_taken(host: str, port: int) -> bool:
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    with socket.socket(family, socket.SOCK_STREAM) as probe:
-        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as the server does: TIME_WAIT is no conflict
-        try:
-            probe.bind((host, port))
-        except OSError:
-            return True
-    return False
-
-
-def _free_ports(host: str, count: int) -> list[int]:
-    """``count`` distinct ports the OS says are free now (held open together so they differ)."""
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    with contextlib.ExitStack() as stack:
-        ports = []
-        for _ in range(count):
-            sock = stack.enter_context(socket.socket(family, socket.SOCK_STREAM))
-            sock.bind((host, 0))
-            ports.append(sock.getsockname()[1])
-        return ports
-
-
 class TritonServer:
     """The embedded ``tritonserver`` serving a model repository (CPU, or GPU where there is one); use as a context manager.
 
@@ -189,15 +158,15 @@ class TritonServer:
 
     @property
     def http_url(self) -> str:
-        return f"{_client_host(self.host)}:{self.http_port}"
+        return f"{client_host(self.host)}:{self.http_port}"
 
     @property
     def grpc_url(self) -> str:
-        return f"{_client_host(self.host)}:{self.grpc_port}"
+        return f"{client_host(self.host)}:{self.grpc_port}"
 
     @property
     def metrics_url(self) -> str:
-        return f"{_client_host(self.host)}:{self.metrics_port}"
+        return f"{client_host(self.host)}:{self.metrics_port}"
 
     @property
     def pid(self) -> int | None:
@@ -321,13 +290,13 @@ class TritonServer:
         require(len(fixed) == len(set(fixed)), f"the HTTP, gRPC and metrics ports must differ, got {named}",
                 "give each endpoint its own port")
         for what, port in named.items():
-            if port and _port_taken(self.host, port):
+            if port and port_taken(self.host, port):
                 raise PipelineError(
                     f"port {port} on {self.host} (for {what}) is already in use",
                     f"stop whatever listens there (ss -ltnp 'sport = :{port}') or choose another "
                     f"port with --{what}-port (0 picks a free one)",
                 )
-        free = iter(p for p in _free_ports(self.host, 3 + len(fixed)) if p not in fixed)
+        free = iter(p for p in free_ports(self.host, 3 + len(fixed)) if p not in fixed)
         self.http_port = self.http_port or next(free)
         self.grpc_port = self.grpc_port or next(free)
         self.metrics_port = self.metrics_port or next(free)
