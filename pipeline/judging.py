@@ -45,16 +45,15 @@ def judge_comparison(variant: str, precision: str, kind: str, comparison: Compar
     limits = vars(tolerance)
 
     def add(output: str, kind: str, metric: str, value: float, low: float, high: float, unit: str, worse: str, limit: float | None,
-            decisions: bool = False) -> None:
-        needed = min_samples(limit, tolerance.confidence) if decisions and limit is not None else None
-        verdict, why = ("reported", None) if limit is None else judge_figure(output, kind, metric, value, low, high, unit, worse, limit,
+            needed: int | None = None) -> None:
+        verdict, why = ("reported", "") if limit is None else judge_figure(output, kind, metric, value, low, high, unit, worse, limit,
                                                                               comparison.samples, tolerance.confidence, needed)  # fmt: skip
         result.rows.append({"output": output, "kind": kind, "metric": metric, "value": value, "low": low, "high": high, "unit": unit,
                             "worse": worse, "limit": limit, "verdict": verdict})  # fmt: skip
         if verdict == "fail":
-            result.failures.append(why or "")
+            result.failures.append(why)
         elif verdict == "undecided":
-            result.undecided.append(why or "")
+            result.undecided.append(why)
 
     for name, stats in comparison.outputs.items():
         if name not in kinds or name not in comparison.tasks:  # nothing would judge it: a pass would say nothing
@@ -69,16 +68,17 @@ def judge_comparison(variant: str, precision: str, kind: str, comparison: Compar
             result.failures.append(f"output '{name}' ({kind}): {stats.nonfinite} NaN/Inf values in {stats.nonfinite_samples} samples "
                                    f"where FP32 has finite ones")  # fmt: skip
         for figure in comparison.tasks[name].figures(tolerance.confidence):
-            add(name, kind, figure.metric, figure.value, figure.low, figure.high, figure.unit, figure.worse,
-                limits[figure.limit_key] if figure.gated else None, figure.decisions)
+            limit = limits[figure.limit_key] if figure.gated else None
+            needed = min_samples(limit, tolerance.confidence) if figure.decisions and limit is not None else None
+            add(name, kind, figure.metric, figure.value, figure.low, figure.high, figure.unit, figure.worse, limit, needed)
         if tolerance.atol is not None and kind != "regression":
             add(name, kind, "max abs error", stats.max_abs, stats.max_abs, stats.max_abs, "", "higher", tolerance.atol)
     return result
 
 
 def judge_figure(output: str, kind: str, metric: str, value: float, low: float, high: float, unit: str, worse: str,
-                 limit: float, samples: int, confidence: float, needed: int | None = None) -> tuple[str, str | None]:
-    """``("pass" | "fail" | "undecided", why)`` of one figure against its limit: it passes when its
+                 limit: float, samples: int, confidence: float, needed: int | None = None) -> tuple[str, str]:
+    """``("pass" | "fail" | "undecided", why)`` (``why`` empty for a pass) of one figure against its limit: it passes when its
     bound on the worse side is within the limit, fails when the bound on the better side is beyond it.
     ``needed``: the samples on which a perfect result would pass (named when ``samples`` is fewer)."""
     fmt = (lambda x: f"{x:.2f}") if unit == "points" else (lambda x: f"{x:.4g}")
@@ -89,7 +89,7 @@ def judge_figure(output: str, kind: str, metric: str, value: float, low: float, 
     within = (lambda x: x <= limit) if worse == "higher" else (lambda x: x >= limit)
     sign = ">" if worse == "higher" else "<"
     if within(bad):
-        return "pass", None
+        return "pass", ""
     if not within(good):
         return "fail", f"{shown} {sign} {limit:g} allowed"
     what = f"a {limit:g}-point limit" if unit == "points" else f"a limit of {limit:g}"

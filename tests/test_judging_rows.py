@@ -86,8 +86,8 @@ def test_no_kinds_at_all_is_named() -> None:
 
 def test_a_figure_exactly_at_its_limit_passes() -> None:
     """``high ≤ limit`` passes (higher is worse), ``low ≥ limit`` passes (lower is worse): the documented rule."""
-    assert judge_figure("y", "classes", "accuracy drop (top-1)", 0.5, 0.0, 1.0, "points", "higher", 1.0, 500, 0.95) == ("pass", None)
-    assert judge_figure("e", "embedding", "mean cosine to FP32", 0.995, 0.99, 0.999, "", "lower", 0.99, 500, 0.95) == ("pass", None)
+    assert judge_figure("y", "classes", "accuracy drop (top-1)", 0.5, 0.0, 1.0, "points", "higher", 1.0, 500, 0.95) == ("pass", "")
+    assert judge_figure("e", "embedding", "mean cosine to FP32", 0.995, 0.99, 0.999, "", "lower", 0.99, 500, 0.95) == ("pass", "")
     verdict, why = judge_figure("y", "classes", "accuracy drop (top-1)", 2.0, 1.0, 3.0, "points", "higher", 1.0, 500, 0.95)
     assert verdict == "undecided" and why == ("not enough evaluation data to judge a 1-point limit: output 'y' (classes): accuracy drop (top-1) "
                                               "2.00 points [1.00, 3.00] (95% bounds, 500 samples)")
