@@ -81,3 +81,56 @@ def test_cosine_statistics_and_figure_judging() -> None:
     assert verdict == "fail" and "output 'v' (embedding): mean cosine 0.9 [0.85, 0.95]" in why and "< 0.99 allowed" in why
     assert judge_figure("v", "embedding", "mean cosine", 0.99, 0.98, 0.995, "", "lower", 0.99, 100, 0.95)[0] == "undecided"
     assert judge_figure("r", "regression", "RMS change", 0.4, 0.3, 0.5, "", "higher", 0.1, 100, 0.95)[0] == "fail"
+
+
+SHARED_OPTIONS = r"""
+import json, math
+from dataclasses import fields
+from pipeline.gates import GATE_GROUP, Gates
+from pipeline.triton.verify_cli import VerifyConfig
+out = {}
+for cls in (Gates, VerifyConfig):
+    for f in fields(cls):
+        if f.name in ("fp16_max_drop", "int8_max_drop", "gate_confidence"):
+            o = f.metadata["option"]
+            out[f"{cls.__name__}.{f.name}"] = {"default": f.default, "help": o.help, "group": o.group == GATE_GROUP,
+                                               "refused": [repr(v) for v in (-0.5, math.nan, 0.3, 1.5, 0.0) if o.check(v)]}
+print(json.dumps(out))
+"""
+
+
+def test_build_and_verify_share_the_documented_drop_limits_and_refuse_bad_ones() -> None:
+    """``--fp16-max-drop``, ``--int8-max-drop`` and ``--gate-confidence`` are made when pipeline.gates is imported
+    (dataclass fields), so a fresh interpreter reads them: 1 point each at 95%, a negative or NaN limit refused
+    (a NaN limit passes everything), a confidence outside [0.5, 0.999] refused, the help naming what is limited."""
+    import json
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    proc = subprocess.run([sys.executable, "-c", SHARED_OPTIONS], cwd=root, env=dict(os.environ, PYTHONPATH=str(root)),
+                          capture_output=True, text=True, check=True)
+    got = json.loads(proc.stdout)
+    for owner in ("Gates", "VerifyConfig"):
+        fp16, int8, confidence = (got[f"{owner}.{name}"] for name in ("fp16_max_drop", "int8_max_drop", "gate_confidence"))
+        assert (fp16["default"], int8["default"], confidence["default"]) == (1.0, 1.0, 0.95)
+        assert fp16["refused"] == int8["refused"] == ["-0.5", "nan"] and confidence["refused"] == ["-0.5", "nan", "0.3", "1.5", "0.0"]
+        assert fp16["group"] and int8["group"] and confidence["group"]
+        assert fp16["help"].startswith("max drop of FP16 (and FP32 engines) vs FP32, in points: top-1/decision accuracy, R² or mean IoU")
+        assert fp16["help"].endswith("changed decisions without; judged with its confidence bounds")
+        assert int8["help"] == "max drop of INT8 vs FP32, in points (as --fp16-max-drop), judged with its confidence bounds"
+        assert confidence["help"] == "confidence of the accuracy-drop bounds"
+
+
+def test_each_precision_is_held_to_its_own_limits() -> None:
+    """INT8 variants (TensorRT's and the CPU one) to INT8's limits; FP16 and FP32 engines (TF32 may be used) to FP16's."""
+    from pipeline.gates import Gates, Tolerance, tolerance_for
+
+    gates = Gates(fp16_max_drop=0.3, int8_max_drop=2.0, fp16_atol=0.01, int8_atol=0.2, fp16_min_cosine=0.999, int8_min_cosine=0.9,
+                  fp16_max_rel_error=0.02, int8_max_rel_error=0.1, fp16_min_cosine_low=0.995, int8_min_cosine_low=0.8,
+                  fp16_min_neighbour_agreement=0.98, int8_min_neighbour_agreement=0.7, binary_threshold=0.4, gate_confidence=0.9)
+    fp16 = Tolerance(0.3, 0.01, 0.999, 0.9, 0.02, 0.995, 0.98, 0.4)
+    int8 = Tolerance(2.0, 0.2, 0.9, 0.9, 0.1, 0.8, 0.7, 0.4)
+    assert [tolerance_for(p, gates) for p in ("fp16", "fp32", "int8", "int8cpu")] == [fp16, fp16, int8, int8]

@@ -109,3 +109,49 @@ def test_variants_verified_on_different_data_are_noted_not_compared() -> None:
     results = [served_result("m_fp32", fp32, [{}] * 6), served_result("m_int8", fp32[:3], [{}] * 3)]
     gate_against_fp32(results, {r.model: Gates() for r in results})
     assert results[1].failures == [] and results[1].notes == ["served vs served FP32: not compared (the two were verified on different data)"]
+
+
+def test_the_served_rows_name_both_task_metrics_and_a_difference_at_atol_passes() -> None:
+    """The served table shows the served and in-process task metric side by side; ``atol`` itself is within."""
+    truth = np.arange(200) % 10
+    inprocess = np.eye(10, dtype=np.float32)[truth]
+    served = inprocess.copy()
+    served[:20] = np.roll(served[:20], 1, axis=1)  # 20 of 200 served answers are wrong
+    served[50, 0] += np.float32(0.5)  # exactly atol
+    comparison = new_comparison("m_int8", {"probs": KINDS["probs"]}, 0.5)
+    comparison.add({"probs": inprocess}, {"probs": served}, {"probs": truth})
+    outputs, failures = served_against_inprocess(comparison, {"probs": KINDS["probs"]}, 1.0)
+    assert outputs == {"probs": {"kind": "classes", "max_abs_diff": 1.0, "nonfinite": 0, "agreement": 0.9, "served_metric": 0.9, "inprocess_metric": 1.0}}
+    assert failures == []
+    assert served_against_inprocess(comparison, {"probs": KINDS["probs"]}, 0.5)[1] == ["output 'probs' served differs from in-process by up to 1 (> 0.5)"]
+
+
+def test_every_variant_is_judged_after_one_verified_on_other_data_and_earlier_failures_stay() -> None:
+    rng = np.random.default_rng(7)
+    kinds = {"flag": OutputKind("flag", "binary", "test")}  # a binary output: judged at the recorded threshold
+    flag = [rng.random((100, 1)).astype(np.float32) for _ in range(3)]
+    fp32 = [{"flag": f} for f in flag]
+    flipped = [{"flag": 1 - f} for f in flag]
+    results = [ServedResult(m, "m", p, 1, 300, {}, [], kinds=kinds, served=s, targets=[{}] * len(s))
+               for m, p, s in (("m_fp32", "fp32", fp32), ("m_int8", "int8", fp32[:2]), ("m_fp16", "fp16", flipped))]
+    results[2].failures.append("output 'flag' served differs from in-process by up to 1 (> 0.001)")
+    gate_against_fp32(results, {r.model: Gates() for r in results})
+    assert results[1].notes == ["served vs served FP32: not compared (the two were verified on different data)"]
+    assert results[2].failures[0] == "output 'flag' served differs from in-process by up to 1 (> 0.001)"  # kept
+    assert results[2].failures[1].startswith("served vs served FP32: output 'flag' (binary): decision disagreement 100.00 points")
+    assert results[2].notes == []
+    rows = results_as_json(results)
+    assert sorted(rows[2]) == ["base", "failures", "gates", "model", "notes", "outputs", "passed", "precision", "samples", "version"]
+
+
+def test_an_undecided_served_gate_is_a_note_not_a_failure() -> None:
+    rng = np.random.default_rng(8)
+    kinds = {"flag": OutputKind("flag", "binary", "test")}
+    flag = rng.random((100, 1)).astype(np.float32)
+    moved = flag.copy()
+    moved[0] = 1 - moved[0]  # one decision of 100 changes: the set cannot judge a 1-point limit
+    results = [ServedResult(m, "m", p, 1, 100, {}, [], kinds=kinds, served=[{"flag": s}], targets=[{}])
+               for m, p, s in (("m_fp32", "fp32", flag), ("m_int8", "int8", moved))]
+    gate_against_fp32(results, {r.model: Gates() for r in results})
+    assert results[1].failures == [] and len(results[1].notes) == 1
+    assert results[1].notes[0].startswith("served vs served FP32: not enough evaluation data to judge a 1-point limit: output 'flag' (binary)")
