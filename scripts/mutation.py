@@ -62,18 +62,22 @@ def results() -> dict[str, dict[str, str]]:
 
 
 def summary(found: dict[str, dict[str, str]]) -> dict:
-    """Counts and score per module and in all; the score is killed / (mutants run − equivalent)."""
+    """Counts and score per module: killed / (killed + survivors − equivalent). Mutants of functions no fast test
+    calls ("no tests": the I/O shells that run TensorFlow or Triton, covered by the slow end-to-end tests) are
+    counted apart, with those functions named (``not_reached``)."""
     rows = {}
     for module, statuses in found.items():
         counts: dict[str, int] = {}
         for status in statuses.values():
             counts[status] = counts.get(status, 0) + 1
-        survivors = sorted(n for n, s in statuses.items() if s in ("survived", "no tests", "timeout", "suspicious"))
+        survivors = sorted(n for n, s in statuses.items() if s in ("survived", "timeout", "suspicious"))
         equivalent = [n for n in survivors if n in EQUIVALENT]
         killed = counts.get("killed", 0) + counts.get("caught by type check", 0)
         judged = killed + len(survivors) - len(equivalent)
+        unreached = sorted({n.rsplit("__mutmut_", 1)[0] for n, s in statuses.items() if s == "no tests"})
         rows[module] = {"mutants": len(statuses), **counts, "equivalent": len(equivalent), "score": round(killed / judged, 4) if judged else None,
-                        "survivors": [n for n in survivors if n not in EQUIVALENT], "equivalent_mutants": equivalent}  # fmt: skip
+                        "survivors": [n for n in survivors if n not in EQUIVALENT], "equivalent_mutants": equivalent,
+                        "not_reached": unreached}  # fmt: skip
     return rows
 
 
@@ -100,6 +104,9 @@ def main() -> int:
         score = "-" if row["score"] is None else f"{row['score']:.1%}"
         print(f"{module:30} {row['mutants']:>7} {row.get('killed', 0):>6} {row.get('survived', 0):>8} {row.get('no tests', 0):>8} "
               f"{row.get('timeout', 0):>7} {row['equivalent']:>6} {score:>6}")
+    for module, row in rows.items():
+        if row["not_reached"]:
+            print(f"{module}: not reached by the fast tests: {', '.join(f.rsplit('.', 1)[1] for f in row['not_reached'])}")
     left = [n for row in rows.values() for n in row["survivors"]]
     for name in left:
         print(f"survivor (not equivalent): {name}  — see: python -m mutmut show {name}")

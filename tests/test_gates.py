@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import pytest
 
@@ -134,3 +136,63 @@ def test_each_precision_is_held_to_its_own_limits() -> None:
     fp16 = Tolerance(0.3, 0.01, 0.999, 0.9, 0.02, 0.995, 0.98, 0.4)
     int8 = Tolerance(2.0, 0.2, 0.9, 0.9, 0.1, 0.8, 0.7, 0.4)
     assert [tolerance_for(p, gates) for p in ("fp16", "fp32", "int8", "int8cpu")] == [fp16, fp16, int8, int8]
+
+
+def _tango_reference(worse: int, better: int, n: int, confidence: float, upper: bool) -> float:
+    """Tango's score bound computed another way: the restricted MLE by maximising the trinomial likelihood
+    numerically (not the closed-form quadratic root), the bound by bisection. In points."""
+    from scipy.optimize import minimize_scalar
+    from scipy.special import xlogy
+    from scipy.stats import norm
+
+    def statistic(delta: float) -> float:
+        low, high = max(0.0, -delta), (1 - delta) / 2
+        if high - low < 1e-9:
+            p21 = max(low, 0.0)
+        else:
+            nll = lambda p: -(xlogy(worse, p + delta) + xlogy(better, p) + xlogy(n - worse - better, 1 - 2 * p - delta))  # noqa: E731
+            p21 = minimize_scalar(nll, bounds=(low + 1e-15, high - 1e-15), method="bounded", options={"xatol": 1e-14}).x
+        variance = n * (2 * p21 + delta * (1 - delta))
+        difference = worse - better - n * delta
+        if variance > 0:
+            return difference / math.sqrt(variance)
+        return 0.0 if difference == 0 else math.copysign(math.inf, difference)
+
+    target = -norm.ppf(confidence) if upper else norm.ppf(confidence)
+    inside, edge = (worse - better) / n, (1.0 if upper else -1.0) * (1 - 1e-12)
+    if (statistic(edge) - target) * (statistic(inside) - target) > 0:
+        return (1.0 if upper else -1.0) * 100
+    for _ in range(50):  # 2 / 2**50: far below the 1e-4-point comparison
+        middle = (inside + edge) / 2
+        if (statistic(middle) - target) * (statistic(inside) - target) > 0:
+            inside = middle
+        else:
+            edge = middle
+    return (inside + edge) / 2 * 100
+
+
+@pytest.mark.parametrize(("worse", "better", "n", "confidence"), [
+    (7, 3, 2000, 0.95), (0, 0, 300, 0.95), (0, 0, 100, 0.8), (20, 0, 400, 0.95), (50, 50, 1000, 0.9), (1, 0, 512, 0.95),
+    (3, 1, 50, 0.99), (400, 0, 400, 0.95), (0, 400, 400, 0.95), (0, 30, 300, 0.6),
+])  # fmt: skip
+def test_the_score_bounds_are_tangos(worse: int, better: int, n: int, confidence: float) -> None:
+    """A bound a little too narrow publishes a variant whose drop may exceed the limit; each bound matches an
+    independent computation of Tango's interval to 1e-4 points, also at the edges (no flips, every sample flipped)."""
+    e = paired_drop(worse, better, n, confidence)
+    assert e.low == pytest.approx(_tango_reference(worse, better, n, confidence, upper=False), abs=1e-4)
+    assert e.high == pytest.approx(_tango_reference(worse, better, n, confidence, upper=True), abs=1e-4)
+    assert e.drop == pytest.approx((worse - better) / n * 100) and e.low <= e.drop <= e.high
+
+
+def test_the_recorded_drop_and_the_disagreement_bounds() -> None:
+    """accuracy.json's ``drop`` (four decimals, in points) and Wilson's bounds of an unlabeled disagreement rate."""
+    assert paired_drop(7, 3, 2000, 0.95).as_dict() == {"drop_points": 0.2, "low_points": round(_tango_reference(7, 3, 2000, 0.95, False), 4),
+                                                       "high_points": round(_tango_reference(7, 3, 2000, 0.95, True), 4), "worse": 7,
+                                                       "better": 3, "samples": 2000, "confidence": 0.95, "paired": True}
+    z = 1.6448536269514722
+    for k, n in ((0, 400), (2, 128), (128, 128), (64, 128)):
+        p = k / n
+        centre, half = (p + z * z / (2 * n)) / (1 + z * z / n), z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / (1 + z * z / n)
+        e = disagreement(k, n, 0.95)
+        assert (e.drop, e.worse, e.better, e.samples, e.paired) == (pytest.approx(p * 100), k, 0, n, False)
+        assert e.low == pytest.approx(max(0.0, centre - half) * 100) and e.high == pytest.approx(min(1.0, centre + half) * 100)
