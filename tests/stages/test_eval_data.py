@@ -18,10 +18,11 @@ COUNTS = {8: 221, 12: 221, 16: 221, 20: 1}  # three large length buckets and a s
 
 
 def bucketed(tmp_path: Path, counts: dict[int, int]) -> Path:
-    """One .npz of length buckets; every token is its sample's unique id, so samples can be told apart."""
+    """One .npz of length buckets (``len08`` … ``len20``, read in that order, the single sample last); every token
+    is its sample's unique id, so samples can be told apart."""
     arrays, ids = {}, 0
     for length, n in counts.items():
-        arrays[f"tokens__{length}"] = np.repeat(np.arange(ids, ids + n)[:, None], length, axis=1)
+        arrays[f"tokens__len{length:02d}"] = np.repeat(np.arange(ids, ids + n)[:, None], length, axis=1)
         ids += n
     np.savez(tmp_path / "calib.npz", **arrays)
     return tmp_path / "calib.npz"
@@ -61,7 +62,7 @@ def test_without_labels_int8_is_judged_on_samples_it_was_not_calibrated_on(tmp_p
     assert data.labels is None and not data.synthetic and "332 of 664 samples held out of calibration, unlabeled" in data.source
     held = sorted(int(i) for b in data.batches(64) for i in b["tokens"][:, 0])
     assert set(held).isdisjoint(ids(rest.batches(64))) and len(held) == 332
-    assert {b.name: b.num_samples for b in data.buckets} == {"12": 111, "16": 111, "8": 110}  # the one-sample bucket stays to calibrate on
+    assert {b.name: b.num_samples for b in data.buckets} == {"len08": 111, "len12": 111, "len16": 110}  # the one-sample bucket stays to calibrate on
 
 
 def test_a_small_calibration_set_keeps_min_samples_to_calibrate_on(tmp_path: Path) -> None:
