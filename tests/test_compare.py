@@ -205,3 +205,13 @@ def test_the_comparison_record_names_runner_samples_and_each_outputs_task_summar
     assert (record["runner"], record["samples"]) == ("int8-onnx", 4)
     assert record["outputs"]["probs"]["accuracy"] == 0.75 and record["outputs"]["probs"]["reference_accuracy"] == 1.0
     assert record["outputs"]["probs"]["agreement"] == 0.75 and record["outputs"]["probs"]["nonfinite"] == 0
+
+
+def test_decisions_are_made_at_the_threshold_given(tmp_path: Path, data: np.ndarray) -> None:
+    """Read as three independent sigmoid-like scores, the same two models agree or not depending on the threshold."""
+    ref = runner_for_onnx(linear_softmax(tmp_path / "ref.onnx", WEIGHTS), name="ref")
+    cand = runner_for_onnx(linear_softmax(tmp_path / "cand.onnx", WEIGHTS * 1.3), name="cand")
+    tags = {"probs": OutputKind("probs", "multilabel", "test", classes=3)}
+    cut = {t: compare_runners(ref, [cand], batches(data, 8), kinds=tags, threshold=t)[0].summary("probs")["agreement"] for t in (0.2, 0.5)}
+    p_ref, p_cand = softmax(data @ WEIGHTS), softmax(data @ (WEIGHTS * 1.3))
+    assert cut == {t: pytest.approx(float(((p_ref > t) == (p_cand > t)).mean())) for t in (0.2, 0.5)} and cut[0.2] != cut[0.5]
