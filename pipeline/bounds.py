@@ -77,11 +77,6 @@ class DropEstimate:
     confidence: float
     paired: bool  # False: an unlabeled disagreement rate
 
-    def as_dict(self) -> dict[str, float | int | bool]:
-        """JSON form, in points."""
-        return {"drop_points": round(self.drop, 4), "low_points": round(self.low, 4), "high_points": round(self.high, 4),
-                "worse": self.worse, "better": self.better, "samples": self.samples, "confidence": self.confidence, "paired": self.paired}
-
 
 def paired_drop(worse: int, better: int, samples: int, confidence: float) -> DropEstimate:
     """The drop ``(worse − better)/samples`` in points, with one-sided score bounds each holding at ``confidence``."""

@@ -118,3 +118,31 @@ def test_probabilities_are_decided_at_the_threshold_itself() -> None:
     assert judge(kind, ref, ref - 0.005, None, AT_08).passed
     result = judge(kind, ref, rng.uniform(0.7, 0.79, (N, 1)).astype(np.float32), None, AT_08)
     assert not result.passed and result.rows[0]["value"] == pytest.approx(100.0)
+
+
+@pytest.mark.parametrize("kind", [OutputKind("spam", "binary", "test"), OutputKind("tags", "multilabel", "test", classes=1)])
+def test_a_probability_exactly_at_the_threshold_is_not_a_positive_decision(kind: OutputKind) -> None:
+    """Positive means above the threshold: FP32 at 0.4 and the variant at exactly 0.5 make the same (negative) decision."""
+    ref = np.full((N, 1), 0.4, np.float32)
+    assert judge(kind, ref, np.full((N, 1), 0.5, np.float32), None, INT8).passed
+    assert not judge(kind, ref, np.full((N, 1), 0.5001, np.float32), None, INT8).passed
+
+
+def test_binary_labels_shaped_like_the_output_count_as_one_per_sample() -> None:
+    rng = np.random.default_rng(15)
+    truth = rng.integers(0, 2, N)
+    ref = binary_probs(truth, rng)
+    out = binary_probs(np.where(np.arange(N) < 100, 1 - truth, truth), rng)
+    kind = OutputKind("spam", "binary", "test")
+    flat, column = judge(kind, ref, out, truth, INT8), judge(kind, ref, out, truth[:, None], INT8)
+    assert drop_row(flat) == drop_row(column) and drop_row(column)["value"] == pytest.approx(10.0)
+
+
+def test_a_labelled_top1_gate_on_too_few_samples_names_what_a_perfect_result_needs() -> None:
+    rng = np.random.default_rng(16)
+    truth = rng.integers(0, K, 40)
+    scores = one_hot_scores(truth, rng)
+    result = judge(OutputKind("probs", "classes", "test", classes=K), scores, scores, truth, INT8)
+    assert result.undecided == ["not enough evaluation data to judge a 1-point limit: output 'probs' (classes): accuracy drop (top-1) 0.00 points "
+                                f"[{drop_row(result)['low']:.2f}, {drop_row(result)['high']:.2f}] (95% bounds, 40 samples); "
+                                "even a perfect result needs ≥ 268 samples"]
