@@ -193,3 +193,22 @@ def test_the_disagreement_bounds_are_wilsons() -> None:
         e = disagreement(k, n, 0.95)
         assert (e.drop, e.worse, e.better, e.samples, e.paired) == (pytest.approx(p * 100), k, 0, n, False)
         assert e.low == pytest.approx(max(0.0, centre - half) * 100) and e.high == pytest.approx(min(1.0, centre + half) * 100)
+
+
+def test_sample_counts_at_the_edges() -> None:
+    """One sample, or none (a gate never divides by zero); the limits at which a perfect result can pass."""
+    one = paired_drop(1, 0, 1, 0.95)
+    assert (one.drop, one.worse, one.better, one.samples, one.paired) == (100.0, 1, 0, 1, True)
+    assert paired_drop(0, 0, 0, 0.95).drop == 0.0 and disagreement(1, 1, 0.95).drop == 100.0 and disagreement(0, 0, 0.95).drop == 0.0
+    assert min_samples(0.0, 0.95) == math.inf and min_samples(100.0, 0.95) == 1 and min_samples(150.0, 0.95) == 1
+    assert min_samples(50.0, 0.95) == 3  # ceil(1.645² · 0.5 / 0.5)
+
+
+def test_mean_bounds_of_none_one_and_two_values() -> None:
+    from pipeline.bounds import mean_bounds
+
+    assert mean_bounds(np.array([]), 0.95) == (0.0, 0.0, 0.0)
+    assert mean_bounds(np.array([0.3]), 0.95) == (0.3, -math.inf, math.inf)  # one sample bounds nothing
+    mean, low, high = mean_bounds(np.array([1.0, 3.0]), 0.95)
+    half = 1.6448536269514722 * math.sqrt(2.0) / math.sqrt(2)
+    assert mean == 2.0 and low == pytest.approx(2.0 - half) and high == pytest.approx(2.0 + half)
