@@ -43,3 +43,8 @@ def test_nan_or_inf_where_tensorflow_is_finite_fails(bad: float) -> None:
     out[2, 1] = bad
     assert parity_failures(compared(ref, out), atol=1.0, rtol=0.0) == ["output 'y' has 1 NaN/Inf values in 1 samples where TensorFlow's are finite"]
     assert parity_failures(compared(out, out), atol=1.0, rtol=0.0) == []  # the same NaN in both: the conversion kept it
+
+
+def test_a_difference_exactly_at_rtol_passes() -> None:
+    ref = np.full((4, 2), 1000.0, dtype=np.float32)
+    assert parity_failures(compared(ref, ref + np.float32(0.5)), atol=1e-4, rtol=0.5 / 1000.0) == []  # within rtol, itself included
