@@ -215,3 +215,23 @@ def test_decisions_are_made_at_the_threshold_given(tmp_path: Path, data: np.ndar
     cut = {t: compare_runners(ref, [cand], batches(data, 8), kinds=tags, threshold=t)[0].summary("probs")["agreement"] for t in (0.2, 0.5)}
     p_ref, p_cand = softmax(data @ WEIGHTS), softmax(data @ (WEIGHTS * 1.3))
     assert cut == {t: pytest.approx(float(((p_ref > t) == (p_cand > t)).mean())) for t in (0.2, 0.5)} and cut[0.2] != cut[0.5]
+
+
+def test_non_finite_values_count_where_the_two_differ() -> None:
+    """+Inf against −Inf, NaN against Inf and a number against NaN are three mismatches in three samples; the
+    same ±Inf or NaN in both is none."""
+    stats = OutputStats()
+    ref = np.array([[np.inf], [np.nan], [np.inf], [1.0], [np.nan]], dtype=np.float32)
+    out = np.array([[-np.inf], [np.inf], [np.inf], [np.nan], [np.nan]], dtype=np.float32)
+    stats.add(ref, out)
+    assert (stats.nonfinite, stats.nonfinite_samples) == (3, 3)
+
+
+def test_small_values_keep_their_relative_error_and_cosine() -> None:
+    """Vectors and sums of squares below 1 are not special: rel L2 and cosine are the plain ratios."""
+    stats = OutputStats()
+    ref, out = np.array([[0.1, 0.2]], np.float32), np.array([[0.2, 0.1]], np.float32)
+    stats.add(ref, out)
+    r, o = ref.astype(np.float64)[0], out.astype(np.float64)[0]
+    assert stats.rel_l2 == pytest.approx(np.linalg.norm(o - r) / np.linalg.norm(r))
+    assert stats.mean_cosine == pytest.approx(r @ o / (np.linalg.norm(r) * np.linalg.norm(o)))
