@@ -146,3 +146,16 @@ def test_a_labelled_top1_gate_on_too_few_samples_names_what_a_perfect_result_nee
     assert result.undecided == ["not enough evaluation data to judge a 1-point limit: output 'probs' (classes): accuracy drop (top-1) 0.00 points "
                                 f"[{drop_row(result)['low']:.2f}, {drop_row(result)['high']:.2f}] (95% bounds, 40 samples); "
                                 "even a perfect result needs ≥ 268 samples"]
+
+
+def test_the_accuracy_summary_of_decisions() -> None:
+    """The table's accuracy columns: none without labels; with one labelled sample, that sample's verdicts."""
+    from pipeline.taskstats import task_stats_for
+
+    kind = OutputKind("probs", "classes", "test", classes=3)
+    unlabelled = task_stats_for(kind, 0.5)
+    unlabelled.add(np.eye(3, dtype=np.float32), np.eye(3, dtype=np.float32)[[0, 2, 1]], None)
+    assert unlabelled.summary() == {"accuracy": None, "reference_accuracy": None, "agreement": pytest.approx(1 / 3)}
+    one = task_stats_for(kind, 0.5)
+    one.add(np.eye(3, dtype=np.float32)[:1], np.eye(3, dtype=np.float32)[1:2], np.array([0]))
+    assert one.summary() == {"accuracy": 0.0, "reference_accuracy": 1.0, "agreement": 0.0}
