@@ -22,7 +22,7 @@ from pipeline.config import BuildConfig
 from pipeline.errors import PipelineError, require_creatable
 from pipeline.fingerprint import hash_path
 from pipeline.buckets import read_arrays
-from pipeline.evaldata import UNNAMED, EvalBucket, EvalData, check_targets, eval_data_from_path, label_arrays, plain_labels_owner, synthetic_eval_data
+from pipeline.evaldata import UNNAMED, EvalData, check_targets, label_arrays, plain_labels_owner
 from pipeline.outputkinds import (OutputKind, decide_kinds, kinds_to_json, log_kinds, onnx_producers, output_info, parse_output_kinds,
                                   primary_classes_output, read_description, signature_from_description)
 from pipeline.publish import PublishSettings, published_configs, published_from_artifacts
@@ -30,6 +30,7 @@ from pipeline.stagecache import Manifest, Stage, run_stage
 from pipeline.stages.accuracy import accuracy_report_from_variants
 from pipeline.stages.calibration import CalibrationData, calibration_from_path
 from pipeline.stages.engine import EngineSettings, engine_from_onnx, metadata_path
+from pipeline.stages.eval_data import eval_data_for
 from pipeline.stages.fp16 import DEFAULT_FP32_OPS, fp16_onnx_from_onnx
 from pipeline.stages.mixed import was_mixed
 from pipeline.stages.int8 import check_qdq_int8_symmetric, qdq_onnx_from_onnx
@@ -42,16 +43,15 @@ from pipeline.stages.source import DEFAULT_MODEL, ModelSource, model_source
 from pipeline.stages.uint8_input import uint8_input_onnx_from_onnx, uint8_parity_from_models
 from pipeline.tensors import ModelSignature, load_onnx, signature_from_onnx
 from pipeline.trt_support import warn_unparsable
+from pipeline.triton.served_gate import SERVED_ATOL
 from pipeline.triton.verify import verify_repository
-from pipeline.workspace import ModelData, Workspace
+from pipeline.options import CALIBRATION_ROOT
+from pipeline.workspace import ModelData, Workspace, bundled_model_data
 
 log = logging.getLogger(__name__)
 
 TOOLS = ("tensorflow-cpu", "tensorflow", "keras", "tf2onnx", "onnx", "onnxruntime", "onnxconverter-common", "polygraphy", "tritonclient", "nvidia-pytriton", "numpy", "tensorrt")
 EVAL_BATCH = 64
-SYNTHETIC_SAMPLES = 128
-HOLDOUT_MIN = 300  # unlabeled held-out samples wanted: ≥ 268 lets a perfect result pass a 1-point limit at 95%
-CALIBRATION_MIN = 100  # fewer calibration samples than this is an error (calibration.py)
 
 
 @dataclass
@@ -88,10 +88,12 @@ def build(cfg: BuildConfig) -> BuildResult:
     source = model_source(cfg.model, cfg.imports, cfg.allow_lambda)
     name = cfg.model_name(source)
     ws = Workspace(cfg.workdir / name)
-    ctx = BuildContext(cfg, name, ws, ModelData.of(cfg.calibration_root, name), Manifest(ws.manifest, cfg.command, tool_versions()))
+    bundled = source.spec == DEFAULT_MODEL
+    data_dir = bundled_model_data(cfg.calibration_root, CALIBRATION_ROOT, cfg.workdir, name) if bundled else ModelData.of(cfg.calibration_root, name)
+    ctx = BuildContext(cfg, name, ws, data_dir, Manifest(ws.manifest, cfg.command, tool_versions()))
     ws.root.mkdir(parents=True, exist_ok=True)
 
-    if source.spec == DEFAULT_MODEL:
+    if bundled:
         ensure_default_data(ctx.data_dir)
     artifacts: list[Artifact] = []
     try:
@@ -101,7 +103,8 @@ def build(cfg: BuildConfig) -> BuildResult:
         onnx_fp32 = _onnx_stage(saved, ctx)
         signature = signature_from_onnx(onnx_fp32)
         calib = _calibration_data(signature, ctx) if cfg.int8 else None
-        data, calib = eval_data_for(cfg, ctx.data_dir, signature, calib)
+        data, calib = eval_data_for(cfg.eval_data, cfg.calibration or ctx.data_dir.folder, ctx.data_dir.eval, signature, calib,
+                                    preprocess=cfg.preprocess)
         kinds, data = _output_kinds(signature, onnx_fp32, described, data, ctx)
         # Dynamic non-batch axes are sized from the real data (calibration and evaluation samples).
         seen = (seen_in_files(cfg.calibration or ctx.data_dir.folder, signature) if calib else []) + ([] if data.synthetic else seen_shapes(data.sample_shapes()))
@@ -334,7 +337,7 @@ def _served_stage(artifacts: list[Artifact], data: EvalData, ctx: BuildContext) 
         calibration_root=cfg.calibration_root,
         eval_data={ctx.name: data},
         batch_size=EVAL_BATCH,
-        atol=1e-3,
+        atol=SERVED_ATOL,
         gates=cfg.gates,
         report_path=ctx.ws.served,
         workdir=cfg.workdir,
@@ -354,44 +357,6 @@ def ensure_default_data(data_dir: ModelData) -> None:
         digits.write_data(data_dir.folder)
 
 
-def eval_data_for(cfg: BuildConfig, data_dir: ModelData, signature: ModelSignature,
-                  calib: CalibrationData | None) -> tuple[EvalData, CalibrationData | None]:
-    """The evaluation data of a build, and the calibration data left for INT8.
-
-    ``--eval-data``, else ``<calibration-root>/<name>/eval.npz``; without either, part of the
-    calibration data is held out (not calibrated on) as an unlabeled comparison set; seeded
-    synthetic samples only when there is no data at all.
-    """
-    path = cfg.eval_data or data_dir.eval
-    if path.exists():
-        return eval_data_from_path(path, signature), calib
-    if cfg.eval_data is not None:
-        raise PipelineError(f"evaluation data '{path}' does not exist", "pass an .npz with one array per input (and labels) to --eval-data")
-    if calib is None and (cfg.calibration or data_dir.folder).exists():
-        try:
-            calib = calibration_from_path(cfg.calibration or data_dir.folder, signature, preprocess=cfg.preprocess, min_samples=1)
-        except PipelineError:
-            calib = None
-        if calib is not None:
-            held = _unlabeled(calib.holdout(calib.num_samples)[1], f"{calib.origin} (calibration data, unlabeled)", calib.fingerprint())
-            log.warning("no labeled evaluation data (%s): parity and accuracy gates compare with FP32 on all %d calibration samples, "
-                        "unlabeled", path, calib.num_samples)
-            return held, None
-    if calib is not None:
-        holdout = min(calib.num_samples - CALIBRATION_MIN, max(calib.num_samples // 2, HOLDOUT_MIN))
-        if holdout > 0:
-            rest, samples = calib.holdout(holdout)
-            held = _unlabeled(samples, f"{calib.origin}: {holdout} of {calib.num_samples} samples held out of calibration, unlabeled",
-                              f"{calib.fingerprint()}:holdout{holdout}")
-            log.warning("no labeled evaluation data (%s): %d of %d calibration samples are held out (not calibrated on) as the unlabeled "
-                        "comparison set; gates judge top-1 agreement with FP32", path, holdout, calib.num_samples)
-            return held, rest
-    data = synthetic_eval_data(signature, samples=SYNTHETIC_SAMPLES)
-    log.warning("no evaluation or calibration data (%s): parity and gates run on %d synthetic samples (%s); give --eval-data for real numbers",
-                path, SYNTHETIC_SAMPLES, data.source)
-    return data, calib
-
-
 def eval_batch(onnx_path: Path, data: EvalData, max_memory_gib: float, *, runners: int) -> int:
     """The parity/accuracy batch: at most EVAL_BATCH, and small enough that ``runners`` models holding
     a batch of the largest samples stay within the memory budget together."""
@@ -403,10 +368,6 @@ def eval_batch(onnx_path: Path, data: EvalData, max_memory_gib: float, *, runner
             old = largest.get(name)
             largest[name] = shape if old is None else tuple(max(a, b) for a, b in zip(old, shape))
     return batch_for_budget(memory_estimate(onnx_path, largest), max_memory_gib, max_batch=EVAL_BATCH, runners=runners)
-
-
-def _unlabeled(samples: list[tuple[str, dict]], source: str, fingerprint: str) -> EvalData:
-    return EvalData(tuple(EvalBucket(label, arrays) for label, arrays in samples), source, fingerprint)
 
 
 def tool_versions() -> dict[str, str]:

@@ -10,6 +10,7 @@ import logging
 import os
 import sys
 from collections.abc import Sequence
+from pathlib import Path
 
 from pipeline.errors import EXIT_INTERRUPTED, PipelineError, path_error
 
@@ -38,17 +39,26 @@ def make_parser() -> argparse.ArgumentParser:
 
     register_build(sub)
     register_serve(sub)
-    register_verify(sub)
+    register_verify(sub, refresh_page)
     register_deploy(sub)
-    register_loadtest(sub)
+    register_loadtest(sub, refresh_page)
     register_mig_plan(sub)
     register_inspect(sub)
     register_report(sub)
     from pipeline.tune.tune_cli import register as register_tune
 
-    register_tune(sub)
+    register_tune(sub, refresh_page)
     add_config_options(sub)  # --config FILE and --print-config on every command (register commands above this line)
     return parser
+
+
+def refresh_page(workdir: Path, folder: Path) -> Path | None:
+    """The HTML page of ``workdir`` in ``folder``, refreshed after a command that wrote a report: the
+    command line passes it to those commands (the page reads every command's reports, so no command
+    module imports it)."""
+    from pipeline.htmlreport import refresh_html_report
+
+    return refresh_html_report(workdir, folder)
 
 
 def _setup_logging(verbose: bool, command: str | None = None) -> None:

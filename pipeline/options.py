@@ -102,9 +102,11 @@ def repository_option(group: str | None = None) -> Any:
     return option(Path("model_repository"), "Triton model repository", metavar="DIR", group=group)
 
 
+CALIBRATION_ROOT = Path("calibration")  # --calibration-root default, relative to the current directory
+
 def calibration_root_option(group: str | None = None) -> Any:
     """``--calibration-root``: where ``<model>/{eval.npz,calib.npz,labels.txt}`` live."""
-    return option(Path("calibration"), "where per-model data folders <model>/{eval.npz,calib.npz,labels.txt} live", metavar="DIR", group=group)
+    return option(CALIBRATION_ROOT, "where per-model data folders <model>/{eval.npz,calib.npz,labels.txt} live", metavar="DIR", group=group)
 
 
 def eval_data_option(group: str | None = None) -> Any:

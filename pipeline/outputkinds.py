@@ -13,7 +13,9 @@ segmentation   class scores per position, [B, …, K]                  per-posit
 embedding      a vector compared by angle, [B, D]                    cosine, nearest-neighbour agreement
 =============  ====================================================  ==============================
 
-The kind is decided per output, first match wins: ``--output-kind NAME=KIND``; the Keras loss the
+The kind is decided per output, first match wins: ``--output-kind NAME=KIND`` (any numeric output;
+integer and boolean values are judged as they are, never as logits; other dtypes refuse it); for
+integer and boolean outputs without it, ``regression`` (compared as numbers); the Keras loss the
 model was compiled with (``.keras`` files keep it); the output layer's activation (softmax, sigmoid,
 ``UnitNormalization``); for SavedModels, the ONNX op that makes the output; the labels the
 evaluation data gives for it (integers: class indices; floats: targets); else the shape (a linear
@@ -47,6 +49,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
+NUMERIC = "fiub"  # numpy dtype kinds an output kind can judge (taskstats computes in float64)
 KINDS = ("classes", "binary", "multilabel", "regression", "segmentation", "embedding")
 DESCRIPTION_FILE = Path("assets.extra") / "pipeline_outputs.json"  # inside the SavedModel folder
 
@@ -226,8 +229,13 @@ def _decide(spec: TensorSpec, keras: Mapping[str, Any] | None, producer: str | N
             kind = "multilabel"
         return OutputKind(spec.name, kind, why, logits=logits and kind in ("binary", "multilabel"), classes=k if kind in ("classes", "segmentation", "multilabel") else None)
 
-    if spec.dtype.kind != "f":
-        return OutputKind(spec.name, "regression", f"{spec.dtype} values, compared as numbers")
+    if override and spec.dtype.kind not in NUMERIC:
+        raise PipelineError(f"--output-kind {spec.name}={override}: output '{spec.name}' holds {spec.dtype} values, which no kind can judge",
+                            f"drop --output-kind {spec.name}=…; only numeric outputs (float, integer, bool) take a kind")
+    if spec.dtype.kind != "f":  # integers and booleans are scores or decisions as they are, never logits
+        logits = False
+        if not override:
+            return OutputKind(spec.name, "regression", f"{spec.dtype} values, compared as numbers")
     if override:
         return make(override, "--output-kind")
     loss = (keras or {}).get("loss")

@@ -14,7 +14,9 @@ Points (each called where named): ``int8.calibration-batch`` after each calibrat
 (pipeline/stages/int8.py); ``publish.swap`` before each model directory is swapped into the
 repository (pipeline/triton/repository.py), so ``publish.swap#1`` holds a publish with every
 model staged and none swapped in, and ``publish.swap#2`` holds it between the first two swaps.
-``savedmodel.export`` and ``tf2onnx.convert`` hold the build's child processes (the SavedModel export
+``tune.trial-cached`` after each tune trial is written to the trial cache (pipeline/tune/cache.py), so
+``tune.trial-cached#2`` holds a tune with exactly two trials durable. ``savedmodel.export`` and
+``tf2onnx.convert`` hold the build's child processes (the SavedModel export
 child, the tf2onnx subprocess) as they start, so a test can kill the build under them.
 """
 

@@ -12,9 +12,13 @@ So a command never writes into the current directory unless the workdir or the r
 from __future__ import annotations
 
 import datetime as _dt
+from collections.abc import Callable
 from pathlib import Path
 
 REPORTS = "reports"
+# (workdir, page folder) → the refreshed page (None: nothing to show). The command line (pipeline.cli) passes
+# pipeline.htmlreport's to the commands it registers, so no command module imports the page, which imports them.
+PageRefresher = Callable[[Path, Path], "Path | None"]
 REPORT_DIR_HELP = "this run's reports and the HTML page index.html (default: <workdir>/reports/{run}, the page in <workdir>/reports)"
 
 

@@ -3,23 +3,22 @@
 One :class:`TaskStats` per (candidate, output) is fed every evaluation batch (the FP32 output, the
 candidate's output and, where the evaluation data has them, the labels of that output) and at the
 end yields :class:`Figure` values: the measured figure with its confidence bounds. How a figure is
-judged against its limit is :func:`pipeline.gates.judge_figure`.
+judged against its limit is :func:`pipeline.judging.judge_figure`.
 
 The statistical unit is the sample: per-position and per-label rates are averaged per sample first,
 and their bounds come from the spread of those per-sample values (positions of one image are not
 independent draws). One-sample decisions (top-1, a binary decision) use the paired score bounds of
-pipeline.gates, as the top-1 gate always has.
+pipeline.bounds, as the top-1 gate always has.
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field, replace
-from typing import Any
+from dataclasses import dataclass, replace
 
 import numpy as np
 
-from pipeline.gates import disagreement, mean_bounds, paired_drop
+from pipeline.bounds import disagreement, mean_bounds, paired_drop
 from pipeline.outputkinds import OutputKind
 
 NEIGHBOUR_SAMPLES = 4096  # embeddings kept for the nearest-neighbour check (an n² similarity matrix)
@@ -37,8 +36,8 @@ class Figure:
     unit: str  # "points" (percentage points) or "" (a ratio or a cosine)
     worse: str  # "higher" (a drop, an error) or "lower" (an agreement, a cosine)
     limit_key: str  # which Tolerance field limits it
-    detail: dict[str, Any] = field(default_factory=dict)
     gated: bool = True  # False: reported beside the gated figure of the same output
+    decisions: bool = False  # one decision per sample (top-1, binary): a perfect result needs bounds.min_samples samples
 
 
 def _finite(array: np.ndarray) -> np.ndarray:
@@ -103,9 +102,9 @@ class DecisionStats(TaskStats):
         what = "top-1" if self.kind.kind == "classes" else "decision"
         if self.labeled:
             e = paired_drop(self.worse, self.better, self.samples, confidence)
-            return [Figure(f"accuracy drop ({what})", e.drop, e.low, e.high, "points", "higher", "max_drop_points", e.as_dict())]
+            return [Figure(f"accuracy drop ({what})", e.drop, e.low, e.high, "points", "higher", "max_drop_points", decisions=True)]
         e = disagreement(self.disagree, self.samples, confidence)
-        return [Figure(f"{what} disagreement", e.drop, e.low, e.high, "points", "higher", "max_drop_points", e.as_dict())]
+        return [Figure(f"{what} disagreement", e.drop, e.low, e.high, "points", "higher", "max_drop_points", decisions=True)]
 
     def summary(self) -> dict[str, float | None]:
         n = max(self.samples, 1)
@@ -185,13 +184,12 @@ class RegressionStats(TaskStats):
         mean, low, high = mean_bounds(np.concatenate(self.sq_change), confidence)
         scale = spread if spread > 0 else 1.0
         change = Figure("RMS change / FP32 std", math.sqrt(max(mean, 0)) / scale, math.sqrt(max(low, 0)) / scale, math.sqrt(max(high, 0)) / scale,
-                        "", "higher", "max_rel_error", {"fp32_std": spread})  # fmt: skip
+                        "", "higher", "max_rel_error")  # fmt: skip
         if not self.sq_gain:
             return [change]
         var_t = self._variance(self.target_moments) or 1.0
         mean, low, high = mean_bounds(np.concatenate(self.sq_gain), confidence)
-        r2 = Figure("R² drop", mean / var_t * 100, low / var_t * 100, high / var_t * 100, "points", "higher", "max_drop_points",
-                    {"target_var": var_t})  # fmt: skip
+        r2 = Figure("R² drop", mean / var_t * 100, low / var_t * 100, high / var_t * 100, "points", "higher", "max_drop_points")
         return [r2, replace(change, gated=False)]  # with targets the task metric is judged, as top-1 accuracy is
 
     def summary(self) -> dict[str, float | None]:
@@ -243,8 +241,7 @@ class SegmentationStats(TaskStats):
             boot = np.array([self._miou(inter[d].sum(axis=0).T, union[d].sum(axis=0).T) for d in draws])
             drops = (boot[:, 0] - boot[:, 1]) * 100
             low, high = np.quantile(drops, [1 - confidence, confidence])
-            return [Figure("mIoU drop", (miou[0] - miou[1]) * 100, float(low), float(high), "points", "higher", "max_drop_points",
-                           {"fp32_miou": float(miou[0]), "miou": float(miou[1])})]  # fmt: skip
+            return [Figure("mIoU drop", (miou[0] - miou[1]) * 100, float(low), float(high), "points", "higher", "max_drop_points")]
         mean, low, high = mean_bounds(np.concatenate(self.flips), confidence)
         return [Figure("positions changing class", mean * 100, low * 100, high * 100, "points", "higher", "max_drop_points")]
 
@@ -289,7 +286,7 @@ class EmbeddingStats(TaskStats):
             disagree = int((_nearest(ref) != _nearest(out)).sum())
             e = disagreement(disagree, len(ref), confidence)
             figures.append(Figure("nearest-neighbour agreement", 1 - e.drop / 100, 1 - e.high / 100, 1 - e.low / 100, "", "lower",
-                                  "min_neighbour_agreement", {"samples": len(ref), "changed": disagree}))  # fmt: skip
+                                  "min_neighbour_agreement"))  # fmt: skip
         return figures
 
     def summary(self) -> dict[str, float | None]:

@@ -90,6 +90,18 @@ class ModelData:
         return all(p.is_file() for p in (self.eval, self.calib, self.labels))
 
 
+def bundled_model_data(calibration_root: Path, default_root: Path, workdir: Path, name: str) -> ModelData:
+    """Where the bundled model's data is read, or generated when missing: ``calibration_root`` when it
+    already holds the data or was chosen (not ``default_root``), or when it is the source tree's
+    ``calibration/`` (the build runs in the checkout the package lives in); else ``<workdir>/calibration``,
+    so a build run from another directory writes only under its workdir, never into the current one."""
+    given = ModelData.of(calibration_root, name)
+    source_tree = Path(__file__).resolve().parents[1] / default_root
+    if given.complete() or Path(calibration_root) != Path(default_root) or Path(calibration_root).resolve() == source_tree:
+        return given
+    return ModelData.of(Path(workdir) / default_root, name)
+
+
 BUILD_REPORT = ".pipeline-report.json"  # beside each published model: per version, the build that made it
 
 

@@ -13,7 +13,6 @@ from pipeline.tensors import signature_from_onnx
 from tests.conftest import ROOT, cli, one_line_error
 
 pytestmark = pytest.mark.slow
-RNG = np.random.default_rng(0)
 
 
 def _args(tmp_path: Path, model: str, *extra: str) -> list[str]:
@@ -23,8 +22,9 @@ def _args(tmp_path: Path, model: str, *extra: str) -> list[str]:
 
 
 def test_two_heads_are_each_judged_and_verified_in_keras_order(tmp_path: Path) -> None:
-    x = RNG.normal(size=(600, 8)).astype(np.float32)
-    np.savez(tmp_path / "eval.npz", x=x, **{"labels:class_probs": RNG.integers(0, 4, 600), "labels:box": RNG.normal(size=(600, 4))})
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(600, 8)).astype(np.float32)
+    np.savez(tmp_path / "eval.npz", x=x, **{"labels:class_probs": rng.integers(0, 4, 600), "labels:box": rng.normal(size=(600, 4))})
     proc = cli(*_args(tmp_path, "tests.keras_models:two_heads", "--fp16", "--eval-data", str(tmp_path / "eval.npz"), "--verify-served"))
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "'class_probs': classes — trained with sparse_categorical_crossentropy; 'box': regression — trained with mse" in proc.stderr
@@ -40,7 +40,8 @@ def test_two_heads_are_each_judged_and_verified_in_keras_order(tmp_path: Path) -
 
 
 def test_regression_int8_on_the_wrong_scale_fails_and_the_right_scale_passes(tmp_path: Path) -> None:
-    x = RNG.normal(size=(1100, 8)).astype(np.float32)
+    rng = np.random.default_rng(2)
+    x = rng.normal(size=(1100, 8)).astype(np.float32)
     np.savez(tmp_path / "eval.npz", x=x[:600])
     np.savez(tmp_path / "calib_bad.npz", x=x[600:] / 100)  # a preprocessing mistake: activations' ranges 100× too small
     np.savez(tmp_path / "calib.npz", x=x[600:])
@@ -64,7 +65,8 @@ def test_labels_the_model_cannot_produce_stop_the_build_before_conversion(tmp_pa
 
 
 def test_mixed_precision_and_custom_layer_models_build(tmp_path: Path) -> None:
-    images = RNG.random((800, 8, 8, 3), dtype=np.float32)
+    rng = np.random.default_rng(3)
+    images = rng.random((800, 8, 8, 3), dtype=np.float32)
     np.savez(tmp_path / "calib.npz", image=images[:200])
     np.savez(tmp_path / "eval.npz", image=images[200:])
     # An untrained model's near-tie probabilities: what is checked here is that it builds, not how close INT8 stays.

@@ -5,6 +5,7 @@ Tiny real ONNX models (onnx.helper) run in ONNX Runtime; the expected statistics
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
 import numpy as np
@@ -103,8 +104,9 @@ def test_every_candidate_gets_its_own_comparison(tmp_path: Path, data: np.ndarra
 def test_different_output_names_are_refused(tmp_path: Path, data: np.ndarray) -> None:
     ref = runner_for_onnx(linear_softmax(tmp_path / "ref.onnx", WEIGHTS), name="ref")
     other = runner_for_onnx(linear_softmax(tmp_path / "other.onnx", WEIGHTS, output="scores"), name="other")
-    with pytest.raises(PipelineError, match=r"'other' has outputs \['scores'\] but 'ref' has \['probs'\]"):
+    with pytest.raises(PipelineError, match=r"'other' has outputs \['scores'\] but 'ref' has \['probs'\]") as caught:
         compare_runners(ref, [other], batches(data, 8))
+    assert caught.value.fix == "compare models with the same output names"
 
 
 def test_output_stats_accumulate_over_batches() -> None:
@@ -146,3 +148,90 @@ def test_non_finite_values_are_counted_not_averaged() -> None:
     assert stats.max_abs == 0.0 and np.isfinite(stats.mean_cosine)
     stats.add(np.array([[1.0, 1.0]]), np.array([[-np.inf, 1.0]]))
     assert (stats.nonfinite, stats.nonfinite_samples) == (2, 2)
+
+
+def test_every_statistic_of_one_output_against_numpy() -> None:
+    """What the accuracy and served reports record per output, over two batches with NaN and ±Inf where FP32
+    has them too (not counted) and where only the candidate has them (counted, per element and per sample)."""
+    ref = np.array([[1.0, -2.0, 0.5, np.nan], [0.0, 0.0, 0.0, 0.0], [3.0, np.inf, -1.0, 2.0]], dtype=np.float32)
+    out = np.array([[1.5, -2.0, 0.0, np.nan], [0.0, 0.0, 0.0, 0.0], [3.0, np.inf, np.nan, -np.inf]], dtype=np.float32)
+    ref2 = np.array([[2.0, 2.0, 2.0, 2.0]], dtype=np.float32)
+    out2 = np.array([[2.0, 2.0, 2.0, 2.5]], dtype=np.float32)
+    stats = OutputStats()
+    stats.add(ref, out)
+    stats.add(ref2, out2)
+    both = [(1.0, 1.5), (-2.0, -2.0), (0.5, 0.0), (0.0, 0.0), (0.0, 0.0), (0.0, 0.0), (0.0, 0.0), (3.0, 3.0), (2.0, 2.0), (2.0, 2.0), (2.0, 2.0), (2.0, 2.5)]
+    diffs = np.array([abs(o - r) for r, o in both])
+    # per-element statistics over every element, non-finite pairs counted as equal zeros
+    assert (stats.nonfinite, stats.nonfinite_samples) == (2, 1)  # −1 → NaN and 2 → −Inf, both in sample 3
+    assert stats.elements == 16 and stats.samples == 4
+    assert stats.max_abs == 0.5 and stats.mean_abs == pytest.approx(diffs.sum() / 16)
+    assert stats.max_rel == pytest.approx(0.5 / 0.5)
+    sq_ref = sum(r * r for r, _ in both)
+    assert stats.rel_l2 == pytest.approx(math.sqrt((diffs**2).sum() / sq_ref))
+    a = [[1.0, -2.0, 0.5, 0.0], [0.0] * 4, [3.0, 0.0, 0.0, 0.0], [2.0] * 4]
+    b = [[1.5, -2.0, 0.0, 0.0], [0.0] * 4, [3.0, 0.0, 0.0, 0.0], [2.0, 2.0, 2.0, 2.5]]
+    cosines = [1.0 if x == y else float(np.dot(x, y) / (np.linalg.norm(x) * np.linalg.norm(y))) for x, y in zip(a, b)]
+    assert stats.mean_cosine == pytest.approx(np.mean(cosines)) and stats.min_cosine == pytest.approx(min(cosines))
+    assert sorted(stats.as_dict()) == ["elements", "max_abs", "max_rel", "mean_abs", "mean_cosine", "min_cosine", "nonfinite", "nonfinite_samples",
+                                       "rel_l2", "samples"]
+
+
+def test_a_zero_reference_with_a_changed_candidate_has_relative_error_one() -> None:
+    stats = OutputStats()
+    stats.add(np.zeros((2, 3), np.float32), np.zeros((2, 3), np.float32))
+    assert stats.rel_l2 == 0.0 and stats.mean_cosine == 1.0
+    stats.add(np.zeros((1, 3), np.float32), np.full((1, 3), 1e-3, np.float32))
+    assert stats.rel_l2 == 1.0 and stats.samples == 3 and stats.min_cosine == 0.0
+
+
+def test_a_scalar_per_sample_output_and_shape_mismatch() -> None:
+    stats = OutputStats()
+    stats.add(np.array([1.0, 2.0, np.nan], np.float32), np.array([1.0, np.nan, np.nan], np.float32))
+    assert (stats.nonfinite, stats.nonfinite_samples, stats.samples, stats.min_cosine) == (1, 1, 3, 1.0)
+    with pytest.raises(PipelineError, match=r"output shapes differ: \(2, 3\) against the reference's \(2, 2\)") as caught:
+        stats.add(np.zeros((2, 2), np.float32), np.zeros((2, 3), np.float32))
+    assert caught.value.fix == "compare models with the same outputs"
+
+
+def test_the_comparison_record_names_runner_samples_and_each_outputs_task_summary() -> None:
+    from pipeline.compare import new_comparison
+
+    kind = OutputKind("probs", "classes", "test", classes=3)
+    comparison = new_comparison("int8-onnx", {"probs": kind}, 0.5)
+    probs = np.eye(3, dtype=np.float32)[[0, 1, 2, 0]]
+    comparison.add({"probs": probs}, {"probs": probs[[0, 1, 2, 1]]}, {"probs": np.array([0, 1, 2, 0])})
+    record = comparison.as_dict()
+    assert (record["runner"], record["samples"]) == ("int8-onnx", 4)
+    assert record["outputs"]["probs"]["accuracy"] == 0.75 and record["outputs"]["probs"]["reference_accuracy"] == 1.0
+    assert record["outputs"]["probs"]["agreement"] == 0.75 and record["outputs"]["probs"]["nonfinite"] == 0
+
+
+def test_decisions_are_made_at_the_threshold_given(tmp_path: Path, data: np.ndarray) -> None:
+    """Read as three independent sigmoid-like scores, the same two models agree or not depending on the threshold."""
+    ref = runner_for_onnx(linear_softmax(tmp_path / "ref.onnx", WEIGHTS), name="ref")
+    cand = runner_for_onnx(linear_softmax(tmp_path / "cand.onnx", WEIGHTS * 1.3), name="cand")
+    tags = {"probs": OutputKind("probs", "multilabel", "test", classes=3)}
+    cut = {t: compare_runners(ref, [cand], batches(data, 8), kinds=tags, threshold=t)[0].summary("probs")["agreement"] for t in (0.2, 0.5)}
+    p_ref, p_cand = softmax(data @ WEIGHTS), softmax(data @ (WEIGHTS * 1.3))
+    assert cut == {t: pytest.approx(float(((p_ref > t) == (p_cand > t)).mean())) for t in (0.2, 0.5)} and cut[0.2] != cut[0.5]
+
+
+def test_non_finite_values_count_where_the_two_differ() -> None:
+    """+Inf against −Inf, NaN against Inf and a number against NaN are three mismatches in three samples; the
+    same ±Inf or NaN in both is none."""
+    stats = OutputStats()
+    ref = np.array([[np.inf], [np.nan], [np.inf], [1.0], [np.nan]], dtype=np.float32)
+    out = np.array([[-np.inf], [np.inf], [np.inf], [np.nan], [np.nan]], dtype=np.float32)
+    stats.add(ref, out)
+    assert (stats.nonfinite, stats.nonfinite_samples) == (3, 3)
+
+
+def test_small_values_keep_their_relative_error_and_cosine() -> None:
+    """Vectors and sums of squares below 1 are not special: rel L2 and cosine are the plain ratios."""
+    stats = OutputStats()
+    ref, out = np.array([[0.1, 0.2]], np.float32), np.array([[0.2, 0.1]], np.float32)
+    stats.add(ref, out)
+    r, o = ref.astype(np.float64)[0], out.astype(np.float64)[0]
+    assert stats.rel_l2 == pytest.approx(np.linalg.norm(o - r) / np.linalg.norm(r))
+    assert stats.mean_cosine == pytest.approx(r @ o / (np.linalg.norm(r) * np.linalg.norm(o)))

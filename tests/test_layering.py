@@ -127,3 +127,57 @@ def test_the_cycle_finder_sees_a_cycle_within_one_layer() -> None:
 def test_every_module_the_layers_name_exists() -> None:
     named = TOP | ORCHESTRATION | set(SERVICES) | {"pipeline.stages"}
     assert sorted(n for n in named if n not in MODULES) == []
+
+
+# ---- the package tree: nothing imports up it; no module does several jobs' worth of lines -------------------------
+
+MAX_LINES = 450
+# Nothing is exempt.
+EVERY_FILE = sorted(ROOT.rglob("*.py"))
+
+
+def _package(module: str) -> str | None:
+    """The subpackage a module belongs to (``pipeline.loadtest`` for ``pipeline.loadtest.engine``); None at the top."""
+    parts = module.split(".")
+    return ".".join(parts[:2]) if len(parts) > 2 else None
+
+
+def _reaches(start: str, graph: dict[str, set[str]]) -> set[str]:
+    seen, todo = set(), [start]
+    while todo:
+        for nxt in graph.get(todo.pop(), ()):
+            if nxt not in seen:
+                seen.add(nxt)
+                todo.append(nxt)
+    return seen
+
+
+def _upward(graph: dict[str, set[str]]) -> list[tuple[str, str]]:
+    """(module, imported) where ``module`` sits in a subpackage and ``imported``, outside it, imports that
+    subpackage back (directly or through others): a module above it in the package tree."""
+    found = []
+    for module, imported in sorted(graph.items()):
+        package = _package(module)
+        if package is None:
+            continue
+        for name in sorted(imported):
+            if _package(name) != package and any(_under(m, (package,)) for m in _reaches(name, graph)):
+                found.append((module, name))
+    return found
+
+
+def test_no_module_imports_up_the_package_tree() -> None:
+    graph = {module: _package_edges(module) for module in MODULES}
+    assert _upward(graph) == []
+
+
+def test_the_upward_check_sees_a_command_importing_the_page_that_reads_its_reports() -> None:
+    graph = {"pipeline.loadtest.loadtest_cli": {"pipeline.htmlreport"}, "pipeline.htmlreport": {"pipeline.loadtest.report"},
+             "pipeline.loadtest.report": set(), "pipeline.loadtest.engine": {"pipeline.errors"}, "pipeline.errors": set()}
+    assert _upward(graph) == [("pipeline.loadtest.loadtest_cli", "pipeline.htmlreport")]
+
+
+@pytest.mark.parametrize("path", [p.relative_to(ROOT.parent).as_posix() for p in EVERY_FILE])
+def test_no_module_is_over_450_lines(path: str) -> None:
+    lines = len((ROOT.parent / path).read_text().splitlines())
+    assert lines <= MAX_LINES, f"{path} has {lines} lines (at most {MAX_LINES}): split it by job"

@@ -134,7 +134,20 @@ def test_too_few_samples_is_undecided_not_passed() -> None:
     RNG = np.random.default_rng(0)
     p = RNG.random((40, 10)).astype(np.float32)
     result = judge(OutputKind("probs", "classes", "test", classes=10), p, p)
-    assert not result.passed and result.undecided and "not enough evaluation data" in result.undecided[0]
+    assert not result.passed and result.undecided and "not enough evaluation data to judge a 1-point limit" in result.undecided[0]
+    assert result.undecided[0].endswith("; even a perfect result needs ≥ 268 samples")  # bounds.min_samples(1.0, 0.95)
+
+
+def test_an_output_without_a_kind_fails_and_is_named() -> None:
+    """An output nothing judges must not pass: a variant whose second output is garbage would be published."""
+    RNG = np.random.default_rng(0)
+    probs = RNG.random((400, 10)).astype(np.float32)
+    kind = OutputKind("probs", "classes", "test", classes=10)
+    comparison = new_comparison("int8-onnx", {"probs": kind}, INT8.threshold)
+    comparison.add({"probs": probs, "box": probs[:, :4]}, {"probs": probs, "box": -probs[:, :4]}, {})
+    result = judge_comparison("int8-onnx", "int8", "onnx", comparison, INT8, {"probs": kind})
+    assert not result.passed and result.failures == ["output 'box' has no kind, so no gate judges it (known: probs)"]
+    assert {r["output"]: r["verdict"] for r in result.rows if r["metric"] == "output kind"} == {"box": "fail"}
 
 
 # ---- kinds and labels ----------------------------------------------------------------------------------------------

@@ -18,43 +18,24 @@ from __future__ import annotations
 import select
 import socket
 import time
-from collections import deque
-from collections.abc import Iterator
 
-from pipeline.errors import PipelineError
 from pipeline.loadtest.client import Endpoint, response_frame
-from pipeline.loadtest.loop import EpollLoop, backoff_ns, new_socket, take_payload
-from pipeline.loadtest.policy import ClosedLoop, OpenLoop, Policy
-from pipeline.loadtest.recorder import Recorder, connect_kind, error_detail, lost_kind
+from pipeline.loadtest.loop import EpollLoop, Target, new_socket, take_payload
+from pipeline.loadtest.policy import ClosedLoop, OpenLoop, Policy, backoff_ns
+from pipeline.loadtest.recorder import connect_kind, error_detail, lost_kind
 
 _RECV = 65536
 _IN, _OUT, _BAD = select.EPOLLIN, select.EPOLLOUT, select.EPOLLHUP | select.EPOLLERR
 
 
-class _Target:
-    """Per-endpoint state: its requests, its connections, its record."""
+class _Target(Target):
+    """Per-endpoint state (:class:`pipeline.loadtest.loop.Target`) and its connections."""
 
     def __init__(self, endpoint: Endpoint, payloads: list[bytes], policy: Policy, max_connections: int) -> None:
-        self.endpoint = endpoint
-        self.payloads = payloads
-        self.next_payload = 0
-        self.recorder = Recorder()
-        self.want = policy.concurrency if isinstance(policy, ClosedLoop) else 0
-        self.max_connections = policy.concurrency if isinstance(policy, ClosedLoop) else max_connections
+        super().__init__(endpoint, payloads, policy, max_connections, "--url")
         self.open: set[_Conn] = set()
         self.connecting = 0
         self.idle: list[_Conn] = []
-        self.backlog: deque[int] = deque()
-        self.failures = 0
-        self.retry_armed = False
-        self.next_due_ns = 0
-        self.gaps: Iterator[int] | None = None
-        self.unsent = 0
-        try:
-            info = socket.getaddrinfo(endpoint.host, endpoint.port, type=socket.SOCK_STREAM)[0]
-        except OSError as exc:
-            raise PipelineError(f"cannot resolve '{endpoint.host}' ({exc})", "pass --url with a reachable HOST:PORT") from None
-        self.family, self.sockaddr = info[0], info[4]
 
 
 class _Conn:
@@ -74,7 +55,7 @@ class _Conn:
 
 class HttpEngine(EpollLoop):
     """Drive ``policy`` against every endpoint; each endpoint gets the full policy (its own
-    ``concurrency`` connections, or its own ``rate``) and its own :class:`Recorder`.
+    ``concurrency`` connections, or its own ``rate``) and its own :class:`~pipeline.loadtest.recorder.Recorder`.
 
     Use: ``start()``, then ``run_until(deadline_ns)`` as often as needed (the controller reads the
     recorders in between), then ``finish(drain_s)``.
@@ -98,7 +79,7 @@ class HttpEngine(EpollLoop):
         self._begin()
         for t in self._targets:
             if isinstance(self._policy, OpenLoop):
-                t.want = min(t.max_connections, 4)
+                t.want = min(t.max_open, 4)
             self._grow(t)
 
     @property
@@ -198,7 +179,7 @@ class HttpEngine(EpollLoop):
             due += next(gaps)  # type: ignore[arg-type]
         t.next_due_ns = due
         if t.backlog:
-            t.want = min(t.max_connections, len(t.open) + t.connecting + len(t.backlog))
+            t.want = min(t.max_open, len(t.open) + t.connecting + len(t.backlog))
             self._grow(t)
 
     # -- connections ----------------------------------------------------------------------------

@@ -31,12 +31,11 @@ from pipeline._lazy import import_optional
 from pipeline.errors import PipelineError
 from pipeline.loadtest.client import Endpoint
 from pipeline.loadtest.payload import ModelIO
-from pipeline.loadtest.policy import ClosedLoop, OpenLoop, Policy
+from pipeline.loadtest.policy import ClosedLoop, OpenLoop, Policy, backoff_ns
 from pipeline.loadtest.recorder import Recorder
 from pipeline.loadtest.request_check import compare_with_tritonclient
 
 _METHOD = "/inference.GRPCInferenceService/ModelInfer"
-_BACKOFF_NS = (10_000_000, 20_000_000, 50_000_000, 100_000_000, 200_000_000, 500_000_000)
 _TICK_NS = 5_000_000  # how often the controller's thread looks at retries when nothing is due
 # gRPC core follows http_proxy/https_proxy/grpc_proxy, even for loopback; a load generator talks to Triton directly.
 _DIRECT = [("grpc.enable_http_proxy", 0)]
@@ -207,5 +206,5 @@ class GrpcEngine:
             t.recorder.error(kind, str(getattr(exc, "details", lambda: exc)()))
             t.failures += 1
             if self._running and isinstance(self._policy, ClosedLoop):
-                delay = _BACKOFF_NS[min(t.failures, len(_BACKOFF_NS)) - 1]
+                delay = backoff_ns(t.failures)
                 heapq.heappush(self._retries, (now + delay, id(future), t))

@@ -28,15 +28,14 @@ from collections import deque
 from typing import Any
 
 from pipeline._lazy import import_optional
-from pipeline.errors import PipelineError
 from pipeline.loadtest.client import Endpoint
 from pipeline.loadtest.h2_frames import (
     ACK, CONTINUATION, DATA, END_HEADERS, END_STREAM, GOAWAY, HEADERS, LAST_STREAM_ID, MAX_WINDOW, PADDED, PING, PREFACE,
     PRIORITY, RST_STREAM, SETTINGS, STATUS_NAMES, WINDOW_UPDATE, all_indexed, frame, request_headers,
 )  # fmt: skip
-from pipeline.loadtest.loop import EpollLoop, backoff_ns, new_socket, take_payload
-from pipeline.loadtest.policy import ClosedLoop, OpenLoop, Policy
-from pipeline.loadtest.recorder import Recorder, connect_kind, lost_kind
+from pipeline.loadtest.loop import EpollLoop, Target, new_socket, take_payload
+from pipeline.loadtest.policy import ClosedLoop, OpenLoop, Policy, backoff_ns
+from pipeline.loadtest.recorder import connect_kind, lost_kind
 
 _TOP_UP = 2**30  # received bytes after which the connection window is re-opened
 _RECV = 262144
@@ -83,27 +82,14 @@ class _Conn:
         self.polling_out = False
 
 
-class _Target:
+class _Target(Target):
+    """Per-endpoint state (:class:`pipeline.loadtest.loop.Target`), its gRPC messages and its one connection."""
+
     def __init__(self, endpoint: Endpoint, payloads: list[bytes], policy: Policy, max_in_flight: int) -> None:
-        self.endpoint = endpoint
-        self.payloads = [b"\x00" + len(p).to_bytes(4, "big") + p for p in payloads]  # gRPC messages: uncompressed, length, protobuf
-        self.next_payload = 0
-        self.recorder = Recorder()
-        self.want = policy.concurrency if isinstance(policy, ClosedLoop) else 0
-        self.max_in_flight = policy.concurrency if isinstance(policy, ClosedLoop) else max_in_flight
+        # gRPC messages: uncompressed, length, protobuf
+        super().__init__(endpoint, [b"\x00" + len(p).to_bytes(4, "big") + p for p in payloads], policy, max_in_flight, "--grpc-url")
         self.conn: _Conn | None = None
-        self.backlog: deque[int] = deque()
-        self.failures = 0
-        self.retry_armed = False
-        self.next_due_ns = 0
-        self.gaps: Any = None
-        self.unsent = 0
         self.headers = request_headers(endpoint.address)
-        try:
-            info = socket.getaddrinfo(endpoint.host, endpoint.port, type=socket.SOCK_STREAM)[0]
-        except OSError as exc:
-            raise PipelineError(f"cannot resolve '{endpoint.host}' ({exc})", "pass --grpc-url with a reachable HOST:PORT") from None
-        self.family, self.sockaddr = info[0], info[4]
 
 
 class H2GrpcEngine(EpollLoop):
@@ -186,7 +172,7 @@ class H2GrpcEngine(EpollLoop):
 
     def _room(self, t: _Target) -> bool:
         conn = t.conn
-        return conn is not None and not conn.connecting and not conn.draining and len(conn.streams) < min(t.max_in_flight, conn.peer_streams)
+        return conn is not None and not conn.connecting and not conn.draining and len(conn.streams) < min(t.max_open, conn.peer_streams)
 
     def _refill(self, t: _Target) -> None:
         """Closed loop: back to ``concurrency`` streams; open loop: send the backlog."""

@@ -20,13 +20,14 @@ from pipeline.loadtest.policy import ARRIVALS, policies_from_options
 from pipeline.loadtest.results import RunResult, best_point, unstable_hint
 from pipeline.loadtest.runner import PROTOCOLS, LoadTestSettings, run_loadtest
 from pipeline.loadtest.shm import SHARED_MEMORY
-from pipeline.reportdirs import REPORT_DIR_HELP, run_report_dirs
+from pipeline.options import CALIBRATION_ROOT
+from pipeline.reportdirs import REPORT_DIR_HELP, PageRefresher, run_report_dirs
 
 log = logging.getLogger(__name__)
 
 
-def register(subparsers: argparse._SubParsersAction) -> None:
-    """Add the ``loadtest`` command."""
+def register(subparsers: argparse._SubParsersAction, refresh_page: PageRefresher | None = None) -> None:
+    """Add the ``loadtest`` command; ``refresh_page`` updates the HTML page after it (None: no page)."""
     p = subparsers.add_parser(
         "loadtest",
         help="measure latency and throughput of Triton (closed-loop concurrency sweep or open-loop request rate)",
@@ -91,7 +92,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                           "takes at --batch-size; required for outputs of variable size)")
     req.add_argument("--data", type=Path, metavar="NPZ",
                      help="samples to send, one array per input name (default: <calibration-root>/<model>/eval.npz)")
-    req.add_argument("--calibration-root", type=Path, default=Path("calibration"),
+    req.add_argument("--calibration-root", type=Path, default=CALIBRATION_ROOT,
                      help="where <model>/eval.npz lives; variants digits_fp16, digits_int8_trt use digits/ (default: %(default)s)")
     req.add_argument("--timeout-ms", type=float, default=5000, help="a request without response after this counts as a timeout (default: %(default)g)")
     load = p.add_argument_group("load policy")
@@ -137,7 +138,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     out.add_argument("--report-dir", type=Path, help=REPORT_DIR_HELP.format(run="<timestamp>"))
     out.add_argument("--workdir", type=Path, default=Path("build"),
                      help="server logs (<workdir>/triton), the reports folder and the builds the page shows (default: %(default)s)")
-    p.set_defaults(handler=run)
+    p.set_defaults(handler=run, refresh_page=refresh_page)
 
 
 def settings_from_args(
@@ -265,9 +266,7 @@ def _show(result: RunResult, args: argparse.Namespace, report_dir: Path, page_fo
     console.print(metrics_table(result))
     written = write_reports(result, report_dir, args.slo_p99_ms)
     console.print(f"reports: {', '.join(str(p) for p in written)}")
-    from pipeline.htmlreport import refresh_html_report
-
-    page = refresh_html_report(args.workdir, page_folder)
+    page = args.refresh_page(args.workdir, page_folder) if args.refresh_page else None
     if page:
         console.print(f"report: {page}")
     return _verdict(result, args.slo_p99_ms, console)

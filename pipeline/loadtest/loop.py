@@ -1,5 +1,6 @@
-"""What the HTTP and the HTTP/2 (gRPC) engines share: the epoll, the open-loop due timer, the
-time-out watch, and the end of a point (drain, then count what was abandoned or never sent)."""
+"""What the HTTP and the HTTP/2 (gRPC) engines share: the per-endpoint state (:class:`Target`), the
+epoll, the open-loop due timer, the time-out watch, and the end of a point (drain, then count what was
+abandoned or never sent)."""
 
 from __future__ import annotations
 
@@ -9,22 +10,41 @@ import itertools
 import select
 import socket
 import time
-from collections.abc import Callable
+from collections import deque
+from collections.abc import Callable, Iterator
 from typing import Any
 
-from pipeline.loadtest.policy import OpenLoop, Policy
+from pipeline.errors import PipelineError
+from pipeline.loadtest.client import Endpoint
+from pipeline.loadtest.policy import ClosedLoop, OpenLoop, Policy
 from pipeline.loadtest.recorder import Recorder
 from pipeline.loadtest.timer import DueTimer
 
 _IN, _OUT, _BAD = select.EPOLLIN, select.EPOLLOUT, select.EPOLLHUP | select.EPOLLERR
 
 
-BACKOFF_NS = (10_000_000, 20_000_000, 50_000_000, 100_000_000, 200_000_000, 500_000_000)
+class Target:
+    """Per-endpoint state of an epoll engine: its requests, its open-loop schedule, its back-off and its
+    record; ``max_open`` caps its connections (HTTP) or streams (HTTP/2), the concurrency in a closed loop."""
 
-
-def backoff_ns(failures: int) -> int:
-    """How long to wait before the next connect after ``failures`` (≥ 1) failures in a row."""
-    return BACKOFF_NS[min(failures, len(BACKOFF_NS)) - 1]
+    def __init__(self, endpoint: Endpoint, payloads: list[bytes], policy: Policy, max_open: int, url_flag: str) -> None:
+        self.endpoint = endpoint
+        self.payloads = payloads
+        self.next_payload = 0
+        self.recorder = Recorder()
+        self.want = policy.concurrency if isinstance(policy, ClosedLoop) else 0
+        self.max_open = policy.concurrency if isinstance(policy, ClosedLoop) else max_open
+        self.backlog: deque[int] = deque()
+        self.failures = 0
+        self.retry_armed = False
+        self.next_due_ns = 0
+        self.gaps: Iterator[int] | None = None
+        self.unsent = 0
+        try:
+            info = socket.getaddrinfo(endpoint.host, endpoint.port, type=socket.SOCK_STREAM)[0]
+        except OSError as exc:
+            raise PipelineError(f"cannot resolve '{endpoint.host}' ({exc})", f"pass {url_flag} with a reachable HOST:PORT") from None
+        self.family, self.sockaddr = info[0], info[4]
 
 
 def new_socket(family: int) -> socket.socket:

@@ -122,3 +122,11 @@ def policies_from_options(concurrency: str | None, request_rate: str | None, arr
     if request_rate:
         return [OpenLoop(r, arrivals, seed) for r in _numbers(request_rate, "--request-rate", float)]
     return [ClosedLoop(c) for c in _numbers(concurrency or "1,2,4,8,16,32", "--concurrency", int)]
+
+
+BACKOFF_NS = (10_000_000, 20_000_000, 50_000_000, 100_000_000, 200_000_000, 500_000_000)  # every engine's retry schedule
+
+
+def backoff_ns(failures: int) -> int:
+    """How long to wait before the next connect (or closed-loop re-send) after ``failures`` (≥ 1) failures in a row."""
+    return BACKOFF_NS[min(failures, len(BACKOFF_NS)) - 1]

@@ -4,7 +4,7 @@ INT8 Q/DQ models are evaluated with Q/DQ semantics (quantize → dequantize in f
 kernels, what TensorRT computes), never through ONNX Runtime's fused integer CPU kernels, so
 the gate predicts the engine and not a quirk of this CPU. Engines, where built, run through
 Polygraphy's TrtRunner against the same reference and gates. How a variant is judged (the drop
-with its confidence bounds per output kind) is pipeline.gates, what each kind measures pipeline.taskstats.
+with its confidence bounds per output kind) is pipeline.judging, what each kind measures pipeline.taskstats.
 """
 
 from __future__ import annotations

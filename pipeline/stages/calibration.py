@@ -21,7 +21,7 @@ from __future__ import annotations
 import logging
 import math
 from collections import Counter
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
@@ -136,10 +136,8 @@ class CalibrationData:
         """Split off ``count`` samples, the tail of every size group in proportion to its size: the
         calibration data left (None when nothing is), and the held-out samples as (group label, arrays)."""
         require(1 <= count <= self.num_samples, f"cannot hold out {count} of {self.num_samples} calibration samples")
-        kept_groups, held, left = [], [], count
-        for index, group in enumerate(self.groups):
-            share = left if index == len(self.groups) - 1 else min(left, group.count, round(count * group.count / self.num_samples))
-            left -= share
+        kept_groups, held = [], []
+        for group, share in zip(self.groups, proportional_shares([g.count for g in self.groups], count), strict=True):
             if share:
                 held.append((group.label, group.take(group.count - share, group.count)))
             if group.count - share:
@@ -160,6 +158,20 @@ class CalibrationData:
     def fingerprint(self) -> str:
         """sha256 of the source files and the settings that shaped the samples."""
         return hash_settings({"data": hash_path(self.origin), **self.settings})
+
+
+def proportional_shares(counts: Sequence[int], total: int) -> list[int]:
+    """``total`` split over groups of ``counts`` in proportion to their sizes (largest remainders), each
+    share at most its group's count: a remainder goes only to a group whose exact share is fractional,
+    which is below its count, so no group gives more samples than it has."""
+    require(0 <= total <= sum(counts), f"cannot take {total} of {sum(counts)} samples")
+    whole = sum(counts)
+    exact = [total * c / whole if whole else 0.0 for c in counts]
+    shares = [math.floor(e) for e in exact]
+    by_remainder = sorted(range(len(counts)), key=lambda i: (shares[i] - exact[i], i))
+    for i in by_remainder[: total - sum(shares)]:
+        shares[i] += 1
+    return shares
 
 
 def calibration_from_path(

@@ -34,7 +34,8 @@ from pipeline.budget import DEFAULT_MAX_MEMORY_GIB
 from pipeline.errors import PipelineError, require
 from pipeline.stages.calibration import CalibrationData
 from pipeline.stages.fp16 import DEFAULT_FP32_OPS
-from pipeline.stages.int8 import QuantRecipe, quantized_onnx_from_onnx
+from pipeline.stages.int8 import quantized_onnx_from_onnx
+from pipeline.stages.int8_calibrate import QuantRecipe
 
 log = logging.getLogger(__name__)
 

@@ -51,7 +51,7 @@ def layer_errors_from_models(fp32: Path, int8: Path, feed: Mapping[str, np.ndarr
 
     import onnx
 
-    from pipeline.stages.int8 import prepared_model
+    from pipeline.stages.int8_calibrate import prepared_model
 
     quantized = onnx.load(str(int8))
     producers = {o: n for n in quantized.graph.node for o in n.output}

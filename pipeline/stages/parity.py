@@ -31,7 +31,7 @@ def _parity_report(saved: Path, onnx_path: Path, data: EvalData, dst: Path, *, a
     ort_runner = runner_for_onnx(onnx_path, name="onnxruntime")
     with progress("parity TensorFlow vs ONNX", data.num_batches(batch_size), unit="batches") as bar:
         [comparison] = compare_runners(tf_runner, [ort_runner], bar.track(data.batches(batch_size)))
-    failures = _failures(comparison, atol, rtol)
+    failures = parity_failures(comparison, atol, rtol)
     report = {
         "reference": "tensorflow (SavedModel serving_default)",
         "candidate": "onnxruntime (CPU, FP32)",
@@ -50,7 +50,9 @@ def _parity_report(saved: Path, onnx_path: Path, data: EvalData, dst: Path, *, a
     return dst
 
 
-def _failures(comparison: Comparison, atol: float, rtol: float) -> list[str]:
+def parity_failures(comparison: Comparison, atol: float, rtol: float) -> list[str]:
+    """Why ONNX (the candidate of ``comparison``) differs from TensorFlow: a NaN/Inf where TensorFlow is finite, or
+    an element past ``atol`` (and, with ``rtol`` > 0, past ``rtol`` relative to TensorFlow too)."""
     failures = []
     for name, stats in comparison.outputs.items():
         if stats.nonfinite:

@@ -46,7 +46,7 @@ if TYPE_CHECKING:
 WARMUP_DIR = "warmup"
 QDQ_GRAPH_LEVEL = 2  # Triton onnxruntime backend: 2 → ORT_DISABLE_ALL (exact Q/DQ semantics)
 # Triton's onnxruntime backend mapping of optimization.graph.level (not ORT's enum order).
-ORT_LEVEL_BY_GRAPH_LEVEL = {-1: "ORT_ENABLE_BASIC", 1: "ORT_ENABLE_EXTENDED", 2: "ORT_DISABLE_ALL"}
+ORT_LEVEL_BY_GRAPH_LEVEL = {0: "ORT_ENABLE_ALL", -1: "ORT_ENABLE_BASIC", 1: "ORT_ENABLE_EXTENDED", 2: "ORT_DISABLE_ALL"}  # other levels: ALL
 KINDS = ("KIND_AUTO", "KIND_GPU", "KIND_CPU")
 
 _PLATFORM = {"onnx": ("onnxruntime_onnx", "onnxruntime", "model.onnx"), "plan": ("tensorrt_plan", "tensorrt", "model.plan")}

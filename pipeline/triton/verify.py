@@ -13,7 +13,6 @@ import json
 import logging
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
@@ -23,29 +22,12 @@ from pipeline.artifacts import WIRE_PRECISIONS, parse_variant
 from pipeline.errors import CheckFailed, PipelineError
 from pipeline.evaldata import EvalData
 from pipeline.progress import progress
-from pipeline.gates import Gates, tolerance_for
+from pipeline.gates import Gates
 from pipeline.outputkinds import OutputKind
 from pipeline.stages.trt_seam import PolygraphyTensorRT, TensorRT
+from pipeline.triton.served_gate import ServedResult, gate_against_fp32, results_as_json, served_against_inprocess
 
 log = logging.getLogger(__name__)
-
-
-@dataclass
-class ServedResult:
-    """One served model: every output served against the same file in process, and its gates against served FP32."""
-
-    model: str
-    base: str
-    precision: str
-    version: int
-    samples: int
-    outputs: dict[str, dict]  # per output: kind, max abs served vs in-process, NaN/Inf, served and in-process task metric
-    failures: list[str]
-    notes: list[str] = field(default_factory=list)
-    gates: list[dict] = field(default_factory=list)  # each output's figures against served FP32 (pipeline.judging)
-    kinds: dict[str, OutputKind] = field(default_factory=dict, repr=False)
-    served: list[dict[str, np.ndarray]] = field(default_factory=list, repr=False)  # per batch, for the comparison with FP32
-    targets: list[dict[str, np.ndarray]] = field(default_factory=list, repr=False)  # the labels of those batches
 
 
 def served_outputs(url: str, model: str, data: EvalData, outputs: Sequence[str], batch_size: int) -> list[dict[str, np.ndarray]]:
@@ -87,46 +69,9 @@ def verify_served_model(
     comparison = new_comparison(model, kinds, threshold)
     for batch, theirs, target in zip(data.batches(batch_size), served, data.target_batches(batch_size), strict=True):
         comparison.add(dict(zip(list(kinds), session.run(list(kinds), batch))), theirs, target)
-    failures, outputs = [], {}
-    for name, stats in comparison.outputs.items():
-        summary = comparison.summary(name)
-        outputs[name] = {"kind": kinds[name].kind, "max_abs_diff": stats.max_abs, "nonfinite": stats.nonfinite, "agreement": summary.get("agreement"),
-                         "served_metric": summary.get("accuracy"), "inprocess_metric": summary.get("reference_accuracy")}  # fmt: skip
-        if stats.nonfinite:
-            failures.append(f"output '{name}': {stats.nonfinite} NaN/Inf values served where in-process ones are finite")
-        if stats.max_abs > atol:
-            failures.append(f"output '{name}' served differs from in-process by up to {stats.max_abs:.3g} (> {atol:g})")
+    outputs, failures = served_against_inprocess(comparison, kinds, atol)
     return ServedResult(model, base, precision, int(model_file.parent.name), comparison.samples, outputs, failures, kinds=dict(kinds), served=served,
                         targets=list(data.target_batches(batch_size)))
-
-
-def gate_against_fp32(results: Sequence[ServedResult], gates: Mapping[str, Gates]) -> None:
-    """Each served variant against served FP32 on the same samples, every output judged by its kind as the
-    build's gate (pipeline.judging): a failure fails; a set too small to decide is noted (the build judged it)."""
-    from pipeline.compare import new_comparison
-    from pipeline.judging import judge_comparison
-
-    fp32 = {r.base: r for r in results if r.precision == "fp32"}
-    for result in results:
-        ref = fp32.get(result.base)
-        if ref is None or result is ref:
-            continue
-        tolerance = tolerance_for(result.precision, gates[result.model])
-        comparison = new_comparison(result.model, result.kinds, tolerance.threshold)
-        if len(ref.served) != len(result.served):
-            result.notes.append("served vs served FP32: not compared (the two were verified on different data)")
-            continue
-        for theirs, mine, target in zip(ref.served, result.served, result.targets, strict=True):
-            comparison.add(theirs, mine, target)
-        verdict = judge_comparison(result.model, result.precision, "served", comparison, tolerance, result.kinds)
-        result.gates = verdict.rows
-        result.failures += [f"served vs served FP32: {why}" for why in verdict.failures]
-        result.notes += [f"served vs served FP32: {why}" for why in verdict.undecided]
-
-
-def results_as_json(results: Sequence[ServedResult]) -> list[dict]:
-    """The report rows (served outputs and kinds left out)."""
-    return [{f.name: getattr(r, f.name) for f in fields(r) if f.name not in ("served", "targets", "kinds")} | {"passed": not r.failures} for r in results]
 
 
 def verify_repository(
@@ -156,50 +101,12 @@ def verify_repository(
     With the embedded server, a TensorRT plan built for another TensorRT version or GPU than the
     ones at hand (``tensorrt``, default: the installed TensorRT) is refused in one line.
     """
-    from pipeline.triton.repository import read_repository
     from pipeline.triton.server import TritonServer
 
-    chosen, not_verified, plans = {}, {}, {}
-    for name, model in sorted(read_repository(repository).items()):
-        if models and name not in models:
-            continue
-        if model.config.platform == "tensorrt_plan" or model.config.backend == "tensorrt":
-            plans[name] = model.path
-        if model.config.platform != "onnxruntime_onnx":
-            not_verified[name] = f"{model.config.platform or model.config.backend} models need their own runtime (a TensorRT plan needs a GPU server)"
-        elif parse_variant(name) is None:
-            not_verified[name] = "not built by this pipeline (no variant suffix): no build record to judge it by"
-        elif parse_variant(name)[1] in WIRE_PRECISIONS:  # type: ignore[index]
-            not_verified[name] = ("takes uint8 inputs: verify does not turn evaluation samples into uint8 yet "
-                                  "(its build's parity gate held it to FP32's outputs)")
-        else:
-            chosen[name] = model
+    chosen, not_verified, plans = _servable_models(repository, models)
     if plans and url is None:
         _check_plans_at_hand(plans, tensorrt or PolygraphyTensorRT())
-    missing = sorted(set(models) - set(chosen) - set(not_verified))
-    if missing or not chosen:
-        raise PipelineError(f"no servable pipeline ONNX model named {missing or 'any'} in {repository}", "run `python -m pipeline build` or check --model")
-
-    planned: dict[str, tuple] = {}
-    limits: dict[str, Gates] = {}
-    batches = {}
-    for name, model in chosen.items():
-        base, _ = parse_variant(name)  # type: ignore[misc]
-        batches[base] = min(batches.get(base, batch_size), model.config.max_batch_size or batch_size)
-    for name, model in chosen.items():
-        base, _ = parse_variant(name)  # type: ignore[misc]
-        plan = _plan(name, model, base, (eval_data or {}).get(base), calibration_root)
-        if isinstance(plan, str):
-            not_verified[name] = plan
-            log.warning("%s: not verified, %s", name, plan)
-            continue
-        planned[name] = (*plan, batches[base])
-        limits[name] = _recorded_gates(model.path, gates)
-    for name, why in not_verified.items():
-        log.warning("%s: not verified: %s", name, why)
-    if not planned:
-        raise PipelineError(f"no evaluation data for any of {sorted(chosen)}", "pass --eval-data PATH.npz (one array per input name, plus labels)")
-
+    planned, limits = _planned(chosen, not_verified, eval_data or {}, calibration_root, batch_size, gates)
     server = None if url else TritonServer(repository, workdir=workdir)
     results = []
     with server if server else contextlib.nullcontext(), progress("served verification", len(planned), unit="models") as bar:
@@ -235,6 +142,57 @@ def _check_plans_at_hand(plans: Mapping[str, Path], tensorrt: TensorRT) -> None:
         return
     where = f"this machine (TensorRT {platform.tensorrt_version}, {platform.gpu.name})"
     check_plan_models(plans, tensorrt_version=platform.tensorrt_version, compute_capability=platform.gpu.compute_capability, target=where)
+
+
+def _servable_models(repository: Path, models: Sequence[str]) -> tuple[dict[str, Any], dict[str, str], dict[str, Path]]:
+    """The pipeline's ONNX models of ``repository`` (those named in ``models``, or all), why the others cannot be
+    verified here, and the TensorRT plan models among them (name → model folder)."""
+    from pipeline.triton.repository import read_repository
+
+    chosen, not_verified, plans = {}, {}, {}
+    for name, model in sorted(read_repository(repository).items()):
+        if models and name not in models:
+            continue
+        if model.config.platform == "tensorrt_plan" or model.config.backend == "tensorrt":
+            plans[name] = model.path
+        if model.config.platform != "onnxruntime_onnx":
+            not_verified[name] = f"{model.config.platform or model.config.backend} models need their own runtime (a TensorRT plan needs a GPU server)"
+        elif parse_variant(name) is None:
+            not_verified[name] = "not built by this pipeline (no variant suffix): no build record to judge it by"
+        elif parse_variant(name)[1] in WIRE_PRECISIONS:  # type: ignore[index]
+            not_verified[name] = ("takes uint8 inputs: verify does not turn evaluation samples into uint8 yet "
+                                  "(its build's parity gate held it to FP32's outputs)")
+        else:
+            chosen[name] = model
+    missing = sorted(set(models) - set(chosen) - set(not_verified))
+    if missing or not chosen:
+        raise PipelineError(f"no servable pipeline ONNX model named {missing or 'any'} in {repository}", "run `python -m pipeline build` or check --model")
+    return chosen, not_verified, plans
+
+
+def _planned(chosen: Mapping[str, Any], not_verified: dict[str, str], eval_data: Mapping[str, EvalData | Path], calibration_root: Path,
+             batch_size: int, gates: Gates) -> tuple[dict[str, tuple], dict[str, Gates]]:
+    """Per model: (version, model file, data, kinds, batch) and the limits its build recorded; a model
+    without data joins ``not_verified``. The variants of one base model share the smallest batch."""
+    planned: dict[str, tuple] = {}
+    limits: dict[str, Gates] = {}
+    batches: dict[str, int] = {}
+    for name, model in chosen.items():
+        base, _ = parse_variant(name)  # type: ignore[misc]
+        batches[base] = min(batches.get(base, batch_size), model.config.max_batch_size or batch_size)
+    for name, model in chosen.items():
+        base, _ = parse_variant(name)  # type: ignore[misc]
+        plan = _plan(name, model, base, eval_data.get(base), calibration_root)
+        if isinstance(plan, str):
+            not_verified[name] = plan
+            continue
+        planned[name] = (*plan, batches[base])
+        limits[name] = _recorded_gates(model.path, gates)
+    for name, why in not_verified.items():
+        log.warning("%s: not verified: %s", name, why)
+    if not planned:
+        raise PipelineError(f"no evaluation data for any of {sorted(chosen)}", "pass --eval-data PATH.npz (one array per input name, plus labels)")
+    return planned, limits
 
 
 def _plan(name: str, model: Any, base: str, given: EvalData | Path | None, calibration_root: Path) -> tuple | str:

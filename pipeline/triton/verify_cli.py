@@ -7,6 +7,7 @@ import logging
 from dataclasses import dataclass
 from pathlib import Path
 
+from pipeline.build_tables import served_data
 from pipeline.console import console
 from pipeline.gates import Gates, confidence_option, fp16_max_drop_option, int8_max_drop_option
 from pipeline.options import (
@@ -19,7 +20,9 @@ from pipeline.options import (
     option,
     repository_option,
 )
-from pipeline.report import served_table
+from pipeline.reportdirs import PageRefresher, page_dir
+from pipeline.tables import to_rich
+from pipeline.triton.served_gate import SERVED_ATOL
 
 log = logging.getLogger(__name__)
 
@@ -34,7 +37,7 @@ class VerifyConfig:
     eval_data: Path | None = eval_data_option()
     calibration_root: Path = calibration_root_option()
     batch_size: int = option(32, "samples per request", check=in_range(1, 1 << 20), fix="pass a positive batch size")
-    atol: float = option(1e-3, "max abs difference served vs in-process (FP16 variants: the looser of this and the build's "
+    atol: float = option(SERVED_ATOL, "max abs difference served vs in-process (FP16 variants: the looser of this and the build's "
                                "--fp16-atol: FP16 served on a GPU differs from it run on this CPU at FP16's precision)", check=non_negative)
     fp16_max_drop: float = fp16_max_drop_option()
     int8_max_drop: float = int8_max_drop_option()
@@ -48,8 +51,8 @@ class VerifyConfig:
         return Gates(fp16_max_drop=self.fp16_max_drop, int8_max_drop=self.int8_max_drop, gate_confidence=self.gate_confidence)
 
 
-def register(subparsers: argparse._SubParsersAction) -> None:
-    """Add the ``verify`` command."""
+def register(subparsers: argparse._SubParsersAction, refresh_page: PageRefresher | None = None) -> None:
+    """Add the ``verify`` command; ``refresh_page`` updates the HTML page after it (None: no page)."""
     p = subparsers.add_parser(
         "verify",
         help="send the labeled evaluation set through Triton for every served variant; compare with in-process numbers",
@@ -64,7 +67,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     add_options(p, VerifyConfig)
-    p.set_defaults(handler=run)
+    p.set_defaults(handler=run, refresh_page=refresh_page)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -93,12 +96,9 @@ def run(args: argparse.Namespace) -> int:
         gates=cfg.gates(),
         report_path=cfg.report or cfg.workdir / "verify.json",
         workdir=cfg.workdir,
-        show=lambda rows: console().print(served_table(rows)),
+        show=lambda rows: console().print(to_rich(served_data(rows))),
     )
-    from pipeline.htmlreport import refresh_html_report
-    from pipeline.reportdirs import page_dir
-
-    page = refresh_html_report(cfg.workdir, page_dir(cfg.report_dir, cfg.workdir))
+    page = args.refresh_page(cfg.workdir, page_dir(cfg.report_dir, cfg.workdir)) if args.refresh_page else None
     if page:
         console().print(f"report: {page}")
     return 0

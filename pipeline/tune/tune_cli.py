@@ -14,7 +14,8 @@ from typing import Any
 from pipeline.errors import require, require_creatable
 from pipeline.loadtest.measure import WindowSettings
 from pipeline.loadtest.policy import ARRIVALS
-from pipeline.reportdirs import REPORT_DIR_HELP, run_report_dirs
+from pipeline.options import CALIBRATION_ROOT
+from pipeline.reportdirs import REPORT_DIR_HELP, PageRefresher, run_report_dirs
 from pipeline.tune.policy import SEARCHES
 from pipeline.tune.space import PREFERRED_RULES
 from pipeline.tune.trial import TrialSettings
@@ -30,8 +31,8 @@ def _default_cores() -> int:
     return len(os.sched_getaffinity(0))
 
 
-def register(subparsers: argparse._SubParsersAction) -> None:
-    """Add the ``tune`` command."""
+def register(subparsers: argparse._SubParsersAction, refresh_page: PageRefresher | None = None) -> None:
+    """Add the ``tune`` command; ``refresh_page`` updates the HTML page after it (None: no page)."""
     p = subparsers.add_parser(
         "tune",
         help="choose instance count, max batch and dynamic batching by load tests (highest infer/s under a p99 SLO)",
@@ -102,7 +103,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     load.add_argument("--window-ms", type=float, default=500, help="measurement window (default: %(default)g)")
     load.add_argument("--warmup-ms", type=float, default=300, help="warm-up per load point (default: %(default)g)")
     load.add_argument("--max-seconds", type=float, default=8, help="bound per load point (default: %(default)g)")
-    load.add_argument("--calibration-root", type=Path, default=Path("calibration"), help="where <model>/eval.npz lives (default: %(default)s)")
+    load.add_argument("--calibration-root", type=Path, default=CALIBRATION_ROOT, help="where <model>/eval.npz lives (default: %(default)s)")
     load.add_argument("--data", type=Path, metavar="NPZ", help="request samples (default: <calibration-root>/<model>/eval.npz)")
     out = p.add_argument_group("output")
     out.add_argument("--report-dir", type=Path, help=REPORT_DIR_HELP.format(run="tune-<timestamp>"))
@@ -111,7 +112,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     out.add_argument("--apply", action="store_true",
                      help="publish the best config as a new model version (atomic; the previous version stays), or "
                           "with --profile write configs/<profile>.pbtxt")
-    p.set_defaults(handler=run)
+    p.set_defaults(handler=run, refresh_page=refresh_page)
 
 
 def settings_from_args(args: argparse.Namespace) -> TuneSettings:
@@ -208,9 +209,7 @@ def _finish(console: Any, args: argparse.Namespace, settings: TuneSettings, jobs
         console.print(pareto_table(pareto(jobs, args.workdir), settings.trial.slo_p99_ms))
     written = write_reports(jobs, meta, report_dir, args.workdir)
     console.print(f"reports: {', '.join(str(p) for p in written)}", highlight=False)
-    from pipeline.htmlreport import refresh_html_report
-
-    page = refresh_html_report(args.workdir, page_folder)
+    page = args.refresh_page(args.workdir, page_folder) if args.refresh_page else None
     if page:
         console.print(f"report: {page}", highlight=False)
     status = 0

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 from pipeline.errors import PipelineError, require
 from pipeline.fingerprint import hash_path, hash_settings
 from pipeline.loadtest import payload as pl
+from pipeline.options import CALIBRATION_ROOT
 from pipeline.tune.cache import TrialCache, trial_key
 from pipeline.tune.policy import search_policy
 from pipeline.tune.space import (
@@ -60,7 +61,7 @@ class TuneSettings:
     cache_path: Path = Path("build/tune/trials.jsonl")
     fresh: bool = False
     profile: str | None = None
-    calibration_root: Path = Path("calibration")
+    calibration_root: Path = CALIBRATION_ROOT
     data: Path | None = None
 
 

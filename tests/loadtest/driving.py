@@ -10,7 +10,9 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-BACKOFF_MS = (10, 20, 50, 100, 200, 500)  # pipeline/loadtest/engine.py and grpc_load.py: _BACKOFF_NS
+from pipeline.loadtest.policy import BACKOFF_NS
+
+BACKOFF_MS = tuple(ns / 1e6 for ns in BACKOFF_NS)  # every engine's retry schedule
 NEVER_S = 120.0  # a test whose engine has not got there by then hangs: fail it
 
 

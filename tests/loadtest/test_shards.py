@@ -36,18 +36,27 @@ def rehearsal(server: object, workspace: Path, tmp_path_factory: pytest.TempPath
     out = tmp_path_factory.mktemp("shards")
     endpoint = endpoint_from_url(server.http_url)  # type: ignore[attr-defined]
     before = fetch_counters(endpoint, "add").success_count
-    start = time.time() + 20  # room for three interpreters to start on a busy machine
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    procs = [
-        subprocess.Popen(
-            [sys.executable, "-m", "pipeline", "loadtest", "--url", server.http_url, *OPTIONS,  # type: ignore[attr-defined]
-             "--calibration-root", str(workspace / "calibration"), "--shard", f"{i}/{SHARDS}", "--start-at", f"{start}",
-             "--shard-output", str(out), *(["--workers", "2"] if i == 1 else [])],  # a shard may itself use several processes
-            env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-        )
-        for i in range(SHARDS)
-    ]
-    outputs = [p.communicate(timeout=120)[0] for p in procs]
+    # The shards share one wall-clock schedule (--start-at), and a shard that is not ready when its first point
+    # is due refuses to run (one line: "was due to start N s ago"). So the margin is not a guess that can lose
+    # a race: when a shard says it started late, the run is repeated with a margin three times longer.
+    for margin in (20, 60, 180):
+        for stale in out.glob("*"):
+            stale.unlink()
+        start = time.time() + margin
+        procs = [
+            subprocess.Popen(
+                [sys.executable, "-m", "pipeline", "loadtest", "--url", server.http_url, *OPTIONS,  # type: ignore[attr-defined]
+                 "--calibration-root", str(workspace / "calibration"), "--shard", f"{i}/{SHARDS}", "--start-at", f"{start}",
+                 "--shard-output", str(out), *(["--workers", "2"] if i == 1 else [])],  # a shard may itself use several processes
+                env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+            )
+            for i in range(SHARDS)
+        ]
+        outputs = [p.communicate(timeout=margin + 300)[0] for p in procs]
+        if not any("was due to start" in o for o in outputs):
+            break
+        before = fetch_counters(endpoint, "add").success_count  # the late run's requests are not this run's
     assert [p.returncode for p in procs] == [0] * SHARDS, outputs
     after = fetch_counters(endpoint, "add").success_count
     return {"dir": out, "triton_successes": after - before}

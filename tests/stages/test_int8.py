@@ -145,7 +145,7 @@ def test_calibration_reads_one_batch_at_a_time(
     digits_convnet: Any, tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     """Histograms are merged per batch: ORT reports one collection per batch of 64 (256 samples)."""
-    caplog.set_level(logging.DEBUG, logger="pipeline.stages.int8")
+    caplog.set_level(logging.DEBUG, logger="pipeline.stages.int8_calibrate")
     _quantized(digits_convnet, tmp_path, "percentile", batch_size=64)
     messages = [r.getMessage() for r in caplog.records]
     assert sum("calibration batch" in m for m in messages) == 4
@@ -420,7 +420,7 @@ def test_calibration_buckets_of_different_lengths(tmp_path: Path, onnx_file: Any
     )
     np.savez(tmp_path / "calib.npz", ids__len5=rng.integers(0, 50, (70, 5)), ids__len9=rng.integers(0, 50, (50, 9)))
     data = calibration_from_path(tmp_path / "calib.npz", signature_from_onnx(src))
-    caplog.set_level(logging.DEBUG, logger="pipeline.stages.int8")  # one debug line per calibration batch
+    caplog.set_level(logging.DEBUG, logger="pipeline.stages.int8_calibrate")  # one debug line per calibration batch
     out = qdq_onnx_from_onnx(src, tmp_path / "int8.onnx", data, batch_size=32)
     assert sum("calibration batch" in r.getMessage() for r in caplog.records) == 3 + 2
     check_qdq_int8_symmetric(out)

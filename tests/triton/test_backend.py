@@ -19,6 +19,7 @@ import pytest
 from tritonclient.grpc import model_config_pb2 as mc
 
 from pipeline.errors import PipelineError
+from pipeline.triton.config import ORT_LEVEL_BY_GRAPH_LEVEL
 from pipeline.triton.server import OUR_BACKENDS, TritonServer
 from tests.triton.conftest import EMBEDDING_TABLE, SOFTMAX_WEIGHTS, child_pids, softmax_config, write_model
 
@@ -58,15 +59,17 @@ def backend() -> SimpleNamespace:
     return SimpleNamespace(**names)
 
 
-@pytest.mark.parametrize(
-    ("level", "expected"),
-    [(None, "ORT_ENABLE_ALL"), (0, "ORT_ENABLE_ALL"), (-1, "ORT_ENABLE_BASIC"), (1, "ORT_ENABLE_EXTENDED"),
-     (2, "ORT_DISABLE_ALL")],
-)
+@pytest.mark.parametrize(("level", "expected"), [(None, "ORT_ENABLE_ALL"), *ORT_LEVEL_BY_GRAPH_LEVEL.items()])
 def test_graph_level_follows_the_cpp_onnxruntime_backend(backend: SimpleNamespace, level: int | None, expected: str) -> None:
     config: dict = {} if level is None else {"optimization": {"graph": {"level": level}}}
     options = backend.session_options_from_config(config)
     assert options.graph_optimization_level == getattr(ort.GraphOptimizationLevel, expected)
+
+
+def test_the_backend_maps_graph_levels_as_the_config_module_does(backend: SimpleNamespace) -> None:
+    """The backend keeps its own copy on purpose: it is copied into every model repository and runs in Triton's
+    Python stub, so it imports nothing from ``pipeline``; this test keeps the copy equal to the one home."""
+    assert backend.GRAPH_LEVELS == ORT_LEVEL_BY_GRAPH_LEVEL
 
 
 def test_thread_and_memory_parameters_reach_the_session_options(backend: SimpleNamespace) -> None:
@@ -112,8 +115,9 @@ def test_gpu_instance_runs_tensorrt_then_cuda_as_the_cpp_backend_appends_them(ba
 
 
 def test_without_tensorrt_libraries_the_cuda_provider_runs_alone_and_says_so(backend: SimpleNamespace) -> None:
-    assert backend.tensorrt_loadable() is False  # no TensorRT on this machine
-    providers, notes = backend.execution_providers(ACCELERATED, "GPU", 0, GPU_ORT, backend.tensorrt_loadable())
+    """The decision for a machine without TensorRT's libraries (whether this one has them is not the question)."""
+    assert isinstance(backend.tensorrt_loadable(), bool)
+    providers, notes = backend.execution_providers(ACCELERATED, "GPU", 0, GPU_ORT, False)
     assert providers == [("CUDAExecutionProvider", {"use_tf32": "0", "device_id": "0"})]
     assert notes and "TensorRT" in notes[0] and "CUDA execution provider alone" in notes[0]
 

@@ -89,6 +89,15 @@ def test_apply_publishes_exactly_one_version_with_the_best_config_and_no_apply_c
         assert hash_path(repo / other) == hash_path(built.repository / other)
 
 
+def wait_for_file(marker: Path, proc: subprocess.Popen) -> None:
+    """Until ``proc`` holds at its pause point (it writes ``marker``); fail if it exits first (the bound only guards a hang)."""
+    deadline = time.monotonic() + 600
+    while not marker.is_file():
+        assert proc.poll() is None and time.monotonic() < deadline, f"never paused (exit {proc.returncode})"
+        time.sleep(0.05)
+    assert int(marker.read_text()) == proc.pid
+
+
 def _lines(path: Path) -> int:
     return len(path.read_text().splitlines()) if path.is_file() else 0
 
@@ -98,19 +107,19 @@ def test_a_tune_killed_with_sigkill_resumes_from_its_cache(built: Built, tmp_pat
     args = ["tune", *FAST, "--cache", str(cache), "--repository", str(built.repository), "--model", "digits_fp32",
             "--slo-p99-ms", "1000", "--search", "grid", "--instances", "1,2", "--max-batch", "64", "--preferred", "half+max",
             "--queue-delay-us", "0,100", "--max-trials", "4", "--cores", "1"]
-    env = dict(os.environ, PYTHONPATH=str(ROOT), TF_CPP_MIN_LOG_LEVEL="3")
+    paused = tmp_path / "paused"  # held right after its second trial is durable (pipeline/pausepoints.py): no race with trial 3
+    env = dict(os.environ, PYTHONPATH=str(ROOT), TF_CPP_MIN_LOG_LEVEL="3", PIPELINE_PAUSE_AT="tune.trial-cached#2", PIPELINE_PAUSE_FILE=str(paused))
     with open(tmp_path / "killed.log", "w") as log:
         proc = subprocess.Popen([sys.executable, "-m", "pipeline", *args, "--report-dir", str(tmp_path / "killed")],
                                 cwd=tmp_path, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
         try:
-            while _lines(cache) < 2 and proc.poll() is None:
-                time.sleep(0.05)
+            wait_for_file(paused, proc)
             os.killpg(proc.pid, signal.SIGKILL)
         finally:
             proc.wait()
     assert proc.returncode == -signal.SIGKILL, (tmp_path / "killed.log").read_text()[-3000:]
     done = _lines(cache)
-    assert 2 <= done < 4
+    assert done == 2
     assert not (tmp_path / "killed" / "tune.json").exists()
 
     resumed = cli(*args, "--report-dir", str(tmp_path / "resumed"), cwd=tmp_path)

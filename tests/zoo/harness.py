@@ -90,8 +90,10 @@ def _gates(report: dict) -> dict[str, dict]:
         name = str(variant.get("variant", ""))
         precision = variant.get("precision") or name.split("-")[0]
         comparison = variant.get("comparison", variant)
+        if not isinstance(variant.get("passed"), bool):  # a report without its verdict passes nothing
+            raise AssertionError(f"accuracy report variant '{name}' has no boolean 'passed' field (keys: {sorted(variant)})")
         gates[precision] = {
-            "passed": bool(variant.get("passed", not variant.get("failures"))),
+            "passed": variant["passed"],
             "failures": variant.get("failures", []),
             "accuracy": comparison.get("accuracy"),
             "reference_accuracy": comparison.get("reference_accuracy"),
@@ -108,6 +110,7 @@ def serve_zoo_model(entry: ZooModel, root: Path, run: ZooRun) -> ZooRun:
     from pipeline.errors import PipelineError
     from pipeline.gates import Gates
     from pipeline.triton.server import TritonServer
+    from pipeline.triton.served_gate import SERVED_ATOL
     from pipeline.triton.verify import verify_repository
 
     paths = root_paths(root)
@@ -117,7 +120,7 @@ def serve_zoo_model(entry: ZooModel, root: Path, run: ZooRun) -> ZooRun:
         try:
             report = verify_repository(
                 paths["repository"], url=server.http_url, models=models, calibration_root=paths["calibration"],
-                batch_size=32, atol=1e-3, gates=Gates(), report_path=root / "served.json",
+                batch_size=32, atol=SERVED_ATOL, gates=Gates(), report_path=root / "served.json",
             )
             run.served = report["models"]
         except PipelineError as exc:  # CheckFailed included: the served check said no

@@ -1,0 +1,77 @@
+"""The served checks' verdicts, on arrays: each served output against the same file run in process
+(:func:`served_against_inprocess`), and each served variant against served FP32, judged by kind as
+the build's gate (:func:`gate_against_fp32`). pipeline.triton.verify gets the arrays from Triton.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field, fields
+
+import numpy as np
+
+from pipeline.compare import Comparison, new_comparison
+from pipeline.gates import Gates, tolerance_for
+from pipeline.judging import judge_comparison
+from pipeline.outputkinds import OutputKind
+
+SERVED_ATOL = 1e-3  # max abs difference served vs in process (verify --atol, build --verify-served)
+
+@dataclass
+class ServedResult:
+    """One served model: every output served against the same file in process, and its gates against served FP32."""
+
+    model: str
+    base: str
+    precision: str
+    version: int
+    samples: int
+    outputs: dict[str, dict]  # per output: kind, max abs served vs in-process, NaN/Inf, served and in-process task metric
+    failures: list[str]
+    notes: list[str] = field(default_factory=list)
+    gates: list[dict] = field(default_factory=list)  # each output's figures against served FP32 (pipeline.judging)
+    kinds: dict[str, OutputKind] = field(default_factory=dict, repr=False)
+    served: list[dict[str, np.ndarray]] = field(default_factory=list, repr=False)  # per batch, for the comparison with FP32
+    targets: list[dict[str, np.ndarray]] = field(default_factory=list, repr=False)  # the labels of those batches
+
+
+def served_against_inprocess(comparison: Comparison, kinds: Mapping[str, OutputKind], atol: float) -> tuple[dict[str, dict], list[str]]:
+    """Per output of ``comparison`` (in process as the reference, served as the candidate): its row
+    (kind, max abs difference, NaN/Inf, served and in-process task metric) and the failures: a NaN or
+    ±Inf served where the in-process value is finite, or a difference beyond ``atol``."""
+    failures, outputs = [], {}
+    for name, stats in comparison.outputs.items():
+        summary = comparison.summary(name)
+        outputs[name] = {"kind": kinds[name].kind, "max_abs_diff": stats.max_abs, "nonfinite": stats.nonfinite, "agreement": summary.get("agreement"),
+                         "served_metric": summary.get("accuracy"), "inprocess_metric": summary.get("reference_accuracy")}  # fmt: skip
+        if stats.nonfinite:
+            failures.append(f"output '{name}': {stats.nonfinite} NaN/Inf values served where in-process ones are finite")
+        if stats.max_abs > atol:
+            failures.append(f"output '{name}' served differs from in-process by up to {stats.max_abs:.3g} (> {atol:g})")
+    return outputs, failures
+
+
+def gate_against_fp32(results: Sequence[ServedResult], gates: Mapping[str, Gates]) -> None:
+    """Each served variant against served FP32 on the same samples, every output judged by its kind as the
+    build's gate (pipeline.judging): a failure fails; a set too small to decide is noted (the build judged it)."""
+    fp32 = {r.base: r for r in results if r.precision == "fp32"}
+    for result in results:
+        ref = fp32.get(result.base)
+        if ref is None or result is ref:
+            continue
+        tolerance = tolerance_for(result.precision, gates[result.model])
+        comparison = new_comparison(result.model, result.kinds, tolerance.threshold)
+        if len(ref.served) != len(result.served):
+            result.notes.append("served vs served FP32: not compared (the two were verified on different data)")
+            continue
+        for theirs, mine, target in zip(ref.served, result.served, result.targets, strict=True):
+            comparison.add(theirs, mine, target)
+        verdict = judge_comparison(result.model, result.precision, "served", comparison, tolerance, result.kinds)
+        result.gates = verdict.rows
+        result.failures += [f"served vs served FP32: {why}" for why in verdict.failures]
+        result.notes += [f"served vs served FP32: {why}" for why in verdict.undecided]
+
+
+def results_as_json(results: Sequence[ServedResult]) -> list[dict]:
+    """The report rows (served outputs and kinds left out)."""
+    return [{f.name: getattr(r, f.name) for f in fields(r) if f.name not in ("served", "targets", "kinds")} | {"passed": not r.failures} for r in results]

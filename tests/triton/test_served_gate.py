@@ -1,0 +1,157 @@
+"""The served checks fail when what Triton serves differs: judged on arrays, as ``verify`` judges what it got back.
+
+``served_against_inprocess`` (served vs the same file in process) and ``gate_against_fp32`` (a served
+variant vs served FP32, by kind) are the functions ``verify_repository`` calls on Triton's answers;
+tests/triton/test_verify.py runs them through a real server.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from pipeline.compare import new_comparison
+from pipeline.gates import Gates
+from pipeline.outputkinds import OutputKind
+from pipeline.triton.served_gate import ServedResult, gate_against_fp32, results_as_json, served_against_inprocess
+
+KINDS = {"probs": OutputKind("probs", "classes", "test", classes=10), "score": OutputKind("score", "regression", "test")}
+ATOL = 1e-3
+
+
+def batches(rng: np.random.Generator, n: int = 600) -> list[dict[str, np.ndarray]]:
+    return [{"probs": rng.random((100, 10)).astype(np.float32), "score": rng.normal(size=(100, 1)).astype(np.float32)} for _ in range(n // 100)]
+
+
+def check(inprocess: list[dict[str, np.ndarray]], served: list[dict[str, np.ndarray]]) -> tuple[dict, list[str]]:
+    comparison = new_comparison("digits_int8", KINDS, 0.5)
+    for mine, theirs in zip(inprocess, served, strict=True):
+        comparison.add(mine, theirs, {})
+    return served_against_inprocess(comparison, KINDS, ATOL)
+
+
+def test_served_equal_to_in_process_passes_and_reports_every_output() -> None:
+    rng = np.random.default_rng(1)
+    data = batches(rng)
+    outputs, failures = check(data, [{k: v + np.float32(ATOL / 2) for k, v in b.items()} for b in data])
+    assert failures == []
+    assert outputs["probs"]["kind"] == "classes" and outputs["probs"]["agreement"] == 1.0 and outputs["probs"]["nonfinite"] == 0
+    assert outputs["score"]["max_abs_diff"] == pytest.approx(ATOL / 2, rel=1e-3)
+
+
+def test_a_served_difference_beyond_atol_fails() -> None:
+    rng = np.random.default_rng(2)
+    data = batches(rng)
+    served = [dict(b) for b in data]
+    served[3] = {**data[3], "score": data[3]["score"] + np.float32(0.01)}
+    outputs, failures = check(data, served)
+    assert failures == ["output 'score' served differs from in-process by up to 0.01 (> 0.001)"]
+    assert outputs["score"]["max_abs_diff"] == pytest.approx(0.01, rel=1e-3)
+
+
+@pytest.mark.parametrize("bad", [np.nan, np.inf, -np.inf])
+def test_nan_or_inf_served_where_in_process_is_finite_fails(bad: float) -> None:
+    """A NaN compares as no difference in the max-abs statistic: only the non-finite count catches it."""
+    rng = np.random.default_rng(3)
+    data = batches(rng)
+    served = [dict(b) for b in data]
+    probs = data[0]["probs"].copy()
+    probs[5, 2] = bad
+    served[0] = {**data[0], "probs": probs}
+    outputs, failures = check(data, served)
+    assert failures == ["output 'probs': 1 NaN/Inf values served where in-process ones are finite"]
+    assert outputs["probs"]["nonfinite"] == 1 and outputs["probs"]["max_abs_diff"] == 0.0
+
+
+def served_result(model: str, served: list[dict[str, np.ndarray]], targets: list[dict[str, np.ndarray]]) -> ServedResult:
+    base, precision = model.rsplit("_", 1)
+    return ServedResult(model, base, precision, 1, 600, {}, [], kinds=dict(KINDS), served=served, targets=targets)
+
+
+def one_hot(classes: np.ndarray) -> np.ndarray:
+    return np.eye(10, dtype=np.float32)[classes]
+
+
+def test_a_served_variant_worse_than_served_fp32_fails_and_an_equal_one_passes() -> None:
+    rng = np.random.default_rng(4)
+    truth = [rng.integers(0, 10, 100) for _ in range(6)]
+    score = [rng.normal(size=(100, 1)).astype(np.float32) for _ in range(6)]
+    fp32 = [{"probs": one_hot(t), "score": s} for t, s in zip(truth, score)]
+    worse = [{"probs": one_hot((t + (i < 2)) % 10), "score": s} for i, (t, s) in enumerate(zip(truth, score))]  # a third wrong
+    targets = [{"probs": t} for t in truth]
+    gates = Gates(int8_atol=None)
+    results = [served_result("digits_fp32", fp32, targets), served_result("digits_int8", worse, targets), served_result("digits_fp16", fp32, targets)]
+    gate_against_fp32(results, {r.model: gates for r in results})
+    fp32_result, int8, fp16 = results
+    assert len(int8.failures) == 1 and int8.failures[0].startswith("served vs served FP32: output 'probs' (classes): accuracy drop (top-1) 33.33 points")
+    assert {r["metric"]: r["verdict"] for r in int8.gates if r["output"] == "probs"} == {"accuracy drop (top-1)": "fail"}
+    assert fp16.failures == [] and fp16.gates and all(r["verdict"] in ("pass", "reported") for r in fp16.gates)
+    assert fp32_result.gates == [] and fp32_result.failures == []  # FP32 is the reference, not judged against itself
+    rows = {r["model"]: r for r in results_as_json(results)}
+    assert not rows["digits_int8"]["passed"] and rows["digits_fp16"]["passed"] and "served" not in rows["digits_int8"]
+
+
+def test_a_served_variant_with_nan_where_served_fp32_is_finite_fails() -> None:
+    rng = np.random.default_rng(5)
+    fp32 = batches(rng)
+    broken = [dict(b) for b in fp32]
+    score = fp32[2]["score"].copy()
+    score[0, 0] = np.nan
+    broken[2] = {**fp32[2], "score": score}
+    results = [served_result("m_fp32", fp32, [{}] * 6), served_result("m_fp16", broken, [{}] * 6)]
+    gate_against_fp32(results, {r.model: Gates() for r in results})
+    assert results[1].failures == ["served vs served FP32: output 'score' (regression): 1 NaN/Inf values in 1 samples where FP32 has finite ones"]
+
+
+def test_variants_verified_on_different_data_are_noted_not_compared() -> None:
+    rng = np.random.default_rng(6)
+    fp32 = batches(rng)
+    results = [served_result("m_fp32", fp32, [{}] * 6), served_result("m_int8", fp32[:3], [{}] * 3)]
+    gate_against_fp32(results, {r.model: Gates() for r in results})
+    assert results[1].failures == [] and results[1].notes == ["served vs served FP32: not compared (the two were verified on different data)"]
+
+
+def test_the_served_rows_name_both_task_metrics_and_a_difference_at_atol_passes() -> None:
+    """The served table shows the served and in-process task metric side by side; ``atol`` itself is within."""
+    truth = np.arange(200) % 10
+    inprocess = np.eye(10, dtype=np.float32)[truth]
+    served = inprocess.copy()
+    served[:20] = np.roll(served[:20], 1, axis=1)  # 20 of 200 served answers are wrong
+    served[50, 0] += np.float32(0.5)  # exactly atol
+    comparison = new_comparison("m_int8", {"probs": KINDS["probs"]}, 0.5)
+    comparison.add({"probs": inprocess}, {"probs": served}, {"probs": truth})
+    outputs, failures = served_against_inprocess(comparison, {"probs": KINDS["probs"]}, 1.0)
+    assert outputs == {"probs": {"kind": "classes", "max_abs_diff": 1.0, "nonfinite": 0, "agreement": 0.9, "served_metric": 0.9, "inprocess_metric": 1.0}}
+    assert failures == []
+    assert served_against_inprocess(comparison, {"probs": KINDS["probs"]}, 0.5)[1] == ["output 'probs' served differs from in-process by up to 1 (> 0.5)"]
+
+
+def test_every_variant_is_judged_after_one_verified_on_other_data_and_earlier_failures_stay() -> None:
+    rng = np.random.default_rng(7)
+    kinds = {"flag": OutputKind("flag", "binary", "test")}  # a binary output: judged at the recorded threshold
+    flag = [rng.random((100, 1)).astype(np.float32) for _ in range(3)]
+    fp32 = [{"flag": f} for f in flag]
+    flipped = [{"flag": 1 - f} for f in flag]
+    results = [ServedResult(m, "m", p, 1, 300, {}, [], kinds=kinds, served=s, targets=[{}] * len(s))
+               for m, p, s in (("m_fp32", "fp32", fp32), ("m_int8", "int8", fp32[:2]), ("m_fp16", "fp16", flipped))]
+    results[2].failures.append("output 'flag' served differs from in-process by up to 1 (> 0.001)")
+    gate_against_fp32(results, {r.model: Gates() for r in results})
+    assert results[1].notes == ["served vs served FP32: not compared (the two were verified on different data)"]
+    assert results[2].failures[0] == "output 'flag' served differs from in-process by up to 1 (> 0.001)"  # kept
+    assert results[2].failures[1].startswith("served vs served FP32: output 'flag' (binary): decision disagreement 100.00 points")
+    assert results[2].notes == []
+    rows = results_as_json(results)
+    assert sorted(rows[2]) == ["base", "failures", "gates", "model", "notes", "outputs", "passed", "precision", "samples", "version"]
+
+
+def test_an_undecided_served_gate_is_a_note_not_a_failure() -> None:
+    rng = np.random.default_rng(8)
+    kinds = {"flag": OutputKind("flag", "binary", "test")}
+    flag = rng.random((100, 1)).astype(np.float32)
+    moved = flag.copy()
+    moved[0] = 1 - moved[0]  # one decision of 100 changes: the set cannot judge a 1-point limit
+    results = [ServedResult(m, "m", p, 1, 100, {}, [], kinds=kinds, served=[{"flag": s}], targets=[{}])
+               for m, p, s in (("m_fp32", "fp32", flag), ("m_int8", "int8", moved))]
+    gate_against_fp32(results, {r.model: Gates() for r in results})
+    assert results[1].failures == [] and len(results[1].notes) == 1
+    assert results[1].notes[0].startswith("served vs served FP32: not enough evaluation data to judge a 1-point limit: output 'flag' (binary)")
