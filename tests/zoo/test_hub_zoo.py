@@ -81,18 +81,9 @@ def dq_consumers(path: Path) -> Counter[str]:
     return Counter(n.op_type for n in model.graph.node for name in n.input if name in dequantized)
 
 
-# About 2.5 minutes each on 2 cores (docs/keras-hub.md): CI's slow set runs the two that cover the most
-# (exact GELU in a text model with integer inputs, padding masks and a dynamic length; a vision
-# transformer), inside the ~6 minutes the zoo may add; the other three run with `pytest --heavy`.
-IN_CI = ("hub_distil_bert", "hub_vit")
-
-
-def _param(name: str):  # type: ignore[no-untyped-def]
-    return pytest.param(name, marks=[] if name in IN_CI else [pytest.mark.heavy])
-
-
+# About 2.5 minutes each on 2 cores (docs/keras-hub.md); all of them run in CI's slow set.
 @pytest.mark.slow
-@pytest.mark.parametrize("name", [_param(n) for n in HUB_ZOO])
+@pytest.mark.parametrize("name", HUB_ZOO)
 def test_hub_model_builds_gates_serves_and_verifies(name: str, tmp_path: Path) -> None:
     pytest.importorskip("keras_hub", reason="keras-hub (the 'hub' extra) is not installed")
     entry = HUB_ZOO[name]
