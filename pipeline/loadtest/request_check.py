@@ -35,18 +35,21 @@ def raw_exchange(endpoint: Endpoint, request: bytes, timeout: float = 10.0) -> t
                 return int(data[9:12]), data[: frame[0]], data[frame[0] : frame[1]]
 
 
-def check_request(endpoint: Endpoint, io: ModelIO, request: bytes, tensors: dict[str, np.ndarray], *, rtol: float = 1e-5) -> None:
-    """Raise a PipelineError unless ``request`` gives the outputs tritonclient gets for ``tensors``."""
-    httpclient = import_optional("tritonclient.http", None, "checking the load generator's requests")
+def _accepted(endpoint: Endpoint, io: ModelIO, request: bytes, what: str, fix: str) -> tuple[bytes, bytes]:
+    """The head and body of Triton's answer to ``request``; one PipelineError if it fails or is refused."""
     try:
         status, head, body = raw_exchange(endpoint, request)
     except OSError as exc:
         raise PipelineError(f"the check request to {endpoint.address} failed ({exc})", "check that the server is up") from None
     if status != 200:
-        raise PipelineError(
-            f"Triton rejected the load generator's request for model '{io.name}' (HTTP {status}: {body[:300]!r})",
-            "check that the evaluation data matches the model's inputs (names, dtypes, shapes)",
-        )
+        raise PipelineError(f"Triton rejected the load generator's {what} for model '{io.name}' (HTTP {status}: {body[:300]!r})", fix)
+    return head, body
+
+
+def check_request(endpoint: Endpoint, io: ModelIO, request: bytes, tensors: dict[str, np.ndarray], *, rtol: float = 1e-5) -> None:
+    """Raise a PipelineError unless ``request`` gives the outputs tritonclient gets for ``tensors``."""
+    httpclient = import_optional("tritonclient.http", None, "checking the load generator's requests")
+    head, body = _accepted(endpoint, io, request, "request", "check that the evaluation data matches the model's inputs (names, dtypes, shapes)")
     header_length = None
     for line in head.decode("latin-1").split("\r\n"):
         key, _, value = line.partition(":")
@@ -95,15 +98,7 @@ def check_shm_request(endpoint: Endpoint, io: ModelIO, request: bytes, tensors: 
     from pipeline.loadtest.shm import read_outputs
 
     httpclient = import_optional("tritonclient.http", None, "checking the load generator's requests")
-    try:
-        status, _, body = raw_exchange(endpoint, request)
-    except OSError as exc:
-        raise PipelineError(f"the check request to {endpoint.address} failed ({exc})", "check that the server is up") from None
-    if status != 200:
-        raise PipelineError(
-            f"Triton rejected the load generator's shared-memory request for model '{io.name}' (HTTP {status}: {body[:300]!r})",
-            "check --output-shared-memory-size and that the server runs on this machine",
-        )
+    _, body = _accepted(endpoint, io, request, "shared-memory request", "check --output-shared-memory-size and that the server runs on this machine")
     ours = _Outputs(read_outputs(regions, json.loads(body), outputs))
     client = httpclient.InferenceServerClient(endpoint.address, network_timeout=30.0, connection_timeout=10.0)
     compare_with_tritonclient(client, httpclient, io, tensors, ours, rtol=1e-5, what=f"{regions.kind} shared-memory")
