@@ -104,8 +104,11 @@ def verify_repository(
     from pipeline.triton.server import TritonServer
 
     chosen, not_verified, plans = _servable_models(repository, models)
-    if plans and url is None:
+    if plans and url is None:  # a plan the GPU at hand cannot load is refused even where nothing else is verifiable
         _check_plans_at_hand(plans, tensorrt or PolygraphyTensorRT())
+    missing = sorted(set(models) - set(chosen) - set(not_verified))
+    if missing or not chosen:
+        raise PipelineError(f"no servable pipeline ONNX model named {missing or 'any'} in {repository}", "run `python -m pipeline build` or check --model")
     planned, limits = _planned(chosen, not_verified, eval_data or {}, calibration_root, batch_size, gates)
     server = None if url else TritonServer(repository, workdir=workdir)
     results = []
@@ -164,9 +167,6 @@ def _servable_models(repository: Path, models: Sequence[str]) -> tuple[dict[str,
                                   "(its build's parity gate held it to FP32's outputs)")
         else:
             chosen[name] = model
-    missing = sorted(set(models) - set(chosen) - set(not_verified))
-    if missing or not chosen:
-        raise PipelineError(f"no servable pipeline ONNX model named {missing or 'any'} in {repository}", "run `python -m pipeline build` or check --model")
     return chosen, not_verified, plans
 
 

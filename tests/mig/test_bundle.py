@@ -14,6 +14,7 @@ import sys
 import time
 import urllib.error
 import urllib.request
+import uuid
 from importlib.util import find_spec
 from pathlib import Path
 
@@ -275,12 +276,15 @@ def test_launch_script_starts_real_tritonservers_with_profile_configs(tmp_path: 
     (bundle / "launch-mig.sh").write_text(bundle_files(plan)["launch-mig.sh"])
     wrapper = tmp_path / "tritonserver"
     venv_bin = Path(os.sys.executable).parent
+    # This test's servers' Python-backend segments get a prefix of their own: other tests' servers may run
+    # beside it (pytest -n 2) and must not count as its leaks.
+    shm_prefix = f"launchtest_{uuid.uuid4().hex[:12]}_"
     wrapper.write_text(
         "#!/usr/bin/env bash\n"
         f"export LD_LIBRARY_PATH={pytriton.parent / 'nvidia_pytriton.libs'}:${{LD_LIBRARY_PATH:-}}\n"
         f"export PATH={venv_bin}:$PATH\n"
         f'exec {binary} "$@" --backend-directory={backends} --http-address=127.0.0.1 '
-        "--grpc-address=127.0.0.1 --metrics-address=127.0.0.1\n"
+        f"--grpc-address=127.0.0.1 --metrics-address=127.0.0.1 --backend-config=python,shm-region-prefix-name={shm_prefix}\n"
     )
     wrapper.chmod(0o755)
     devices = tmp_path / "nvidia-smi-L.txt"
@@ -334,9 +338,7 @@ def test_launch_script_starts_real_tritonservers_with_profile_configs(tmp_path: 
             pass
         log.close()
     assert proc.returncode is not None
-    # The launched servers use the Python backend's default segment prefix; other servers of this test
-    # session (pipeline_triton_<pid>_…) and of other processes on the machine are not theirs.
-    leaked = {n for n in set(os.listdir("/dev/shm")) - shm_before if n.startswith("triton_python_backend_shm_region")}
+    leaked = {n for n in set(os.listdir("/dev/shm")) - shm_before if n.startswith(shm_prefix)}
     assert not leaked, f"the servers left shared memory behind: {sorted(leaked)}"
 
 
