@@ -120,6 +120,10 @@ fi
 
 mig_re='^[[:space:]]+MIG[[:space:]]+([^[:space:]]+)[[:space:]]+Device[[:space:]]+([0-9]+):[[:space:]]+\\(UUID:[[:space:]]*(MIG-[^)[:space:]]+)\\)'
 pids=()
+# Set before the first server starts: a Ctrl-C or SIGTERM while the servers come up one by one stops those
+# already started (and waits for them to shut down cleanly) instead of leaving them running.
+stop_servers() {{ kill "${{pids[@]}}" 2>/dev/null || true; wait; exit 143; }}
+[[ $DRY_RUN -eq 1 ]] || trap stop_servers INT TERM
 slot=0
 while IFS= read -r line; do
   [[ $line =~ $mig_re ]] || continue
@@ -150,7 +154,6 @@ if [[ $slot -eq 0 ]]; then
   exit 1
 fi
 if [[ $DRY_RUN -eq 1 ]]; then exit 0; fi
-trap 'kill "${{pids[@]}}" 2>/dev/null || true; wait' INT TERM
 wait
 """
 
