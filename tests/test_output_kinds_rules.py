@@ -1,0 +1,1 @@
+"""Mutation-killing tests (issue 29); filled in by this session."""
