@@ -25,14 +25,19 @@ _DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
 _INDEX_ANNOTATION = "metadata.annotations['batch.kubernetes.io/job-completion-index']"
 
 
-def job_manifests(name: str, image: str, pods: int, loadtest_args: list[str], start_at: float, results_claim: str) -> list[dict[str, Any]]:
-    """The results PersistentVolumeClaim and the Indexed Job (pods × the shard command)."""
+def iso_start(start_at: float) -> str:
+    """Seconds since the epoch as the ``--start-at`` text the pods get (UTC, whole seconds)."""
+    return _dt.datetime.fromtimestamp(start_at, _dt.timezone.utc).isoformat(timespec="seconds").replace("+00:00", "Z")
+
+
+def job_manifests(name: str, image: str, pods: int, loadtest_args: list[str], start: str, results_claim: str) -> list[dict[str, Any]]:
+    """The results PersistentVolumeClaim and the Indexed Job (pods × the shard command); ``start`` is the pods'
+    ``--start-at`` (a time, or ``ready+SECONDS``: the barrier on the results volume they share)."""
     require(bool(_DNS_LABEL.match(name)) and len(name) <= 52, f"--job-name '{name}' is not a Kubernetes name",
             "use lower-case letters, digits and '-', at most 52 characters, e.g. --job-name triton-loadtest")
     require(pods >= 1, f"--pods must be at least 1, got {pods}", "e.g. --pods 4")
     require(bool(image), "--k8s-job needs the image the pods run", "pass --image with an image that has this project installed")
     labels = {"app.kubernetes.io/name": "triton-loadtest", "app.kubernetes.io/instance": name}
-    start = _dt.datetime.fromtimestamp(start_at, _dt.timezone.utc).isoformat(timespec="seconds").replace("+00:00", "Z")
     args = [*loadtest_args, "--shard", f"$(SHARD_INDEX)/{pods}", "--start-at", start, "--shard-output", f"{RESULTS_MOUNT}/{name}"]
     container = {
         "name": "loadtest",

@@ -122,7 +122,8 @@ def register(subparsers: argparse._SubParsersAction, refresh_page: PageRefresher
     dist.add_argument("--shard", metavar="I/N", help="run shard I of N: 1/N of every point's load, on the schedule that "
                       "--start-at fixes for all shards, writing raw results to --shard-output instead of reports")
     dist.add_argument("--start-at", metavar="TIME", help="wall-clock start of the first point, the same for every shard: "
-                      "ISO 8601 with a zone (2026-12-01T21:00:00Z), epoch seconds, or +SECONDS from now")
+                      "ISO 8601 with a zone (2026-12-01T21:00:00Z), epoch seconds, +SECONDS from now, or ready+SECONDS: "
+                      "SECONDS after the last shard is ready (a barrier on the shared --shard-output folder)")
     dist.add_argument("--shard-output", type=Path, metavar="DIR", help="with --shard: where shard-<i>-of-<n>.npz is written")
     dist.add_argument("--merge", type=Path, nargs="+", metavar="PATH",
                       help="merge shard files (or folders of them) into one report with exact percentiles; runs no load")
@@ -281,8 +282,8 @@ _SHARD_OPTIONS = (
 
 
 def _write_k8s_job(args: argparse.Namespace, console: Any) -> int:
-    from pipeline.loadtest.k8s_job import job_manifests, write_job
-    from pipeline.loadtest.shards import parse_start
+    from pipeline.loadtest.k8s_job import iso_start, job_manifests, write_job
+    from pipeline.loadtest.shards import parse_ready_margin, parse_start
 
     forwarded: list[str] = []
     for name in _SHARD_OPTIONS:
@@ -290,25 +291,29 @@ def _write_k8s_job(args: argparse.Namespace, console: Any) -> int:
         for v in value if isinstance(value, list) else [value]:
             if v is not None:
                 forwarded += [f"--{name.replace('_', '-')}", str(v)]
-    start = parse_start(args.start_at or "+300")
-    docs = job_manifests(args.job_name, args.image, args.pods, forwarded, start, args.results_claim)
+    margin = parse_ready_margin(args.start_at or "")
+    start = None if margin is not None else parse_start(args.start_at or "+300")
+    docs = job_manifests(args.job_name, args.image, args.pods, forwarded, args.start_at if start is None else iso_start(start), args.results_claim)
     written = write_job(args.k8s_job, docs)
     console.print(f"wrote {', '.join(str(p) for p in written)}")
-    console.print(f"the {args.pods} pods start the load at {_dt.datetime.fromtimestamp(start).astimezone():%Y-%m-%d %H:%M:%S %Z}: "
-                  f"kubectl apply -f {args.k8s_job} before then; afterwards, where the claim is mounted: "
+    when = (f"{margin:g} s after the last of them is ready" if start is None
+            else f"at {_dt.datetime.fromtimestamp(start).astimezone():%Y-%m-%d %H:%M:%S %Z}: kubectl apply -f {args.k8s_job} before then")
+    console.print(f"the {args.pods} pods start the load {when}; afterwards, where the claim is mounted: "
                   f"python -m pipeline loadtest --merge /results/{args.job_name}")
     return 0
 
 
 def _run_shard(args: argparse.Namespace, console: Any) -> int:
-    from pipeline.loadtest.shards import ShardPlan, parse_shard, parse_start, run_shard
+    from pipeline.loadtest.shards import ShardPlan, parse_ready_margin, parse_shard, parse_start, run_shard
 
     index, count = parse_shard(args.shard)
     require(args.start_at is not None, "--shard needs --start-at, the same for every shard", "e.g. --start-at 2026-12-01T21:00:00Z")
     require(args.shard_output is not None, "--shard needs --shard-output", "e.g. --shard-output /results/run1")
     with _servers(args) as (endpoints, grpc, models, _, metrics):
         settings = settings_from_args(args, endpoints, grpc, models, metrics)
-        path = run_shard(settings, ShardPlan(index, count, parse_start(args.start_at)), args.shard_output)
+        margin = parse_ready_margin(args.start_at)
+        plan = ShardPlan(index, count, 0.0, margin) if margin is not None else ShardPlan(index, count, parse_start(args.start_at))
+        path = run_shard(settings, plan, args.shard_output)
     console.print(f"shard results: {path}")
     return 0
 

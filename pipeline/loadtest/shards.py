@@ -12,6 +12,12 @@ server's counts once.
 A shard file (``shard-<i>-of-<n>.npz``) holds one JSON document (``meta``) and, per point and
 endpoint, the raw int64 latencies and send lags in nanoseconds (``p<k>_e<i>_lat`` / ``_lag``), with
 each window's boundary as positions into them — every sample, so a merge is exact.
+
+``start_at`` is either given (``--start-at TIME``: it must be far enough ahead for the slowest shard to
+start) or fixed by a barrier on the shared output folder (``--start-at ready+SECONDS``): each shard, once
+its model and workers are ready, writes ``.ready/shard-<i>-of-<n>`` there with its clock, waits until all
+``n`` are there, and starts the sweep SECONDS after the last one — every shard reads the same files, so
+the schedule is the same, and no guess of the slowest start (pods pulling images) is needed.
 """
 
 from __future__ import annotations
@@ -29,8 +35,9 @@ from typing import Any
 
 import numpy as np
 
-from pipeline.atomic import write_bytes_atomic
+from pipeline.atomic import write_bytes_atomic, write_text_atomic
 from pipeline.errors import PipelineError
+from pipeline.pausepoints import pause_point
 from pipeline.loadtest.measure import Measurement, measure
 from pipeline.loadtest.policy import OpenLoop, Policy, split
 from pipeline.loadtest.runner import LoadTestSettings, model_spec, new_run, shared_memory
@@ -43,15 +50,21 @@ log = logging.getLogger(__name__)
 FORMAT = 1
 _SETTLE_S = 0.5  # after its drain, shard 0 waits this long before the last server read (the other shards' last requests)
 _GAP_S = 1.0  # idle time between two points' slots (clock skew between machines)
+READY_PREFIX = "ready+"
+_READY_DIR = ".ready"
+_READY_POLL_S = 0.05
+_READY_WAIT_S = 1800.0  # how long a ready shard waits for the others: pods can wait minutes for a node and an image pull
 
 
 @dataclass(frozen=True)
 class ShardPlan:
-    """Which share this process runs and when the sweep starts (seconds since the epoch)."""
+    """Which share this process runs and when the sweep starts (seconds since the epoch); with
+    ``ready_margin_s`` the start is fixed by the ready barrier (``start_at`` is then set by :func:`start_when_ready`)."""
 
     index: int
     count: int
     start_at: float
+    ready_margin_s: float | None = None
 
     @property
     def name(self) -> str:
@@ -86,6 +99,43 @@ def parse_start(text: str, now: float | None = None) -> float:
     return moment.timestamp()
 
 
+def parse_ready_margin(text: str) -> float | None:
+    """``--start-at ready+SECONDS`` → SECONDS (the sweep starts that long after the last shard is ready); None for a time."""
+    if not text.startswith(READY_PREFIX):
+        return None
+    try:
+        margin = float(text[len(READY_PREFIX):])
+    except ValueError:
+        margin = -1.0
+    if not 0 < margin < 3600:
+        raise PipelineError(f"--start-at '{text}' is not ready+SECONDS with 0 < SECONDS < 3600", "e.g. --start-at ready+10")
+    return margin
+
+
+def start_when_ready(plan: ShardPlan, out_dir: Path) -> ShardPlan:
+    """The ready barrier: say this shard is ready, wait for every shard, and fix the start ``ready_margin_s``
+    after the last one was ready (the same time in every shard: they read the same files)."""
+    assert plan.ready_margin_s is not None
+    ready = out_dir / _READY_DIR
+    ready.mkdir(parents=True, exist_ok=True)
+    mine = ready / plan.name
+    if mine.exists():
+        raise PipelineError(f"{mine} already exists: {out_dir} holds another load test's shards",
+                            "give every load test its own --shard-output folder")
+    pause_point("shard.ready")
+    write_text_atomic(mine, repr(time.time()))
+    names = [ShardPlan(i, plan.count, 0.0).name for i in range(plan.count)]
+    log.info("%s ready; waiting for %d shard(s) in %s", plan.name, plan.count, ready)
+    deadline = time.monotonic() + _READY_WAIT_S
+    while missing := [n for n in names if not (ready / n).exists()]:
+        if time.monotonic() > deadline:
+            raise PipelineError(f"{plan.name}: {', '.join(missing)} not ready after {_READY_WAIT_S:.0f} s",
+                                "see why those shards did not start (their logs), or start every shard against the same --shard-output")
+        time.sleep(_READY_POLL_S)
+    last = max(float((ready / n).read_text()) for n in names)
+    return ShardPlan(plan.index, plan.count, last + plan.ready_margin_s)
+
+
 def slot_seconds(settings: LoadTestSettings) -> float:
     """How far apart two points of the shared schedule start."""
     return settings.windows.max_s + settings.windows.drain_s + _SETTLE_S + _GAP_S
@@ -104,6 +154,9 @@ def run_shard(settings: LoadTestSettings, plan: ShardPlan, out_dir: Path) -> Pat
         with contextlib.ExitStack() as stack:
             spec = model_spec(settings, model, stack.enter_context(shared_memory(settings)))
             pool = stack.enter_context(WorkerPool(settings.workers, spec)) if settings.workers > 1 else None
+            if plan.ready_margin_s is not None:
+                plan = start_when_ready(plan, out_dir)
+                meta["shard"] = asdict(plan)
             k = _run_points(settings, plan, model, spec, pool, k, meta, arrays)
     return write_shard(out_dir / f"{plan.name}.npz", meta, arrays)
 

@@ -36,6 +36,15 @@ def test_job_manifests_validate_and_run_every_pod_as_a_shard(tmp_path: Path) -> 
     assert spec["template"]["spec"]["volumes"][0]["persistentVolumeClaim"]["claimName"] == claim["metadata"]["name"]
 
 
+def test_the_pods_can_start_through_the_ready_barrier_on_their_shared_volume(tmp_path: Path) -> None:
+    assert run_cli("--k8s-job", str(tmp_path), "--url", "svc:8000", "--image", "img", "--pods", "4", "--start-at", "ready+30") == 0
+    job = yaml.safe_load((tmp_path / "loadtest-job.yaml").read_text())
+    kubernetes_validate.validate(job, K8S_VERSION, strict=True)
+    args = job["spec"]["template"]["spec"]["containers"][0]["args"]
+    assert args[args.index("--start-at") + 1] == "ready+30"  # forwarded as is: each pod waits for the others
+    assert args[args.index("--shard-output") + 1].startswith("/results/")  # the volume every pod shares
+
+
 def test_the_validator_catches_a_broken_job(tmp_path: Path) -> None:
     run_cli("--k8s-job", str(tmp_path), "--url", "svc:8000", "--image", "img", "--start-at", "+60")
     job = yaml.safe_load((tmp_path / "loadtest-job.yaml").read_text())
@@ -50,6 +59,7 @@ def test_the_validator_catches_a_broken_job(tmp_path: Path) -> None:
     (["--url", "svc:8000", "--image", "img", "--job-name", "Load_Test"], "is not a Kubernetes name"),
     (["--image", "img"], "needs the address of the servers"),
     (["--url", "svc:8000", "--image", "img", "--start-at", "tomorrow"], "is not a time with a zone"),
+    (["--url", "svc:8000", "--image", "img", "--start-at", "ready+soon"], "is not ready\\+SECONDS"),
 ])  # fmt: skip
 def test_bad_job_options_are_one_line_errors(tmp_path: Path, argv: list[str], problem: str) -> None:
     with pytest.raises(PipelineError, match=problem):

@@ -1,5 +1,5 @@
-"""A distributed load test rehearsed on this machine: three shard processes on one shared schedule
-against the real embedded tritonserver, each writing its raw results; ``--merge`` gives one report
+"""A distributed load test rehearsed on this machine: three shard processes on one shared schedule (fixed by
+the ready barrier) against the real embedded tritonserver, each writing its raw results; ``--merge`` gives one report
 whose percentiles are exactly those of every shard's raw samples and whose counts are Triton's."""
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from pipeline.errors import PipelineError
 from pipeline.loadtest.client import endpoint_from_url
 from pipeline.loadtest.merge import merge_shards
 from pipeline.loadtest.server_stats import fetch_counters
-from pipeline.loadtest.shards import read_shard, write_shard
+from pipeline.loadtest.shards import ShardPlan, parse_ready_margin, read_shard, start_when_ready, write_shard
 
 from .test_cli import run_cli
 
@@ -30,36 +30,50 @@ OPTIONS = ["--model", "add", "--concurrency", "2,4", "--window-ms", "300", "--wa
            "--timeout-ms", "2000"]  # fmt: skip
 
 
+def _wait_for(paths: list[Path], procs: list[subprocess.Popen[str]]) -> None:
+    deadline = time.monotonic() + 600  # a hang guard, not a speed limit
+    while not all(p.exists() for p in paths):
+        assert all(p.poll() is None for p in procs), [p.communicate()[0] for p in procs if p.poll() is not None]
+        assert time.monotonic() < deadline, f"never appeared: {[str(p) for p in paths if not p.exists()]}"
+        time.sleep(0.05)
+
+
 @pytest.fixture(scope="module")
 def rehearsal(server: object, workspace: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, object]:
-    """Three shard processes (as the Job's pods run them); Triton's success count around all of them."""
+    """Three shard processes (as the Job's pods run them) started through the ready barrier (``--start-at
+    ready+SECONDS``); shard 2 is held at the barrier by a pause point until the other two have said they are
+    ready, so the test sees them wait for it. Triton's success count around all of them."""
     out = tmp_path_factory.mktemp("shards")
+    held = tmp_path_factory.mktemp("held") / "shard-2.paused"
     endpoint = endpoint_from_url(server.http_url)  # type: ignore[attr-defined]
     before = fetch_counters(endpoint, "add").success_count
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    # The shards share one wall-clock schedule (--start-at), and a shard that is not ready when its first point
-    # is due refuses to run (one line: "was due to start N s ago"). So the margin is not a guess that can lose
-    # a race: when a shard says it started late, the run is repeated with a margin three times longer.
-    for margin in (20, 60, 180):
-        for stale in out.glob("*"):
-            stale.unlink()
-        start = time.time() + margin
-        procs = [
-            subprocess.Popen(
-                [sys.executable, "-m", "pipeline", "loadtest", "--url", server.http_url, *OPTIONS,  # type: ignore[attr-defined]
-                 "--calibration-root", str(workspace / "calibration"), "--shard", f"{i}/{SHARDS}", "--start-at", f"{start}",
-                 "--shard-output", str(out), *(["--workers", "2"] if i == 1 else [])],  # a shard may itself use several processes
-                env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-            )
-            for i in range(SHARDS)
-        ]
-        outputs = [p.communicate(timeout=margin + 300)[0] for p in procs]
-        if not any("was due to start" in o for o in outputs):
-            break
-        before = fetch_counters(endpoint, "add").success_count  # the late run's requests are not this run's
+    env.pop("PIPELINE_PAUSE_AT", None)
+    # No shard can be late however slow it is to start: the schedule is fixed only once all three are ready,
+    # 10 s after the last (which covers the 50 ms poll of processes already running, not a start-up).
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-m", "pipeline", "loadtest", "--url", server.http_url, *OPTIONS,  # type: ignore[attr-defined]
+             "--calibration-root", str(workspace / "calibration"), "--shard", f"{i}/{SHARDS}", "--start-at", "ready+10",
+             "--shard-output", str(out), *(["--workers", "2"] if i == 1 else [])],  # a shard may itself use several processes
+            env={**env, "PIPELINE_PAUSE_AT": "shard.ready", "PIPELINE_PAUSE_FILE": str(held)} if i == 2 else env,
+            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        )
+        for i in range(SHARDS)
+    ]
+    try:
+        _wait_for([out / ".ready" / "shard-0-of-3", out / ".ready" / "shard-1-of-3", held], procs)
+        waiting = [p.poll() is None for p in procs[:2]], sorted(f.name for f in out.glob("shard-*.npz"))
+        held.with_name(held.name + ".release").touch()
+        outputs = [p.communicate(timeout=600)[0] for p in procs]
+    finally:
+        for p in procs:
+            p.kill()
+            p.wait()
+    assert waiting == ([True, True], []), "shards 0 and 1 must wait at the barrier for shard 2"
     assert [p.returncode for p in procs] == [0] * SHARDS, outputs
     after = fetch_counters(endpoint, "add").success_count
-    return {"dir": out, "triton_successes": after - before}
+    return {"dir": out, "triton_successes": after - before, "outputs": outputs}
 
 
 def _raw_used_latencies(files: list[Path], k: int) -> np.ndarray:
@@ -116,3 +130,28 @@ def test_merging_different_load_tests_is_a_one_line_error(rehearsal: dict[str, o
     with pytest.raises(PipelineError, match=r"cannot merge .* different protocol \(http and grpc\)") as err:
         merge_shards([first, other])
     assert "\n" not in str(err.value.problem)
+
+
+def test_every_shard_fixed_the_same_start_after_the_barrier(rehearsal: dict[str, object]) -> None:
+    files = sorted(Path(rehearsal["dir"]).glob("shard-*.npz"))  # type: ignore[arg-type]
+    starts = {read_shard(f)[0]["shard"]["start_at"] for f in files}
+    ready = [float(f.read_text()) for f in sorted((Path(rehearsal["dir"]) / ".ready").glob("shard-*"))]  # type: ignore[arg-type]
+    assert len(ready) == 3 and starts == {max(ready) + 10}
+
+
+def test_a_folder_that_holds_another_runs_barrier_is_refused(rehearsal: dict[str, object]) -> None:
+    plan = ShardPlan(0, 3, 0.0, ready_margin_s=10)
+    with pytest.raises(PipelineError, match=r"holds another load test's shards") as err:
+        start_when_ready(plan, Path(rehearsal["dir"]))  # type: ignore[arg-type]
+    assert "its own --shard-output" in err.value.fix
+
+
+@pytest.mark.parametrize("text", ["ready+", "ready+0", "ready+x", "ready+-5", "ready+7200"])
+def test_a_bad_ready_margin_is_one_line(text: str) -> None:
+    with pytest.raises(PipelineError, match="is not ready\\+SECONDS"):
+        parse_ready_margin(text)
+
+
+def test_a_time_is_not_a_ready_margin() -> None:
+    assert parse_ready_margin("2026-12-01T21:00:00Z") is None and parse_ready_margin("+60") is None
+    assert parse_ready_margin("ready+2.5") == 2.5
