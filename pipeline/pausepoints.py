@@ -17,7 +17,9 @@ model staged and none swapped in, and ``publish.swap#2`` holds it between the fi
 ``tune.trial-cached`` after each tune trial is written to the trial cache (pipeline/tune/cache.py), so
 ``tune.trial-cached#2`` holds a tune with exactly two trials durable. ``savedmodel.export`` and
 ``tf2onnx.convert`` hold the build's child processes (the SavedModel export
-child, the tf2onnx subprocess) as they start, so a test can kill the build under them.
+child, the tf2onnx subprocess) as they start, so a test can kill the build under them. ``shard.ready``
+holds a load-test shard just before it writes its ready file (pipeline/loadtest/shards.py), so a test
+sees the other shards wait for it at the barrier.
 """
 
 from __future__ import annotations
