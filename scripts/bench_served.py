@@ -82,6 +82,39 @@ def bench_repository(repository: Path, dst: Path, threads: int, max_batch: int |
     return dst, version
 
 
+def _threads(pid: int) -> list[int]:
+    return [int(t) for t in os.listdir(f"/proc/{pid}/task")]
+
+
+def _children(pid: int) -> list[int]:
+    found = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                stat = Path(f"/proc/{entry}/stat").read_text()
+            except OSError:
+                continue
+            if int(stat.rsplit(")", 1)[1].split()[1]) == pid:  # field 4, after the parenthesised name
+                found.append(int(entry))
+    return found
+
+
+def pin_layout(server_pid: int, front_end: str, ort_cpus: list[int], other_cpus: list[int]) -> list[int]:
+    """Pin every thread of the backend's stub processes (the backend's Python and ONNX Runtime) to ``ort_cpus``,
+    and every thread of tritonserver itself (HTTP, scheduler, the hand-off to the stubs) to ``ort_cpus`` too
+    (``front_end="same"``) or to ``other_cpus`` (``"others"``, beside the client). Returns the stubs' pids.
+    Affinity is per thread on Linux, so each task is pinned."""
+    stubs = [c for c in _children(server_pid) if b"triton_python_backend_stub" in Path(f"/proc/{c}/cmdline").read_bytes()]
+    if not stubs:
+        raise SystemExit("no triton_python_backend_stub child found under the server")
+    for tid in _threads(server_pid):
+        os.sched_setaffinity(tid, ort_cpus if front_end == "same" else other_cpus)
+    for stub in stubs:
+        for tid in _threads(stub):
+            os.sched_setaffinity(tid, ort_cpus)
+    return stubs
+
+
 def summary(mode: str, threads: int, concurrency: int, latencies: list[float], seconds: float) -> dict:
     ms = np.array(latencies) * 1000.0
     return {
@@ -186,6 +219,11 @@ def main() -> int:
                         help="served rows: HTTP binary body, or inputs and outputs in system shared memory (default: both)")
     parser.add_argument("--max-batch", type=int, default=None,
                         help="serve with this max batch and preferred batch size (default: the published config's)")
+    parser.add_argument("--front-end", nargs="+", choices=("same", "others"), default=["same", "others"],
+                        help="served rows per layout: same: tritonserver and its backend stubs on the T cores ONNX Runtime gets "
+                             "in process (the whole serving path on them); others: only the stubs (backend Python and ONNX "
+                             "Runtime) there, tritonserver's HTTP front end and scheduler on the other cores, beside the client "
+                             "(default: both)")
     parser.add_argument("--rounds", type=int, default=3, help="rounds of all rows in turn; medians reported (default: %(default)s)")
     parser.add_argument("--seconds", type=float, default=6.0, help="measured seconds per row (default: %(default)s)")
     parser.add_argument("--warmup", type=float, default=1.0, help="unmeasured seconds before each row (default: %(default)s)")
@@ -209,13 +247,20 @@ def main() -> int:
         bench_repo, version = bench_repository(repository, Path(tmp) / "repo", args.threads, args.max_batch)
         model_file = bench_repo / MODEL / str(version) / "model.onnx"
         with TritonServer(bench_repo, cpus=server_cpus, log_path=Path(tmp) / "tritonserver.log") as server:
+            if "others" in args.front_end and client_cpus == server_cpus:
+                parser.error("--front-end others needs more cores than --threads")
             for k in range(args.rounds):
                 rows = [run_in_process(model_file, images, args.threads, server_cpus, args.seconds, args.warmup)]
                 os.sched_setaffinity(0, client_cpus)  # clients off the server's cores when there are others
                 try:
-                    for concurrency in args.concurrency:
-                        for transport in args.transports:
-                            rows.append(run_served(server.http_url, data, args.threads, concurrency, args.seconds, args.warmup, transport))
+                    for front_end in args.front_end:
+                        pin_layout(server.pid, front_end, server_cpus, client_cpus)
+                        for concurrency in args.concurrency:
+                            for transport in args.transports:
+                                row = run_served(server.http_url, data, args.threads, concurrency, args.seconds, args.warmup, transport)
+                                row["front_end"] = front_end
+                                row["mode"] += "" if front_end == "same" else " FE apart"
+                                rows.append(row)
                 finally:
                     os.sched_setaffinity(0, allowed)
                 for row in rows:
@@ -233,10 +278,10 @@ def main() -> int:
             row[key] = round(float(np.median([r[i][key] for r in rounds])), 3)
         medians.append(row)
 
-    header = f"{'mode':<22} {'threads':>7} {'conc':>4} {'samples/s':>10} {'req/s':>8} {'p50 ms':>8} {'p99 ms':>8} {'ratio':>6}"
+    header = f"{'mode':<30} {'threads':>7} {'conc':>4} {'samples/s':>10} {'req/s':>8} {'p50 ms':>8} {'p99 ms':>8} {'ratio':>6}"
     print(f"\n{MODEL}, batch {BATCH} per request, median of {args.rounds} rounds (ratio: per round, vs that round's in-process)\n{header}\n{'-' * len(header)}")
     for r in medians:
-        print(f"{r['mode']:<22} {r['threads']:>7} {r['concurrency']:>4} {r['samples_per_s']:>10.0f} {r['requests_per_s']:>8.1f} "
+        print(f"{r['mode']:<30} {r['threads']:>7} {r['concurrency']:>4} {r['samples_per_s']:>10.0f} {r['requests_per_s']:>8.1f} "
               f"{r['p50_ms']:>8.2f} {r['p99_ms']:>8.2f} {r['ratio_vs_in_process']:>6.2f}")
     print("\nwhere a served request's time goes (last round; µs; an execution runs avg-batch rows, so its compute is shared by "
           "the requests merged into it):")
@@ -257,6 +302,8 @@ def main() -> int:
         "batch": BATCH,
         "server_cpus": server_cpus,
         "client_cpus": client_cpus,
+        "front_end_layouts": {"same": f"tritonserver and stubs on CPUs {server_cpus}",
+                              "others": f"stubs on CPUs {server_cpus}, tritonserver on CPUs {client_cpus} (with the client)"},
         "backend_threads_logged": next((line.split("loaded", 1)[1].strip() for line in log_text.splitlines() if "onnxruntime (python) loaded" in line), None),
         "onnxruntime": onnxruntime.__version__,
         "python": platform.python_version(),
