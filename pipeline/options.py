@@ -97,9 +97,12 @@ def fixed_port_number(value: int) -> str | None:
 # ---- options shared by several commands ------------------------------------------------------------
 
 
+DEFAULT_REPOSITORY = Path("model_repository")
+
+
 def repository_option(group: str | None = None) -> Any:
     """``--repository``: the Triton model repository."""
-    return option(Path("model_repository"), "Triton model repository", metavar="DIR", group=group)
+    return option(DEFAULT_REPOSITORY, "Triton model repository", metavar="DIR", group=group)
 
 
 CALIBRATION_ROOT = Path("calibration")  # --calibration-root default, relative to the current directory

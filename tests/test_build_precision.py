@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import csv
 import json
 import shutil
 from pathlib import Path
@@ -262,6 +263,16 @@ def test_uint8_input_builds_gates_and_serves(own_copy: Path, tmp_path: Path) -> 
             got = client.infer("digits_u8", [item]).as_numpy("probs")
         finally:
             client.close()
+        # loadtest turns the float evaluation samples into uint8 with the model's scale; without the model file it
+        # cannot know the scale, and says so rather than sending every value below 1.0 as 0
+        load = ("loadtest", "--url", server.http_url, "--model", "digits_u8", "--concurrency", "1", "--window-ms", "200",
+                "--warmup-ms", "100", "--max-seconds", "1", "--report-dir", str(tmp_path / "load"))
+        assert "takes image as uint8" in one_line_error(cli(*load))
+        served = cli(*load, "--repository", str(repo))
+        assert served.returncode == 0, served.stderr[-2000:]
+        with (tmp_path / "load" / "results.csv").open() as f:
+            (row,) = [r for r in csv.DictReader(f) if r["endpoint"] == "all"]
+        assert int(row["requests"]) > 0 and int(row["error_count"]) == 0, row
     assert wire.nbytes * 4 == images.nbytes
     gates = Gates()
     np.testing.assert_allclose(got, want, atol=gates.parity_atol, rtol=gates.parity_rtol)

@@ -20,7 +20,7 @@ from pipeline.loadtest.policy import ARRIVALS, policies_from_options
 from pipeline.loadtest.results import RunResult, best_point, unstable_hint
 from pipeline.loadtest.runner import PROTOCOLS, LoadTestSettings, run_loadtest
 from pipeline.loadtest.shm import SHARED_MEMORY
-from pipeline.options import CALIBRATION_ROOT
+from pipeline.options import CALIBRATION_ROOT, DEFAULT_REPOSITORY
 from pipeline.reportdirs import REPORT_DIR_HELP, PageRefresher, run_report_dirs
 
 log = logging.getLogger(__name__)
@@ -69,8 +69,10 @@ def register(subparsers: argparse._SubParsersAction, refresh_page: PageRefresher
     target.add_argument("--metrics-url", action="append", default=[], metavar="HOST:PORT",
                         help="with --url: Triton's Prometheus metrics address of each --url, in the same order "
                              "(default: the --url host at its port + 2, Triton's 8000/8002 layout)")
-    target.add_argument("--repository", type=Path, default=Path("model_repository"),
-                        help="model repository for the embedded server (default: %(default)s)")
+    target.add_argument("--repository", type=Path, default=None,
+                        help=f"model repository for the embedded server (default: {DEFAULT_REPOSITORY}); with --url, the "
+                             "repository that server serves, read for what only the model files say (a --uint8-input "
+                             "variant's scale)")
     target.add_argument("--model", action="append", default=[], metavar="NAME",
                         help="Triton model to test; repeat for several (default: every ready model)")
     req = p.add_argument_group("requests")
@@ -184,7 +186,7 @@ def settings_from_args(
         data=args.data,
         calibration_dir=args.calibration_root,
         metrics_endpoints=tuple(metrics or ()),
-        repository=None if args.url else args.repository,
+        repository=args.repository if args.url else (args.repository or DEFAULT_REPOSITORY),
         workers=args.workers,
         shared_memory=args.shared_memory,
         output_shm_size=args.output_shared_memory_size,
@@ -207,29 +209,30 @@ def _servers(args: argparse.Namespace) -> Iterator[tuple[list[Endpoint], list[En
         return
     from pipeline.triton.server import TritonServer
 
-    _check_before_start(args)
-    log.info("starting the embedded tritonserver on %s", args.repository)
-    with TritonServer(args.repository, workdir=args.workdir) as server:
+    repository = args.repository or DEFAULT_REPOSITORY
+    _check_before_start(args, repository)
+    log.info("starting the embedded tritonserver on %s", repository)
+    with TritonServer(repository, workdir=args.workdir) as server:
         models = list(args.model) or list(server.ready_models)
         missing = [m for m in models if m not in server.ready_models]
-        require(not missing, f"model(s) {', '.join(missing)} are not served from {args.repository} "
+        require(not missing, f"model(s) {', '.join(missing)} are not served from {repository} "
                 f"(served: {', '.join(server.ready_models)}; skipped: {server.skipped_models or 'none'})",
                 "pass a served --model, or build the model first (python -m pipeline build)")
         yield ([endpoint_from_url(server.http_url)], [endpoint_from_url(server.grpc_url)], models, dict(server.skipped_models),
                [endpoint_from_url(server.metrics_url)])
 
 
-def _check_before_start(args: argparse.Namespace) -> None:
+def _check_before_start(args: argparse.Namespace, repository: Path) -> None:
     """Named models must be in the repository and have samples, before a server takes seconds to start."""
-    if not args.model or not args.repository.is_dir():
+    if not args.model or not repository.is_dir():
         return  # the server's own start reports a missing or empty repository
-    present = sorted(p.name for p in args.repository.iterdir() if (p / "config.pbtxt").is_file())
+    present = sorted(p.name for p in repository.iterdir() if (p / "config.pbtxt").is_file())
     missing = [m for m in args.model if m not in present]
-    require(not missing, f"model(s) {', '.join(missing)} are not in {args.repository} (it has: {', '.join(present) or 'no models'})",
+    require(not missing, f"model(s) {', '.join(missing)} are not in {repository} (it has: {', '.join(present) or 'no models'})",
             "pass --model with one of those names, or --repository with the one that holds the model")
     if args.data is None:
         for model in args.model:
-            eval_data_path(model, args.calibration_root, args.repository)
+            eval_data_path(model, args.calibration_root, repository)
 
 
 def run(args: argparse.Namespace) -> int:

@@ -147,6 +147,14 @@ def model_spec(settings: LoadTestSettings, model: str, regions: SharedMemoryRegi
     samples = pl.load_samples(settings.data or pl.eval_data_path(model, settings.calibration_dir, settings.repository))
     if settings.repository is not None:  # a uint8-input variant gets its float samples as the uint8 a client sends
         samples = quantized(samples, served_uint8_scales(settings.repository / model))
+    floats = [t.name for t in io.inputs if t.datatype == "UINT8" and any(
+        (k == t.name or k.startswith(t.name + "__")) and v.dtype.kind == "f" for k, v in samples.items())]
+    if floats:  # casting would send every value below 1.0 as 0: the scale lives only in the model file
+        raise PipelineError(
+            f"model '{model}' takes {', '.join(floats)} as uint8 (a --uint8-input variant) and the samples are float; "
+            "without the model file the scale that turns them into uint8 is unknown",
+            "pass --repository with the published repository (the scale is read from the model), or --data with uint8 samples",
+        )
     batches = pl.request_batches(samples, io, settings.batch_size, settings.distinct_requests)
     log.info("%s: %d distinct requests of batch %d, %s/%s, %d process(es)", model, len(batches), settings.batch_size,
              settings.protocol, settings.transport, settings.workers)

@@ -14,7 +14,7 @@ from typing import Any
 from pipeline.errors import require, require_creatable
 from pipeline.loadtest.measure import WindowSettings
 from pipeline.loadtest.policy import ARRIVALS
-from pipeline.options import CALIBRATION_ROOT
+from pipeline.options import CALIBRATION_ROOT, DEFAULT_REPOSITORY
 from pipeline.reportdirs import REPORT_DIR_HELP, PageRefresher, run_report_dirs
 from pipeline.tune.policy import SEARCHES
 from pipeline.tune.space import PREFERRED_RULES
@@ -66,7 +66,7 @@ def register(subparsers: argparse._SubParsersAction, refresh_page: PageRefresher
                       help="Triton model to tune; repeat for precision variants of one model (adds the Pareto table)")
     what.add_argument("--slo-p99-ms", type=float, required=True, metavar="MS", help="client p99 latency objective (required)")
     target = p.add_argument_group("target")
-    target.add_argument("--repository", type=Path, default=Path("model_repository"), help="model repository (default: %(default)s)")
+    target.add_argument("--repository", type=Path, default=DEFAULT_REPOSITORY, help="model repository (default: %(default)s)")
     target.add_argument("--cores", type=int, default=_default_cores(),
                         help="embedded server: pin it to this many CPUs (a slice rehearsal); the load generator runs on "
                              "the others (default: every CPU, %(default)s, shared with the load generator)")

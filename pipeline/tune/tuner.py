@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 from pipeline.errors import PipelineError, require
 from pipeline.fingerprint import hash_path, hash_settings
 from pipeline.loadtest import payload as pl
-from pipeline.options import CALIBRATION_ROOT
+from pipeline.options import CALIBRATION_ROOT, DEFAULT_REPOSITORY
 from pipeline.tune.cache import TrialCache, trial_key
 from pipeline.tune.policy import search_policy
 from pipeline.tune.space import (
@@ -53,7 +53,7 @@ class TuneSettings:
 
     models: tuple[str, ...]
     trial: TrialSettings
-    repository: Path = Path("model_repository")
+    repository: Path = DEFAULT_REPOSITORY
     search: str = "quick"
     max_trials: int = 8
     max_minutes: float = 30.0
