@@ -145,8 +145,8 @@ def test_zero_vectors_from_the_variant_count_as_cosine_0_not_nan() -> None:
 
 def test_three_samples_are_enough_to_see_a_neighbour_change_and_two_are_not() -> None:
     """At 0, 1 and 3 degrees, the nearest of the first is the second; moving the second to 2.2 degrees makes the third its
-    nearest: 1 of 3 samples loses its neighbour (measured; too few samples to decide). With 2 samples each one's only neighbour is the other, so agreement cannot
-    change and no neighbour figure is claimed."""
+    nearest: 1 of 3 samples loses its neighbour (measured; too few samples to decide). With 2 samples each one's only
+    neighbour is the other, so agreement cannot change and no neighbour figure is claimed."""
     ref = on_circle(np.array([0.0, 1.0, 3.0]), np.ones(3))
     out = on_circle(np.array([0.0, 2.2, 3.0]), np.ones(3))
 
