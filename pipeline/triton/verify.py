@@ -56,14 +56,6 @@ def served_outputs(url: str, model: str, data: EvalData, outputs: Sequence[str],
     return chunks
 
 
-def verify_served_model(
-    url: str, model: str, model_file: Path, data: EvalData, kinds: Mapping[str, OutputKind], *, batch_size: int, atol: float, threshold: float
-) -> ServedResult:
-    """Compare every output of one served model with its own model file run in process (Q/DQ-exact for INT8)."""
-    served = served_outputs(url, model, data, list(kinds), batch_size)
-    return served_against_file(model, model_file, data, kinds, served, batch_size=batch_size, atol=atol, threshold=threshold)
-
-
 def served_against_file(
     model: str, model_file: Path, data: EvalData, kinds: Mapping[str, OutputKind], served: list[dict[str, np.ndarray]], *, batch_size: int,
     atol: float, threshold: float,
@@ -142,7 +134,8 @@ def _served_results(planned: Mapping[str, tuple], limits: Mapping[str, Gates], *
         for name, (version, model_file, data, kinds, batch) in bar.track(planned.items()):
             bar.note(name)
             log.info("verifying %s v%d through %s (%d samples from %s)", name, version, endpoint, data.num_samples, data.source)
-            results.append(verify_served_model(endpoint, name, model_file, data, kinds, batch_size=batch, atol=_served_atol(name, atol, limits[name]),
+            served = served_outputs(endpoint, name, data, list(kinds), batch)
+            results.append(served_against_file(name, model_file, data, kinds, served, batch_size=batch, atol=_served_atol(name, atol, limits[name]),
                                                threshold=limits[name].binary_threshold))
     return results
 
@@ -256,8 +249,8 @@ def _plan(name: str, model: Any, base: str, given: EvalData | Path | None, calib
 def _served_atol(model: str, atol: float, gates: Gates) -> float:
     """FP16 served on other hardware (a GPU's FP16 kernels against this CPU's) differs at FP16's own
     precision: it is held to ``--fp16-atol`` where that is looser than ``atol``."""
-    precision = (parse_variant(model) or (model, "fp32"))[1]
-    return max(atol, gates.fp16_atol or 0.0) if precision == "fp16" else atol
+    variant = parse_variant(model)
+    return max(atol, gates.fp16_atol or 0.0) if variant is not None and variant[1] == "fp16" else atol
 
 
 def _recorded_gates(model_dir: Path, gates: Gates) -> Gates:

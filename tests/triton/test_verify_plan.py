@@ -132,7 +132,7 @@ def test_models_named_but_not_in_the_repository_are_refused_by_name(tmp_path: Pa
     with pytest.raises(PipelineError) as info:
         _verification_plan(repository, **plan_args(tmp_path, models=["m_fp32", "m_u8", "nope", "digits_fp32"]))
     assert str(info.value.problem) == f"no servable pipeline ONNX model named ['digits_fp32', 'nope'] in {repository}"
-    assert "python -m pipeline build" in str(info.value.fix)
+    assert str(info.value.fix) == "run `python -m pipeline build` or check --model"
 
 
 def test_a_repository_with_nothing_verifiable_is_refused(tmp_path: Path) -> None:
@@ -140,6 +140,15 @@ def test_a_repository_with_nothing_verifiable_is_refused(tmp_path: Path) -> None
     with pytest.raises(PipelineError) as info:  # a not-verifiable model named is no missing model, but nothing is left
         _verification_plan(repository, **plan_args(tmp_path, models=["m_u8"]))
     assert str(info.value.problem) == f"no servable pipeline ONNX model named any in {repository}"
+
+
+def test_a_verifiable_repository_is_planned_with_this_commands_drop_limits(tmp_path: Path) -> None:
+    repository = mixed_repository(tmp_path)
+    eval_npz(tmp_path / "calibration" / "m" / "eval.npz", np.random.default_rng(19))
+    command = Gates(fp16_max_drop=0.25, int8_max_drop=3.0, gate_confidence=0.8)
+    planned, limits, not_verified = _verification_plan(repository, **plan_args(tmp_path, gates=command, embedded=False))
+    assert sorted(planned) == sorted(limits) == ["m_fp16", "m_fp32"] and "m_u8" in not_verified
+    assert {(g.fp16_max_drop, g.int8_max_drop, g.gate_confidence) for g in limits.values()} == {(0.25, 3.0, 0.8)}
 
 
 def plan_model(repository: Path, name: str, gpu_cc: str = "9.0") -> None:
@@ -255,30 +264,53 @@ def test_labels_that_do_not_fit_the_output_are_refused_before_any_model_runs(tmp
         _plan("m_fp32", published(repository, "m_fp32"), "m", tmp_path / "buckets.npz", tmp_path)
 
 
+def test_deciding_the_kinds_reads_the_graph_not_the_weights(tmp_path: Path) -> None:
+    """A large model keeps its weights in a file beside model.onnx: deciding its output kinds needs none of them."""
+    rng = np.random.default_rng(17)
+    repository = tmp_path / "repo"
+    add_model(repository, "m_fp32", build={"eval_data": str(eval_npz(tmp_path / "e.npz", rng))})
+    model_file = repository / "m_fp32" / "1" / "model.onnx"
+    onnx.save(onnx.load(str(model_file)), str(model_file), save_as_external_data=True, location="weights.bin", size_threshold=0)
+    (model_file.parent / "weights.bin").unlink()  # unreadable weights: only a load of them can fail
+    kinds = _plan("m_fp32", published(repository, "m_fp32"), "m", None, tmp_path)[3]  # type: ignore[index]
+    assert {k.name: k.kind for k in kinds.values()} == {"probs": "classes", "flag": "binary"}
+
+
+def test_plain_labels_beside_labels_named_for_their_output_are_refused_naming_the_file(tmp_path: Path) -> None:
+    rng = np.random.default_rng(18)
+    repository = tmp_path / "repo"
+    add_model(repository, "m_fp32", build={"output_kinds": [PROBS.as_dict(), FLAG.as_dict()]})
+    both = eval_npz(tmp_path / "both.npz", rng, n=4, labels=np.array([0, 1, 2, 0]), **{"labels:probs": np.array([0, 1, 2, 0])})
+    with pytest.raises(PipelineError) as info:
+        _plan("m_fp32", published(repository, "m_fp32"), "m", both, tmp_path)
+    assert str(info.value.problem) == f"evaluation data {both} has both 'labels' and 'labels:probs'"
+
+
 def test_the_variants_of_one_model_share_the_smallest_batch_and_a_model_without_data_is_listed(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     rng = np.random.default_rng(16)
     repository, calibration = tmp_path / "repo", tmp_path / "calibration"
     kinds = {"output_kinds": [PROBS.as_dict(), FLAG.as_dict()]}
+    add_model(repository, "a_fp32", build=kinds)  # no data anywhere (and first in line: the others are still planned)
     add_model(repository, "m_fp32", max_batch=8, build=kinds | {"gates": {"binary_threshold": 0.3}})
     add_model(repository, "m_fp16", max_batch=4, build=kinds | {"gates": {"binary_threshold": 0.7}})
-    add_model(repository, "n_fp32", max_batch=0, build=kinds)  # no batching: the command's batch size
-    add_model(repository, "n_int8", max_batch=32, build=kinds)
-    eval_npz(calibration / "n_fp32" / "eval.npz", rng)  # only n_fp32 has data of its own
+    add_model(repository, "n_fp32", max_batch=0)  # no batching: the command's batch size; no kinds recorded
+    eval_npz(calibration / "n_fp32" / "eval.npz", rng)  # data of its own
     given = {"m": EvalData.single({"x": rng.normal(size=(5, 4)).astype(np.float32)}, None, "given", "f")}
     chosen, not_verified, _ = _servable_models(repository, [])
     with caplog.at_level(logging.WARNING, logger="pipeline.triton.verify"):
         planned, limits = _planned(chosen, not_verified, given, calibration, 16, Gates())
     assert {name: plan[4] for name, plan in planned.items()} == {"m_fp16": 4, "m_fp32": 4, "n_fp32": 16}
     assert {name: plan[2].source for name, plan in planned.items()} == {"m_fp16": "given", "m_fp32": "given", "n_fp32": str(calibration / "n_fp32" / "eval.npz")}
-    why = f"no evaluation data (none recorded by its build, no {calibration / 'n' / 'eval.npz'}): pass --eval-data"
-    assert not_verified == {"n_int8": why} and f"n_int8: not verified: {why}" in caplog.messages
+    why = f"no evaluation data (none recorded by its build, no {calibration / 'a' / 'eval.npz'}): pass --eval-data"
+    assert not_verified == {"a_fp32": why} and f"a_fp32: not verified: {why}" in caplog.messages
+    assert "n_fp32: no output kinds recorded by its build; judged as probs=classes, flag=binary" in caplog.messages
     assert {name: gates.binary_threshold for name, gates in limits.items()} == {"m_fp16": 0.7, "m_fp32": 0.3, "n_fp32": 0.5}
     planned, _ = _planned(chosen, {}, given, calibration, 2, Gates())
     assert {name: plan[4] for name, plan in planned.items()} == {"m_fp16": 2, "m_fp32": 2, "n_fp32": 2}
     with pytest.raises(PipelineError) as info:
         _planned(chosen, {}, {}, tmp_path / "elsewhere", 16, Gates())
-    assert str(info.value.problem) == "no evaluation data for any of ['m_fp16', 'm_fp32', 'n_fp32', 'n_int8']"
-    assert "--eval-data" in str(info.value.fix)
+    assert str(info.value.problem) == "no evaluation data for any of ['a_fp32', 'm_fp16', 'm_fp32', 'n_fp32']"
+    assert str(info.value.fix) == "pass --eval-data PATH.npz (one array per input name, plus labels)"
 
 
 # --- the limits ------------------------------------------------------------------------------------------------
@@ -322,10 +354,11 @@ def test_what_came_back_is_judged_against_the_served_file_with_its_labels(tmp_pa
     data = EvalData((EvalBucket("", {"x": x}, {"probs": classes, "flag": flags}),), "test", "f")
     served = [by_numpy(x[i : i + 8], weights(2)) for i in range(0, 20, 8)]
     served[1]["probs"][3] = np.roll(served[1]["probs"][3], 1)  # one served answer moved to another class
-    result = served_against_file("m_fp16", repository / "m_fp16" / "2" / "model.onnx", data, KINDS, served, batch_size=8, atol=1.0, threshold=0.8)
+    kinds = {"flag": FLAG, "probs": PROBS}  # not the graph's order: outputs are matched by name
+    result = served_against_file("m_fp16", repository / "m_fp16" / "2" / "model.onnx", data, kinds, served, batch_size=8, atol=1.0, threshold=0.8)
     right = by_numpy(x, weights(2))
     assert (result.model, result.base, result.precision, result.version, result.samples) == ("m_fp16", "m", "fp16", 2, 20)
-    assert result.failures == [] and result.served is served
+    assert result.failures == [] and result.served is served and result.kinds == kinds  # the kinds judge it against served FP32 next
     probs = result.outputs["probs"]
     assert probs["inprocess_metric"] == pytest.approx(np.mean(right["probs"].argmax(1) == classes))
     served_probs = np.concatenate([b["probs"] for b in served])
@@ -337,6 +370,8 @@ def test_what_came_back_is_judged_against_the_served_file_with_its_labels(tmp_pa
     strict = served_against_file("m_fp16", repository / "m_fp16" / "2" / "model.onnx", data, KINDS, served, batch_size=8, atol=1e-3, threshold=0.8)
     assert strict.failures == [f"output 'probs' served differs from in-process by up to {probs['max_abs_diff']:.3g} (> 0.001)"]
     assert probs["max_abs_diff"] == pytest.approx(np.abs(served_probs - right["probs"]).max(), abs=1e-6)
+    with pytest.raises(ValueError):  # an answer missing for a batch: never judged on the batches that came back
+        served_against_file("m_fp16", repository / "m_fp16" / "2" / "model.onnx", data, KINDS, served[:2], batch_size=8, atol=1.0, threshold=0.8)
 
 
 def bias_model(path: Path) -> Path:
@@ -424,14 +459,16 @@ def test_the_report_lists_every_model_and_every_model_not_verified_and_is_shown(
 def test_a_variant_worse_than_served_fp32_fails_the_check_in_one_line_naming_every_failure(tmp_path: Path) -> None:
     results = served_results(np.random.default_rng(32), int8_wrong=100)  # a third of INT8's answers wrong: 33.33 points
     results[1].failures.append("output 'probs' served differs from in-process by up to 0.5 (> 0.001)")
+    results[2].failures.append("output 'probs': 1 NaN/Inf values served where in-process ones are finite")
     report_path = tmp_path / "v.json"
     with pytest.raises(CheckFailed) as info:
         _verdict(results, {r.model: Gates() for r in results}, {}, url=None, repository=tmp_path, report_path=report_path, show=None)
     problem = str(info.value.problem)
     assert problem.startswith("served accuracy check failed: m_fp16: output 'probs' served differs from in-process by up to 0.5 (> 0.001); "
-                              "m_int8: served vs served FP32: output 'probs' (classes): accuracy drop (top-1) 33.33 points")
+                              "m_int8: output 'probs': 1 NaN/Inf values served where in-process ones are finite, "
+                              "served vs served FP32: output 'probs' (classes): accuracy drop (top-1) 33.33 points")
     assert problem.endswith(f" (report: {report_path})") and "m_fp32" not in problem
-    assert "optimization graph level 2" in str(info.value.fix)
+    assert str(info.value.fix) == "for INT8, make sure the server keeps Q/DQ exact (optimization graph level 2 in config.pbtxt)"
     rows = {row["model"]: row["passed"] for row in json.loads(report_path.read_text())["models"]}
     assert rows == {"m_fp32": True, "m_fp16": False, "m_int8": False}  # the report is written before the check fails
     # the limits are each model's: a 50-point INT8 limit lets the same answers pass
