@@ -144,12 +144,13 @@ def _verdict(results: list[ServedResult], limits: Mapping[str, Gates], not_verif
              report_path: Path, show: Callable[[list[dict]], None] | None) -> dict:
     """Each served variant judged against served FP32, the report written (and shown), CheckFailed on any failure."""
     gate_against_fp32(results, limits)
-    report = {"url": url or "embedded", "repository": str(repository), "time": time.strftime("%Y-%m-%dT%H:%M:%S"),
-              "models": results_as_json(results), "not_verified": dict(not_verified)}
+    rows = results_as_json(results)
+    report = {"url": url or "embedded", "repository": str(repository), "time": time.strftime("%Y-%m-%dT%H:%M:%S"), "models": rows,
+              "not_verified": dict(not_verified)}
     report_path.parent.mkdir(parents=True, exist_ok=True)
     report_path.write_text(json.dumps(report, indent=2) + "\n")
     if show:
-        show(report["models"] + [{"model": n, "not_verified": why} for n, why in sorted(not_verified.items())])
+        show(rows + [{"model": n, "not_verified": why} for n, why in sorted(not_verified.items())])
     failed = [r for r in results if r.failures]
     if failed:
         raise CheckFailed(
