@@ -38,7 +38,7 @@ KINDS = {"probs": PROBS, "flag": FLAG}
 A100 = GpuInfo("NVIDIA A100-SXM4-80GB", (8, 0))
 
 
-def weights(version: int) -> np.ndarray:
+def version_weights(version: int) -> np.ndarray:
     """The weights of a model's version ``version`` (each version its own)."""
     return np.random.default_rng(version).normal(size=(4, 4))
 
@@ -73,7 +73,7 @@ def add_model(repository: Path, name: str, *, platform: str = 'platform: "onnxru
     extra = f'default_model_filename: "{filename}"\n' if filename != "model.onnx" else ""
     (model / "config.pbtxt").write_text(f'name: "{name}"\n{platform}\nmax_batch_size: {max_batch}\n{extra}')
     for version in versions:
-        two_outputs_onnx(model / str(version) / filename, weights(version))
+        two_outputs_onnx(model / str(version) / filename, version_weights(version))
     if build is not None:
         (model / ".pipeline-report.json").write_text(json.dumps({"model": name, "versions": {str(v): {"build": build} for v in versions}}))
     return model
@@ -352,11 +352,11 @@ def test_what_came_back_is_judged_against_the_served_file_with_its_labels(tmp_pa
     x = rng.normal(size=(20, 4)).astype(np.float32)
     classes, flags = rng.integers(0, 3, 20), rng.integers(0, 2, (20, 1))
     data = EvalData((EvalBucket("", {"x": x}, {"probs": classes, "flag": flags}),), "test", "f")
-    served = [by_numpy(x[i : i + 8], weights(2)) for i in range(0, 20, 8)]
+    served = [by_numpy(x[i : i + 8], version_weights(2)) for i in range(0, 20, 8)]
     served[1]["probs"][3] = np.roll(served[1]["probs"][3], 1)  # one served answer moved to another class
     kinds = {"flag": FLAG, "probs": PROBS}  # not the graph's order: outputs are matched by name
     result = served_against_file("m_fp16", repository / "m_fp16" / "2" / "model.onnx", data, kinds, served, batch_size=8, atol=1.0, threshold=0.8)
-    right = by_numpy(x, weights(2))
+    right = by_numpy(x, version_weights(2))
     assert (result.model, result.base, result.precision, result.version, result.samples) == ("m_fp16", "m", "fp16", 2, 20)
     assert result.failures == [] and result.served is served and result.kinds == kinds  # the kinds judge it against served FP32 next
     probs = result.outputs["probs"]
