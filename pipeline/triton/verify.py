@@ -56,15 +56,16 @@ def served_outputs(url: str, model: str, data: EvalData, outputs: Sequence[str],
     return chunks
 
 
-def verify_served_model(
-    url: str, model: str, model_file: Path, data: EvalData, kinds: Mapping[str, OutputKind], *, batch_size: int, atol: float, threshold: float
+def served_against_file(
+    model: str, model_file: Path, data: EvalData, kinds: Mapping[str, OutputKind], served: list[dict[str, np.ndarray]], *, batch_size: int,
+    atol: float, threshold: float,
 ) -> ServedResult:
-    """Compare every output of one served model with its own model file run in process (Q/DQ-exact for INT8)."""
+    """What Triton served for ``model`` (``served``: every output, per batch of ``data`` at ``batch_size``) against its own
+    model file run in process (Q/DQ-exact for INT8)."""
     from pipeline.compare import new_comparison
     from pipeline.onnxrt import session_from_onnx
 
     base, precision = parse_variant(model) or (model, "fp32")
-    served = served_outputs(url, model, data, list(kinds), batch_size)
     session = session_from_onnx(model_file, exact_qdq=precision == "int8")
     comparison = new_comparison(model, kinds, threshold)
     for batch, theirs, target in zip(data.batches(batch_size), served, data.target_batches(batch_size), strict=True):
@@ -101,15 +102,31 @@ def verify_repository(
     With the embedded server, a TensorRT plan built for another TensorRT version or GPU than the
     ones at hand (``tensorrt``, default: the installed TensorRT) is refused in one line.
     """
-    from pipeline.triton.server import TritonServer
+    planned, limits, not_verified = _verification_plan(repository, embedded=url is None, models=models, calibration_root=calibration_root,
+                                                       batch_size=batch_size, gates=gates, eval_data=eval_data or {}, tensorrt=tensorrt)
+    results = _served_results(planned, limits, url=url, repository=repository, workdir=workdir, atol=atol)
+    return _verdict(results, limits, not_verified, url=url, repository=repository, report_path=report_path, show=show)
 
+
+def _verification_plan(repository: Path, *, embedded: bool, models: Sequence[str], calibration_root: Path, batch_size: int, gates: Gates,
+                       eval_data: Mapping[str, EvalData | Path], tensorrt: TensorRT | None) -> tuple[dict[str, tuple], dict[str, Gates], dict[str, str]]:
+    """What :func:`verify_repository` sends through the server (see :func:`_planned`), the limits, and what it cannot verify;
+    every refusal that comes before a server starts."""
     chosen, not_verified, plans = _servable_models(repository, models)
-    if plans and url is None:  # a plan the GPU at hand cannot load is refused even where nothing else is verifiable
+    if plans and embedded:  # a plan the GPU at hand cannot load is refused even where nothing else is verifiable
         _check_plans_at_hand(plans, tensorrt or PolygraphyTensorRT())
     missing = sorted(set(models) - set(chosen) - set(not_verified))
     if missing or not chosen:
         raise PipelineError(f"no servable pipeline ONNX model named {missing or 'any'} in {repository}", "run `python -m pipeline build` or check --model")
-    planned, limits = _planned(chosen, not_verified, eval_data or {}, calibration_root, batch_size, gates)
+    planned, limits = _planned(chosen, not_verified, eval_data, calibration_root, batch_size, gates)
+    return planned, limits, not_verified
+
+
+def _served_results(planned: Mapping[str, tuple], limits: Mapping[str, Gates], *, url: str | None, repository: Path, workdir: Path,
+                    atol: float) -> list[ServedResult]:
+    """Every planned model sent through Triton at ``url`` (None: the embedded server on ``repository``)."""
+    from pipeline.triton.server import TritonServer
+
     server = None if url else TritonServer(repository, workdir=workdir)
     results = []
     with server if server else contextlib.nullcontext(), progress("served verification", len(planned), unit="models") as bar:
@@ -117,16 +134,23 @@ def verify_repository(
         for name, (version, model_file, data, kinds, batch) in bar.track(planned.items()):
             bar.note(name)
             log.info("verifying %s v%d through %s (%d samples from %s)", name, version, endpoint, data.num_samples, data.source)
-            results.append(verify_served_model(endpoint, name, model_file, data, kinds, batch_size=batch, atol=_served_atol(name, atol, limits[name]),
+            served = served_outputs(endpoint, name, data, list(kinds), batch)
+            results.append(served_against_file(name, model_file, data, kinds, served, batch_size=batch, atol=_served_atol(name, atol, limits[name]),
                                                threshold=limits[name].binary_threshold))
-    gate_against_fp32(results, limits)
+    return results
 
-    report = {"url": url or "embedded", "repository": str(repository), "time": time.strftime("%Y-%m-%dT%H:%M:%S"),
-              "models": results_as_json(results), "not_verified": not_verified}
+
+def _verdict(results: list[ServedResult], limits: Mapping[str, Gates], not_verified: Mapping[str, str], *, url: str | None, repository: Path,
+             report_path: Path, show: Callable[[list[dict]], None] | None) -> dict:
+    """Each served variant judged against served FP32, the report written (and shown), CheckFailed on any failure."""
+    gate_against_fp32(results, limits)
+    rows = results_as_json(results)
+    report = {"url": url or "embedded", "repository": str(repository), "time": time.strftime("%Y-%m-%dT%H:%M:%S"), "models": rows,
+              "not_verified": dict(not_verified)}
     report_path.parent.mkdir(parents=True, exist_ok=True)
     report_path.write_text(json.dumps(report, indent=2) + "\n")
     if show:
-        show(report["models"] + [{"model": n, "not_verified": why} for n, why in sorted(not_verified.items())])
+        show(rows + [{"model": n, "not_verified": why} for n, why in sorted(not_verified.items())])
     failed = [r for r in results if r.failures]
     if failed:
         raise CheckFailed(
@@ -226,8 +250,8 @@ def _plan(name: str, model: Any, base: str, given: EvalData | Path | None, calib
 def _served_atol(model: str, atol: float, gates: Gates) -> float:
     """FP16 served on other hardware (a GPU's FP16 kernels against this CPU's) differs at FP16's own
     precision: it is held to ``--fp16-atol`` where that is looser than ``atol``."""
-    precision = (parse_variant(model) or (model, "fp32"))[1]
-    return max(atol, gates.fp16_atol or 0.0) if precision == "fp16" else atol
+    variant = parse_variant(model)
+    return max(atol, gates.fp16_atol or 0.0) if variant is not None and variant[1] == "fp16" else atol
 
 
 def _recorded_gates(model_dir: Path, gates: Gates) -> Gates:
