@@ -63,7 +63,7 @@ def ensure_repository(repository: Path, workdir: Path) -> Path:
     return repository
 
 
-def bench_repository(repository: Path, dst: Path, threads: int, max_batch: int | None = None) -> tuple[Path, int]:
+def bench_repository(repository: Path, dst: Path, threads: int, max_batch: int | None = None, instances: int = 1) -> tuple[Path, int]:
     """A copy of the repository with only MODEL, its ORT thread counts set (and, with ``max_batch``, its
     max batch and one preferred batch size of that many rows); returns it and the served version."""
     shutil.copytree(repository / MODEL, dst / MODEL, symlinks=True)
@@ -75,6 +75,7 @@ def bench_repository(repository: Path, dst: Path, threads: int, max_batch: int |
         cfg.max_batch_size = max_batch
         del cfg.dynamic_batching.preferred_batch_size[:]
         cfg.dynamic_batching.preferred_batch_size.append(max_batch)
+    cfg.instance_group[0].count = instances
     cfg.parameters["intra_op_thread_count"].string_value = str(threads)
     cfg.parameters["inter_op_thread_count"].string_value = "1"
     config_path.write_text(text_format.MessageToString(cfg))
@@ -224,6 +225,9 @@ def main() -> int:
                              "in process (the whole serving path on them); others: only the stubs (backend Python and ONNX "
                              "Runtime) there, tritonserver's HTTP front end and scheduler on the other cores, beside the client "
                              "(default: both)")
+    parser.add_argument("--instances", type=int, default=1,
+                        help="model instances (stub processes), all on the same T cores; one instance's stub round trip "
+                             "overlaps another's ONNX Runtime run (default: %(default)s)")
     parser.add_argument("--rounds", type=int, default=3, help="rounds of all rows in turn; medians reported (default: %(default)s)")
     parser.add_argument("--seconds", type=float, default=6.0, help="measured seconds per row (default: %(default)s)")
     parser.add_argument("--warmup", type=float, default=1.0, help="unmeasured seconds before each row (default: %(default)s)")
@@ -244,7 +248,7 @@ def main() -> int:
     rounds: list[list[dict]] = []
     load = [os.getloadavg()[0]]
     with tempfile.TemporaryDirectory(prefix="bench-served-") as tmp:
-        bench_repo, version = bench_repository(repository, Path(tmp) / "repo", args.threads, args.max_batch)
+        bench_repo, version = bench_repository(repository, Path(tmp) / "repo", args.threads, args.max_batch, args.instances)
         model_file = bench_repo / MODEL / str(version) / "model.onnx"
         with TritonServer(bench_repo, cpus=server_cpus, log_path=Path(tmp) / "tritonserver.log") as server:
             if "others" in args.front_end and client_cpus == server_cpus:
