@@ -122,6 +122,7 @@ FOREIGN_OPTIONS = {
     "--phase": "scripts/bench_gpu.py", "--from-json": "scripts/zoo_table.py", "--query-gpu": "nvidia-smi",
     "--field-name": "a placeholder in docs/design.md: the flag of a BuildConfig field",
     "--attention": "scripts/bench_zoo_hub.py", "--no-deps": "pip",
+    "--front-end": "scripts/bench_served.py",
     "--module": "scripts/mutation.py", "--survivors": "scripts/mutation.py", "--report-only": "scripts/mutation.py",
 }
 _OPTION = re.compile(r"(?<![\w-])--[A-Za-z][\w{},-]*")
