@@ -11,6 +11,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 from pipeline.errors import PipelineError
 from pipeline.onnxrt import session_from_onnx
+from tests.onnx_graphs import BIAS_B, BIAS_W, bias_model
 
 
 def _fake_quant(x: np.ndarray, scale: np.ndarray, axis: int | None = None) -> np.ndarray:
@@ -102,37 +103,11 @@ def test_default_session_rounds_the_float_bias_but_exact_qdq_does_not(tmp_path: 
     """x, w int8 with scale 1, float bias 0.6/-0.4, output requantized with scale 2: rounding the
     bias to int32 first (ORT's optimizer) changes round((acc + b) / 2) for acc = 2 (2.6/2 → 1
     but 3/2 → 2). TensorRT keeps the bias in float, as the exact session does."""
-    consts = {
-        "one": np.array(1.0, np.float32),
-        "two": np.array(2.0, np.float32),
-        "zp": np.array(0, np.int8),
-        "w": np.array([2.0, 3.0], np.float32).reshape(2, 1, 1, 1),
-        "w_scale": np.ones(2, np.float32),
-        "w_zp": np.zeros(2, np.int8),
-        "b": np.array([0.6, -0.4], np.float32),
-    }
-    nodes = [
-        helper.make_node("QuantizeLinear", ["x", "one", "zp"], ["xq"]),
-        helper.make_node("DequantizeLinear", ["xq", "one", "zp"], ["xd"]),
-        helper.make_node("QuantizeLinear", ["w", "w_scale", "w_zp"], ["wq"], axis=0),
-        helper.make_node("DequantizeLinear", ["wq", "w_scale", "w_zp"], ["wd"], axis=0),
-        helper.make_node("Conv", ["xd", "wd", "b"], ["conv"]),
-        helper.make_node("Relu", ["conv"], ["relu"]),
-        helper.make_node("QuantizeLinear", ["relu", "two", "zp"], ["yq"]),
-        helper.make_node("DequantizeLinear", ["yq", "two", "zp"], ["y"]),
-    ]
-    graph = helper.make_graph(
-        nodes,
-        "bias",
-        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 1, 2, 2])],
-        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", 2, 2, 2])],
-        [numpy_helper.from_array(v, k) for k, v in consts.items()],
-    )
-    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), str(tmp_path / "bias.onnx"))
+    bias_model(tmp_path / "bias.onnx")
     x = np.array([1.2, -2.0, 3.0, 0.4], np.float32).reshape(1, 1, 2, 2)
 
     xq = _fake_quant(x, np.float32(1.0))
-    conv = xq * consts["w"].reshape(1, 2, 1, 1) + consts["b"].reshape(1, 2, 1, 1)
+    conv = xq * BIAS_W.reshape(1, 2, 1, 1) + BIAS_B.reshape(1, 2, 1, 1)
     expected = _fake_quant(np.maximum(conv, 0), np.float32(2.0))
     exact = session_from_onnx(tmp_path / "bias.onnx", exact_qdq=True).run(None, {"x": x})[0]
     np.testing.assert_array_equal(exact, expected)

@@ -30,6 +30,7 @@ from pipeline.triton.repository import read_repository
 from pipeline.triton.served_gate import ServedResult
 from pipeline.triton.verify import (_check_plans_at_hand, _plan, _planned, _recorded_gates, _servable_models, _served_atol, _verdict,
                                     _verification_plan, served_against_file)
+from tests.onnx_graphs import bias_model
 from tests.trt_standin import StandInTensorRT
 
 PROBS = OutputKind("probs", "classes", "recorded by its build", classes=3)
@@ -372,31 +373,6 @@ def test_what_came_back_is_judged_against_the_served_file_with_its_labels(tmp_pa
     assert probs["max_abs_diff"] == pytest.approx(np.abs(served_probs - right["probs"]).max(), abs=1e-6)
     with pytest.raises(ValueError):  # an answer missing for a batch: never judged on the batches that came back
         served_against_file("m_fp16", repository / "m_fp16" / "2" / "model.onnx", data, KINDS, served[:2], batch_size=8, atol=1.0, threshold=0.8)
-
-
-def bias_model(path: Path) -> Path:
-    """x, w int8 with scale 1, float bias 0.6/-0.4, output requantized with scale 2 (tests/test_onnxrt.py): ONNX Runtime's
-    optimizer rounds the bias to int32 first, which moves round((acc + b) / 2) for acc = 2 from 1 to 2; TensorRT and the
-    exact session keep the bias in float."""
-    consts = {"one": np.array(1.0, np.float32), "two": np.array(2.0, np.float32), "zp": np.array(0, np.int8),
-              "w": np.array([2.0, 3.0], np.float32).reshape(2, 1, 1, 1), "w_scale": np.ones(2, np.float32), "w_zp": np.zeros(2, np.int8),
-              "b": np.array([0.6, -0.4], np.float32)}
-    nodes = [
-        helper.make_node("QuantizeLinear", ["x", "one", "zp"], ["xq"]),
-        helper.make_node("DequantizeLinear", ["xq", "one", "zp"], ["xd"]),
-        helper.make_node("QuantizeLinear", ["w", "w_scale", "w_zp"], ["wq"], axis=0),
-        helper.make_node("DequantizeLinear", ["wq", "w_scale", "w_zp"], ["wd"], axis=0),
-        helper.make_node("Conv", ["xd", "wd", "b"], ["conv"]),
-        helper.make_node("Relu", ["conv"], ["relu"]),
-        helper.make_node("QuantizeLinear", ["relu", "two", "zp"], ["yq"]),
-        helper.make_node("DequantizeLinear", ["yq", "two", "zp"], ["y"]),
-    ]
-    graph = helper.make_graph(nodes, "bias", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 1, 2, 2])],
-                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", 2, 2, 2])],
-                              [numpy_helper.from_array(v, k) for k, v in consts.items()])
-    path.parent.mkdir(parents=True, exist_ok=True)
-    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), str(path))
-    return path
 
 
 def test_an_int8_model_served_with_qdq_fused_into_integer_kernels_fails_and_served_exactly_passes(tmp_path: Path) -> None:
