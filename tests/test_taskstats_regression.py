@@ -318,13 +318,15 @@ def test_without_labels_the_rate_of_positions_changing_class_is_judged() -> None
 
 
 def test_classes_absent_from_a_sample_or_from_the_set_are_not_averaged_in() -> None:
-    """mIoU averages the classes present (predicted or labelled): class 4 appears nowhere and class 3 only in some samples,
-    so neither counts as an IoU of 0 or 1 where it is absent; a set where everything is class 0 has mIoU 1, not 1/2."""
+    """mIoU averages the classes present (predicted or labelled): class 5 appears nowhere and class 3 only in some samples,
+    so neither counts as an IoU of 0 or 1 where it is absent; class 4, at a single position that FP32 gets right and the
+    variant misses, counts (IoU 1 and 0); a set where everything is class 0 has mIoU 1, not 1/2."""
     rng = np.random.default_rng(2914)
-    k, n = 5, 200
+    k, n = 6, 200
     truth = rng.integers(0, 3, (n, 4, 4))
     truth[::10, 0, 0] = 3  # class 3 in one sample of ten
     ref_pred, out_pred = relabel(rng, truth, 0.05, 4), relabel(rng, truth, 0.12, 4)  # classes 0-3 only
+    truth[7, 2, 1] = ref_pred[7, 2, 1] = 4
     kind = OutputKind("mask", "segmentation", "test", classes=k)
     stats = feed(SegmentationStats(kind, INT8.threshold), scores(rng, ref_pred, k), scores(rng, out_pred, k), truth, batch=64)
     [drop] = stats.figures(0.95)
