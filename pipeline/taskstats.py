@@ -157,7 +157,7 @@ class RegressionStats(TaskStats):
         super().__init__(kind, threshold)
         self.sq_change: list[np.ndarray] = []  # per sample: mean squared change over its elements
         self.sq_gain: list[np.ndarray] = []  # per sample: mean (e_variant² − e_fp32²) against the target
-        self.ref_moments = np.zeros(3)  # count, sum, sum of squares of the FP32 output
+        self.ref_moments = np.zeros(3)  # count, mean, sum of squared deviations of the FP32 output's elements
         self.target_moments = np.zeros(3)
         self.sq_err_ref = self.sq_err_out = 0.0
 
@@ -165,19 +165,29 @@ class RegressionStats(TaskStats):
         r, o = _per_sample(_finite(ref)), _per_sample(_finite(out))
         self.samples += len(r)
         self.sq_change.append(((o - r) ** 2).mean(axis=1))
-        self.ref_moments += (r.size, r.sum(), (r**2).sum())
+        self.ref_moments = self._merged(self.ref_moments, r)
         if target is not None:
             t = _per_sample(target.astype(np.float64))  # same elements per sample: checked when the data was read
             e_ref, e_out = ((r - t) ** 2).mean(axis=1), ((o - t) ** 2).mean(axis=1)
             self.sq_gain.append(e_out - e_ref)
             self.sq_err_ref += float(e_ref.sum())
             self.sq_err_out += float(e_out.sum())
-            self.target_moments += (t.size, t.sum(), (t**2).sum())
+            self.target_moments = self._merged(self.target_moments, t)
+
+    @staticmethod
+    def _merged(moments: np.ndarray, values: np.ndarray) -> np.ndarray:
+        """``moments`` with one batch's ``values`` added (Chan et al.'s merge of counts, means and squared deviations).
+        Sum of squares − n·mean² cancels to rounding noise for an output far from zero, and is not 0 for a constant one."""
+        count, mean, deviations = moments
+        batch_mean = values.flat[0] + (values - values.flat[0]).mean()  # exactly the value of a constant batch
+        delta, total = batch_mean - mean, count + values.size
+        deviations += ((values - batch_mean) ** 2).sum() + delta**2 * count * values.size / total
+        return np.array([total, mean + delta * (values.size / total), deviations])
 
     @staticmethod
     def _variance(moments: np.ndarray) -> float:
-        count, total, squares = moments
-        return max(squares / count - (total / count) ** 2, 0.0) if count else 0.0
+        count, _, deviations = moments  # count > 0: figures and summary read it after a batch (with targets, for target_moments)
+        return float(deviations / count)
 
     def figures(self, confidence: float) -> list[Figure]:
         spread = math.sqrt(self._variance(self.ref_moments))
