@@ -262,7 +262,7 @@ def _decide(spec: TensorSpec, keras: Mapping[str, Any] | None, producer: str | N
 def _shaped(kind: str, k: int | None, per_position: bool) -> str:
     if kind == "classes" and per_position:
         return "segmentation"
-    if kind == "binary" and (k or 1) > 1:
+    if kind == "binary" and k != 1:  # K labels, or a width unknown until run (as the sigmoid rule decides)
         return "multilabel"
     return kind
 
