@@ -117,7 +117,7 @@ def check_override_names(overrides: Mapping[str, str], outputs: Sequence[str]) -
 def describe_keras_outputs(model: keras.Model, names: Sequence[str], compile_config: Mapping[str, Any] | None) -> list[dict[str, Any]]:
     """Per output, in Keras order: its export name, the layer that makes it, that layer's activation,
     whether it L2-normalises, its shape and the loss it was trained with (when the model was compiled)."""
-    losses = _losses_by_output(model, names, compile_config)
+    losses = _losses_by_output(names, compile_config)
     described = []
     for name, tensor in zip(names, model.outputs):
         history = getattr(tensor, "_keras_history", None)
@@ -152,7 +152,8 @@ def compile_config_of_model(model: keras.Model) -> dict[str, Any] | None:
         return None
 
 
-def _losses_by_output(model: keras.Model, names: Sequence[str], compile_config: Mapping[str, Any] | None) -> dict[str, str]:
+def _losses_by_output(names: Sequence[str], compile_config: Mapping[str, Any] | None) -> dict[str, str]:
+    """Per output name, the loss name ``compile_config`` gives it (one loss for all, a dict by output, or a list in output order)."""
     loss = (compile_config or {}).get("loss")
     if loss is None:
         return {}
