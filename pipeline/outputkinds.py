@@ -185,6 +185,10 @@ def signature_from_description(described: Sequence[Mapping[str, Any]]) -> ModelS
 
 def output_info(signature: ModelSignature, kinds: Mapping[str, OutputKind]) -> dict[str, tuple[tuple, str, int | None]]:
     """Per output: (per-sample shape, kind, classes), what pipeline.evaldata.check_targets checks labels against."""
+    missing = [o.name for o in signature.outputs if o.name not in kinds]
+    if missing:  # a served model whose build recorded kinds for other outputs
+        raise PipelineError(f"no output kind recorded for {', '.join(repr(n) for n in missing)} (known: {', '.join(kinds)})",
+                            "rebuild the model: its build records each output's kind")
     return {o.name: (tuple(o.shape[1:]), kinds[o.name].kind, kinds[o.name].classes) for o in signature.outputs}
 
 
