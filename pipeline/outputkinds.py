@@ -230,7 +230,7 @@ def _decide(spec: TensorSpec, keras: Mapping[str, Any] | None, producer: str | N
     logits = activation not in ("softmax", "sigmoid")
 
     def make(kind: str, why: str) -> OutputKind:
-        if kind in ("binary", "multilabel") and per_position and override is None:
+        if kind == "binary" and per_position and override is None:  # one decision per position
             kind = "multilabel"
         return OutputKind(spec.name, kind, why, logits=logits and kind in ("binary", "multilabel"), classes=k if kind in ("classes", "segmentation", "multilabel") else None)
 
@@ -289,12 +289,12 @@ def _divides_by_its_norm(node: onnx.NodeProto, made_by: Mapping[str, onnx.NodePr
     """x · rsqrt(Σx²) or x / sqrt(Σx²): what tf.math.l2_normalize and UnitNormalization become in ONNX."""
     if node.op_type not in ("Mul", "Div"):
         return False
-    frontier = [made_by.get(name) for name in node.input]
+    inputs = [made_by.get(name) for name in node.input]  # None: a graph input or initializer
     for _ in range(4):
-        frontier = [n for n in frontier if n is not None]
+        frontier = [n for n in inputs if n is not None]
         if any(n.op_type in ("ReduceSumSquare", "ReduceL2") or (n.op_type == "ReduceSum" and _squares(n, made_by)) for n in frontier):
             return True
-        frontier = [made_by.get(name) for n in frontier if n.op_type in ("Rsqrt", "Sqrt", "Reciprocal", "Max", "Min", "Add", "Clip") for name in n.input]
+        inputs = [made_by.get(name) for n in frontier if n.op_type in ("Rsqrt", "Sqrt", "Reciprocal", "Max", "Min", "Add", "Clip") for name in n.input]
     return False
 
 

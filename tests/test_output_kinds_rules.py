@@ -17,9 +17,10 @@ import pytest
 
 from pipeline.compare import new_comparison
 from pipeline.errors import PipelineError
-from pipeline.outputkinds import (DESCRIPTION_FILE, OutputKind, _loss_name, _losses_by_output, check_override_names, compile_config_of_archive, decide_kinds,
+from pipeline.outputkinds import (DESCRIPTION_FILE, OutputKind, _loss_name, _losses_by_output, check_override_names, compile_config_of_archive,
+                                  compile_config_of_model, decide_kinds, describe_keras_outputs,
                                   describe_kinds, kinds_from_json, kinds_to_json, log_kinds, output_info, parse_output_kinds, primary_classes_output,
-                                  read_description, signature_from_description)
+                                  onnx_producers, read_description, signature_from_description)
 from pipeline.tensors import ModelSignature, TensorSpec
 
 
@@ -390,3 +391,135 @@ def test_each_output_gets_the_loss_it_was_compiled_with() -> None:
     assert _losses_by_output(names, {"loss": {"probs": None, "v": function}}) == {"v": "mean_absolute_error"}
     assert _losses_by_output(names, {"loss": ["categorical_crossentropy", function]}) == {"probs": "categorical_crossentropy", "v": "mean_absolute_error"}
     assert _losses_by_output(names, {"loss": (None, "mse")}) == {"v": "mse"}
+
+
+# ---- the ONNX producer of each output (SavedModels, verify without a record) ----------------------------------------
+
+
+def graph_producers(nodes: list[tuple[str, list[str], str]], outputs: list[str]) -> dict[str, str]:
+    """onnx_producers of a graph of (op, inputs, output) nodes (the graph is only walked, never run)."""
+    from onnx import TensorProto, helper
+
+    graph = helper.make_graph([helper.make_node(op, inputs, [out]) for op, inputs, out in nodes], "g",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["b", 8])],
+                              [helper.make_tensor_value_info(o, TensorProto.FLOAT, ["b", 8]) for o in outputs])
+    return onnx_producers(helper.make_model(graph))
+
+
+def test_the_producer_is_found_through_reshapes_casts_and_identities() -> None:
+    """A softmax followed by Identity/Cast/Reshape/Squeeze/Unsqueeze/Flatten/Transpose still makes class scores;
+    the data input (not the shape input) is followed."""
+    chain = [("Softmax", ["x"], "s0")] + [(op, [f"s{i}", "shape"], f"s{i + 1}")
+                                          for i, op in enumerate(["Identity", "Cast", "Reshape", "Squeeze", "Unsqueeze", "Flatten", "Transpose"])]
+    nodes = [("Constant", [], "shape"), *chain, ("Sigmoid", ["x"], "p"), ("Relu", ["x"], "r"), ("Identity", ["r"], "out")]
+    assert graph_producers(nodes, ["s7", "p", "out", "x"]) == {"s7": "Softmax", "p": "Sigmoid", "out": "Relu"}  # a graph input has none
+
+
+def test_a_pass_through_node_without_inputs_is_its_own_producer() -> None:
+    """A malformed pass-through node (no input) does not crash the decision: it is named as the producer."""
+    assert graph_producers([("Identity", [], "y")], ["y"]) == {"y": "Identity"}
+
+
+@pytest.mark.parametrize("divide", ["Mul", "Div"])
+@pytest.mark.parametrize("reduce", ["ReduceSumSquare", "ReduceL2"])
+@pytest.mark.parametrize("between", ["Rsqrt", "Sqrt", "Reciprocal", "Max", "Min", "Add", "Clip"])
+def test_x_divided_by_its_norm_is_an_l2_normalisation(divide: str, reduce: str, between: str) -> None:
+    """What tf.math.l2_normalize and UnitNormalization become: x · f(‖x‖) through any of the ops they use."""
+    nodes = [(reduce, ["x"], "n"), (between, ["eps", "n"], "f"), (divide, ["x", "f"], "y")]
+    assert graph_producers(nodes, ["y"]) == {"y": "LpNormalization"}
+
+
+@pytest.mark.parametrize(("square", "inputs", "normalises"), [
+    ("Square", ["x"], True), ("Mul", ["x", "x"], True), ("Pow", ["x", "two"], True), ("Mul", ["x", "w"], False), ("Abs", ["x"], False),
+])
+def test_a_reduce_sum_counts_as_a_norm_only_of_squares(square: str, inputs: list, normalises: bool) -> None:
+    """ReduceSum(x²) is a squared norm; ReduceSum(x·w) or ReduceSum(|x|) is not, so x divided by it is no embedding."""
+    nodes = [(square, inputs, "sq"), ("ReduceSum", ["sq", "axes"], "ss"), ("Sqrt", ["ss"], "norm"), ("Div", ["x", "norm"], "y")]
+    assert graph_producers(nodes, ["y"]) == {"y": "LpNormalization" if normalises else "Div"}
+
+
+def test_a_reduce_sum_of_nothing_is_no_norm() -> None:
+    """A ReduceSum without inputs (malformed) or of a graph input is not a norm."""
+    assert graph_producers([("ReduceSum", [], "ss"), ("Mul", ["x", "ss"], "y")], ["y"]) == {"y": "Mul"}
+    assert graph_producers([("ReduceSum", ["x"], "ss"), ("Mul", ["x", "ss"], "y")], ["y"]) == {"y": "Mul"}
+
+
+def test_the_norm_is_looked_for_four_ops_deep_and_no_deeper() -> None:
+    """x · 1/sqrt(max(ΣX², ε) + 0): the norm four ops from the product is found; five ops away the product is not a normalisation."""
+    four = [("ReduceSumSquare", ["x"], "n"), ("Max", ["n", "eps"], "a"), ("Sqrt", ["a"], "b"), ("Reciprocal", ["b"], "c"), ("Mul", ["x", "c"], "y")]
+    assert graph_producers(four, ["y"]) == {"y": "LpNormalization"}
+    five = [("ReduceSumSquare", ["x"], "n"), ("Add", ["n", "eps"], "m"), ("Max", ["m", "eps"], "a"), ("Sqrt", ["a"], "b"), ("Reciprocal", ["b"], "c"),
+            ("Mul", ["x", "c"], "y")]
+    assert graph_producers(five, ["y"]) == {"y": "Mul"}
+
+
+def test_only_a_product_or_quotient_normalises() -> None:
+    """x + ‖x‖ or x − ‖x‖ is not an L2 normalisation; neither is x · g(‖x‖) through an op that is not a norm's (Exp)."""
+    assert graph_producers([("ReduceL2", ["x"], "n"), ("Add", ["x", "n"], "y"), ("Sub", ["x", "n"], "z")], ["y", "z"]) == {"y": "Add", "z": "Sub"}
+    assert graph_producers([("ReduceL2", ["x"], "n"), ("Exp", ["n"], "e"), ("Mul", ["x", "e"], "y")], ["y"]) == {"y": "Mul"}
+
+
+# ---- the Keras side (tiny real Keras models) ------------------------------------------------------------------------
+
+
+def test_a_keras_model_is_described_per_output_with_its_compiled_loss() -> None:
+    """Each output's layer, activation (a Softmax layer counts as softmax), normalisation, shape and loss, in Keras order:
+    what the kinds of a .keras or module:function model are decided from."""
+    import keras
+
+    x = keras.Input((4,))
+    h = keras.layers.Dense(3, name="hidden")(x)
+    outputs = [keras.layers.Dense(3, activation="softmax", name="probs")(x), keras.layers.Dense(1, activation="sigmoid", name="p")(x),
+               keras.layers.Dense(2, name="box")(x), keras.layers.Softmax(name="sm")(h), keras.layers.UnitNormalization(name="emb")(h),
+               keras.layers.Dense(4, name="head_l2_normalize")(x), keras.layers.Reshape((1, 3), name="seq")(h)]
+    model = keras.Model(x, outputs)
+    assert compile_config_of_model(model) is None  # not compiled: no losses
+    model.compile(loss={"probs": "categorical_crossentropy", "p": keras.losses.BinaryCrossentropy(), "box": keras.losses.mean_squared_error})
+    described = describe_keras_outputs(model, ["probs", "p", "box", "sm", "emb", "head_l2_normalize", "seq"], compile_config_of_model(model))
+    assert described == [
+        {"name": "probs", "layer": "probs", "layer_class": "Dense", "activation": "softmax", "l2_normalized": False, "shape": [None, 3],
+         "loss": "categorical_crossentropy"},
+        {"name": "p", "layer": "p", "layer_class": "Dense", "activation": "sigmoid", "l2_normalized": False, "shape": [None, 1],
+         "loss": "BinaryCrossentropy"},
+        {"name": "box", "layer": "box", "layer_class": "Dense", "activation": "linear", "l2_normalized": False, "shape": [None, 2],
+         "loss": "mean_squared_error"},
+        {"name": "sm", "layer": "sm", "layer_class": "Softmax", "activation": "softmax", "l2_normalized": False, "shape": [None, 3], "loss": None},
+        {"name": "emb", "layer": "emb", "layer_class": "UnitNormalization", "activation": None, "l2_normalized": True, "shape": [None, 3],
+         "loss": None},
+        {"name": "head_l2_normalize", "layer": "head_l2_normalize", "layer_class": "Dense", "activation": "linear", "l2_normalized": True,
+         "shape": [None, 4], "loss": None},
+        {"name": "seq", "layer": "seq", "layer_class": "Reshape", "activation": None, "l2_normalized": False, "shape": [None, 1, 3], "loss": None},
+    ]
+    signature = signature_from_description(described)
+    kinds = decide_kinds(signature, described=described, producers={}, overrides={})
+    assert {n: k.kind for n, k in kinds.items()} == {"probs": "classes", "p": "binary", "box": "regression", "sm": "classes", "emb": "embedding",
+                                                    "head_l2_normalize": "embedding", "seq": "regression"}
+
+
+def test_one_loss_for_every_output_and_a_list_in_output_order() -> None:
+    """compile(loss=...) with one loss gives it to every output; a list gives each output its own, in Keras order."""
+    import keras
+
+    x = keras.Input((4,))
+    model = keras.Model(x, [keras.layers.Dense(3, name="a")(x), keras.layers.Dense(1, name="b")(x)])
+    model.compile(loss=keras.losses.Huber())
+    assert [d["loss"] for d in describe_keras_outputs(model, ["a", "b"], compile_config_of_model(model))] == ["Huber", "Huber"]
+    model.compile(loss=["sparse_categorical_crossentropy", keras.losses.binary_crossentropy])
+    assert [d["loss"] for d in describe_keras_outputs(model, ["a", "b"], compile_config_of_model(model))] == ["sparse_categorical_crossentropy",
+                                                                                                          "binary_crossentropy"]
+
+
+def test_a_tf_keras_model_is_described_from_its_layers() -> None:
+    """A Keras 2 (tf-keras) model keeps its layer under another attribute: its activations still decide the kinds."""
+    import tf_keras
+
+    x = tf_keras.Input((4,))
+    model = tf_keras.Model(x, [tf_keras.layers.Dense(2, activation="sigmoid", name="tags")(x), tf_keras.layers.Dense(3, activation="softmax", name="c")(x)])
+    described = describe_keras_outputs(model, ["tags", "c"], None)
+    assert [(d["layer"], d["layer_class"], d["activation"], d["shape"], d["loss"]) for d in described] == [
+        ("tags", "Dense", "sigmoid", [None, 2], None), ("c", "Dense", "softmax", [None, 3], None)]
+
+
+def test_an_object_without_a_compile_config_has_none() -> None:
+    """A model from a Keras without get_compile_config gives no losses (not a crash)."""
+    assert compile_config_of_model(object()) is None  # type: ignore[arg-type]
