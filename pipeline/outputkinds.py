@@ -300,7 +300,7 @@ def _divides_by_its_norm(node: onnx.NodeProto, made_by: Mapping[str, onnx.NodePr
 
 def _squares(node: onnx.NodeProto, made_by: Mapping[str, onnx.NodeProto]) -> bool:
     source = made_by.get(node.input[0]) if node.input else None
-    return source is not None and (source.op_type == "Square" or (source.op_type in ("Mul", "Pow") and (source.op_type == "Pow" or source.input[0] == source.input[-1])))
+    return source is not None and (source.op_type == "Square" or (source.op_type in ("Mul", "Pow") and (source.op_type == "Pow" or len(set(source.input)) == 1)))
 
 
 def kinds_to_json(kinds: Mapping[str, OutputKind]) -> list[dict[str, Any]]:

@@ -335,8 +335,8 @@ def test_an_output_without_a_recorded_kind_is_one_line_naming_it() -> None:
     """A served model with an output its build recorded no kind for is refused naming that output, not with a KeyError."""
     signature = ModelSignature((), (spec("probs", ("batch", 3)), spec("box", ("batch", 4)), spec("extra", ("batch", 2))))
     with pytest.raises(PipelineError) as caught:
-        output_info(signature, {"probs": OutputKind("probs", "classes", "w", classes=3)})
-    assert caught.value.problem == "no output kind recorded for 'box', 'extra' (known: probs)"
+        output_info(signature, {"probs": OutputKind("probs", "classes", "w", classes=3), "old": OutputKind("old", "regression", "w")})
+    assert caught.value.problem == "no output kind recorded for 'box', 'extra' (known: probs, old)"
     assert "\n" not in str(caught.value) and caught.value.fix == "rebuild the model: its build records each output's kind"
 
 
