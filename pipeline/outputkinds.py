@@ -117,7 +117,7 @@ def check_override_names(overrides: Mapping[str, str], outputs: Sequence[str]) -
 def describe_keras_outputs(model: keras.Model, names: Sequence[str], compile_config: Mapping[str, Any] | None) -> list[dict[str, Any]]:
     """Per output, in Keras order: its export name, the layer that makes it, that layer's activation,
     whether it L2-normalises, its shape and the loss it was trained with (when the model was compiled)."""
-    losses = _losses_by_output(model, names, compile_config)
+    losses = _losses_by_output(names, compile_config)
     described = []
     for name, tensor in zip(names, model.outputs):
         history = getattr(tensor, "_keras_history", None)
@@ -152,7 +152,8 @@ def compile_config_of_model(model: keras.Model) -> dict[str, Any] | None:
         return None
 
 
-def _losses_by_output(model: keras.Model, names: Sequence[str], compile_config: Mapping[str, Any] | None) -> dict[str, str]:
+def _losses_by_output(names: Sequence[str], compile_config: Mapping[str, Any] | None) -> dict[str, str]:
+    """Per output name, the loss name ``compile_config`` gives it (one loss for all, a dict by output, or a list in output order)."""
     loss = (compile_config or {}).get("loss")
     if loss is None:
         return {}
@@ -184,6 +185,10 @@ def signature_from_description(described: Sequence[Mapping[str, Any]]) -> ModelS
 
 def output_info(signature: ModelSignature, kinds: Mapping[str, OutputKind]) -> dict[str, tuple[tuple, str, int | None]]:
     """Per output: (per-sample shape, kind, classes), what pipeline.evaldata.check_targets checks labels against."""
+    missing = [o.name for o in signature.outputs if o.name not in kinds]
+    if missing:  # a served model whose build recorded kinds for other outputs
+        raise PipelineError(f"no output kind recorded for {', '.join(repr(n) for n in missing)} (known: {', '.join(kinds)})",
+                            "rebuild the model: its build records each output's kind")
     return {o.name: (tuple(o.shape[1:]), kinds[o.name].kind, kinds[o.name].classes) for o in signature.outputs}
 
 
@@ -225,7 +230,7 @@ def _decide(spec: TensorSpec, keras: Mapping[str, Any] | None, producer: str | N
     logits = activation not in ("softmax", "sigmoid")
 
     def make(kind: str, why: str) -> OutputKind:
-        if kind in ("binary", "multilabel") and per_position and override is None:
+        if kind == "binary" and per_position and override is None:  # one decision per position
             kind = "multilabel"
         return OutputKind(spec.name, kind, why, logits=logits and kind in ("binary", "multilabel"), classes=k if kind in ("classes", "segmentation", "multilabel") else None)
 
@@ -262,7 +267,7 @@ def _decide(spec: TensorSpec, keras: Mapping[str, Any] | None, producer: str | N
 def _shaped(kind: str, k: int | None, per_position: bool) -> str:
     if kind == "classes" and per_position:
         return "segmentation"
-    if kind == "binary" and (k or 1) > 1:
+    if kind == "binary" and k != 1:  # K labels, or a width unknown until run (as the sigmoid rule decides)
         return "multilabel"
     return kind
 
@@ -284,18 +289,18 @@ def _divides_by_its_norm(node: onnx.NodeProto, made_by: Mapping[str, onnx.NodePr
     """x · rsqrt(Σx²) or x / sqrt(Σx²): what tf.math.l2_normalize and UnitNormalization become in ONNX."""
     if node.op_type not in ("Mul", "Div"):
         return False
-    frontier = [made_by.get(name) for name in node.input]
+    inputs = [made_by.get(name) for name in node.input]  # None: a graph input or initializer
     for _ in range(4):
-        frontier = [n for n in frontier if n is not None]
+        frontier = [n for n in inputs if n is not None]
         if any(n.op_type in ("ReduceSumSquare", "ReduceL2") or (n.op_type == "ReduceSum" and _squares(n, made_by)) for n in frontier):
             return True
-        frontier = [made_by.get(name) for n in frontier if n.op_type in ("Rsqrt", "Sqrt", "Reciprocal", "Max", "Min", "Add", "Clip") for name in n.input]
+        inputs = [made_by.get(name) for n in frontier if n.op_type in ("Rsqrt", "Sqrt", "Reciprocal", "Max", "Min", "Add", "Clip") for name in n.input]
     return False
 
 
 def _squares(node: onnx.NodeProto, made_by: Mapping[str, onnx.NodeProto]) -> bool:
     source = made_by.get(node.input[0]) if node.input else None
-    return source is not None and (source.op_type == "Square" or (source.op_type in ("Mul", "Pow") and (source.op_type == "Pow" or source.input[0] == source.input[-1])))
+    return source is not None and (source.op_type == "Square" or (source.op_type in ("Mul", "Pow") and (source.op_type == "Pow" or len(set(source.input)) == 1)))
 
 
 def kinds_to_json(kinds: Mapping[str, OutputKind]) -> list[dict[str, Any]]:
