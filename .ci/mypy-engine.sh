@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Type-check the TensorRT engine stage against TensorRT's type stubs, without TensorRT installed.
+# Type-check the TensorRT engine stage against TensorRT's type stubs, without TensorRT installed, then the whole package.
 #
 # The stubs go into .ci/stubs (git-ignored) and reach mypy only through MYPYPATH. They must never
 # be installed into the venv: their package is a folder tensorrt/ holding only __init__.pyi, which
@@ -56,3 +56,5 @@ fi
 MYPYPATH="$STUBS" "$PYTHON" -m mypy --strict --follow-imports=silent \
     pipeline/stages/engine.py pipeline/stages/tensorrt_env.py pipeline/stages/shapes.py \
     pipeline/stages/trt_seam.py pipeline/stages/plan_runner.py pipeline/stages/plan_binding.py
+# The whole package, at the default strictness (pyproject.toml's [tool.mypy]): no module's types may drift.
+"$PYTHON" -m mypy pipeline

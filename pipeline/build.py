@@ -259,7 +259,7 @@ def _decided_kinds(signature: ModelSignature, described: list[dict] | None, prod
     overrides = parse_output_kinds(cfg.output_kinds)
     first = decide_kinds(signature, described=described, producers=producers, overrides=overrides)
     owner = plain_labels_owner(sorted({k for t in targets for k in t}), output_info(signature, first), where)
-    named = [{(owner if k == UNNAMED else k): v for k, v in t.items()} for t in targets]
+    named = [{(owner if k == UNNAMED and owner else k): v for k, v in t.items()} for t in targets]  # owner is set where labels are plain
     kinds = decide_kinds(signature, described=described, producers=producers, overrides=overrides, targets=named[0] if named else None)
     for bucket in named:
         check_targets(bucket, output_info(signature, kinds), where)

@@ -7,7 +7,12 @@ import dataclasses
 import shlex
 import time
 
+from typing import TYPE_CHECKING
+
 from pipeline.options import add_options, config_from_values, values_from_namespace
+
+if TYPE_CHECKING:  # the real import is lazy: `--help` must not load the config's heavy imports
+    from pipeline.config import BuildConfig
 
 DESCRIPTION = (
     "Build deployable variants of a Keras model. Stages: export a SavedModel, convert it to ONNX with "
@@ -39,7 +44,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.set_defaults(handler=run)
 
 
-def config_from_args(args: argparse.Namespace) -> "BuildConfig":  # noqa: F821
+def config_from_args(args: argparse.Namespace) -> BuildConfig:
     """The BuildConfig of a parsed command line, with the command recorded for reproduction."""
     from pipeline.config import BuildConfig
 
@@ -52,7 +57,7 @@ def run(args: argparse.Namespace) -> int:
     return run_build(config_from_args(args))
 
 
-def run_build(cfg: "BuildConfig") -> int:  # noqa: F821
+def run_build(cfg: BuildConfig) -> int:
     """Build ``cfg`` (e.g. a parsed command line with another ``tensorrt``) and print its summary; 0 on success."""
     from pipeline.build import build, workspace_of
     from pipeline.errors import PipelineError

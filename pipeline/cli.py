@@ -11,6 +11,7 @@ import os
 import sys
 from collections.abc import Sequence
 from pathlib import Path
+from typing import NoReturn
 
 from pipeline.errors import EXIT_INTERRUPTED, PipelineError, path_error
 
@@ -18,7 +19,7 @@ EXIT_USER_ERROR = 2
 
 
 class _Parser(argparse.ArgumentParser):
-    def error(self, message: str) -> None:  # argparse exits itself; keep it to one line and our exit code
+    def error(self, message: str) -> NoReturn:  # argparse exits itself; keep it to one line and our exit code
         self.exit(EXIT_USER_ERROR, f"error: {message} — see '{self.prog} --help'\n")
 
 

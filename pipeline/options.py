@@ -21,11 +21,14 @@ import typing
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import MISSING, dataclass, field
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from pipeline.errors import PipelineError
 
-T = TypeVar("T")
+if TYPE_CHECKING:
+    from _typeshed import DataclassInstance
+
+T = TypeVar("T", bound="DataclassInstance")  # an options dataclass
 Check = Callable[[Any], "str | None"]  # returns why a value is wrong, or None
 
 

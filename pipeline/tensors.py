@@ -4,10 +4,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from pipeline.errors import PipelineError
+
+if TYPE_CHECKING:
+    import onnx
 
 Dim = int | str  # a fixed size, or the name of a dynamic axis
 
@@ -43,7 +47,7 @@ class ModelSignature:
         )
 
 
-def load_onnx(path: Path, *, external_data: bool = True) -> "onnx.ModelProto":  # noqa: F821 (onnx is imported lazily)
+def load_onnx(path: Path, *, external_data: bool = True) -> onnx.ModelProto:
     """``onnx.load`` that turns a missing, truncated or corrupt file into one PipelineError."""
     import onnx
 

@@ -190,10 +190,11 @@ class H2GrpcEngine(EpollLoop):
                 t.recorder.lag_ns.append(t.conn.streams[t.conn.next_id - 2].sent_ns - due)  # type: ignore[union-attr]
 
     def _dispatch(self, t: _Target, now: int) -> None:
-        due = t.next_due_ns
+        due, gaps = t.next_due_ns, t.gaps
+        assert gaps is not None  # set when the open loop starts; only the open loop dispatches
         while due <= now:
             t.backlog.append(due)
-            due += next(t.gaps)
+            due += next(gaps)
         t.next_due_ns = due
         self._refill(t)
 

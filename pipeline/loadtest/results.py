@@ -119,7 +119,8 @@ class RunResult:
 def _latency(value: dict[str, Any] | None) -> LatencySummary | None:
     if value is None:
         return None
-    return LatencySummary(**{k: (float("nan") if v is None else v) for k, v in value.items()})
+    fields: dict[str, Any] = {k: (float("nan") if v is None else v) for k, v in value.items()}
+    return LatencySummary(**fields)
 
 
 def _endpoint_from_dict(value: dict[str, Any]) -> EndpointResult:

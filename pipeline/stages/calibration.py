@@ -352,10 +352,10 @@ def _group(parts: list[tuple[str, dict[str, np.ndarray]]], quota: int, shapes: d
     spans = []
     left = quota
     for bucket, arrays in parts:
-        take = min(left, len(next(iter(arrays.values()))))
-        if take:
-            spans.append((arrays, take))
-        left -= take
+        count = min(left, len(next(iter(arrays.values()))))
+        if count:
+            spans.append((arrays, count))
+        left -= count
 
     def take(start: int, stop: int) -> dict[str, np.ndarray]:
         pieces: dict[str, list[np.ndarray]] = {name: [] for name in dtypes}

@@ -72,8 +72,8 @@ def float_source(name: str, producers: Mapping[str, object]) -> str:
     dq = producers.get(name)
     if getattr(dq, "op_type", None) != "DequantizeLinear":
         return name
-    q = producers.get(dq.input[0])  # type: ignore[union-attr]
-    return str(q.input[0]) if getattr(q, "op_type", None) == "QuantizeLinear" else name  # type: ignore[union-attr]
+    q = producers.get(dq.input[0])  # type: ignore[attr-defined]
+    return str(q.input[0]) if getattr(q, "op_type", None) == "QuantizeLinear" else name  # type: ignore[attr-defined]
 
 
 def _is_residual(node, editor: _Editor) -> bool:
@@ -166,11 +166,12 @@ class _Editor:
 
     def unify_concat(self, node) -> int:
         inputs = [(i, n) for i, n in enumerate(node.input) if not self.is_constant(n)]
-        scales = [self.scale_for(n) for _, n in inputs]
-        if any(s is None for s in scales):
+        found = [self.scale_for(n) for _, n in inputs]
+        scales = [s for s in found if s is not None]
+        if len(scales) < len(found):
             log.debug("Concat '%s': an input has no calibrated range; left as it is", node.name)
             return 0
-        common = max(scales)  # type: ignore[type-var]
+        common = max(scales)
         for index, _ in inputs:
             self.quantize_input(node, index, common, dedicated=True)
         for consumer in self.consumers.get(node.output[0], []):
