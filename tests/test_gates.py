@@ -212,3 +212,35 @@ def test_mean_bounds_of_none_one_and_two_values() -> None:
     mean, low, high = mean_bounds(np.array([1.0, 3.0]), 0.95)
     half = 1.6448536269514722 * math.sqrt(2.0) / math.sqrt(2)
     assert mean == 2.0 and low == pytest.approx(2.0 - half) and high == pytest.approx(2.0 + half)
+
+
+@pytest.mark.parametrize(("precision", "engine", "tf32", "atol"), [
+    ("fp32", True, True, 0.02),  # an FP32 TensorRT engine built with TF32 (the default): TF32's own limit
+    ("fp32", True, False, 0.003),  # built with --no-tf32: IEEE FP32 kernels, the tight limit
+    ("fp32", False, True, 0.05),  # the FP32 ONNX file itself is never an engine: FP16's tolerance
+    ("fp16", True, True, 0.05),  # an FP16 engine keeps FP16's limit, TF32 or not
+    ("fp16", True, False, 0.05),
+    ("int8", True, True, 0.4),  # an INT8 engine keeps INT8's limit
+    ("int8-cpu", False, True, 0.4),  # the CPU INT8 variant is INT8 too
+])
+def test_each_precision_and_engine_is_held_to_its_own_max_abs_error(precision: str, engine: bool, tf32: bool, atol: float) -> None:
+    """Which ``atol`` a variant is judged against: a wrong pick publishes a TF32 engine against the --no-tf32 limit
+    (a false failure) or an INT8 engine against FP32's (a false pass). Distinct limits, so each pick shows."""
+    from pipeline.gates import Gates, tolerance_for
+
+    gates = Gates(fp16_atol=0.05, int8_atol=0.4, tf32_atol=0.02, fp32_engine_atol=0.003)
+    tolerance = tolerance_for(precision, gates, engine=engine, tf32=tf32)
+    assert tolerance.atol == atol
+    family = "int8" if precision.startswith("int8") else "fp16"  # every other limit is the family's, engine or not
+    assert tolerance.max_drop_points == getattr(gates, f"{family}_max_drop")
+    assert tolerance.min_cosine == getattr(gates, f"{family}_min_cosine")
+
+
+def test_by_default_a_variant_is_an_onnx_file_and_an_engine_was_built_with_tf32() -> None:
+    """The defaults callers lean on: the served gate passes no ``engine`` (it judges the ONNX files' precisions), and
+    an engine's TF32 is TensorRT's default, so an FP32 engine without ``tf32`` gets the TF32 limit."""
+    from pipeline.gates import Gates, tolerance_for
+
+    gates = Gates(fp16_atol=0.05, int8_atol=0.4, tf32_atol=0.02, fp32_engine_atol=0.003)
+    assert tolerance_for("fp32", gates).atol == 0.05
+    assert tolerance_for("fp32", gates, engine=True).atol == 0.02
