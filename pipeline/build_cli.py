@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING
 
 from pipeline.options import add_options, config_from_values, values_from_namespace
 
-if TYPE_CHECKING:  # the real import is lazy: `--help` must not load the config's heavy imports
+if TYPE_CHECKING:  # imported where used: importing this module does not load the config
     from pipeline.config import BuildConfig
 
 DESCRIPTION = (

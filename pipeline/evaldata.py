@@ -243,7 +243,8 @@ def _check_target(name: str, target: np.ndarray, shape: tuple, kind: str, classe
     elif kind in ("binary", "multilabel"):
         expected = tuple(shape)
         if not (fits(expected) or (kind == "binary" and per_sample == ())):
-            raise PipelineError(f"{label} are {per_sample} per sample; expected {expected}", "store one 0/1 value per sample (per class for multilabel)")
+            one_decision = f"; or, if the output is one decision, --output-kind {name}=binary" if kind == "multilabel" and per_sample == () else ""
+            raise PipelineError(f"{label} are {per_sample} per sample; expected {expected}", "store one 0/1 value per sample (per class for multilabel)" + one_decision)
         values = np.unique(target)
         if not np.isin(values, (0, 1)).all():
             raise PipelineError(f"{label} hold values other than 0 and 1 ({values[:5].tolist()}…)", "store decisions as 0/1")

@@ -187,7 +187,7 @@ def output_info(signature: ModelSignature, kinds: Mapping[str, OutputKind]) -> d
     """Per output: (per-sample shape, kind, classes), what pipeline.evaldata.check_targets checks labels against."""
     missing = [o.name for o in signature.outputs if o.name not in kinds]
     if missing:  # a served model whose build recorded kinds for other outputs
-        raise PipelineError(f"no output kind recorded for {', '.join(repr(n) for n in missing)} (known: {', '.join(kinds)})",
+        raise PipelineError(f"no output kind recorded for {', '.join(repr(n) for n in missing)} (known: {', '.join(kinds) or 'none'})",
                             "rebuild the model: its build records each output's kind")
     return {o.name: (tuple(o.shape[1:]), kinds[o.name].kind, kinds[o.name].classes) for o in signature.outputs}
 
@@ -275,32 +275,46 @@ def _shaped(kind: str, k: int | None, per_position: bool) -> str:
 def onnx_producers(model: onnx.ModelProto) -> dict[str, str]:
     """Each graph output's producing op type, looking through reshapes, casts and identities."""
     made_by = {out: node for node in model.graph.node for out in node.output}
+    twos = _twos(model.graph)
     producers = {}
     for output in model.graph.output:
         node = made_by.get(output.name)
         while node is not None and node.op_type in _PASS_THROUGH and node.input:
             node = made_by.get(node.input[0])
         if node is not None:
-            producers[output.name] = "LpNormalization" if _divides_by_its_norm(node, made_by) else node.op_type
+            producers[output.name] = "LpNormalization" if _divides_by_its_norm(node, made_by, twos) else node.op_type
     return producers
 
 
-def _divides_by_its_norm(node: onnx.NodeProto, made_by: Mapping[str, onnx.NodeProto]) -> bool:
+def _twos(graph: onnx.GraphProto) -> frozenset[str]:
+    """Names of the tensors that hold the constant 2 (initializers and Constant nodes): the exponent of a square."""
+    from onnx import numpy_helper
+
+    tensors = [*graph.initializer, *(a.t for n in graph.node if n.op_type == "Constant" for a in n.attribute if a.name == "value")]
+    names = [t.name for t in graph.initializer] + [n.output[0] for n in graph.node if n.op_type == "Constant" for a in n.attribute if a.name == "value"]
+    return frozenset(name for name, t in zip(names, tensors, strict=True) if numpy_helper.to_array(t).size == 1 and numpy_helper.to_array(t).item() == 2)
+
+
+def _divides_by_its_norm(node: onnx.NodeProto, made_by: Mapping[str, onnx.NodeProto], twos: frozenset[str]) -> bool:
     """x · rsqrt(Σx²) or x / sqrt(Σx²): what tf.math.l2_normalize and UnitNormalization become in ONNX."""
     if node.op_type not in ("Mul", "Div"):
         return False
     inputs = [made_by.get(name) for name in node.input]  # None: a graph input or initializer
     for _ in range(4):
         frontier = [n for n in inputs if n is not None]
-        if any(n.op_type in ("ReduceSumSquare", "ReduceL2") or (n.op_type == "ReduceSum" and _squares(n, made_by)) for n in frontier):
+        if any(n.op_type in ("ReduceSumSquare", "ReduceL2") or (n.op_type == "ReduceSum" and _squares(n, made_by, twos)) for n in frontier):
             return True
         inputs = [made_by.get(name) for n in frontier if n.op_type in ("Rsqrt", "Sqrt", "Reciprocal", "Max", "Min", "Add", "Clip") for name in n.input]
     return False
 
 
-def _squares(node: onnx.NodeProto, made_by: Mapping[str, onnx.NodeProto]) -> bool:
+def _squares(node: onnx.NodeProto, made_by: Mapping[str, onnx.NodeProto], twos: frozenset[str]) -> bool:
+    """Whether ``node`` (a ReduceSum) sums squares: Square(x), Mul(x, x) or Pow(x, 2); Pow(x, p) for another p is a p-norm."""
     source = made_by.get(node.input[0]) if node.input else None
-    return source is not None and (source.op_type == "Square" or (source.op_type in ("Mul", "Pow") and (source.op_type == "Pow" or len(set(source.input)) == 1)))
+    if source is None:
+        return False
+    return (source.op_type == "Square" or (source.op_type == "Mul" and len(set(source.input)) == 1)
+            or (source.op_type == "Pow" and len(source.input) == 2 and source.input[1] in twos))
 
 
 def kinds_to_json(kinds: Mapping[str, OutputKind]) -> list[dict[str, Any]]:

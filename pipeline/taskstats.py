@@ -49,6 +49,11 @@ def _per_sample(array: np.ndarray) -> np.ndarray:
     return array.reshape(len(array), -1)
 
 
+def _row_mean(per_sample: np.ndarray) -> np.ndarray:
+    """Each sample's mean; 0 for a sample with no elements (a dynamic axis of length 0 cannot differ)."""
+    return per_sample.mean(axis=1) if per_sample.shape[1] else np.zeros(len(per_sample))
+
+
 class TaskStats:
     """Base: accumulate batches, then :meth:`figures`."""
 
@@ -164,11 +169,11 @@ class RegressionStats(TaskStats):
     def add(self, ref: np.ndarray, out: np.ndarray, target: np.ndarray | None) -> None:
         r, o = _per_sample(_finite(ref)), _per_sample(_finite(out))
         self.samples += len(r)
-        self.sq_change.append(((o - r) ** 2).mean(axis=1))
+        self.sq_change.append(_row_mean((o - r) ** 2))
         self.ref_moments = self._merged(self.ref_moments, r)
         if target is not None:
             t = _per_sample(target.astype(np.float64))  # same elements per sample: checked when the data was read
-            e_ref, e_out = ((r - t) ** 2).mean(axis=1), ((o - t) ** 2).mean(axis=1)
+            e_ref, e_out = _row_mean((r - t) ** 2), _row_mean((o - t) ** 2)
             self.sq_gain.append(e_out - e_ref)
             self.sq_err_ref += float(e_ref.sum())
             self.sq_err_out += float(e_out.sum())
@@ -178,6 +183,8 @@ class RegressionStats(TaskStats):
     def _merged(moments: np.ndarray, values: np.ndarray) -> np.ndarray:
         """``moments`` with one batch's ``values`` added (Chan et al.'s merge of counts, means and squared deviations).
         Sum of squares − n·mean² cancels to rounding noise for an output far from zero, and is not 0 for a constant one."""
+        if values.size == 0:  # an output with no elements in this batch (a dynamic axis of length 0)
+            return moments
         count, mean, deviations = moments
         batch_mean = values.flat[0] + (values - values.flat[0]).mean()  # exactly the value of a constant batch
         delta, total = batch_mean - mean, count + values.size
@@ -186,8 +193,8 @@ class RegressionStats(TaskStats):
 
     @staticmethod
     def _variance(moments: np.ndarray) -> float:
-        count, _, deviations = moments  # count > 0: figures and summary read it after a batch (with targets, for target_moments)
-        return float(deviations / count)
+        count, _, deviations = moments
+        return float(deviations / count) if count else 0.0
 
     def figures(self, confidence: float) -> list[Figure]:
         spread = math.sqrt(self._variance(self.ref_moments))

@@ -102,3 +102,16 @@ def test_synthetic_booleans() -> None:
     signature = ModelSignature((TensorSpec("mask", np.dtype(bool), ("batch", 3)),), ())
     mask = synthetic_eval_data(signature, 50).inputs["mask"]
     assert mask.dtype == bool and mask.shape == (50, 3) and mask.any() and not mask.all()
+
+
+def test_one_label_per_sample_for_a_multilabel_output_names_the_binary_override() -> None:
+    """An output of unknown width trained with a binary loss is judged as multi-label; labels of one 0/1 value per
+    sample are refused with the fix for both readings: per-class labels, or --output-kind NAME=binary."""
+    from pipeline.evaldata import check_targets
+
+    with pytest.raises(PipelineError) as refused:
+        check_targets({"flags": np.array([0, 1, 1, 0])}, {"flags": ((-1,), "multilabel", None)}, "eval.npz")
+    assert refused.value.fix.endswith("; or, if the output is one decision, --output-kind flags=binary")
+    with pytest.raises(PipelineError) as wrong_width:  # labels of another rank for a binary output: no such hint
+        check_targets({"flag": np.zeros((4, 2, 2))}, {"flag": ((1,), "binary", None)}, "eval.npz")
+    assert "--output-kind" not in wrong_width.value.fix

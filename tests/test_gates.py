@@ -228,12 +228,14 @@ def test_each_precision_and_engine_is_held_to_its_own_max_abs_error(precision: s
     (a false failure) or an INT8 engine against FP32's (a false pass). Distinct limits, so each pick shows."""
     from pipeline.gates import Gates, tolerance_for
 
-    gates = Gates(fp16_atol=0.05, int8_atol=0.4, tf32_atol=0.02, fp32_engine_atol=0.003)
+    gates = Gates(fp16_atol=0.05, int8_atol=0.4, tf32_atol=0.02, fp32_engine_atol=0.003, fp16_max_drop=0.5, int8_max_drop=2.0,
+                  fp16_min_cosine=0.999, int8_min_cosine=0.99, fp16_max_rel_error=0.01, int8_max_rel_error=0.1,
+                  fp16_min_cosine_low=0.995, int8_min_cosine_low=0.95, fp16_min_neighbour_agreement=0.98, int8_min_neighbour_agreement=0.9)
     tolerance = tolerance_for(precision, gates, engine=engine, tf32=tf32)
     assert tolerance.atol == atol
     family = "int8" if precision.startswith("int8") else "fp16"  # every other limit is the family's, engine or not
-    assert tolerance.max_drop_points == getattr(gates, f"{family}_max_drop")
-    assert tolerance.min_cosine == getattr(gates, f"{family}_min_cosine")
+    assert (tolerance.max_drop_points, tolerance.min_cosine, tolerance.max_rel_error, tolerance.min_cosine_low, tolerance.min_neighbour_agreement) == tuple(
+        getattr(gates, f"{family}_{limit}") for limit in ("max_drop", "min_cosine", "max_rel_error", "min_cosine_low", "min_neighbour_agreement"))
 
 
 def test_by_default_a_variant_is_an_onnx_file_and_an_engine_was_built_with_tf32() -> None:

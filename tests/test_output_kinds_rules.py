@@ -396,13 +396,15 @@ def test_each_output_gets_the_loss_it_was_compiled_with() -> None:
 # ---- the ONNX producer of each output (SavedModels, verify without a record) ----------------------------------------
 
 
-def graph_producers(nodes: list[tuple[str, list[str], str]], outputs: list[str]) -> dict[str, str]:
-    """onnx_producers of a graph of (op, inputs, output) nodes (the graph is only walked, never run)."""
-    from onnx import TensorProto, helper
+def graph_producers(nodes: list[tuple[str, list[str], str]], outputs: list[str], constants: dict[str, float] | None = None) -> dict[str, str]:
+    """onnx_producers of a graph of (op, inputs, output) nodes (the graph is only walked, never run); ``constants``:
+    scalar initializers by name."""
+    from onnx import TensorProto, helper, numpy_helper
 
     graph = helper.make_graph([helper.make_node(op, inputs, [out]) for op, inputs, out in nodes], "g",
                               [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["b", 8])],
-                              [helper.make_tensor_value_info(o, TensorProto.FLOAT, ["b", 8]) for o in outputs])
+                              [helper.make_tensor_value_info(o, TensorProto.FLOAT, ["b", 8]) for o in outputs],
+                              [numpy_helper.from_array(np.array(v, np.float32), k) for k, v in (constants or {}).items()])
     return onnx_producers(helper.make_model(graph))
 
 
@@ -431,11 +433,26 @@ def test_x_divided_by_its_norm_is_an_l2_normalisation(divide: str, reduce: str, 
 
 @pytest.mark.parametrize(("square", "inputs", "normalises"), [
     ("Square", ["x"], True), ("Mul", ["x", "x"], True), ("Pow", ["x", "two"], True), ("Mul", ["x", "w"], False), ("Abs", ["x"], False),
+    ("Pow", ["x", "three"], False), ("Pow", ["x", "w"], False), ("Pow", ["x"], False),
 ])
 def test_a_reduce_sum_counts_as_a_norm_only_of_squares(square: str, inputs: list, normalises: bool) -> None:
-    """ReduceSum(x²) is a squared norm; ReduceSum(x·w) or ReduceSum(|x|) is not, so x divided by it is no embedding."""
+    """ReduceSum(x²) is a squared norm; ReduceSum(x·w), ReduceSum(|x|) or ReduceSum(x³) is not (a p-norm for p ≠ 2
+    is no L2 normalisation), so x divided by it is no embedding."""
     nodes = [(square, inputs, "sq"), ("ReduceSum", ["sq", "axes"], "ss"), ("Sqrt", ["ss"], "norm"), ("Div", ["x", "norm"], "y")]
-    assert graph_producers(nodes, ["y"]) == {"y": "LpNormalization" if normalises else "Div"}
+    assert graph_producers(nodes, ["y"], {"two": 2.0, "three": 3.0, "w": 0.5}) == {"y": "LpNormalization" if normalises else "Div"}
+
+
+@pytest.mark.parametrize(("value", "normalises"), [(2.0, True), (3.0, False)])
+def test_a_squares_exponent_may_come_from_a_constant_node(value: float, normalises: bool) -> None:
+    """tf2onnx and the Keras exporters write a Pow's exponent as a Constant node as often as an initializer."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    exponent = helper.make_node("Constant", [], ["p"], value=numpy_helper.from_array(np.array(value, np.float32)))
+    nodes = [helper.make_node(op, inputs, [out]) for op, inputs, out in
+             [("Pow", ["x", "p"], "sq"), ("ReduceSum", ["sq"], "ss"), ("Sqrt", ["ss"], "norm"), ("Div", ["x", "norm"], "y")]]
+    graph = helper.make_graph([exponent, *nodes], "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["b", 8])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["b", 8])])
+    assert onnx_producers(helper.make_model(graph)) == {"y": "LpNormalization" if normalises else "Div"}
 
 
 def test_a_reduce_sum_of_nothing_is_no_norm() -> None:

@@ -24,7 +24,7 @@ from pipeline.compare import new_comparison
 from pipeline.gates import Gates, tolerance_for
 from pipeline.judging import VariantResult, judge_comparison
 from pipeline.outputkinds import OutputKind
-from pipeline.taskstats import BOOTSTRAP_DRAWS, Figure, RegressionStats, SegmentationStats
+from pipeline.taskstats import BOOTSTRAP_DRAWS, Figure, RegressionStats, SegmentationStats, task_stats_for
 
 INT8 = tolerance_for("int8", Gates(int8_atol=None))  # 1-point drop limit at 95% (the defaults)
 REG = OutputKind("depth", "regression", "test")
@@ -357,3 +357,25 @@ def test_nan_in_a_losing_class_score_does_not_change_the_position_class() -> Non
     assert stats.summary() == {"accuracy": 1.0, "reference_accuracy": 1.0, "agreement": 1.0}
     result = judge(SEG, ref, out)
     assert verdicts(result) == {"non-finite values": "fail", "positions changing class": "pass"}
+
+
+def test_a_batch_with_no_elements_changes_nothing() -> None:
+    """A regression output with a dynamic axis of length 0 in one batch (no boxes found, say): that batch neither
+    moves the spread nor the change, and a run of only such batches judges 0 change instead of crashing or NaN."""
+
+    rng = np.random.default_rng(5)
+    ref = rng.normal(size=(6, 3))
+    out = ref + rng.normal(scale=0.1, size=ref.shape)
+    empty = np.zeros((4, 0))
+    kind = OutputKind("boxes", "regression", "test")
+    alone, mixed, only_empty = (task_stats_for(kind, 0.5) for _ in range(3))
+    alone.add(ref, out, ref * 2)
+    mixed.add(ref, out, ref * 2)
+    mixed.add(empty, empty, empty)
+    both = [(f.metric, f.value) for f in mixed.figures(0.95)]
+    assert mixed.samples == 10 and not any(np.isnan(v) for _, v in both)
+    expected_change = np.sqrt(np.concatenate([((out - ref) ** 2).mean(axis=1), np.zeros(4)]).mean()) / ref.std()
+    assert dict(both)["RMS change / FP32 std"] == pytest.approx(expected_change)
+    assert mixed.summary()["reference_accuracy"] == pytest.approx(1 - ((ref - ref * 2) ** 2).mean(axis=1).sum() / 10 / (ref * 2).var())
+    only_empty.add(empty, empty, None)
+    assert [(f.metric, f.value) for f in only_empty.figures(0.95)] == [("RMS change / FP32 std", 0.0)]
