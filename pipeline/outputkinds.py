@@ -31,6 +31,7 @@ from __future__ import annotations
 import difflib
 import json
 import logging
+import math
 import zipfile
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
@@ -287,12 +288,15 @@ def onnx_producers(model: onnx.ModelProto) -> dict[str, str]:
 
 
 def _twos(graph: onnx.GraphProto) -> frozenset[str]:
-    """Names of the tensors that hold the constant 2 (initializers and Constant nodes): the exponent of a square."""
-    from onnx import numpy_helper
+    """The Pow exponents that hold the constant 2 (an initializer or a Constant node): Pow(x, 2) is a square. Only
+    the exponents are read, never the weights (they may be external, and large)."""
+    from onnx import TensorProto, numpy_helper
 
-    tensors = [*graph.initializer, *(a.t for n in graph.node if n.op_type == "Constant" for a in n.attribute if a.name == "value")]
-    names = [t.name for t in graph.initializer] + [n.output[0] for n in graph.node if n.op_type == "Constant" for a in n.attribute if a.name == "value"]
-    return frozenset(name for name, t in zip(names, tensors, strict=True) if numpy_helper.to_array(t).size == 1 and numpy_helper.to_array(t).item() == 2)
+    exponents = {n.input[1] for n in graph.node if n.op_type == "Pow" and len(n.input) == 2}
+    tensors = {t.name: t for t in graph.initializer if t.name in exponents}
+    tensors |= {n.output[0]: a.t for n in graph.node if n.op_type == "Constant" and n.output[0] in exponents for a in n.attribute if a.name == "value"}
+    return frozenset(name for name, t in tensors.items()
+                     if math.prod(t.dims) == 1 and t.data_location != TensorProto.EXTERNAL and numpy_helper.to_array(t).item() == 2)
 
 
 def _divides_by_its_norm(node: onnx.NodeProto, made_by: Mapping[str, onnx.NodeProto], twos: frozenset[str]) -> bool:
