@@ -194,7 +194,7 @@ class RegressionStats(TaskStats):
     @staticmethod
     def _variance(moments: np.ndarray) -> float:
         count, _, deviations = moments
-        return float(deviations / count) if count else 0.0
+        return float(deviations / max(count, 1))  # no elements yet (every batch empty): 0
 
     def figures(self, confidence: float) -> list[Figure]:
         spread = math.sqrt(self._variance(self.ref_moments))

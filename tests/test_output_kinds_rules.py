@@ -338,6 +338,9 @@ def test_an_output_without_a_recorded_kind_is_one_line_naming_it() -> None:
         output_info(signature, {"probs": OutputKind("probs", "classes", "w", classes=3), "old": OutputKind("old", "regression", "w")})
     assert caught.value.problem == "no output kind recorded for 'box', 'extra' (known: probs, old)"
     assert "\n" not in str(caught.value) and caught.value.fix == "rebuild the model: its build records each output's kind"
+    with pytest.raises(PipelineError) as none_recorded:  # a record with no kinds at all says so, not "(known: )"
+        output_info(signature, {})
+    assert none_recorded.value.problem == "no output kind recorded for 'probs', 'box', 'extra' (known: none)"
 
 
 def test_the_description_stored_with_a_savedmodel_is_read_back(tmp_path: Path) -> None:

@@ -379,3 +379,6 @@ def test_a_batch_with_no_elements_changes_nothing() -> None:
     assert mixed.summary()["reference_accuracy"] == pytest.approx(1 - ((ref - ref * 2) ** 2).mean(axis=1).sum() / 10 / (ref * 2).var())
     only_empty.add(empty, empty, None)
     assert [(f.metric, f.value) for f in only_empty.figures(0.95)] == [("RMS change / FP32 std", 0.0)]
+    labelled = task_stats_for(kind, 0.5)
+    labelled.add(empty, empty, empty)
+    assert [(f.metric, f.value) for f in labelled.figures(0.95)] == [("R² drop", 0.0), ("RMS change / FP32 std", 0.0)]
