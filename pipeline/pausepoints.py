@@ -19,7 +19,8 @@ model staged and none swapped in, and ``publish.swap#2`` holds it between the fi
 ``tf2onnx.convert`` hold the build's child processes (the SavedModel export
 child, the tf2onnx subprocess) as they start, so a test can kill the build under them. ``shard.ready``
 holds a load-test shard just before it writes its ready file (pipeline/loadtest/shards.py), so a test
-sees the other shards wait for it at the barrier.
+sees the other shards wait for it at the barrier. ``loadtest.window`` after each measurement window
+(pipeline/loadtest/measure.py): the load's connections and shared-memory regions are live there.
 """
 
 from __future__ import annotations

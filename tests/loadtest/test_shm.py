@@ -106,13 +106,16 @@ def test_ctrl_c_unregisters_and_removes_the_regions(server: object, workspace: P
     command = [sys.executable, "-m", "pipeline", "loadtest", "--url", url, "--model", "add",
                "--calibration-root", str(workspace / "calibration"), "--shared-memory", "system", "--concurrency", "1",
                "--window-ms", "1000", "--warmup-ms", "1000", "--max-seconds", "600", "--report-dir", str(tmp_path / "r")]  # fmt: skip
-    process = subprocess.Popen(command, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    paused = tmp_path / "paused"  # held after its first window, mid-load: a stable run cannot end before the signal
+    env = dict(os.environ, PIPELINE_PAUSE_AT="loadtest.window", PIPELINE_PAUSE_FILE=str(paused))
+    process = subprocess.Popen(command, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env)
     try:
-        deadline = time.monotonic() + 120
-        while not any(n.startswith(f"{REGION_PREFIX}{process.pid}_") for n in registered_regions(endpoint, "system")):
+        deadline = time.monotonic() + 300
+        while not paused.exists():
             assert process.poll() is None, process.stdout.read().decode() if process.stdout else ""
-            assert time.monotonic() < deadline, "the load test never registered its regions"
+            assert time.monotonic() < deadline, "the load test never reached its first window's end"
             time.sleep(0.1)
+        assert any(n.startswith(f"{REGION_PREFIX}{process.pid}_") for n in registered_regions(endpoint, "system"))
         assert _leftovers(process.pid)
         process.send_signal(signal.SIGINT)
         output, _ = process.communicate(timeout=60)
