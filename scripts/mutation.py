@@ -12,7 +12,7 @@ listed in the config). A mutant that no test kills is a check that cannot fail f
 
 Prints a table per module (killed, survived, no tests, timeouts, score) and every survivor; writes
 ``mutants/summary.json``. Exit status 1 when a survivor is not listed in EQUIVALENT below (each with
-the reason why no test can tell it from the original), 0 otherwise. Results: docs/mutation.md.
+the reason why no test can tell it from the original) or a listed one is killed or gone, 0 otherwise. Results: docs/mutation.md.
 """
 
 from __future__ import annotations
@@ -81,9 +81,12 @@ def summary(found: dict[str, dict[str, str]]) -> dict:
         killed = counts.get("killed", 0) + counts.get("caught by type check", 0)
         judged = killed + len(survivors) - len(equivalent)
         unreached = sorted({n.rsplit("__mutmut_", 1)[0] for n, s in statuses.items() if s == "no tests"})
+        # A listed equivalent that a test now kills, or that no longer exists (mutmut numbers a function's mutants
+        # anew when its code changes): its reason is about another mutant, or about none.
+        stale = sorted(n for n in EQUIVALENT if n.startswith(f"{module}.x") and statuses.get(n, "gone") in ("killed", "caught by type check", "gone"))
         rows[module] = {"mutants": len(statuses), **counts, "equivalent": len(equivalent), "import_time": len(import_time), "score": round(killed / judged, 4) if judged else None,
                         "survivors": [n for n in survivors if n not in EQUIVALENT], "equivalent_mutants": equivalent,
-                        "not_reached": unreached}  # fmt: skip
+                        "not_reached": unreached, "stale_equivalents": stale}  # fmt: skip
     return rows
 
 
@@ -116,7 +119,10 @@ def main() -> int:
     left = [n for row in rows.values() for n in row["survivors"]]
     for name in left:
         print(f"survivor (not equivalent): {name}  — see: python -m mutmut show {name}")
-    return 1 if left else 0
+    stale = [n for row in rows.values() for n in row["stale_equivalents"]]
+    for name in stale:
+        print(f"listed as equivalent but killed or gone (its reason is stale; remove it from scripts/mutation_equivalent.json): {name}")
+    return 1 if left or stale else 0
 
 
 if __name__ == "__main__":
