@@ -5,10 +5,7 @@ from __future__ import annotations
 
 import json
 import os
-import signal
-import subprocess
 import sys
-import time
 from pathlib import Path
 
 import numpy as np
@@ -27,6 +24,7 @@ from pipeline.loadtest.shm import (
     shm_requests,
 )
 from pipeline.loadtest.targets import model_io
+from tests.conftest import interrupt_when_ready, popen_interruptible
 from tests.loadtest.test_cli import FAST, run_cli
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -108,21 +106,15 @@ def test_ctrl_c_unregisters_and_removes_the_regions(server: object, workspace: P
                "--window-ms", "1000", "--warmup-ms", "1000", "--max-seconds", "600", "--report-dir", str(tmp_path / "r")]  # fmt: skip
     paused = tmp_path / "paused"  # held after its first window, mid-load: a stable run cannot end before the signal
     env = dict(os.environ, PIPELINE_PAUSE_AT="loadtest.window", PIPELINE_PAUSE_FILE=str(paused))
-    process = subprocess.Popen(command, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env)
-    try:
-        deadline = time.monotonic() + 300
-        while not paused.exists():
-            assert process.poll() is None, process.stdout.read().decode() if process.stdout else ""
-            assert time.monotonic() < deadline, "the load test never reached its first window's end"
-            time.sleep(0.1)
-        assert any(n.startswith(f"{REGION_PREFIX}{process.pid}_") for n in registered_regions(endpoint, "system"))
-        assert _leftovers(process.pid)
-        process.send_signal(signal.SIGINT)
-        output, _ = process.communicate(timeout=60)
-    finally:
-        if process.poll() is None:
-            process.kill()
-            process.wait()
-    assert process.returncode == 130, output.decode()
+    process = popen_interruptible(command, cwd=ROOT, env=env)  # Ctrl-C at its default even where pytest runs with it ignored
+    live: list[bool] = []  # at the pause: its regions registered with the server and present in /dev/shm
+
+    def held() -> bool:
+        if paused.exists():
+            live.append(any(n.startswith(f"{REGION_PREFIX}{process.pid}_") for n in registered_regions(endpoint, "system")) and bool(_leftovers(process.pid)))
+        return paused.exists()
+
+    interrupt_when_ready(process, held, "the load test's first window")
+    assert live == [True]
     assert not [n for n in registered_regions(endpoint, "system") if n.startswith(f"{REGION_PREFIX}{process.pid}_")]
     assert not _leftovers(process.pid)
