@@ -17,16 +17,13 @@ from pipeline.gates import Gates, tolerance_for
 from pipeline.judging import VariantResult, judge_comparison
 from pipeline.outputkinds import OutputKind, decide_kinds, parse_output_kinds
 from pipeline.tensors import ModelSignature, TensorSpec
+from tests.judged import judge as judged
 
 INT8 = tolerance_for("int8", Gates())
 
 
 def judge(kind: OutputKind, ref: np.ndarray, out: np.ndarray, target: np.ndarray | None = None, batch: int = 100) -> VariantResult:
-    comparison = new_comparison("int8-onnx", {kind.name: kind}, INT8.threshold)
-    for i in range(0, len(ref), batch):
-        comparison.add({kind.name: ref[i : i + batch]}, {kind.name: out[i : i + batch]},
-                       {} if target is None else {kind.name: target[i : i + batch]})
-    return judge_comparison("int8-onnx", "int8", "onnx", comparison, INT8, {kind.name: kind})
+    return judged(kind, ref, out, target, batch, INT8)
 
 
 def verdicts(result: VariantResult) -> dict[str, str]:

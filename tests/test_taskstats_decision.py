@@ -21,19 +21,9 @@ import numpy as np
 import pytest
 
 from pipeline.compare import new_comparison
-from pipeline.gates import Gates, tolerance_for
-from pipeline.judging import VariantResult, judge_comparison
+from pipeline.judging import VariantResult
 from pipeline.outputkinds import OutputKind
-
-INT8 = tolerance_for("int8", Gates(int8_atol=None))  # 1-point drop limit at 95% (the defaults)
-
-
-def judge(kind: OutputKind, ref: np.ndarray, out: np.ndarray, target: np.ndarray | None = None, batch: int = 128) -> VariantResult:
-    comparison = new_comparison("int8-onnx", {kind.name: kind}, INT8.threshold)
-    for i in range(0, len(ref), batch):
-        comparison.add({kind.name: ref[i : i + batch]}, {kind.name: out[i : i + batch]},
-                       {} if target is None else {kind.name: target[i : i + batch]})  # fmt: skip
-    return judge_comparison("int8-onnx", "int8", "onnx", comparison, INT8, {kind.name: kind})
+from tests.judged import INT8, judge
 
 
 def row(result: VariantResult, metric: str) -> dict:

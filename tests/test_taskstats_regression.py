@@ -20,13 +20,11 @@ from statistics import NormalDist
 import numpy as np
 import pytest
 
-from pipeline.compare import new_comparison
-from pipeline.gates import Gates, tolerance_for
-from pipeline.judging import VariantResult, judge_comparison
+from pipeline.judging import VariantResult
 from pipeline.outputkinds import OutputKind
 from pipeline.taskstats import BOOTSTRAP_DRAWS, Figure, RegressionStats, SegmentationStats, task_stats_for
+from tests.judged import INT8, judge
 
-INT8 = tolerance_for("int8", Gates(int8_atol=None))  # 1-point drop limit at 95% (the defaults)
 REG = OutputKind("depth", "regression", "test")
 SEG = OutputKind("mask", "segmentation", "test", classes=4)
 
@@ -36,14 +34,6 @@ def feed(stats: RegressionStats | SegmentationStats, ref: np.ndarray, out: np.nd
     for i in range(0, len(ref), batch):
         stats.add(ref[i : i + batch], out[i : i + batch], None if target is None else target[i : i + batch])
     return stats
-
-
-def judge(kind: OutputKind, ref: np.ndarray, out: np.ndarray, target: np.ndarray | None = None, batch: int = 100) -> VariantResult:
-    comparison = new_comparison("int8-onnx", {kind.name: kind}, INT8.threshold)
-    for i in range(0, len(ref), batch):
-        comparison.add({kind.name: ref[i : i + batch]}, {kind.name: out[i : i + batch]},
-                       {} if target is None else {kind.name: target[i : i + batch]})  # fmt: skip
-    return judge_comparison("int8-onnx", "int8", "onnx", comparison, INT8, {kind.name: kind})
 
 
 def verdicts(result: VariantResult) -> dict[str, str]:
