@@ -28,6 +28,7 @@ log = logging.getLogger(__name__)
 
 _STATS_TIMEOUT_S = 3.0
 _READ_BEFORE_START_NS = 500_000_000  # a shard's first server read, this long before its shared start
+_SETTLE_S, _SETTLE_READS = 0.02, 50  # a settled read takes 20 ms when nothing is in flight, and gives up after 1 s
 
 
 class Engine(Protocol):
@@ -116,7 +117,7 @@ def measure(
     if start_ns is not None:
         # the other shards' preparation (their request checks) is done by now, and their load not begun
         _sleep_until(start_ns - _READ_BEFORE_START_NS)
-    before = [_read_now(f, notes, i) for i, f in enumerate(fetchers)]
+    before = [_read_settled(f, notes, i) for i, f in enumerate(fetchers)]
     probe = _Probe(fetchers)
     try:
         if start_ns is not None:
@@ -199,7 +200,7 @@ def measure(
         end_stats = [_resolve(f, notes, i) for i, f in enumerate(stats[-1])] if used else [None] * len(fetchers)
     finally:
         probe.close()
-    after = [_read_now(f, notes, i) for i, f in enumerate(fetchers)]
+    after = [_read_settled(f, notes, i) for i, f in enumerate(fetchers)]
     return Measurement(
         recorders=recorders,
         windows=windows,
@@ -283,6 +284,22 @@ def _resolve(future: Future | None, notes: list[str], index: int) -> ServerCount
     except (OSError, FutureTimeout) as exc:
         notes[index] = notes[index] or f"Triton statistics unavailable: {exc or 'no answer'}"
         return None
+
+
+def _read_settled(fetch: StatsFetch, notes: list[str], index: int) -> ServerCounters | None:
+    """The counters once every request answered so far is in them. Triton counts a request after its response is
+    sent, so a read right after the last response (the request check before a point, the drain after it) can miss
+    requests the client has counted: read until two reads ``_SETTLE_S`` apart agree (at most ``_SETTLE_READS``)."""
+    now = _read_now(fetch, notes, index)
+    for _ in range(_SETTLE_READS):
+        if now is None:
+            return None
+        time.sleep(_SETTLE_S)
+        again = _read_now(fetch, notes, index)
+        if again is not None and (again.success_count, again.fail_count) == (now.success_count, now.fail_count):
+            return again
+        now = again
+    return now
 
 
 def _read_now(fetch: StatsFetch, notes: list[str], index: int) -> ServerCounters | None:

@@ -38,3 +38,30 @@ def test_versions_are_summed_and_other_models_ignored() -> None:
 def test_no_traffic_gives_nan_averages() -> None:
     b = counters_from_json({"model_stats": []}, "m").breakdown()
     assert b["success_count"] == 0 and math.isnan(b["queue_us"]) and math.isnan(b["avg_batch_size"])
+
+
+def test_a_point_reads_the_servers_counters_once_they_have_settled() -> None:
+    """Triton counts a request after sending its response, so the read right after the request check (or the drain)
+    may lack the last ones: the point's first and last reads wait until two reads agree, and give up on a server
+    whose counts keep moving (someone else's load) instead of waiting for ever."""
+    from pipeline.loadtest.measure import _SETTLE_READS, _read_settled
+    from pipeline.loadtest.server_stats import ServerCounters
+
+    counts = iter([7564, 7565, 7565, 9999])
+    reads: list[int] = []
+
+    def lagging() -> ServerCounters:
+        reads.append(next(counts))
+        return ServerCounters(success_count=reads[-1])
+
+    notes = [""]
+    settled = _read_settled(lagging, notes, 0)
+    assert settled is not None and settled.success_count == 7565 and reads == [7564, 7565, 7565]
+    moving = iter(range(10_000))
+    busy = _read_settled(lambda: ServerCounters(success_count=next(moving)), notes, 0)
+    assert busy is not None and busy.success_count == _SETTLE_READS and notes == [""]  # the last read, after the bounded wait
+
+    def gone() -> ServerCounters:
+        raise ConnectionRefusedError(111, "Connection refused")
+
+    assert _read_settled(gone, notes, 0) is None and notes[0].startswith("Triton statistics unavailable")
