@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import difflib
 import math
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
@@ -116,6 +116,12 @@ class EvalData:
         for bucket in self.buckets:
             for start in range(0, bucket.num_samples, batch_size):
                 yield {k: v[start : start + batch_size] for k, v in bucket.inputs.items()}
+
+    def with_inputs(self, change: Callable[[dict[str, np.ndarray]], dict[str, np.ndarray]], how: str) -> EvalData:
+        """The same samples and labels with every bucket's inputs passed through ``change`` (``how`` says
+        what it did, in the source and the fingerprint)."""
+        buckets = tuple(replace(b, inputs=change(b.inputs)) for b in self.buckets)
+        return replace(self, buckets=buckets, source=f"{self.source} ({how})", fingerprint=f"{self.fingerprint}+{how}")
 
     def head(self, count: int) -> dict[str, np.ndarray]:
         """The first ``count`` samples of the largest bucket (the most common size)."""

@@ -273,6 +273,23 @@ def test_uint8_input_builds_gates_and_serves(own_copy: Path, tmp_path: Path) -> 
         with (tmp_path / "load" / "results.csv").open() as f:
             (row,) = [r for r in csv.DictReader(f) if r["endpoint"] == "all"]
         assert int(row["requests"]) > 0 and int(row["error_count"]) == 0, row
+        # verify sends the evaluation samples as the uint8 a client sends and judges the variant against served FP32
+        check = ("verify", "--url", server.http_url, "--repository", str(repo), "--workdir", str(tmp_path / "verify"))
+        proc = cli(*check, "--report", str(tmp_path / "verify.json"))
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        report = json.loads((tmp_path / "verify.json").read_text())
+        u8 = next(r for r in report["models"] if r["model"] == "digits_u8")
+        assert report["not_verified"] == {} and u8["passed"] and u8["precision"] == "u8" and u8["samples"] > 0
+        assert u8["outputs"]["probs"]["max_abs_diff"] <= 1e-3 and {g["verdict"] for g in u8["gates"]} <= {"pass", "reported"}
+        # a file whose recorded scale is wrong (0.125 for a graph that multiplies by 0.0625) sends every sample at
+        # twice its value, which the server computes on faithfully: the judgement against served FP32 catches it
+        model = onnx.load(str(repo / "digits_u8" / "1" / "model.onnx"))
+        (prop,) = [p for p in model.metadata_props if p.key == "pipeline.uint8_input_scale"]
+        prop.value = json.dumps({"image": 0.125})
+        onnx.save(model, str(repo / "digits_u8" / "1" / "model.onnx"))
+        error = one_line_error(cli(*check, "--report", str(tmp_path / "verify_wrong_scale.json"), "--model", "digits_fp32", "--model", "digits_u8"), 1)
+        assert "served accuracy check failed: digits_u8: served vs served FP32" in error, error
+        assert "check the scale recorded in its model file" in error, error
     assert wire.nbytes * 4 == images.nbytes
     gates = Gates()
     np.testing.assert_allclose(got, want, atol=gates.parity_atol, rtol=gates.parity_rtol)

@@ -30,6 +30,7 @@ if TYPE_CHECKING:
     import onnx
 
     from pipeline.evaldata import EvalData
+    from pipeline.tensors import ModelSignature
 
 log = logging.getLogger(__name__)
 
@@ -106,13 +107,24 @@ def uint8_scales(path: Path) -> dict[str, float]:
 
 
 def quantized(feed: Mapping[str, np.ndarray], scales: Mapping[str, float]) -> dict[str, np.ndarray]:
-    """``feed`` with each input that has a scale turned into the uint8 a client sends: ``round(x / scale)``
-    clipped to 0..255 (the others as they are)."""
+    """``feed`` with each float input that has a scale turned into the uint8 a client sends: ``round(x / scale)``
+    clipped to 0..255. The others stay as they are: integer samples already are what goes on the wire."""
     out = {}
     for name, array in feed.items():
         scale = scales.get(name)
-        out[name] = array if scale is None else np.clip(np.rint(np.asarray(array, dtype=np.float64) / scale), 0, 255).astype(np.uint8)
+        if scale is None or np.asarray(array).dtype.kind != "f":
+            out[name] = array
+        else:
+            out[name] = np.clip(np.rint(np.asarray(array, dtype=np.float64) / scale), 0, 255).astype(np.uint8)
     return out
+
+
+def float_inputs(signature: ModelSignature, scales: Mapping[str, float]) -> ModelSignature:
+    """``signature`` with each uint8 input that has a scale read as float32: the samples it is fed from
+    (evaluation data is float; :func:`quantized` turns it into the wire's uint8)."""
+    from dataclasses import replace
+
+    return replace(signature, inputs=tuple(replace(s, dtype=np.dtype(np.float32)) if s.name in scales else s for s in signature.inputs))
 
 
 def uint8_parity_from_models(fp32: Path, u8: Path, data: EvalData, dst: Path, *, atol: float, rtol: float, batch_size: int = 64) -> Path:

@@ -18,7 +18,7 @@ from typing import Any
 
 import numpy as np
 
-from pipeline.artifacts import WIRE_PRECISIONS, parse_variant
+from pipeline.artifacts import parse_variant
 from pipeline.errors import CheckFailed, PipelineError
 from pipeline.evaldata import EvalData
 from pipeline.progress import progress
@@ -155,9 +155,17 @@ def _verdict(results: list[ServedResult], limits: Mapping[str, Gates], not_verif
     if failed:
         raise CheckFailed(
             "served accuracy check failed: " + "; ".join(f"{r.model}: {', '.join(r.failures)}" for r in failed) + f" (report: {report_path})",
-            "for INT8, make sure the server keeps Q/DQ exact (optimization graph level 2 in config.pbtxt)",
+            _fix_for({r.precision for r in failed}),
         )
     return report
+
+
+def _fix_for(precisions: set[str]) -> str:
+    """What to look at when variants of these precisions failed their served check."""
+    hints = {"int8": "for INT8, make sure the server keeps Q/DQ exact (optimization graph level 2 in config.pbtxt)",
+             "u8": "for a uint8-input variant, check the scale recorded in its model file against how its inputs are scaled (--uint8-input)"}
+    found = [hint for precision, hint in hints.items() if precision in precisions]
+    return "; ".join(found) or "compare the served outputs with the report's rows; the server log says what runtime served each model"
 
 
 def _check_plans_at_hand(plans: Mapping[str, Path], tensorrt: TensorRT) -> None:
@@ -186,9 +194,6 @@ def _servable_models(repository: Path, models: Sequence[str]) -> tuple[dict[str,
             not_verified[name] = f"{model.config.platform or model.config.backend} models need their own runtime (a TensorRT plan needs a GPU server)"
         elif parse_variant(name) is None:
             not_verified[name] = "not built by this pipeline (no variant suffix): no build record to judge it by"
-        elif parse_variant(name)[1] in WIRE_PRECISIONS:  # type: ignore[index]
-            not_verified[name] = ("takes uint8 inputs: verify does not turn evaluation samples into uint8 yet "
-                                  "(its build's parity gate held it to FP32's outputs)")
         else:
             chosen[name] = model
     return chosen, not_verified, plans
@@ -223,6 +228,7 @@ def _plan(name: str, model: Any, base: str, given: EvalData | Path | None, calib
     """(version, model file, data with labels named, kinds) of one served model, or why it cannot be verified."""
     from pipeline.evaldata import check_targets, eval_data_from_path, plain_labels_owner
     from pipeline.outputkinds import decide_kinds, kinds_from_json, onnx_producers, output_info
+    from pipeline.stages.uint8_input import float_inputs, quantized, uint8_scales
     from pipeline.tensors import load_onnx, signature_from_onnx
     from pipeline.workspace import build_record_of_served, eval_data_of_served
 
@@ -232,7 +238,10 @@ def _plan(name: str, model: Any, base: str, given: EvalData | Path | None, calib
     source = given if given is not None else eval_data_of_served(model.path, calibration_root)
     if source is None:
         return f"no evaluation data (none recorded by its build, no {calibration_root / base / 'eval.npz'}): pass --eval-data"
-    data = source if isinstance(source, EvalData) else eval_data_from_path(Path(source), signature)
+    scales = uint8_scales(model_file)  # a --uint8-input variant: its inputs are the float samples as a client sends them
+    data = source if isinstance(source, EvalData) else eval_data_from_path(Path(source), float_inputs(signature, scales))
+    if scales:
+        data = data.with_inputs(lambda feed: quantized(feed, scales), "as uint8")
     recorded = build_record_of_served(model.path).get("output_kinds")
     if recorded:
         kinds = kinds_from_json(recorded)

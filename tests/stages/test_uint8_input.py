@@ -62,6 +62,16 @@ def test_image_inputs_take_uint8_and_the_outputs_equal_fp32_on_the_same_values(t
     np.testing.assert_array_equal(quantized({"image": images}, {"image": 1 / 255})["image"].astype(np.float32) / 255, images)
 
 
+def test_samples_already_integer_are_sent_as_they_are_and_inputs_without_a_scale_are_left_alone() -> None:
+    """uint8 samples (``loadtest --data`` of a uint8-input variant) already are the wire format: dividing them by the
+    scale again would send every pixel above 0 as 255."""
+    wire = np.array([[0, 1, 128, 255]], dtype=np.uint8)
+    floats = np.array([[0.0, 0.3, 0.5, 2.0]], dtype=np.float32)
+    out = quantized({"image": wire, "other": floats, "mask": floats}, {"image": 1 / 255, "mask": 0.5})
+    assert out["image"] is wire and out["other"] is floats
+    assert out["mask"].dtype == np.uint8 and out["mask"].tolist() == [[0, 1, 1, 4]]  # 0.3 / 0.5 → 1 (0.6 rounds up)
+
+
 def test_scale_one_leaves_the_mul_out(tmp_path: Path) -> None:
     fp32 = image_model(tmp_path / "model.fp32.onnx", np.random.default_rng(1))
     u8 = uint8_input_onnx_from_onnx(fp32, tmp_path / "model.u8.onnx", scale=1.0)

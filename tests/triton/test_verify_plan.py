@@ -28,7 +28,7 @@ from pipeline.stages.tensorrt_env import GpuInfo
 from pipeline.stages.trt_seam import PolygraphyTensorRT
 from pipeline.triton.repository import read_repository
 from pipeline.triton.served_gate import ServedResult
-from pipeline.triton.verify import (_check_plans_at_hand, _plan, _planned, _recorded_gates, _servable_models, _served_atol, _verdict,
+from pipeline.triton.verify import (_check_plans_at_hand, _fix_for, _plan, _planned, _recorded_gates, _servable_models, _served_atol, _verdict,
                                     _verification_plan, served_against_file)
 from tests.onnx_graphs import bias_model
 from tests.trt_standin import StandInTensorRT
@@ -102,16 +102,15 @@ def mixed_repository(tmp_path: Path) -> Path:
     return repository
 
 
-def test_only_the_pipelines_float_input_onnx_variants_are_verified_and_every_other_model_says_why(tmp_path: Path) -> None:
+def test_only_the_pipelines_onnx_variants_are_verified_and_every_other_model_says_why(tmp_path: Path) -> None:
     repository = mixed_repository(tmp_path)
     chosen, not_verified, plans = _servable_models(repository, [])
-    assert sorted(chosen) == ["m_fp16", "m_fp32"] and chosen["m_fp32"].path == repository / "m_fp32"
+    assert sorted(chosen) == ["m_fp16", "m_fp32", "m_u8"] and chosen["m_fp32"].path == repository / "m_fp32"
     runtime = "models need their own runtime (a TensorRT plan needs a GPU server)"
     assert not_verified == {
         "m_fp16_trt": f"tensorrt_plan {runtime}",
         "m_int8_trt": f"tensorrt {runtime}",
         "m_py": f"python {runtime}",
-        "m_u8": "takes uint8 inputs: verify does not turn evaluation samples into uint8 yet (its build's parity gate held it to FP32's outputs)",
         "theirs": "not built by this pipeline (no variant suffix): no build record to judge it by",
     }
     assert plans == {"m_fp16_trt": repository / "m_fp16_trt", "m_int8_trt": repository / "m_int8_trt"}  # by platform or by backend
@@ -119,8 +118,8 @@ def test_only_the_pipelines_float_input_onnx_variants_are_verified_and_every_oth
 
 def test_named_models_are_the_only_ones_looked_at(tmp_path: Path) -> None:
     repository = mixed_repository(tmp_path)
-    chosen, not_verified, plans = _servable_models(repository, ["m_fp16", "m_u8"])
-    assert list(chosen) == ["m_fp16"] and list(not_verified) == ["m_u8"] and plans == {}
+    chosen, not_verified, plans = _servable_models(repository, ["m_fp16", "theirs"])
+    assert list(chosen) == ["m_fp16"] and list(not_verified) == ["theirs"] and plans == {}
 
 
 def plan_args(tmp_path: Path, **changes: Any) -> dict[str, Any]:
@@ -131,7 +130,7 @@ def plan_args(tmp_path: Path, **changes: Any) -> dict[str, Any]:
 def test_models_named_but_not_in_the_repository_are_refused_by_name(tmp_path: Path) -> None:
     repository = mixed_repository(tmp_path)
     with pytest.raises(PipelineError) as info:
-        _verification_plan(repository, **plan_args(tmp_path, models=["m_fp32", "m_u8", "nope", "digits_fp32"]))
+        _verification_plan(repository, **plan_args(tmp_path, models=["m_fp32", "theirs", "nope", "digits_fp32"]))
     assert str(info.value.problem) == f"no servable pipeline ONNX model named ['digits_fp32', 'nope'] in {repository}"
     assert str(info.value.fix) == "run `python -m pipeline build` or check --model"
 
@@ -139,7 +138,7 @@ def test_models_named_but_not_in_the_repository_are_refused_by_name(tmp_path: Pa
 def test_a_repository_with_nothing_verifiable_is_refused(tmp_path: Path) -> None:
     repository = mixed_repository(tmp_path)
     with pytest.raises(PipelineError) as info:  # a not-verifiable model named is no missing model, but nothing is left
-        _verification_plan(repository, **plan_args(tmp_path, models=["m_u8"]))
+        _verification_plan(repository, **plan_args(tmp_path, models=["theirs"]))
     assert str(info.value.problem) == f"no servable pipeline ONNX model named any in {repository}"
 
 
@@ -148,7 +147,7 @@ def test_a_verifiable_repository_is_planned_with_this_commands_drop_limits(tmp_p
     eval_npz(tmp_path / "calibration" / "m" / "eval.npz", np.random.default_rng(19))
     command = Gates(fp16_max_drop=0.25, int8_max_drop=3.0, gate_confidence=0.8)
     planned, limits, not_verified = _verification_plan(repository, **plan_args(tmp_path, gates=command, embedded=False))
-    assert sorted(planned) == sorted(limits) == ["m_fp16", "m_fp32"] and "m_u8" in not_verified
+    assert sorted(planned) == sorted(limits) == ["m_fp16", "m_fp32", "m_u8"] and "theirs" in not_verified
     assert {(g.fp16_max_drop, g.int8_max_drop, g.gate_confidence) for g in limits.values()} == {(0.25, 3.0, 0.8)}
 
 
@@ -229,6 +228,64 @@ def test_data_given_on_the_command_line_comes_before_the_recorded_data(tmp_path:
     planned = _plan("m_fp16", model, "m", in_memory, tmp_path)[2]  # type: ignore[index]
     assert planned.source == "in memory" and planned.target_names == ["probs"]
     np.testing.assert_array_equal(next(planned.batches(8))["x"], x)
+
+
+def image_model_onnx(path: Path, weights: np.ndarray) -> Path:
+    """x [batch, 2, 2, 1] (an NHWC image) → 'probs' = softmax(flatten(x) @ weights) [batch, 3]."""
+    graph = helper.make_graph(
+        [helper.make_node("Flatten", ["x"], ["flat"], axis=1), helper.make_node("MatMul", ["flat", "w"], ["logits"]),
+         helper.make_node("Softmax", ["logits"], ["probs"], axis=-1)],
+        "image", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 2, 2, 1])],
+        [helper.make_tensor_value_info("probs", TensorProto.FLOAT, ["batch", 3])], [numpy_helper.from_array(weights.astype(np.float32), "w")],
+    )
+    path.parent.mkdir(parents=True, exist_ok=True)
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), str(path))
+    return path
+
+
+def test_a_uint8_input_variant_is_verified_on_the_float_samples_as_a_client_sends_them(tmp_path: Path) -> None:
+    """The u8 variant's data: the base model's float samples turned into uint8 with the scale its file records
+    (round(x / scale), clipped), labels kept; the same data as floats for its FP32 sibling."""
+    from pipeline.stages.uint8_input import uint8_input_onnx_from_onnx
+
+    rng = np.random.default_rng(14)
+    repository = tmp_path / "repo"
+    build = {"output_kinds": [PROBS.as_dict()]}
+    weights = rng.normal(size=(4, 3))
+    for name in ("m_fp32", "m_u8"):
+        add_model(repository, name, build=build)
+    image_model_onnx(repository / "m_fp32" / "1" / "model.onnx", weights)
+    uint8_input_onnx_from_onnx(repository / "m_fp32" / "1" / "model.onnx", repository / "m_u8" / "1" / "model.onnx", scale=0.25)
+    x = np.concatenate([rng.integers(0, 9, (6, 2, 2, 1)) * 0.25, [np.full((2, 2, 1), 0.3), np.full((2, 2, 1), 99.0)]]).astype(np.float32)
+    labels = rng.integers(0, 3, len(x))
+    np.savez(data := tmp_path / "eval.npz", x=x, labels=labels)
+    fp32 = _plan("m_fp32", published(repository, "m_fp32"), "m", data, tmp_path)[2]  # type: ignore[index]
+    u8 = _plan("m_u8", published(repository, "m_u8"), "m", data, tmp_path)[2]  # type: ignore[index]
+    wire = next(u8.batches(16))["x"]
+    assert wire.dtype == np.uint8 and u8.source == f"{data} (as uint8)" and u8.fingerprint != fp32.fingerprint
+    np.testing.assert_array_equal(wire[:6], np.rint(x[:6] / 0.25))
+    assert wire[6].ravel().tolist() == [1] * 4 and wire[7].ravel().tolist() == [255] * 4  # 0.3 / 0.25 rounds to 1; 99 / 0.25 clips
+    np.testing.assert_array_equal(u8.targets_of("probs"), labels)
+    np.testing.assert_array_equal(next(fp32.batches(16))["x"], x)
+    # in process the variant on that uint8 computes what FP32 does on the same values as floats
+    served = [dict(zip(["probs"], onnxruntime_run(repository / "m_fp32" / "1" / "model.onnx", {"x": wire[:6].astype(np.float32) * 0.25})))]
+    result = served_against_file("m_u8", repository / "m_u8" / "1" / "model.onnx", _head(u8, 6), {"probs": PROBS}, served, batch_size=16,
+                                 atol=1e-6, threshold=0.5)
+    assert result.failures == [] and result.precision == "u8" and result.samples == 6
+    # in memory data (a build's --verify-served) is turned into uint8 as well
+    in_memory = EvalData.single({"x": x}, labels, "in memory", "f")
+    np.testing.assert_array_equal(next(_plan("m_u8", published(repository, "m_u8"), "m", in_memory, tmp_path)[2].batches(16))["x"], wire)  # type: ignore[index]
+
+
+def onnxruntime_run(path: Path, feed: dict[str, np.ndarray]) -> list[np.ndarray]:
+    from pipeline.onnxrt import session_from_onnx
+
+    return session_from_onnx(path).run(None, feed)
+
+
+def _head(data: EvalData, count: int) -> EvalData:
+    return EvalData(tuple(EvalBucket(b.name, {k: v[:count] for k, v in b.inputs.items()}, {k: v[:count] for k, v in b.targets.items()})
+                          for b in data.buckets), data.source, data.fingerprint)
 
 
 def test_without_recorded_data_the_calibration_roots_eval_set_is_used_and_without_it_the_model_is_not_verified(tmp_path: Path) -> None:
@@ -417,7 +474,7 @@ def test_the_report_lists_every_model_and_every_model_not_verified_and_is_shown(
     limits = {r.model: Gates() for r in results}
     shown: list[list[dict]] = []
     report_path = tmp_path / "reports" / "served" / "v.json"
-    not_verified = {"m_u8": "takes uint8 inputs", "m_fp16_trt": "a plan"}
+    not_verified = {"m_py": "python models need their own runtime", "m_fp16_trt": "a plan"}
     report = _verdict(results, limits, not_verified, url=None, repository=tmp_path / "repo", report_path=report_path, show=shown.append)
     text = report_path.read_text()
     assert text.startswith('{\n  "url": "embedded",\n  "repository": ') and text.endswith("}\n")
@@ -426,10 +483,17 @@ def test_the_report_lists_every_model_and_every_model_not_verified_and_is_shown(
     datetime.strptime(report["time"], "%Y-%m-%dT%H:%M:%S")
     assert [(row["model"], row["passed"]) for row in report["models"]] == [("m_fp32", True), ("m_fp16", True), ("m_int8", True)]
     assert report["models"][2]["gates"] and report["models"][2]["gates"][0]["verdict"] == "pass"  # judged against served FP32
-    assert shown == [report["models"] + [{"model": "m_fp16_trt", "not_verified": "a plan"}, {"model": "m_u8", "not_verified": "takes uint8 inputs"}]]
+    assert shown == [report["models"] + [{"model": "m_fp16_trt", "not_verified": "a plan"}, {"model": "m_py", "not_verified": "python models need their own runtime"}]]
     assert _verdict(served_results(np.random.default_rng(31), 0), limits, {}, url="gpu-box:8000", repository=tmp_path, report_path=report_path,
                     show=None)["url"] == "gpu-box:8000"
     assert json.loads(report_path.read_text())["url"] == "gpu-box:8000"
+
+
+def test_the_fix_names_what_to_look_at_for_the_precisions_that_failed() -> None:
+    qdq = "for INT8, make sure the server keeps Q/DQ exact (optimization graph level 2 in config.pbtxt)"
+    scale = "for a uint8-input variant, check the scale recorded in its model file against how its inputs are scaled (--uint8-input)"
+    assert _fix_for({"int8", "fp16"}) == qdq and _fix_for({"u8"}) == scale and _fix_for({"u8", "int8"}) == f"{qdq}; {scale}"
+    assert _fix_for({"fp16"}) == _fix_for({"int8cpu"}) == "compare the served outputs with the report's rows; the server log says what runtime served each model"
 
 
 def test_a_variant_worse_than_served_fp32_fails_the_check_in_one_line_naming_every_failure(tmp_path: Path) -> None:
