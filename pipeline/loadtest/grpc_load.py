@@ -33,7 +33,8 @@ from pipeline.loadtest.client import Endpoint
 from pipeline.loadtest.payload import ModelIO
 from pipeline.loadtest.policy import ClosedLoop, OpenLoop, Policy, backoff_ns
 from pipeline.loadtest.recorder import Recorder
-from pipeline.loadtest.request_check import compare_with_tritonclient
+from pipeline.loadtest.request_check import _Outputs, compare_with_tritonclient
+from pipeline.loadtest.shm import SharedMemoryRegions, Slot, read_outputs
 
 _METHOD = "/inference.GRPCInferenceService/ModelInfer"
 _TICK_NS = 5_000_000  # how often the controller's thread looks at retries when nothing is due
@@ -54,10 +55,46 @@ def grpc_request_bytes(io: ModelIO, tensors: dict[str, np.ndarray]) -> bytes:
     return request.SerializeToString()
 
 
+def grpc_shm_request_bytes(io: ModelIO, tensors: dict[str, np.ndarray], inputs: dict[str, Slot], outputs: dict[str, Slot]) -> bytes:
+    """A serialized ``ModelInferRequest`` whose inputs and outputs are shared-memory slots (no tensor contents):
+    the parameters Triton's shared-memory extension reads, as tritonclient's ``set_shared_memory`` writes them."""
+    service_pb2 = import_optional("tritonclient.grpc.service_pb2", None, "gRPC load")
+    request = service_pb2.ModelInferRequest(model_name=io.name)
+    for t in io.inputs:
+        _name_slot(request.inputs.add(name=t.name, datatype=t.datatype, shape=list(tensors[t.name].shape)).parameters, inputs[t.name])
+    for t in io.outputs:
+        _name_slot(request.outputs.add(name=t.name).parameters, outputs[t.name])
+    return request.SerializeToString()
+
+
+def _name_slot(parameters: Any, slot: Slot) -> None:
+    parameters["shared_memory_region"].string_param = slot.region
+    parameters["shared_memory_byte_size"].int64_param = slot.byte_size
+    if slot.offset:
+        parameters["shared_memory_offset"].int64_param = slot.offset
+
+
 def check_grpc_request(endpoint: Endpoint, io: ModelIO, request: bytes, tensors: dict[str, np.ndarray]) -> None:
     """Raise unless the pre-serialized request gives the outputs tritonclient's gRPC client gets."""
-    grpc = import_optional("grpc", None, "gRPC load")
     grpcclient = import_optional("tritonclient.grpc", None, "gRPC load")
+    ours = grpcclient.InferResult(_exchange(endpoint, io, request))
+    compare_with_tritonclient(_grpc_client(endpoint), grpcclient, io, tensors, ours, rtol=1e-5, what="gRPC")
+
+
+def check_grpc_shm_request(endpoint: Endpoint, io: ModelIO, request: bytes, tensors: dict[str, np.ndarray], regions: SharedMemoryRegions,
+                           outputs: dict[str, Slot]) -> None:
+    """Raise unless the shared-memory gRPC ``request`` leaves in its output regions what tritonclient's plain
+    gRPC request returns for ``tensors``."""
+    grpcclient = import_optional("tritonclient.grpc", None, "gRPC load")
+    response = _exchange(endpoint, io, request)
+    described = {"outputs": [{"name": o.name, "datatype": o.datatype, "shape": list(o.shape)} for o in response.outputs]}
+    ours = _Outputs(read_outputs(regions, described, outputs))
+    compare_with_tritonclient(_grpc_client(endpoint), grpcclient, io, tensors, ours, rtol=1e-5, what=f"gRPC {regions.kind} shared-memory")
+
+
+def _exchange(endpoint: Endpoint, io: ModelIO, request: bytes) -> Any:
+    """The ``ModelInferResponse`` to one pre-serialized request (a refusal in one line)."""
+    grpc = import_optional("grpc", None, "gRPC load")
     service_pb2 = import_optional("tritonclient.grpc.service_pb2", None, "gRPC load")
     with grpc.insecure_channel(endpoint.address, options=_DIRECT) as channel:
         try:
@@ -67,13 +104,16 @@ def check_grpc_request(endpoint: Endpoint, io: ModelIO, request: bytes, tensors:
                 f"Triton's gRPC endpoint {endpoint.address} rejected the request for '{io.name}' ({exc.code().name}: {exc.details()})",
                 "check --grpc-url and that the evaluation data matches the model's inputs",
             ) from None
-    ours = grpcclient.InferResult(service_pb2.ModelInferResponse.FromString(raw))
+    return service_pb2.ModelInferResponse.FromString(raw)
+
+
+def _grpc_client(endpoint: Endpoint) -> Any:
+    grpcclient = import_optional("tritonclient.grpc", None, "gRPC load")
     # channel_args replaces tritonclient's own options, so its message size limits are repeated here
     size = grpcclient.MAX_GRPC_MESSAGE_SIZE
-    client = grpcclient.InferenceServerClient(
+    return grpcclient.InferenceServerClient(
         endpoint.address, channel_args=[("grpc.max_send_message_length", size), ("grpc.max_receive_message_length", size), *_DIRECT]
     )
-    compare_with_tritonclient(client, grpcclient, io, tensors, ours, rtol=1e-5, what="gRPC")
 
 
 class _Target:

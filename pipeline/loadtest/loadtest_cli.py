@@ -85,7 +85,7 @@ def register(subparsers: argparse._SubParsersAction, refresh_page: PageRefresher
                      help="HTTP body: binary tensor extension (JSON header + raw tensor bytes, outputs binary) or plain "
                           "JSON (default: %(default)s)")
     req.add_argument("--shared-memory", choices=SHARED_MEMORY, default="none",
-                     help="with --protocol http: tensors through shared memory registered with Triton (as perf_analyzer's "
+                     help="tensors through shared memory registered with Triton, over HTTP or gRPC (as perf_analyzer's "
                           "option): system = /dev/shm, cuda = GPU memory by CUDA IPC (needs cuda-python and a GPU); the "
                           "server must run on this machine. Inputs are written once, requests carry only region names; "
                           "regions are unregistered and removed on exit, Ctrl-C included (default: %(default)s)")
@@ -155,8 +155,6 @@ def settings_from_args(
     require(args.max_connections >= 1, "--max-connections must be at least 1", "e.g. --max-connections 256")
     require(args.output_shared_memory_size is None or args.output_shared_memory_size > 0,
             "--output-shared-memory-size must be positive", "e.g. --output-shared-memory-size 1048576")
-    require(args.shared_memory == "none" or args.protocol == "http", "--shared-memory is implemented for --protocol http only",
-            "use --protocol http with --shared-memory, or --shared-memory none")
     require(args.restart_wait_s >= 0, "--restart-wait-s cannot be negative", "use 0 to end a point when the server is gone")
     require(args.workers >= 1, f"--workers must be at least 1, got {args.workers}", "e.g. --workers 2")
     require(0 < args.stability_percentage < 100, "--stability-percentage must be between 0 and 100", "e.g. 10")

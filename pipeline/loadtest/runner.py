@@ -95,8 +95,6 @@ def new_run(settings: LoadTestSettings) -> RunResult:
         raise PipelineError(f"unknown --protocol '{settings.protocol}'", f"use one of: {', '.join(PROTOCOLS)}")
     if settings.shared_memory not in SHARED_MEMORY:
         raise PipelineError(f"unknown --shared-memory '{settings.shared_memory}'", f"use one of: {', '.join(SHARED_MEMORY)}")
-    if settings.shared_memory != "none" and settings.protocol != "http":
-        raise PipelineError("--shared-memory is implemented for --protocol http only", "use --protocol http, or --shared-memory none")
     if settings.protocol == "grpc" and len(settings.grpc_endpoints) != len(settings.endpoints):
         raise PipelineError("--protocol grpc needs one gRPC address per --url", "pass --grpc-url once for every --url")
     meta = {e.address: server_metadata(e) for e in settings.endpoints}
@@ -253,11 +251,7 @@ def _targets(
 ) -> list[tuple[Endpoint, list[bytes]]]:
     """Per endpoint, the pre-encoded requests; the first is checked against tritonclient."""
     if settings.protocol == "grpc":
-        from pipeline.loadtest.grpc_load import check_grpc_request, grpc_request_bytes
-
-        bodies = [grpc_request_bytes(io, b) for b in batches]
-        check_grpc_request(settings.grpc_endpoints[0], io, bodies[0], batches[0])
-        return [(e, bodies) for e in settings.grpc_endpoints]
+        return _grpc_targets(settings, io, batches, regions)
     path = f"/v2/models/{io.name}/infer"
     if regions is not None:
         shm = shm_requests(io, batches, regions, output_byte_sizes(io, settings.batch_size, settings.output_shm_size))
@@ -268,6 +262,22 @@ def _targets(
     targets = [(e, [post_request_bytes(e, path, body, head) for body, head in encoded]) for e in settings.endpoints]
     check_request(settings.endpoints[0], io, targets[0][1][0], batches[0])
     return targets
+
+
+def _grpc_targets(
+    settings: LoadTestSettings, io: pl.ModelIO, batches: list[dict[str, np.ndarray]], regions: SharedMemoryRegions | None
+) -> list[tuple[Endpoint, list[bytes]]]:
+    """Per gRPC endpoint, the pre-serialized requests (naming shared-memory slots with ``regions``); the first checked."""
+    from pipeline.loadtest.grpc_load import check_grpc_request, check_grpc_shm_request, grpc_request_bytes, grpc_shm_request_bytes
+
+    if regions is None:
+        bodies = [grpc_request_bytes(io, b) for b in batches]
+        check_grpc_request(settings.grpc_endpoints[0], io, bodies[0], batches[0])
+    else:  # the regions are the server's, registered through its HTTP endpoint: gRPC requests name them too
+        shm = shm_requests(io, batches, regions, output_byte_sizes(io, settings.batch_size, settings.output_shm_size))
+        bodies = [grpc_shm_request_bytes(io, b, slots, shm.outputs) for b, slots in zip(batches, shm.inputs, strict=True)]
+        check_grpc_shm_request(settings.grpc_endpoints[0], io, bodies[0], batches[0], regions, shm.outputs)
+    return [(e, bodies) for e in settings.grpc_endpoints]
 
 
 def point_from_measurement(settings: LoadTestSettings, model: str, policy: Policy, m: Measurement) -> PointResult:

@@ -5,8 +5,8 @@ Before the load, every distinct request's input tensors are written once into a 
 handle, through ``tritonclient.utils.cuda_shared_memory``) and each output gets one region of
 ``--output-shared-memory-size`` bytes. The regions are registered with every endpoint through
 Triton's shared-memory extension (``/v2/systemsharedmemory``, ``/v2/cudasharedmemory``), and the
-requests then carry only a small JSON body naming region, offset and size per tensor: the tensor
-bytes never cross the socket. Concurrent requests write the same output regions, as perf_analyzer's
+requests then carry only a small JSON body (gRPC: a ``ModelInferRequest`` without contents) naming
+region, offset and size per tensor: the tensor bytes never cross the socket. Concurrent requests write the same output regions, as perf_analyzer's
 do; the load never reads them, and the one check request before the load runs alone.
 
 Regions are unregistered and unlinked when the :class:`SharedMemoryRegions` context exits, which
@@ -188,10 +188,12 @@ def output_byte_sizes(io: ModelIO, batch_size: int, given: int | None) -> dict[s
 
 @dataclass(frozen=True)
 class ShmRequests:
-    """The request bodies of one model over shared memory and where its outputs land."""
+    """One model's requests over shared memory: the HTTP bodies, where each batch's inputs lie (for a gRPC
+    request naming the same slots) and where its outputs land."""
 
     bodies: list[bytes]
     outputs: dict[str, Slot]
+    inputs: list[dict[str, Slot]]
 
 
 def shm_requests(io: ModelIO, batches: list[dict[str, np.ndarray]], regions: SharedMemoryRegions, output_sizes: dict[str, int]) -> ShmRequests:
@@ -199,7 +201,7 @@ def shm_requests(io: ModelIO, batches: list[dict[str, np.ndarray]], regions: Sha
     bodies that name them."""
     outputs = {t.name: Slot(regions.create(f"out{k}", None, output_sizes[t.name]), 0, output_sizes[t.name])
                for k, t in enumerate(io.outputs)}
-    bodies = []
+    bodies, inputs = [], []
     for n, batch in enumerate(batches):
         arrays = [np.ascontiguousarray(batch[t.name], dtype=batch[t.name].dtype.newbyteorder("<")) for t in io.inputs]
         region = regions.create(f"in{n}", arrays, sum(a.nbytes for a in arrays))
@@ -208,7 +210,8 @@ def shm_requests(io: ModelIO, batches: list[dict[str, np.ndarray]], regions: Sha
             slots[t.name] = Slot(region, offset, array.nbytes)
             offset += array.nbytes
         bodies.append(encode_shm(io, batch, slots, outputs))
-    return ShmRequests(bodies, outputs)
+        inputs.append(slots)
+    return ShmRequests(bodies, outputs, inputs)
 
 
 def encode_shm(io: ModelIO, tensors: dict[str, np.ndarray], inputs: dict[str, Slot], outputs: dict[str, Slot]) -> bytes:

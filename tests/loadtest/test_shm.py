@@ -1,5 +1,6 @@
 """`loadtest --shared-memory system`: regions registered with the real embedded tritonserver, outputs
-equal to the HTTP path's, and no region left behind after a normal exit or Ctrl-C."""
+equal to the HTTP path's (and, over gRPC, to the plain gRPC path's), and no region left behind after a
+normal exit or Ctrl-C."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ import json
 import os
 import sys
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -18,6 +20,7 @@ from pipeline.loadtest.request_check import raw_exchange
 from pipeline.loadtest.shm import (
     REGION_PREFIX,
     SharedMemoryRegions,
+    Slot,
     output_byte_sizes,
     read_outputs,
     registered_regions,
@@ -48,6 +51,28 @@ def test_output_regions_take_the_models_static_size_or_the_option() -> None:
         output_byte_sizes(dynamic, 8, None)
 
 
+def test_a_grpc_shared_memory_request_names_region_size_and_offset_of_every_tensor_and_carries_no_contents() -> None:
+    from tritonclient.grpc import service_pb2
+
+    from pipeline.loadtest.grpc_load import grpc_shm_request_bytes
+
+    io = ModelIO("two", (TensorInfo("a", "FP32", (3,)), TensorInfo("b", "INT64", (2,))), (TensorInfo("y", "FP32", (1,)),), 8)
+    tensors = {"a": np.zeros((5, 3), np.float32), "b": np.zeros((5, 2), np.int64)}
+    inputs = {"a": Slot("r_in0", 0, 60), "b": Slot("r_in0", 60, 80)}
+    request = service_pb2.ModelInferRequest.FromString(grpc_shm_request_bytes(io, tensors, inputs, {"y": Slot("r_out0", 0, 32)}))
+
+    def named(tensor: Any) -> dict[str, Any]:
+        return {k: getattr(v, v.WhichOneof("parameter_choice")) for k, v in tensor.parameters.items()}
+
+    assert request.model_name == "two" and not request.raw_input_contents
+    assert [(t.name, t.datatype, list(t.shape)) for t in request.inputs] == [("a", "FP32", [5, 3]), ("b", "INT64", [5, 2])]
+    assert [named(t) for t in request.inputs] == [
+        {"shared_memory_region": "r_in0", "shared_memory_byte_size": 60},  # offset 0 left out, as tritonclient does
+        {"shared_memory_region": "r_in0", "shared_memory_byte_size": 80, "shared_memory_offset": 60},
+    ]
+    assert [(t.name, named(t)) for t in request.outputs] == [("y", {"shared_memory_region": "r_out0", "shared_memory_byte_size": 32})]
+
+
 @pytest.mark.slow
 def test_shared_memory_outputs_equal_the_http_paths(server: object, workspace: Path) -> None:
     """The tensors a shared-memory request leaves in its output region are those tritonclient's plain
@@ -75,6 +100,58 @@ def test_shared_memory_outputs_equal_the_http_paths(server: object, workspace: P
         assert not _leftovers(os.getpid())
     finally:
         client.close()
+
+
+@pytest.mark.slow
+def test_grpc_shared_memory_requests_leave_the_plain_grpc_paths_outputs(server: object, workspace: Path) -> None:
+    """A gRPC request naming the same regions (registered through the HTTP endpoint: they are the server's) carries
+    no tensor contents and leaves in its output region what tritonclient's plain gRPC request returns."""
+    import tritonclient.grpc as grpcclient
+    from tritonclient.grpc import service_pb2
+
+    from pipeline.loadtest.grpc_load import check_grpc_shm_request, grpc_shm_request_bytes
+
+    endpoint, grpc_endpoint = endpoint_from_url(server.http_url), endpoint_from_url(server.grpc_url)  # type: ignore[attr-defined]
+    io = model_io(endpoint, "add")
+    batches = request_batches(load_samples(workspace / "calibration" / "add" / "eval.npz"), io, 4, 2)
+    client = grpcclient.InferenceServerClient(grpc_endpoint.address)
+    try:
+        with SharedMemoryRegions("system", [endpoint]) as regions:
+            requests = shm_requests(io, batches, regions, output_byte_sizes(io, 4, None))
+            for batch, slots in zip(batches, requests.inputs, strict=True):
+                body = grpc_shm_request_bytes(io, batch, slots, requests.outputs)
+                parsed = service_pb2.ModelInferRequest.FromString(body)
+                assert not parsed.raw_input_contents and parsed.inputs[0].parameters["shared_memory_region"].string_param == slots["x"].region
+                assert parsed.outputs[0].parameters["shared_memory_byte_size"].int64_param == 4 * 4 * 4
+                check_grpc_shm_request(grpc_endpoint, io, body, batch, regions, requests.outputs)
+                ours = regions.read(requests.outputs["y"].region, 0, np.dtype(np.float32), batch["x"].shape)
+                item = grpcclient.InferInput("x", list(batch["x"].shape), "FP32")
+                item.set_data_from_numpy(batch["x"])
+                np.testing.assert_array_equal(ours, client.infer("add", [item]).as_numpy("y"))
+                np.testing.assert_array_equal(ours, batch["x"] + 1)
+            # the check reads the regions: a request whose output lands elsewhere leaves the last batch's outputs there
+            elsewhere = {"y": Slot(regions.create("elsewhere", None, 4 * 4 * 4), 0, 4 * 4 * 4)}
+            body = grpc_shm_request_bytes(io, batches[0], requests.inputs[0], elsewhere)
+            with pytest.raises(PipelineError, match="gRPC system shared-memory output 'y' of model 'add' differs"):
+                check_grpc_shm_request(grpc_endpoint, io, body, batches[0], regions, requests.outputs)
+        assert not _ours(registered_regions(endpoint, "system"))
+    finally:
+        client.close()
+
+
+@pytest.mark.slow
+def test_loadtest_over_grpc_and_system_shared_memory(server: object, workspace: Path, tmp_path: Path) -> None:
+    url, grpc_url = server.http_url, server.grpc_url  # type: ignore[attr-defined]
+    status = run_cli("--url", url, "--grpc-url", grpc_url, "--protocol", "grpc", "--model", "add", "--calibration-root",
+                     str(workspace / "calibration"), "--batch-size", "4", "--concurrency", "2", "--shared-memory", "system",
+                     "--report-dir", str(tmp_path / "r"), *FAST)  # fmt: skip
+    assert status == 0
+    report = json.loads((tmp_path / "r" / "results.json").read_text())
+    (point,) = report["points"]
+    assert point["protocol"] == "grpc" and point["encoding"] == "system-shm" and point["aggregate"]["errors"] == {}
+    assert point["aggregate"]["client_successes_total"] == point["aggregate"]["server_successes_total"] > 0
+    assert not _ours(registered_regions(endpoint_from_url(url), "system"))
+    assert not _leftovers(os.getpid())
 
 
 @pytest.mark.slow
