@@ -77,11 +77,17 @@ def read_arrays(path: Path) -> dict[str, np.ndarray]:
 def array_shapes(path: Path) -> dict[str, tuple[int, ...]]:
     """Shape of every array of an ``.npz`` file or a folder of ``.npy`` files, read from the
     headers only (no array data is loaded)."""
+    return {key: shape for key, (shape, _) in array_headers(path).items()}
+
+
+def array_headers(path: Path) -> dict[str, tuple[tuple[int, ...], np.dtype]]:
+    """Shape and dtype of every array of an ``.npz`` file or a folder of ``.npy`` files, read from the
+    headers only (no array data is loaded)."""
     path = Path(path)
     if path.is_dir():
-        return {key: tuple(arr.shape) for key, arr in read_arrays(path).items()}  # memory-mapped
+        return {key: (tuple(arr.shape), arr.dtype) for key, arr in read_arrays(path).items()}  # memory-mapped
     require(path.suffix == ".npz" and path.is_file(), f"'{path}' is not an .npz archive", "pass an .npz file or a folder of .npy files")
-    shapes = {}
+    headers = {}
     try:
         with zipfile.ZipFile(path) as archive:
             for member in archive.namelist():
@@ -90,11 +96,11 @@ def array_shapes(path: Path) -> dict[str, tuple[int, ...]]:
                 with archive.open(member) as fh:
                     version = np.lib.format.read_magic(fh)
                     reader = np.lib.format.read_array_header_1_0 if version == (1, 0) else np.lib.format.read_array_header_2_0
-                    shape, _, _ = reader(fh)
-                shapes[member[: -len(".npy")]] = tuple(int(d) for d in shape)
+                    shape, _, dtype = reader(fh)
+                headers[member[: -len(".npy")]] = (tuple(int(d) for d in shape), np.dtype(dtype))
     except (OSError, ValueError, zipfile.BadZipFile) as exc:
         raise PipelineError(f"cannot read '{path}': {exc}", "write it again with numpy.savez") from None
-    return shapes
+    return headers
 
 
 def sample_shapes(path: Path, signature: ModelSignature, *, what: str = "calibration data") -> list[tuple[str, dict[str, tuple[int, ...]], int]]:

@@ -281,8 +281,8 @@ def test_uint8_input_builds_gates_and_serves(own_copy: Path, tmp_path: Path) -> 
         u8 = next(r for r in report["models"] if r["model"] == "digits_u8")
         assert report["not_verified"] == {} and u8["passed"] and u8["precision"] == "u8" and u8["samples"] > 0
         assert u8["outputs"]["probs"]["max_abs_diff"] <= 1e-3 and {g["verdict"] for g in u8["gates"]} <= {"pass", "reported"}
-        # a file whose recorded scale is wrong (0.125 for a graph that multiplies by 0.0625) sends every sample at
-        # twice its value, which the server computes on faithfully: the judgement against served FP32 catches it
+        # a file whose recorded scale is wrong (0.125 for a graph that multiplies by 0.0625) has every sample sent as
+        # half its value, which the server computes on faithfully: the judgement against served FP32 catches it
         model = onnx.load(str(repo / "digits_u8" / "1" / "model.onnx"))
         (prop,) = [p for p in model.metadata_props if p.key == "pipeline.uint8_input_scale"]
         prop.value = json.dumps({"image": 0.125})

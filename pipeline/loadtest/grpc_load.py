@@ -86,14 +86,16 @@ def check_grpc_shm_request(endpoint: Endpoint, io: ModelIO, request: bytes, tens
     """Raise unless the shared-memory gRPC ``request`` leaves in its output regions what tritonclient's plain
     gRPC request returns for ``tensors``."""
     grpcclient = import_optional("tritonclient.grpc", None, "gRPC load")
-    response = _exchange(endpoint, io, request)
+    response = _exchange(endpoint, io, request, "each --grpc-url must be the same server as its --url (the regions are registered there) and run on "
+                                                "this machine; check --output-shared-memory-size")
     described = {"outputs": [{"name": o.name, "datatype": o.datatype, "shape": list(o.shape)} for o in response.outputs]}
     ours = _Outputs(read_outputs(regions, described, outputs))
     compare_with_tritonclient(_grpc_client(endpoint), grpcclient, io, tensors, ours, rtol=1e-5, what=f"gRPC {regions.kind} shared-memory")
 
 
-def _exchange(endpoint: Endpoint, io: ModelIO, request: bytes) -> Any:
-    """The ``ModelInferResponse`` to one pre-serialized request (a refusal in one line)."""
+def _exchange(endpoint: Endpoint, io: ModelIO, request: bytes,
+              fix: str = "check --grpc-url and that the evaluation data matches the model's inputs") -> Any:
+    """The ``ModelInferResponse`` to one pre-serialized request (a refusal in one line, with ``fix``)."""
     grpc = import_optional("grpc", None, "gRPC load")
     service_pb2 = import_optional("tritonclient.grpc.service_pb2", None, "gRPC load")
     with grpc.insecure_channel(endpoint.address, options=_DIRECT) as channel:
@@ -101,8 +103,7 @@ def _exchange(endpoint: Endpoint, io: ModelIO, request: bytes) -> Any:
             raw = channel.unary_unary(_METHOD)(request, timeout=30.0)
         except grpc.RpcError as exc:
             raise PipelineError(
-                f"Triton's gRPC endpoint {endpoint.address} rejected the request for '{io.name}' ({exc.code().name}: {exc.details()})",
-                "check --grpc-url and that the evaluation data matches the model's inputs",
+                f"Triton's gRPC endpoint {endpoint.address} rejected the request for '{io.name}' ({exc.code().name}: {exc.details()})", fix,
             ) from None
     return service_pb2.ModelInferResponse.FromString(raw)
 

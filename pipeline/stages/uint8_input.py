@@ -119,12 +119,17 @@ def quantized(feed: Mapping[str, np.ndarray], scales: Mapping[str, float]) -> di
     return out
 
 
-def float_inputs(signature: ModelSignature, scales: Mapping[str, float]) -> ModelSignature:
-    """``signature`` with each uint8 input that has a scale read as float32: the samples it is fed from
-    (evaluation data is float; :func:`quantized` turns it into the wire's uint8)."""
+def float_inputs(signature: ModelSignature, scales: Mapping[str, float], data: Path) -> ModelSignature:
+    """``signature`` as samples in ``data`` (an ``.npz`` or ``.npy`` folder) are read for it: each uint8 input
+    that has a scale read as float32 where ``data`` gives it as floats (:func:`quantized` turns them into the
+    wire's uint8), as uint8 where it gives integers (they already are what a client sends)."""
     from dataclasses import replace
 
-    return replace(signature, inputs=tuple(replace(s, dtype=np.dtype(np.float32)) if s.name in scales else s for s in signature.inputs))
+    from pipeline.buckets import BUCKET_SEP, array_headers
+
+    integers = {key.split(BUCKET_SEP)[0] for key, (_, dtype) in array_headers(data).items() if dtype.kind in "iu"}
+    floats = set(scales) - integers
+    return replace(signature, inputs=tuple(replace(s, dtype=np.dtype(np.float32)) if s.name in floats else s for s in signature.inputs))
 
 
 def uint8_parity_from_models(fp32: Path, u8: Path, data: EvalData, dst: Path, *, atol: float, rtol: float, batch_size: int = 64) -> Path:

@@ -16,6 +16,7 @@ from pipeline.judging import judge_comparison
 from pipeline.outputkinds import OutputKind
 
 SERVED_ATOL = 1e-3  # max abs difference served vs in process (verify --atol, build --verify-served)
+AGAINST_FP32 = "served vs served FP32: "  # how a failure of the judgement against served FP32 starts
 
 @dataclass
 class ServedResult:
@@ -68,8 +69,8 @@ def gate_against_fp32(results: Sequence[ServedResult], gates: Mapping[str, Gates
             comparison.add(theirs, mine, target)
         verdict = judge_comparison(result.model, result.precision, "served", comparison, tolerance, result.kinds)
         result.gates = verdict.rows
-        result.failures += [f"served vs served FP32: {why}" for why in verdict.failures]
-        result.notes += [f"served vs served FP32: {why}" for why in verdict.undecided]
+        result.failures += [f"{AGAINST_FP32}{why}" for why in verdict.failures]
+        result.notes += [f"{AGAINST_FP32}{why}" for why in verdict.undecided]
 
 
 def results_as_json(results: Sequence[ServedResult]) -> list[dict]:

@@ -18,14 +18,14 @@ from typing import Any
 
 import numpy as np
 
-from pipeline.artifacts import parse_variant
+from pipeline.artifacts import WIRE_PRECISIONS, parse_variant
 from pipeline.errors import CheckFailed, PipelineError
 from pipeline.evaldata import EvalData
 from pipeline.progress import progress
 from pipeline.gates import Gates
 from pipeline.outputkinds import OutputKind
 from pipeline.stages.trt_seam import PolygraphyTensorRT, TensorRT
-from pipeline.triton.served_gate import ServedResult, gate_against_fp32, results_as_json, served_against_inprocess
+from pipeline.triton.served_gate import AGAINST_FP32, ServedResult, gate_against_fp32, results_as_json, served_against_inprocess
 
 log = logging.getLogger(__name__)
 
@@ -155,17 +155,20 @@ def _verdict(results: list[ServedResult], limits: Mapping[str, Gates], not_verif
     if failed:
         raise CheckFailed(
             "served accuracy check failed: " + "; ".join(f"{r.model}: {', '.join(r.failures)}" for r in failed) + f" (report: {report_path})",
-            _fix_for({r.precision for r in failed}),
+            _fix_for(failed),
         )
     return report
 
 
-def _fix_for(precisions: set[str]) -> str:
-    """What to look at when variants of these precisions failed their served check."""
-    hints = {"int8": "for INT8, make sure the server keeps Q/DQ exact (optimization graph level 2 in config.pbtxt)",
-             "u8": "for a uint8-input variant, check the scale recorded in its model file against how its inputs are scaled (--uint8-input)"}
-    found = [hint for precision, hint in hints.items() if precision in precisions]
-    return "; ".join(found) or "compare the served outputs with the report's rows; the server log says what runtime served each model"
+def _fix_for(failed: Sequence[ServedResult]) -> str:
+    """What to look at, given the served checks that failed."""
+    hints = []
+    if any(r.precision == "int8" for r in failed):
+        hints.append("for INT8, make sure the server keeps Q/DQ exact (optimization graph level 2 in config.pbtxt)")
+    # Served and in-process use the same file and samples, so a scale only shows against FP32.
+    if any(r.precision == "u8" and any(f.startswith(AGAINST_FP32) for f in r.failures) for r in failed):
+        hints.append("for a uint8-input variant, check the scale recorded in its model file against how its inputs are scaled (--uint8-input)")
+    return "; ".join(hints) or "compare the served outputs with the report's rows; the server log says what runtime served each model"
 
 
 def _check_plans_at_hand(plans: Mapping[str, Path], tensorrt: TensorRT) -> None:
@@ -228,18 +231,22 @@ def _plan(name: str, model: Any, base: str, given: EvalData | Path | None, calib
     """(version, model file, data with labels named, kinds) of one served model, or why it cannot be verified."""
     from pipeline.evaldata import check_targets, eval_data_from_path, plain_labels_owner
     from pipeline.outputkinds import decide_kinds, kinds_from_json, onnx_producers, output_info
-    from pipeline.stages.uint8_input import float_inputs, quantized, uint8_scales
+    from pipeline.stages.uint8_input import SCALE_KEY, float_inputs, quantized, uint8_scales
     from pipeline.tensors import load_onnx, signature_from_onnx
     from pipeline.workspace import build_record_of_served, eval_data_of_served
 
     version = max(model.versions)
     model_file = model.path / str(version) / (model.config.default_model_filename or "model.onnx")
     signature = signature_from_onnx(model_file)
+    scales = uint8_scales(model_file)  # a --uint8-input variant: its inputs are the float samples as a client sends them
+    if parse_variant(name)[1] in WIRE_PRECISIONS and not scales:  # type: ignore[index]
+        return f"its model file records no uint8 input scale ({SCALE_KEY}), so float samples cannot be sent as uint8: rebuild it with --uint8-input"
     source = given if given is not None else eval_data_of_served(model.path, calibration_root)
     if source is None:
         return f"no evaluation data (none recorded by its build, no {calibration_root / base / 'eval.npz'}): pass --eval-data"
-    scales = uint8_scales(model_file)  # a --uint8-input variant: its inputs are the float samples as a client sends them
-    data = source if isinstance(source, EvalData) else eval_data_from_path(Path(source), float_inputs(signature, scales))
+    if not isinstance(source, EvalData):
+        source = eval_data_from_path(Path(source), float_inputs(signature, scales, Path(source)) if scales else signature)
+    data = source
     if scales:
         data = data.with_inputs(lambda feed: quantized(feed, scales), "as uint8")
     recorded = build_record_of_served(model.path).get("output_kinds")

@@ -71,6 +71,18 @@ def test_a_grpc_shared_memory_request_names_region_size_and_offset_of_every_tens
         {"shared_memory_region": "r_in0", "shared_memory_byte_size": 80, "shared_memory_offset": 60},
     ]
     assert [(t.name, named(t)) for t in request.outputs] == [("y", {"shared_memory_region": "r_out0", "shared_memory_byte_size": 32})]
+    # the very request tritonclient's gRPC client builds for the same slots
+    import tritonclient.grpc as grpcclient
+    from tritonclient.grpc._utils import _get_inference_request
+
+    items = [grpcclient.InferInput(name, list(tensors[name].shape), dtype) for name, dtype in (("a", "FP32"), ("b", "INT64"))]
+    for item in items:
+        slot = inputs[item.name()]
+        item.set_shared_memory(slot.region, slot.byte_size, slot.offset)
+    wanted = grpcclient.InferRequestedOutput("y")
+    wanted.set_shared_memory("r_out0", 32)
+    assert request == _get_inference_request(model_name="two", inputs=items, model_version="", request_id="", outputs=[wanted], sequence_id=0,
+                                             sequence_start=False, sequence_end=False, priority=0, timeout=None, parameters=None)
 
 
 @pytest.mark.slow

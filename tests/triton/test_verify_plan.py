@@ -147,7 +147,10 @@ def test_a_verifiable_repository_is_planned_with_this_commands_drop_limits(tmp_p
     eval_npz(tmp_path / "calibration" / "m" / "eval.npz", np.random.default_rng(19))
     command = Gates(fp16_max_drop=0.25, int8_max_drop=3.0, gate_confidence=0.8)
     planned, limits, not_verified = _verification_plan(repository, **plan_args(tmp_path, gates=command, embedded=False))
-    assert sorted(planned) == sorted(limits) == ["m_fp16", "m_fp32", "m_u8"] and "theirs" in not_verified
+    assert sorted(planned) == sorted(limits) == ["m_fp16", "m_fp32"] and "theirs" in not_verified
+    # a uint8-input variant whose file records no scale cannot have float samples turned into its uint8
+    assert not_verified["m_u8"] == ("its model file records no uint8 input scale (pipeline.uint8_input_scale), so float samples "
+                                    "cannot be sent as uint8: rebuild it with --uint8-input")
     assert {(g.fp16_max_drop, g.int8_max_drop, g.gate_confidence) for g in limits.values()} == {(0.25, 3.0, 0.8)}
 
 
@@ -275,6 +278,10 @@ def test_a_uint8_input_variant_is_verified_on_the_float_samples_as_a_client_send
     # in memory data (a build's --verify-served) is turned into uint8 as well
     in_memory = EvalData.single({"x": x}, labels, "in memory", "f")
     np.testing.assert_array_equal(next(_plan("m_u8", published(repository, "m_u8"), "m", in_memory, tmp_path)[2].batches(16))["x"], wire)  # type: ignore[index]
+    # samples stored as uint8 (in a file or in memory) already are what a client sends: as they are, not divided again
+    np.savez(stored := tmp_path / "eval_u8.npz", x=wire, labels=labels)
+    for given in (stored, EvalData.single({"x": wire}, labels, "in memory", "u")):
+        np.testing.assert_array_equal(next(_plan("m_u8", published(repository, "m_u8"), "m", given, tmp_path)[2].batches(16))["x"], wire)  # type: ignore[index]
 
 
 def onnxruntime_run(path: Path, feed: dict[str, np.ndarray]) -> list[np.ndarray]:
@@ -492,8 +499,16 @@ def test_the_report_lists_every_model_and_every_model_not_verified_and_is_shown(
 def test_the_fix_names_what_to_look_at_for_the_precisions_that_failed() -> None:
     qdq = "for INT8, make sure the server keeps Q/DQ exact (optimization graph level 2 in config.pbtxt)"
     scale = "for a uint8-input variant, check the scale recorded in its model file against how its inputs are scaled (--uint8-input)"
-    assert _fix_for({"int8", "fp16"}) == qdq and _fix_for({"u8"}) == scale and _fix_for({"u8", "int8"}) == f"{qdq}; {scale}"
-    assert _fix_for({"fp16"}) == _fix_for({"int8cpu"}) == "compare the served outputs with the report's rows; the server log says what runtime served each model"
+    other = "compare the served outputs with the report's rows; the server log says what runtime served each model"
+
+    def failed(precision: str, why: str) -> ServedResult:
+        return ServedResult(f"m_{precision}", "m", precision, 1, 10, {}, [why])
+
+    drift, against = "output 'probs' served differs from in-process by up to 0.5 (> 0.001)", "served vs served FP32: output 'probs' (classes): ..."
+    assert _fix_for([failed("int8", drift), failed("fp16", against)]) == _fix_for([failed("int8", against)]) == qdq
+    assert _fix_for([failed("u8", against)]) == scale and _fix_for([failed("u8", against), failed("int8", drift)]) == f"{qdq}; {scale}"
+    # served and in process read the same file and samples: a u8 variant drifting from its own file is no scale's doing
+    assert _fix_for([failed("u8", drift)]) == _fix_for([failed("fp16", against)]) == _fix_for([failed("int8cpu", against)]) == other
 
 
 def test_a_variant_worse_than_served_fp32_fails_the_check_in_one_line_naming_every_failure(tmp_path: Path) -> None:
