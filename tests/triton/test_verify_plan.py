@@ -231,6 +231,8 @@ def test_data_given_on_the_command_line_comes_before_the_recorded_data(tmp_path:
     planned = _plan("m_fp16", model, "m", in_memory, tmp_path)[2]  # type: ignore[index]
     assert planned.source == "in memory" and planned.target_names == ["probs"]
     np.testing.assert_array_equal(next(planned.batches(8))["x"], x)
+    with pytest.raises(PipelineError, match=f"'{tmp_path / 'missing'}' does not exist"):  # a float model's data is read as it is
+        _plan("m_fp16", model, "m", tmp_path / "missing", tmp_path)
 
 
 def image_model_onnx(path: Path, weights: np.ndarray) -> Path:
