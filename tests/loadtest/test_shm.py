@@ -121,12 +121,12 @@ def test_grpc_shared_memory_requests_leave_the_plain_grpc_paths_outputs(server: 
     import tritonclient.grpc as grpcclient
     from tritonclient.grpc import service_pb2
 
-    from pipeline.loadtest.grpc_load import check_grpc_shm_request, grpc_shm_request_bytes
+    from pipeline.loadtest.grpc_load import _grpc_client, check_grpc_shm_request, grpc_shm_request_bytes
 
     endpoint, grpc_endpoint = endpoint_from_url(server.http_url), endpoint_from_url(server.grpc_url)  # type: ignore[attr-defined]
     io = model_io(endpoint, "add")
     batches = request_batches(load_samples(workspace / "calibration" / "add" / "eval.npz"), io, 4, 2)
-    client = grpcclient.InferenceServerClient(grpc_endpoint.address)
+    client = _grpc_client(grpc_endpoint)  # past any http_proxy of the environment (gRPC core follows it, even to loopback)
     try:
         with SharedMemoryRegions("system", [endpoint]) as regions:
             requests = shm_requests(io, batches, regions, output_byte_sizes(io, 4, None))
