@@ -194,7 +194,8 @@ def _servable_models(repository: Path, models: Sequence[str]) -> tuple[dict[str,
         if model.config.platform == "tensorrt_plan" or model.config.backend == "tensorrt":
             plans[name] = model.path
         if model.config.platform != "onnxruntime_onnx":
-            not_verified[name] = f"{model.config.platform or model.config.backend} models need their own runtime (a TensorRT plan needs a GPU server)"
+            needs = " (a TensorRT plan needs a GPU server)" if name in plans else ""
+            not_verified[name] = f"{model.config.platform or model.config.backend} models need their own runtime{needs}"
         elif parse_variant(name) is None:
             not_verified[name] = "not built by this pipeline (no variant suffix): no build record to judge it by"
         else:
