@@ -86,6 +86,7 @@ def array_headers(path: Path) -> dict[str, tuple[tuple[int, ...], np.dtype]]:
     path = Path(path)
     if path.is_dir():
         return {key: (tuple(arr.shape), arr.dtype) for key, arr in read_arrays(path).items()}  # memory-mapped
+    require(path.exists(), f"'{path}' does not exist", "pass an .npz file or a folder of .npy files")
     require(path.suffix == ".npz" and path.is_file(), f"'{path}' is not an .npz archive", "pass an .npz file or a folder of .npy files")
     headers = {}
     try:

@@ -33,7 +33,7 @@ from pipeline.loadtest.client import Endpoint
 from pipeline.loadtest.payload import ModelIO
 from pipeline.loadtest.policy import ClosedLoop, OpenLoop, Policy, backoff_ns
 from pipeline.loadtest.recorder import Recorder
-from pipeline.loadtest.request_check import _Outputs, compare_with_tritonclient
+from pipeline.loadtest.request_check import DecodedOutputs, compare_with_tritonclient
 from pipeline.loadtest.shm import SharedMemoryRegions, Slot, read_outputs
 
 _METHOD = "/inference.GRPCInferenceService/ModelInfer"
@@ -68,10 +68,12 @@ def grpc_shm_request_bytes(io: ModelIO, tensors: dict[str, np.ndarray], inputs: 
 
 
 def _name_slot(parameters: Any, slot: Slot) -> None:
-    parameters["shared_memory_region"].string_param = slot.region
-    parameters["shared_memory_byte_size"].int64_param = slot.byte_size
-    if slot.offset:
-        parameters["shared_memory_offset"].int64_param = slot.offset
+    """The slot's parameters (the HTTP request's, :meth:`Slot.parameters`) as ``InferParameter`` entries."""
+    for key, value in slot.parameters().items():
+        if isinstance(value, str):
+            parameters[key].string_param = value
+        else:
+            parameters[key].int64_param = value
 
 
 def check_grpc_request(endpoint: Endpoint, io: ModelIO, request: bytes, tensors: dict[str, np.ndarray]) -> None:
@@ -89,7 +91,7 @@ def check_grpc_shm_request(endpoint: Endpoint, io: ModelIO, request: bytes, tens
     response = _exchange(endpoint, io, request, "each --grpc-url must be the same server as its --url (the regions are registered there) and run on "
                                                 "this machine; check --output-shared-memory-size")
     described = {"outputs": [{"name": o.name, "datatype": o.datatype, "shape": list(o.shape)} for o in response.outputs]}
-    ours = _Outputs(read_outputs(regions, described, outputs))
+    ours = DecodedOutputs(read_outputs(regions, described, outputs))
     compare_with_tritonclient(_grpc_client(endpoint), grpcclient, io, tensors, ours, rtol=1e-5, what=f"gRPC {regions.kind} shared-memory")
 
 

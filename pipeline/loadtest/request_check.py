@@ -82,7 +82,7 @@ def compare_with_tritonclient(client: Any, module: Any, io: ModelIO, tensors: di
             )
 
 
-class _Outputs:
+class DecodedOutputs:
     """Decoded outputs with tritonclient's ``InferResult.as_numpy`` interface."""
 
     def __init__(self, arrays: dict[str, np.ndarray]) -> None:
@@ -99,6 +99,6 @@ def check_shm_request(endpoint: Endpoint, io: ModelIO, request: bytes, tensors: 
 
     httpclient = import_optional("tritonclient.http", None, "checking the load generator's requests")
     _, body = _accepted(endpoint, io, request, "shared-memory request", "check --output-shared-memory-size and that the server runs on this machine")
-    ours = _Outputs(read_outputs(regions, json.loads(body), outputs))
+    ours = DecodedOutputs(read_outputs(regions, json.loads(body), outputs))
     client = httpclient.InferenceServerClient(endpoint.address, network_timeout=30.0, connection_timeout=10.0)
     compare_with_tritonclient(client, httpclient, io, tensors, ours, rtol=1e-5, what=f"{regions.kind} shared-memory")

@@ -6,8 +6,9 @@ handle, through ``tritonclient.utils.cuda_shared_memory``) and each output gets 
 ``--output-shared-memory-size`` bytes. The regions are registered with every endpoint through
 Triton's shared-memory extension (``/v2/systemsharedmemory``, ``/v2/cudasharedmemory``), and the
 requests then carry only a small JSON body (gRPC: a ``ModelInferRequest`` without contents) naming
-region, offset and size per tensor: the tensor bytes never cross the socket. Concurrent requests write the same output regions, as perf_analyzer's
-do; the load never reads them, and the one check request before the load runs alone.
+region, offset and size per tensor: the tensor bytes never cross the socket. Concurrent requests
+write the same output regions, as perf_analyzer's do; the load never reads them, and the one check
+request before the load runs alone.
 
 Regions are unregistered and unlinked when the :class:`SharedMemoryRegions` context exits, which
 includes Ctrl-C (``KeyboardInterrupt`` unwinds through it). The server must see this host's

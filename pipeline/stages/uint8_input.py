@@ -127,6 +127,8 @@ def float_inputs(signature: ModelSignature, scales: Mapping[str, float], data: P
 
     from pipeline.buckets import BUCKET_SEP, array_headers
 
+    if not scales:
+        return signature
     integers = {key.split(BUCKET_SEP)[0] for key, (_, dtype) in array_headers(data).items() if dtype.kind in "iu"}
     floats = set(scales) - integers
     return replace(signature, inputs=tuple(replace(s, dtype=np.dtype(np.float32)) if s.name in floats else s for s in signature.inputs))

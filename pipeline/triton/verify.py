@@ -245,9 +245,7 @@ def _plan(name: str, model: Any, base: str, given: EvalData | Path | None, calib
     source = given if given is not None else eval_data_of_served(model.path, calibration_root)
     if source is None:
         return f"no evaluation data (none recorded by its build, no {calibration_root / base / 'eval.npz'}): pass --eval-data"
-    if not isinstance(source, EvalData):
-        source = eval_data_from_path(Path(source), float_inputs(signature, scales, Path(source)) if scales else signature)
-    data = source
+    data = source if isinstance(source, EvalData) else eval_data_from_path(Path(source), float_inputs(signature, scales, Path(source)))
     if scales:
         data = data.with_inputs(lambda feed: quantized(feed, scales), "as uint8")
     recorded = build_record_of_served(model.path).get("output_kinds")

@@ -280,6 +280,8 @@ def test_a_uint8_input_variant_is_verified_on_the_float_samples_as_a_client_send
     # in memory data (a build's --verify-served) is turned into uint8 as well
     in_memory = EvalData.single({"x": x}, labels, "in memory", "f")
     np.testing.assert_array_equal(next(_plan("m_u8", published(repository, "m_u8"), "m", in_memory, tmp_path)[2].batches(16))["x"], wire)  # type: ignore[index]
+    with pytest.raises(PipelineError, match=f"'{tmp_path / 'missing.npz'}' does not exist"):
+        _plan("m_u8", published(repository, "m_u8"), "m", tmp_path / "missing.npz", tmp_path)
     # samples stored as uint8 (in a file or in memory) already are what a client sends: as they are, not divided again
     np.savez(stored := tmp_path / "eval_u8.npz", x=wire, labels=labels)
     for given in (stored, EvalData.single({"x": wire}, labels, "in memory", "u")):
