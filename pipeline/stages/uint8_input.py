@@ -119,6 +119,11 @@ def quantized(feed: Mapping[str, np.ndarray], scales: Mapping[str, float]) -> di
     return out
 
 
+def dequantized(feed: Mapping[str, np.ndarray], scales: Mapping[str, float]) -> dict[str, np.ndarray]:
+    """The values the graph computes on: each input that has a scale as float32 ``x × scale`` (the others as they are)."""
+    return {k: (v.astype(np.float32) * np.float32(scales[k]) if k in scales else v) for k, v in feed.items()}
+
+
 def float_inputs(signature: ModelSignature, scales: Mapping[str, float], data: Path) -> ModelSignature:
     """``signature`` as samples in ``data`` (an ``.npz`` or ``.npy`` folder) are read for it: each uint8 input
     that has a scale read as float32 where ``data`` gives it as floats (:func:`quantized` turns them into the
@@ -148,8 +153,7 @@ def uint8_parity_from_models(fp32: Path, u8: Path, data: EvalData, dst: Path, *,
     samples = 0
     for batch in data.batches(batch_size):
         wire = quantized(batch, scales)
-        floats = {k: (v.astype(np.float32) * np.float32(scales[k]) if k in scales else v) for k, v in wire.items()}
-        for name, w, g in zip(names, reference.run(names, floats), variant.run(names, wire), strict=True):
+        for name, w, g in zip(names, reference.run(names, dequantized(wire, scales)), variant.run(names, wire), strict=True):
             if w.size:
                 worst[name] = max(worst[name], float(np.max(np.abs(g - w))))
                 excess[name] = max(excess[name], float(np.max(np.abs(g - w) - (atol + rtol * np.abs(w)))))

@@ -34,6 +34,9 @@ class ServedResult:
     kinds: dict[str, OutputKind] = field(default_factory=dict, repr=False)
     served: list[dict[str, np.ndarray]] = field(default_factory=list, repr=False)  # per batch, for the comparison with FP32
     targets: list[dict[str, np.ndarray]] = field(default_factory=list, repr=False)  # the labels of those batches
+    # Served FP32 on this variant's own input values where they are not the evaluation samples (a uint8-input
+    # variant gets them rounded to its wire format): what it is judged against instead of FP32's own batches.
+    fp32_on_same_values: list[dict[str, np.ndarray]] | None = field(default=None, repr=False)
 
 
 def served_against_inprocess(comparison: Comparison, kinds: Mapping[str, OutputKind], atol: float) -> tuple[dict[str, dict], list[str]]:
@@ -62,10 +65,11 @@ def gate_against_fp32(results: Sequence[ServedResult], gates: Mapping[str, Gates
             continue
         tolerance = tolerance_for(result.precision, gates[result.model])
         comparison = new_comparison(result.model, result.kinds, tolerance.threshold)
-        if len(ref.served) != len(result.served):
+        reference = ref.served if result.fp32_on_same_values is None else result.fp32_on_same_values
+        if len(reference) != len(result.served):
             result.notes.append("served vs served FP32: not compared (the two were verified on different data)")
             continue
-        for theirs, mine, target in zip(ref.served, result.served, result.targets, strict=True):
+        for theirs, mine, target in zip(reference, result.served, result.targets, strict=True):
             comparison.add(theirs, mine, target)
         verdict = judge_comparison(result.model, result.precision, "served", comparison, tolerance, result.kinds)
         result.gates = verdict.rows
@@ -75,4 +79,5 @@ def gate_against_fp32(results: Sequence[ServedResult], gates: Mapping[str, Gates
 
 def results_as_json(results: Sequence[ServedResult]) -> list[dict]:
     """The report rows (served outputs and kinds left out)."""
-    return [{f.name: getattr(r, f.name) for f in fields(r) if f.name not in ("served", "targets", "kinds")} | {"passed": not r.failures} for r in results]
+    hidden = ("served", "targets", "kinds", "fp32_on_same_values")
+    return [{f.name: getattr(r, f.name) for f in fields(r) if f.name not in hidden} | {"passed": not r.failures} for r in results]

@@ -137,7 +137,22 @@ def _served_results(planned: Mapping[str, tuple], limits: Mapping[str, Gates], *
             served = served_outputs(endpoint, name, data, list(kinds), batch)
             results.append(served_against_file(name, model_file, data, kinds, served, batch_size=batch, atol=_served_atol(name, atol, limits[name]),
                                                threshold=limits[name].binary_threshold))
+            results[-1].fp32_on_same_values = _fp32_on_same_values(endpoint, name, model_file, data, list(kinds), batch, planned)
     return results
+
+
+def _fp32_on_same_values(endpoint: str, name: str, model_file: Path, data: EvalData, outputs: list[str], batch: int,
+                         planned: Mapping[str, tuple]) -> list[dict[str, np.ndarray]] | None:
+    """For a uint8-input variant: served FP32's outputs on the values it computed on (its uint8 samples × scale), so
+    that it is judged for its graph, as its build's parity gate judged it, not for samples off the uint8 grid; None
+    for other models, or without a served FP32 sibling."""
+    from pipeline.stages.uint8_input import dequantized, uint8_scales
+
+    base, _ = parse_variant(name) or (name, "")
+    scales = uint8_scales(model_file)
+    if not scales or f"{base}_fp32" not in planned:
+        return None
+    return served_outputs(endpoint, f"{base}_fp32", data.with_inputs(lambda feed: dequantized(feed, scales), "as floats"), outputs, batch)
 
 
 def _verdict(results: list[ServedResult], limits: Mapping[str, Gates], not_verified: Mapping[str, str], *, url: str | None, repository: Path,

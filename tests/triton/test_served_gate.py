@@ -103,12 +103,37 @@ def test_a_served_variant_with_nan_where_served_fp32_is_finite_fails() -> None:
     assert results[1].failures == ["served vs served FP32: output 'score' (regression): 1 NaN/Inf values in 1 samples where FP32 has finite ones"]
 
 
+def test_a_variant_fed_other_values_than_the_samples_is_judged_against_fp32_on_those_values() -> None:
+    """A uint8-input variant computes on its samples rounded to uint8: it is judged against served FP32 on the same
+    rounded values (``fp32_on_same_values``), not against FP32 on the unrounded samples, and is then caught when it
+    answers something else."""
+    rng = np.random.default_rng(7)
+    truth = [rng.integers(0, 10, 100) for _ in range(6)]
+    targets = [{"probs": t} for t in truth]
+    on_samples = [{"probs": one_hot(t), "score": rng.normal(size=(100, 1)).astype(np.float32)} for t in truth]
+    on_rounded = [{"probs": b["probs"] * np.float32(0.9) + np.float32(0.01), "score": b["score"] + np.float32(0.05)} for b in on_samples]
+    fp32, u8 = served_result("m_fp32", on_samples, targets), served_result("m_u8", on_rounded, targets)
+    gates = {"m_fp32": Gates(), "m_u8": Gates()}
+    gate_against_fp32([fp32, u8], gates)
+    assert u8.failures and all(f.startswith("served vs served FP32: ") for f in u8.failures)  # 0.1 off the unrounded samples' FP32
+    u8 = served_result("m_u8", on_rounded, targets)
+    u8.fp32_on_same_values = [dict(b) for b in on_rounded]
+    gate_against_fp32([fp32, u8], gates)
+    assert u8.failures == [] and u8.gates and all(r["verdict"] in ("pass", "reported") for r in u8.gates)
+    wrong = served_result("m_u8", [{**b, "probs": np.roll(b["probs"], 1, axis=1)} for b in on_rounded], targets)
+    wrong.fp32_on_same_values = [dict(b) for b in on_rounded]
+    gate_against_fp32([fp32, wrong], gates)
+    assert any("accuracy drop (top-1) 100.00 points" in f for f in wrong.failures), wrong.failures
+    assert "fp32_on_same_values" not in results_as_json([wrong])[0]
+
+
 def test_variants_verified_on_different_data_are_noted_not_compared() -> None:
     rng = np.random.default_rng(6)
     fp32 = batches(rng)
-    results = [served_result("m_fp32", fp32, [{}] * 6), served_result("m_int8", fp32[:3], [{}] * 3)]
+    results = [served_result("m_fp32", fp32, [{}] * 6), served_result("m_int8", fp32[:3], [{}] * 3), served_result("m_fp16", fp32, [{}] * 6)]
     gate_against_fp32(results, {r.model: Gates() for r in results})
     assert results[1].failures == [] and results[1].notes == ["served vs served FP32: not compared (the two were verified on different data)"]
+    assert results[2].gates and results[2].failures == []  # the variant after it is judged all the same
 
 
 def test_the_served_rows_name_both_task_metrics_and_a_difference_at_atol_passes() -> None:
