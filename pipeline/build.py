@@ -33,8 +33,9 @@ from pipeline.stages.engine import EngineSettings, engine_from_onnx, metadata_pa
 from pipeline.stages.eval_data import eval_data_for
 from pipeline.stages.fp16 import DEFAULT_FP32_OPS, fp16_onnx_from_onnx
 from pipeline.stages.mixed import was_mixed
-from pipeline.stages.int8 import check_qdq_int8_symmetric, qdq_onnx_from_onnx
-from pipeline.stages.int8_cpu import check_qdq_uint8_activations, cpu_int8_onnx_from_onnx
+from pipeline.stages.int8 import check_qdq_int8_symmetric
+from pipeline.stages.int8_cpu import check_qdq_uint8_activations
+from pipeline.stages.int8_fallback import describe_fallback, gated_int8_onnx_from_onnx
 from pipeline.stages.onnx_export import onnx_from_savedmodel, tf2onnx_command
 from pipeline.stages.parity import parity_report_from_models
 from pipeline.stages.savedmodel import savedmodel_from_source
@@ -102,7 +103,7 @@ def build(cfg: BuildConfig) -> BuildResult:
         _check_labels_before_conversion(described, ctx)  # a bad label file costs seconds, not a conversion
         onnx_fp32 = _onnx_stage(saved, ctx)
         signature = signature_from_onnx(onnx_fp32)
-        calib = _calibration_data(signature, ctx) if cfg.int8 else None
+        calib = _calibration_data(signature, ctx) if cfg.calibrates else None
         data, calib = eval_data_for(cfg.eval_data, cfg.calibration or ctx.data_dir.folder, ctx.data_dir.eval, signature, calib,
                                     preprocess=cfg.preprocess)
         kinds, data = _output_kinds(signature, onnx_fp32, described, data, ctx)
@@ -113,10 +114,11 @@ def build(cfg: BuildConfig) -> BuildResult:
         variants = [Artifact("fp32", "onnx", onnx_fp32)]
         if cfg.fp16:
             variants.append(_fp16_stage(onnx_fp32, ctx))
-        if calib is not None:
-            variants.append(_int8_stage(onnx_fp32, calib, ctx))
-            if cfg.int8_cpu:
-                variants.append(_int8_cpu_stage(onnx_fp32, calib, ctx))
+        # INT8 graphs that pass their gate by construction: the costliest nodes kept float where needed (int8_fallback)
+        if cfg.int8:
+            variants.append(_int8_stage("int8", onnx_fp32, calib, data, kinds, ctx))
+        if cfg.with_int8_cpu:
+            variants.append(_int8_stage("int8cpu", onnx_fp32, calib, data, kinds, ctx))
         if cfg.uint8_input is not None:
             variants.append(_uint8_stage(onnx_fp32, data, ctx))
         gpu_variants = [v for v in variants if v.precision in PRECISIONS]
@@ -124,6 +126,7 @@ def build(cfg: BuildConfig) -> BuildResult:
         engines = _engine_stages(gpu_variants, profiles, ctx)
         # the uint8-input variant computes as FP32 does: its gate is the parity one (_uint8_stage)
         _accuracy_stage(onnx_fp32, [v for v in variants[1:] if v.precision not in WIRE_PRECISIONS] + engines, data, kinds, ctx)
+        variants = _without_left_out(variants, ctx)  # a variant nobody asked for that did not pass: one line, not a failed build
         artifacts = variants + engines
         ctx.manifest.artifacts = {f"{a.precision}.{a.kind}": str(a.path) for a in artifacts}
         repository = _publish_stage(artifacts, variants, data, kinds, ctx)
@@ -192,22 +195,37 @@ def _calibration_data(signature: ModelSignature, ctx: BuildContext) -> Calibrati
     return calibration_from_path(path, signature, preprocess=cfg.preprocess, shape_hint=hints, resize=cfg.resize)
 
 
-def _int8_stage(onnx_fp32: Path, calib: CalibrationData, ctx: BuildContext) -> Artifact:
-    dst = ctx.ws.onnx("int8")
-    ctx.run(Stage("int8", qdq_onnx_from_onnx, inputs={"src": onnx_fp32, "calibration": calib},
-                  settings={"method": ctx.cfg.calibration_method, "max_memory_gib": ctx.cfg.max_memory_gib,
-                            "keep_nodes": ctx.cfg.int8_keep_nodes}, outputs={"dst": dst}))
-    check_qdq_int8_symmetric(dst)  # also on a cache hit: what is published must be symmetric int8
-    return Artifact("int8", "onnx", dst)
+def _int8_stage(recipe: str, onnx_fp32: Path, calib: CalibrationData | None, data: EvalData, kinds: dict[str, OutputKind],
+                ctx: BuildContext) -> Artifact:
+    cfg, dst, record = ctx.cfg, ctx.ws.onnx(recipe), ctx.ws.fallback_record(recipe)
+    assert calib is not None  # cfg.calibrates
+    ctx.run(Stage(recipe, gated_int8_onnx_from_onnx, inputs={"src": onnx_fp32, "calibration": calib, "data": data},
+                  settings={"recipe": recipe, "method": cfg.calibration_method, "max_memory_gib": cfg.max_memory_gib,
+                            "keep_nodes": cfg.int8_keep_nodes, "fallback": cfg.fallback, "gates": cfg.gates, "kinds": kinds_to_json(kinds),
+                            "batch_size": eval_batch(onnx_fp32, data, cfg.max_memory_gib, runners=2)},
+                  outputs={"dst": dst, "record": record}))
+    # also on a cache hit: what is published must be what its runtime takes
+    (check_qdq_int8_symmetric if recipe == "int8" else check_qdq_uint8_activations)(dst)
+    summary = json.loads(record.read_text())
+    ctx.manifest.results.setdefault("int8_fallback", {})[recipe] = summary
+    if summary.get("needed"):
+        log.info("%s", describe_fallback(summary))
+    return Artifact(recipe, "onnx", dst)
 
 
-def _int8_cpu_stage(onnx_fp32: Path, calib: CalibrationData, ctx: BuildContext) -> Artifact:
-    dst = ctx.ws.onnx("int8cpu")
-    ctx.run(Stage("int8cpu", cpu_int8_onnx_from_onnx, inputs={"src": onnx_fp32, "calibration": calib},
-                  settings={"method": ctx.cfg.calibration_method, "max_memory_gib": ctx.cfg.max_memory_gib,
-                            "keep_nodes": ctx.cfg.int8_keep_nodes}, outputs={"dst": dst}))
-    check_qdq_uint8_activations(dst)  # also on a cache hit
-    return Artifact("int8cpu", "onnx", dst)
+def _without_left_out(variants: list[Artifact], ctx: BuildContext) -> list[Artifact]:
+    """``variants`` less the ones the user did not ask for whose gate did not pass, each said in one line."""
+    judged = {v["precision"]: v for v in (ctx.manifest.results.get("accuracy") or {}).get("variants", []) if v.get("kind") == "onnx"}
+    left_out = []
+    for variant in variants:
+        verdict = judged.get(variant.precision)
+        if variant.precision in ctx.cfg.optional_precisions and verdict is not None and not verdict["passed"]:
+            reason = f"its gate did not pass ({'; '.join(verdict['failures'])}) and it was not asked for"
+            log.warning("%s left out: %s (--int8-cpu asks for it and fails the build instead; --no-int8-cpu leaves it out unbuilt)",
+                        variant.triton_name(ctx.name), reason)
+            left_out.append({"variant": variant.precision, "model": variant.triton_name(ctx.name), "reason": reason})
+    ctx.manifest.results["left_out"] = left_out
+    return [v for v in variants if v.precision not in {x["variant"] for x in left_out}]
 
 
 def _engine_stages(variants: list[Artifact], profiles: list[ShapeProfile], ctx: BuildContext) -> list[Artifact]:
@@ -293,7 +311,8 @@ def _accuracy_stage(onnx_fp32: Path, candidates: list[Artifact], data: EvalData,
                   inputs={"fp32_onnx": onnx_fp32, "candidates": candidates, "data": data},
                   settings={"gates": ctx.cfg.gates, "kinds": kinds_to_json(kinds),
                             "batch_size": eval_batch(onnx_fp32, data, ctx.cfg.max_memory_gib, runners=1 + len(candidates)),
-                            "tf32": ctx.cfg.tf32, "allow_host_code": ctx.cfg.allow_plan_host_code},
+                            "tf32": ctx.cfg.tf32, "allow_host_code": ctx.cfg.allow_plan_host_code,
+                            "optional": sorted(ctx.cfg.optional_precisions)},
                   context={"tensorrt": ctx.cfg.tensorrt},
                   outputs={"dst": ctx.ws.accuracy}))
     ctx.manifest.results["accuracy"] = json.loads(ctx.ws.accuracy.read_text())

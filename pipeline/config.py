@@ -24,6 +24,7 @@ from pipeline.options import (
 from pipeline.budget import DEFAULT_MAX_MEMORY_GIB
 from pipeline.stages.calibration import ASPECT_TOLERANCE, PREPROCESS_MODES, RESIZE_MODES
 from pipeline.stages.int8 import CALIBRATION_METHODS
+from pipeline.stages.int8_fallback import FallbackSettings
 from pipeline.stages.shapes import SHAPE_SYNTAX, well_formed
 from pipeline.stages.source import DEFAULT_MODEL, ModelSource
 from pipeline.stages.trt_seam import PolygraphyTensorRT, TensorRT
@@ -73,9 +74,16 @@ class BuildConfig:
     fp16_keep_nodes: tuple[str, ...] = option((), "FP16: keep these nodes of model.fp32.onnx in FP32 (node names, comma-separated or repeated)",
                                               metavar="NAME,...", group=PRECISION)
     int8: bool = option(False, "add an INT8 variant: explicit Q/DQ, symmetric int8, zero point 0, per-channel weights", group=PRECISION)
-    int8_cpu: bool = option(True, "with --int8, do not add the CPU INT8 variant (<name>_int8cpu: uint8 activations, int8 weights, run by "
-                                  "ONNX Runtime's integer kernels on CPU instances, faster than FP32 there; the symmetric INT8 stays "
-                                  "the TensorRT/GPU model)", flag="--no-int8-cpu", group=PRECISION)
+    int8_cpu: bool | None = option(None, "the CPU INT8 variant (<name>_int8cpu: uint8 activations, 7-bit int8 weights, run by ONNX "
+                                         "Runtime's integer kernels on CPU instances, faster than FP32 there and right on every x86-64 CPU). "
+                                         "With --int8 it is added unasked, and left out with one line when its gate does not pass; "
+                                         "--int8-cpu asks for it (its gate then decides the build, as every named variant's does; "
+                                         "works without --int8 too); --no-int8-cpu leaves it out", group=PRECISION)
+    int8_fallback: bool = option(True, "do not keep the costliest quantized nodes in float when an INT8 variant's gate does not pass "
+                                       "(by default they are, as few as the gate needs, and the report lists them)",
+                                 flag="--no-int8-fallback", group=PRECISION)
+    int8_fallback_max_share: float = option(0.25, "INT8 fallback: at most this share of the quantized nodes may be kept in float",
+                                            check=in_range(0.01, 1.0), metavar="SHARE", group=PRECISION)
     int8_keep_nodes: tuple[str, ...] = option((), "INT8: keep these Conv/ConvTranspose/Gemm/MatMul nodes of model.fp32.onnx in float (no Q/DQ "
                                               "on their inputs; a failed INT8 gate names the layers that add the most error), comma-separated "
                                               "or repeated", metavar="NAME,...", group=PRECISION)
@@ -122,8 +130,27 @@ class BuildConfig:
 
     @property
     def precisions(self) -> tuple[str, ...]:
-        return (("fp32",) + (("fp16",) if self.fp16 else ()) + (("int8",) if self.int8 else ()) + (("int8cpu",) if self.int8 and self.int8_cpu else ())
+        return (("fp32",) + (("fp16",) if self.fp16 else ()) + (("int8",) if self.int8 else ()) + (("int8cpu",) if self.with_int8_cpu else ())
                 + (("u8",) if self.uint8_input is not None else ()))
+
+    @property
+    def with_int8_cpu(self) -> bool:
+        """Whether the CPU INT8 variant is made: asked for, or added unasked with --int8."""
+        return bool(self.int8_cpu) or (self.int8 and self.int8_cpu is None)
+
+    @property
+    def calibrates(self) -> bool:
+        """Whether an INT8 variant needs calibration data."""
+        return self.int8 or self.with_int8_cpu
+
+    @property
+    def optional_precisions(self) -> frozenset[str]:
+        """Variants the user did not name: left out with one line, not a failed build, when their gate does not pass."""
+        return frozenset({"int8cpu"} if self.int8_cpu is None else ())
+
+    @property
+    def fallback(self) -> FallbackSettings:
+        return FallbackSettings(enabled=self.int8_fallback, max_share=self.int8_fallback_max_share)
 
     def model_name(self, source: ModelSource) -> str:
         """``--name``, else the file stem / folder name / module name (``digits`` for the default)."""
@@ -149,5 +176,5 @@ class BuildConfig:
                 raise PipelineError(f"malformed --shape '{text}': expected {SHAPE_SYNTAX}", "write e.g. --shape image:1x8x8x1/32x8x8x1/64x8x8x1")
         if self.eval_data is not None and not self.eval_data.exists():
             raise PipelineError(f"evaluation data '{self.eval_data}' does not exist", "pass an .npz (or a folder of .npy files) with one array per input (and labels) to --eval-data")
-        if self.int8 and self.calibration is not None and not self.calibration.exists():
+        if self.calibrates and self.calibration is not None and not self.calibration.exists():
             raise PipelineError(f"calibration data '{self.calibration}' does not exist", "pass an .npz file or a folder of .npy files or images to --calibration")
