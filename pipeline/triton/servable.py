@@ -103,8 +103,8 @@ def require_gpu_runtime(models: list[str], providers: list[str]) -> None:
         not models or "CUDAExecutionProvider" in providers,
         f"this machine has an NVIDIA GPU, so tritonserver gives {', '.join(models)} GPU instances, but this venv's "
         f"ONNX Runtime is the CPU build (providers: {', '.join(providers)})",
-        f"install the '{GPU_SERVE_EXTRA}' extra (pip install -e '.[{GPU_SERVE_EXTRA}]': onnxruntime-gpu in place of "
-        "onnxruntime), or hide the GPU (CUDA_VISIBLE_DEVICES=) to serve on the CPU",
+        f"install the '{GPU_SERVE_EXTRA}' extra, onnxruntime-gpu in place of onnxruntime (bash scripts/setup.sh --gpu "
+        "does it), or hide the GPU (CUDA_VISIBLE_DEVICES=) to serve on the CPU",
     )
 
 
