@@ -1,7 +1,9 @@
 """One self-contained HTML page of everything the pipeline measured.
 
-``index.html`` gathers the builds under the workdir (``<workdir>/<name>/manifest.json``: stages and
-times, ``parity.json``, ``accuracy.json``, ``served.json``), ``verify``'s ``<workdir>/verify.json``, the
+``index.html`` gathers the builds under the workdir (``<workdir>/<name>/manifest.json``: the variants
+with accuracy, size and latency and their chart (:mod:`pipeline.build_variants`, written beside the page
+as ``build-<name>-variants.png`` too), the Triton models published, stages and times, ``parity.json``,
+``accuracy.json``, ``served.json``), ``verify``'s ``<workdir>/verify.json``, the
 newest load test under the reports directory (``<reports>/<timestamp>/results.json`` and its plots,
 or ``<reports>/results.json`` when it is one run's folder) and the newest tune run
 (``<reports>/tune-<timestamp>/tune.json``, ``trials.csv`` and its plots, rendered generically).
