@@ -128,12 +128,12 @@ def published_data(build_dir: Path, manifest: dict[str, Any]) -> TableData | Non
     for key in manifest.get("artifacts") or {}:
         precision, _, kind = str(key).partition(".")
         models.append(f"{name}_{precision}" + ("_trt" if kind == "plan" else ""))
-    table = TableData(f"published to the Triton repository {repository}", ["Triton model", "versions", "new in this build", "path"], left=4)
+    table = TableData(f"published to the Triton repository {repository}", ["Triton model", "versions", "this build's version", "path"], left=4)
     for model in models:
         folder = repository / model
         versions = sorted((int(p.name) for p in folder.iterdir() if p.name.isdigit()), reverse=False) if folder.is_dir() else []
         added = [p.name for p in new if p.parent.name == model]
-        table.add([model, ", ".join(map(str, versions)) or "none", ", ".join(added) or "none (unchanged)", str(folder)])
+        table.add([model, ", ".join(map(str, versions)) or "none", ", ".join(added) or "—", str(folder)])
     return table
 
 

@@ -155,7 +155,7 @@ def test_published_models_with_their_versions_and_where(tmp_path: Path) -> None:
     (build_dir / "published.json").write_text(json.dumps([str(repository / "digits_int8cpu" / "2")]))
     table = published_data(build_dir, {"artifacts": {"fp32.onnx": "a", "int8cpu.onnx": "b"}})
     assert table is not None and str(repository) in table.title
-    assert table.rows == [["digits_fp32", "1", "none (unchanged)", str(repository / "digits_fp32")],
+    assert table.rows == [["digits_fp32", "1", "—", str(repository / "digits_fp32")],
                           ["digits_int8cpu", "1, 2", "2", str(repository / "digits_int8cpu")]]
     assert published_data(tmp_path / "never-built", {"artifacts": {}}) is None
 
