@@ -94,8 +94,10 @@ def latency_caption(latency: dict[str, Any]) -> str:
     if not latency.get("variants"):
         return "latency not measured for this build"
     targets = {v.get("target") for v in latency["variants"]}
-    parts = [f"latency: {latency.get('statistic', 'median')} of {latency.get('repeats', '?')} in-process calls after "
-             f"{latency.get('warmup', '?')} warm-up calls, measured {str(latency.get('measured_at', ''))[:16].replace('T', ' ')}"]
+    calls = sorted({int(b["calls"]) for v in latency["variants"] for b in v.get("batches") or [] if isinstance(b.get("calls"), int)})
+    count = f"{calls[0]}–{calls[-1]}" if len(calls) > 1 else str(calls[0] if calls else latency.get("repeats", "?"))
+    parts = [f"latency: {latency.get('statistic', 'median')} of {count} in-process calls after {latency.get('warmup', '?')} warm-up calls "
+             f"(fewer for a slow model), measured {str(latency.get('measured_at', ''))[:16].replace('T', ' ')}"]
     if "cpu" in targets:
         parts.append(f"CPU: {latency.get('cpu', '?')}, {latency.get('threads', '?')} threads, ONNX Runtime as each variant is served")
     gpus = sorted({str(v.get("device")) for v in latency["variants"] if v.get("target") == "gpu"})

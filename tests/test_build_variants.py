@@ -187,3 +187,23 @@ def test_stage_times_are_those_of_the_run_that_made_the_outputs() -> None:
 
 def test_size_text() -> None:
     assert [size_text(n) for n in (None, 512, 43_594, 117_191, 4_200_000, 98_000_000_000)] == ["—", "512 B", "43.6 KB", "117 KB", "4.2 MB", "98 GB"]
+
+
+def test_a_slow_model_gets_one_warm_up_call_and_stops_after_three_once_its_time_is_spent(monkeypatch: pytest.MonkeyPatch) -> None:
+    import time
+
+    from pipeline.stages import latency
+
+    monkeypatch.setattr(latency, "POINT_BUDGET_S", 0.03)
+    calls: list[int] = []
+
+    def slow(feed: dict[str, np.ndarray]) -> None:
+        calls.append(1)
+        time.sleep(0.011)  # every call takes longer than the budget's share: 3 calls spend it
+
+    point = latency._timed(slow, {}, 4, warmup=2, repeats=7)
+    assert (len(calls), point["calls"], point["batch"]) == (1 + 3, 3, 4)
+    calls.clear()
+    monkeypatch.setattr(latency, "POINT_BUDGET_S", 1000.0)  # no stall of this machine reaches it
+    fast = latency._timed(lambda feed: calls.append(1), {}, 1, warmup=2, repeats=7)
+    assert (len(calls), fast["calls"]) == (2 + 7, 7)

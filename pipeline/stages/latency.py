@@ -28,6 +28,8 @@ from pipeline.stages.trt_seam import TensorRT
 
 WARMUP = 2
 REPEATS = 7
+MIN_REPEATS = 3  # a slow point stops here once POINT_BUDGET_S is spent
+POINT_BUDGET_S = 3.0
 
 
 def cpu_threads() -> int:
@@ -138,15 +140,22 @@ def _feed(sample: Mapping[str, np.ndarray], dtypes: Mapping[str, np.dtype], batc
 
 
 def _timed(call: Callable[[dict[str, np.ndarray]], Any], feed: dict[str, np.ndarray], batch: int, warmup: int, repeats: int) -> dict[str, Any]:
+    """The median of ``repeats`` calls after ``warmup`` calls; a slow model (a large one at a large batch) gets one
+    warm-up call and stops after MIN_REPEATS calls once they took POINT_BUDGET_S, so a build is not held up for minutes."""
     for _ in range(warmup):
+        started = time.perf_counter()
         call(feed)
-    times = []
+        if time.perf_counter() - started > POINT_BUDGET_S / MIN_REPEATS:
+            break
+    times: list[float] = []
     for _ in range(repeats):
         started = time.perf_counter()
         call(feed)
         times.append((time.perf_counter() - started) * 1000.0)
+        if len(times) >= MIN_REPEATS and sum(times) >= POINT_BUDGET_S * 1000.0:
+            break
     median = statistics.median(times)
-    return {"batch": batch, "median_ms": round(median, 4), "min_ms": round(min(times), 4), "max_ms": round(max(times), 4),
+    return {"batch": batch, "median_ms": round(median, 4), "min_ms": round(min(times), 4), "max_ms": round(max(times), 4), "calls": len(times),
             "samples_per_s": round(batch / median * 1000.0, 1) if median > 0 else None}
 
 
