@@ -73,18 +73,19 @@ def latency_points(rows: list[VariantRow]) -> list[tuple[str, int]]:
     return sorted({p for r in rows for p in r.latency}, key=lambda p: (p[0] != "cpu", p[0], p[1]))
 
 
-def variants_data(rows: list[VariantRow], latency: dict[str, Any] | None = None) -> TableData:
-    """The variants table: accuracy, the gate's figure, size, and median latency per target and batch."""
+def variants_data(rows: list[VariantRow], latency: dict[str, Any] | None = None, figures: bool = True) -> TableData:
+    """The variants table: accuracy, the gate's figure (``figures``; the terminal leaves it to the accuracy
+    table above it), size, and median latency per target and batch."""
     points = latency_points(rows)
     plain = any(r.accuracy is not None for r in rows)
-    columns = ["variant", "accuracy" if plain else "agreement with FP32", "gate figure vs FP32 (limit)", "gate", "size"]
+    columns = ["variant", "accuracy" if plain else "agreement with FP32", *(["gate figure vs FP32 (limit)"] if figures else []), "gate", "size"]
     columns += [f"{target.upper()} ms, batch {batch}" for target, batch in points]
-    table = TableData("variants: accuracy, size, latency", columns, align="lrllr" + "r" * len(points))
+    table = TableData("variants: accuracy, size, latency", columns, align="lr" + ("l" if figures else "") + "lr" + "r" * len(points))
     for r in rows:
         value = r.accuracy if plain else r.agreement
-        table.add([r.variant, "—" if value is None else f"{value:.2%}", r.figure or ("reference" if r.gate == "reference" else "—"),
-                   r.gate if r.gate != "reference" else "", size_text(r.bytes)]
-                  + [_ms(r.latency.get(p)) for p in points], "bad" if r.gate == "FAIL" else "")  # fmt: skip
+        figure = [r.figure or ("reference" if r.gate == "reference" else "—")] if figures else []
+        table.add([r.variant, "—" if value is None else f"{value:.2%}", *figure, ("" if figures else "reference") if r.gate == "reference" else r.gate,
+                   size_text(r.bytes)] + [_ms(r.latency.get(p)) for p in points], "bad" if r.gate == "FAIL" else "")  # fmt: skip
     table.caption = latency_caption(latency or {})
     return table
 

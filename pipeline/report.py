@@ -49,7 +49,7 @@ def print_build_summary(
         console.print(served_table(manifest["results"]["served"]["models"]))
     rows = variant_rows(manifest, manifest_path.parent)
     if rows:
-        console.print(to_rich(variants_data(rows, manifest["results"].get("latency"))))
+        console.print(to_rich(variants_data(rows, manifest["results"].get("latency"), figures=False)))
     for line in variant_notes(rows, manifest["results"]):
         console.print(f"  {escape(line)}")
     for key, path in manifest["artifacts"].items():

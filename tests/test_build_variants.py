@@ -207,3 +207,11 @@ def test_a_slow_model_gets_one_warm_up_call_and_stops_after_three_once_its_time_
     monkeypatch.setattr(latency, "POINT_BUDGET_S", 1000.0)  # no stall of this machine reaches it
     fast = latency._timed(lambda feed: calls.append(1), {}, 1, warmup=2, repeats=7)
     assert (len(calls), fast["calls"]) == (2 + 7, 7)
+
+
+def test_the_terminal_table_leaves_the_gate_figures_to_the_accuracy_table(tmp_path: Path) -> None:
+    manifest = _manifest(tmp_path)
+    table = variants_data(variant_rows(manifest, tmp_path), manifest["results"]["latency"], figures=False)
+    assert table.columns == ["variant", "accuracy", "gate", "size", "CPU ms, batch 1", "CPU ms, batch 64"]
+    assert table.rows[0] == ["fp32-onnx", "97.55%", "reference", "117 KB", "0.045", "0.546"]
+    assert [table.right_aligned(i) for i in range(6)] == [False, True, False, True, True, True]
