@@ -32,7 +32,8 @@ class VariantRow:
     kind: str
     accuracy: float | None = None  # plain accuracy of the primary output (labels), 0..1
     agreement: float | None = None  # top-1 agreement with FP32 (no labels), 0..1
-    figure: str = ""  # the gate's first figure with its unit and bounds, e.g. "0.00 [-0.60, 0.60] pt ≤ 1 pt"
+    metric: str = ""  # the gate's first figure's name, e.g. "accuracy drop (top-1)"
+    figure: str = ""  # its value with bounds, unit and limit, e.g. "0.00 [-0.60, 0.60] pt (≤ 1 pt)"
     gate: str = ""  # "pass" | "FAIL" | "undecided" | "reference"
     bytes: int | None = None
     latency: dict[tuple[str, int], float] = field(default_factory=dict)  # (target "cpu"/"gpu", batch) → median ms
@@ -64,7 +65,7 @@ def variant_rows(manifest: dict[str, Any], build_dir: Path | None = None) -> lis
         row.gate = "pass" if judged.get("passed") else ("undecided" if judged.get("undecided") else "FAIL")
         first = next((g for g in judged.get("gates") or [] if g.get("value") is not None), None)
         if first:
-            row.figure = f"{first['metric']}: {figure_text(first)} ({limit_text(first)})"
+            row.metric, row.figure = str(first["metric"]), f"{figure_text(first)} ({limit_text(first)})"
     return list(rows.values())
 
 
@@ -78,12 +79,16 @@ def variants_data(rows: list[VariantRow], latency: dict[str, Any] | None = None,
     table above it), size, and median latency per target and batch."""
     points = latency_points(rows)
     plain = any(r.accuracy is not None for r in rows)
-    columns = ["variant", "accuracy" if plain else "agreement with FP32", *(["gate figure vs FP32 (limit)"] if figures else []), "gate", "size"]
+    metrics = {r.metric for r in rows if r.figure}
+    common = next(iter(metrics)) if len(metrics) == 1 else ""  # named once in the header when every variant's is the same
+    column = f"{common} vs FP32 (limit)" if common else "gate figure vs FP32 (limit)"
+    columns = ["variant", "accuracy" if plain else "agreement with FP32", *([column] if figures else []), "gate", "size"]
     columns += [f"{target.upper()} ms, batch {batch}" for target, batch in points]
     table = TableData("variants: accuracy, size, latency", columns, align="lr" + ("l" if figures else "") + "lr" + "r" * len(points))
     for r in rows:
         value = r.accuracy if plain else r.agreement
-        figure = [r.figure or ("reference" if r.gate == "reference" else "—")] if figures else []
+        shown = (r.figure if common else f"{r.metric}: {r.figure}") if r.figure else ("reference" if r.gate == "reference" else "—")
+        figure = [shown] if figures else []
         table.add([r.variant, "—" if value is None else f"{value:.2%}", *figure, ("" if figures else "reference") if r.gate == "reference" else r.gate,
                    size_text(r.bytes)] + [_ms(r.latency.get(p)) for p in points], "bad" if r.gate == "FAIL" else "")  # fmt: skip
     table.caption = latency_caption(latency or {})

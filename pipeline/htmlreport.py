@@ -38,7 +38,7 @@ _STYLE = """
 body{font:14px/1.45 system-ui,-apple-system,"Segoe UI",Roboto,sans-serif;margin:2em auto;max-width:1400px;padding:0 1em;color:#1b1f23;background:#fff}
 h1{font-size:1.6em;margin-bottom:.2em}h2{border-bottom:2px solid #d0d7de;padding-bottom:.2em;margin-top:2em}h3{margin-top:1.4em}
 table{border-collapse:collapse;margin:.6em 0 1.2em;font-variant-numeric:tabular-nums}caption{caption-side:bottom;text-align:left;color:#57606a;font-size:.9em;padding-top:.3em}
-th,td{border:1px solid #d0d7de;padding:.25em .6em;vertical-align:top}td:nth-child(-n+2){white-space:nowrap}th{background:#f6f8fa;text-align:left}td.num{text-align:right}
+th,td{border:1px solid #d0d7de;padding:.25em .6em;vertical-align:top}td:nth-child(-n+2){white-space:nowrap}th{background:#f6f8fa;text-align:left}td.num{text-align:right;white-space:nowrap}
 tr.best td{background:#dafbe1;font-weight:600}tr.bad td{background:#ffebe9}tr.dim td{color:#57606a}
 .pass{color:#1a7f37;font-weight:600}.FAIL{color:#cf222e;font-weight:600}.undecided{color:#9a6700;font-weight:600}
 .meta{color:#57606a}.note{color:#57606a;margin:.2em 0;font-size:.95em}code{background:#f6f8fa;padding:.1em .3em;border-radius:3px}img{max-width:100%;border:1px solid #d0d7de;margin:.5em 0}

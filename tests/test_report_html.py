@@ -269,7 +269,8 @@ def test_the_build_report_shows_every_variant_and_a_noop_rebuild_keeps_the_stage
     first = _rendered(page, tmp_path)
 
     variants = first.titled("variants: accuracy, size, latency")
-    assert variants["headers"] == ["variant", "accuracy", "gate figure vs FP32 (limit)", "gate", "size", "CPU ms, batch 1", "CPU ms, batch 64"]
+    figure = "accuracy drop (top-1) vs FP32 (limit)"
+    assert variants["headers"] == ["variant", "accuracy", figure, "gate", "size", "CPU ms, batch 1", "CPU ms, batch 64"]
     shown = {row[0]: dict(zip(variants["headers"], row)) for row in variants["rows"]}
     assert list(shown) == ["fp32-onnx", "fp16-onnx", "int8-onnx", "int8cpu-onnx"]
     plain = {"fp32-onnx": accuracy["variants"][0]["reference_accuracy"]} | {v["variant"]: v["accuracy"] for v in accuracy["variants"]}
@@ -279,7 +280,7 @@ def test_the_build_report_shows_every_variant_and_a_noop_rebuild_keeps_the_stage
         assert cells["size"] == size_text(Path(manifest["artifacts"][variant.replace("-", ".")]).stat().st_size)
         assert [cells["CPU ms, batch 1"], cells["CPU ms, batch 64"]] == [f"{measured[variant][b]:.3f}" if measured[variant][b] < 10
                                                                          else f"{measured[variant][b]:.1f}" for b in (1, 64)]
-    assert shown["fp16-onnx"]["gate figure vs FP32 (limit)"].startswith("accuracy drop (top-1): ") and "pt (≤ 1 pt)" in shown["fp16-onnx"]["gate figure vs FP32 (limit)"]
+    assert shown["fp32-onnx"][figure] == "reference" and all(shown[v][figure].endswith(" pt (≤ 1 pt)") for v in list(shown)[1:])
     text = page.read_text()
     assert "int8cpu: INT8 for CPU serving, run by ONNX Runtime&#x27;s CPU integer kernels" in text
     assert (workdir / "reports" / "build-digits-variants.png").read_bytes().startswith(b"\x89PNG") and 'src="data:image/png;base64,' in text
