@@ -17,6 +17,8 @@ from pipeline.tables import TableData
 
 # What a variant is, in one line, where the name alone does not say it.
 VARIANT_NOTES = {
+    "int8": "int8: INT8 Q/DQ for TensorRT; ONNX Runtime serves it on a CPU with graph optimizations off (exact Q/DQ, as TensorRT "
+            "computes), so its CPU latency says nothing of its speed as a TensorRT engine",
     "int8cpu": "int8cpu: INT8 for CPU serving, run by ONNX Runtime's CPU integer kernels (uint8 activations, int8 weights); "
                "added with --int8 unless --no-int8-cpu, and left out when its gate does not pass",
     "u8": "u8: the FP32 model taking uint8 inputs (clients send bytes; it computes as FP32 does)",

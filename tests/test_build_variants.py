@@ -145,6 +145,8 @@ def test_the_cpu_int8_variant_is_explained_where_it_appears(tmp_path: Path) -> N
     assert line.startswith("int8cpu: INT8 for CPU serving, run by ONNX Runtime's CPU integer kernels (uint8 activations")
     assert "--no-int8-cpu" in line
     assert variant_notes([r for r in rows if r.precision != "int8cpu"], {}) == []
+    rows[1].precision = "int8"  # the Q/DQ INT8 variant: why its CPU latency is high
+    assert variant_notes(rows, {})[0].startswith("int8: INT8 Q/DQ for TensorRT; ONNX Runtime serves it on a CPU with graph optimizations off")
 
 
 def test_published_models_with_their_versions_and_where(tmp_path: Path) -> None:
