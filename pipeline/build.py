@@ -129,6 +129,7 @@ def build(cfg: BuildConfig) -> BuildResult:
         variants = _without_left_out(variants, ctx)  # a variant nobody asked for that did not pass: one line, not a failed build
         artifacts = variants + engines
         ctx.manifest.artifacts = {f"{a.precision}.{a.kind}": str(a.path) for a in artifacts}
+        _latency_stage(artifacts, data, ctx)
         repository = _publish_stage(artifacts, variants, data, kinds, ctx)
         if cfg.verify_served or cfg.verify_url:
             _served_stage(artifacts, data, ctx)
@@ -316,6 +317,17 @@ def _accuracy_stage(onnx_fp32: Path, candidates: list[Artifact], data: EvalData,
                   context={"tensorrt": ctx.cfg.tensorrt},
                   outputs={"dst": ctx.ws.accuracy}))
     ctx.manifest.results["accuracy"] = json.loads(ctx.ws.accuracy.read_text())
+
+
+def _latency_stage(artifacts: list[Artifact], data: EvalData, ctx: BuildContext) -> None:
+    from pipeline.stages.latency import cpu_name, cpu_threads, latency_batches, latency_report_from_variants
+
+    cfg = ctx.cfg
+    batches = latency_batches(artifacts[0].path, data, cfg.max_batch, cfg.max_memory_gib)
+    ctx.run(Stage("latency", latency_report_from_variants, inputs={"variants": artifacts, "data": data},
+                  settings={"batches": batches, "threads": cpu_threads(), "allow_host_code": cfg.allow_plan_host_code},
+                  context={"tensorrt": cfg.tensorrt}, environment={"cpu": cpu_name()}, outputs={"dst": ctx.ws.latency}))
+    ctx.manifest.results["latency"] = json.loads(ctx.ws.latency.read_text())
 
 
 def _publish_stage(artifacts: list[Artifact], variants: list[Artifact], data: EvalData, kinds: dict[str, OutputKind], ctx: BuildContext) -> Path:

@@ -43,6 +43,10 @@ class Workspace:
         return self.root / "accuracy.json"
 
     @property
+    def latency(self) -> Path:
+        return self.root / "latency.json"
+
+    @property
     def published(self) -> Path:
         return self.root / "published.json"
 

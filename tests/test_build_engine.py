@@ -78,8 +78,18 @@ def test_build_fp16_int8_goes_through_the_engine_stage_to_the_repository(tmp_pat
     plans = {v["variant"]: v for v in report["variants"] if v["kind"] == "plan"}
     assert set(plans) == {"fp32-plan", "fp16-plan", "int8-plan"} and all(v["passed"] for v in plans.values())
     assert plans["fp32-plan"]["samples"] == 80
-    for runner in standin.runners:
+    gate_runners, latency_runners = standin.runners[:3], standin.runners[3:]
+    for runner in gate_runners:
         assert sorted(set(runner.profile_log)) == [0, 1]  # 10 batches: lengths 6/12 in profile 0, 24/48 in profile 1
+
+    # The latency stage times every plan through the seam (the stand-in's times are ONNX Runtime's on this CPU, no GPU's),
+    # at batch 1 and at the largest batch its profiles admit, on the first evaluation sample (length 6: profile 0).
+    latency = {v["variant"]: v for v in json.loads((ws / "latency.json").read_text())["variants"]}
+    assert len(latency_runners) == 3 and all(set(r.profile_log) == {0} for r in latency_runners)
+    for precision in ("fp32", "fp16", "int8"):
+        plan, onnx = latency[f"{precision}-plan"], latency[f"{precision}-onnx"]
+        assert (plan["target"], plan["device"], plan["runtime"]) == ("gpu", "NVIDIA H200 (stand-in)", "TensorRT 10.16.1.11")
+        assert [b["batch"] for b in plan["batches"]] == [b["batch"] for b in onnx["batches"]] == [1, 8] and onnx["target"] == "cpu"
 
     # Published: plans with configs in the repository.
     for precision in ("fp32", "fp16", "int8"):
