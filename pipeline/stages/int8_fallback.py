@@ -5,9 +5,9 @@ this project's gate (every output judged by its kind, with confidence bounds: :m
 
 1. the model is calibrated once (:class:`pipeline.stages.int8.Calibrated`) and quantized;
 2. it is judged against FP32 on the evaluation data exactly as the accuracy stage will judge it;
-3. if it does not pass (a failed or an undecided figure), every quantized node is given a cost: the relative L2
-   error it adds to its output over its inputs (:mod:`pipeline.stages.layer_errors`), measured on *calibration*
-   samples, so the evaluation data that judges the result does not also pick the nodes;
+3. if it does not pass (a failed or an undecided figure), every quantized node is given a cost: how much closer to
+   FP32 the model's outputs come with that node alone left float (:mod:`pipeline.stages.node_costs`), measured on
+   *calibration* samples, so the evaluation data that judges the result does not also pick the nodes;
 4. the 1, 2, 4, … costliest nodes are kept in float, each set quantized and judged, until one passes or the bound
    is reached (``max_share`` of the quantized nodes); between the last set that failed and the first that passed,
    a bisection finds the fewest nodes that pass, since every node kept float costs speed.
@@ -40,7 +40,7 @@ from pipeline.stages.calibration import CalibrationData
 from pipeline.stages.int8 import TENSORRT_RECIPE, Calibrated, log_kept
 from pipeline.stages.int8_calibrate import QuantRecipe
 from pipeline.stages.int8_cpu import CPU_RECIPE, check_qdq_uint8_activations
-from pipeline.stages.layer_errors import LayerError, layer_errors_from_models
+from pipeline.stages.node_costs import NodeCost, node_costs_from_models
 from pipeline.stages.qdq_placement import WEIGHTED
 
 log = logging.getLogger(__name__)
@@ -109,7 +109,7 @@ def gated_int8_onnx_from_onnx(
         chosen = first
         if not verdict.passed and fallback.enabled:
             feed = next(calibration.batches(min(RANKING_SAMPLES, calibration.num_samples)))
-            ranked = ranked_nodes(layer_errors_from_models(src, first, feed, CANDIDATE_OP_TYPES[recipe]), exclude=base)
+            ranked = ranked_nodes(node_costs_from_models(src, first, feed, CANDIDATE_OP_TYPES[recipe]), exclude=base)
             search = FallbackSearch(lambda nodes: calibrated.quantize(base | {e.node for e in nodes}), judge, ranked,
                                     bound=max_kept(len(ranked), fallback.max_share))
             found = search.run()
@@ -131,16 +131,16 @@ def max_kept(candidates: int, share: float) -> int:
     return min(candidates, max(1, math.floor(candidates * share))) if candidates else 0
 
 
-def ranked_nodes(errors: Sequence[LayerError], exclude: set[str] = frozenset()) -> list[LayerError]:  # type: ignore[assignment]
-    """The nodes that add error (a positive jump), costliest first, ties by name (a deterministic order)."""
-    return sorted((e for e in errors if e.jump > 0 and e.node not in exclude), key=lambda e: (-e.jump, e.node))
+def ranked_nodes(costs: Sequence[NodeCost], exclude: set[str] = frozenset()) -> list[NodeCost]:  # type: ignore[assignment]
+    """The nodes whose quantization costs the outputs (or, unmeasured, adds error), costliest first, ties by name."""
+    return sorted((c for c in costs if (c.cost > 0 or c.jump > 0) and c.node not in exclude), key=lambda c: (-c.cost, -c.jump, c.node))
 
 
 class FallbackSearch:
     """Keep the 1, 2, 4, … first nodes of ``ranked`` in float (``quantize``) until ``judge`` passes one set or ``bound``
     is reached, then bisect between the last failing and the first passing count for the fewest that pass."""
 
-    def __init__(self, quantize: Callable[[list[LayerError]], Path], judge: Callable[[Path], VariantResult], ranked: list[LayerError],
+    def __init__(self, quantize: Callable[[list[NodeCost]], Path], judge: Callable[[Path], VariantResult], ranked: list[NodeCost],
                  bound: int) -> None:
         self.quantize, self.judge, self.ranked, self.bound = quantize, judge, ranked, bound
         self.tried: list[Tried] = []
@@ -182,8 +182,7 @@ class FallbackSearch:
         samples = len(next(iter(feed.values()))) if feed else 0
         return {"passed": bool(kept), "candidates": candidates, "bound": self.bound, "max_share": share,
                 "ranked_on": f"{samples} calibration samples", "tried": [t.as_dict() for t in self.tried],
-                "kept": [{"node": e.node, "op_type": e.op_type, "cost": e.jump, "input_error": e.input_error, "output_error": e.output_error}
-                         for e in kept]}
+                "kept": [c.as_dict() for c in kept]}
 
 
 def describe_fallback(summary: Mapping[str, Any]) -> str:
@@ -197,5 +196,5 @@ def describe_fallback(summary: Mapping[str, Any]) -> str:
     if not kept:
         return (f"{variant}: no set of up to {summary.get('bound', 0)} of {summary.get('candidates', 0)} quantized nodes kept in float "
                 f"passes the gate ({len(summary.get('tried', []))} tried)")
-    shown = ", ".join(f"{k['node']} (+{k['cost']:.1%})" for k in kept[:8]) + (f" and {len(kept) - 8} more" if len(kept) > 8 else "")
+    shown = ", ".join(f"{k['node']} ({k['cost']:.3f})" for k in kept[:8]) + (f" and {len(kept) - 8} more" if len(kept) > 8 else "")
     return f"{variant}: gate passes with {len(kept)} of {summary.get('candidates', 0)} quantized nodes kept in float: {shown}"
