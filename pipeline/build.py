@@ -83,6 +83,7 @@ class BuildContext:
 def build(cfg: BuildConfig) -> BuildResult:
     """Keras model → SavedModel → ONNX (parity-checked against TF) → … (see README)."""
     cfg.validate()
+    check_plans_load_in_image(cfg)  # before any stage: a plan the serving image cannot load is not worth building
     require_creatable(cfg.workdir, "--workdir")
     require_creatable(cfg.repository, "--repository")
     source = model_source(cfg.model, cfg.imports, cfg.allow_lambda)
@@ -132,6 +133,20 @@ def build(cfg: BuildConfig) -> BuildResult:
     finally:
         ctx.manifest.write()  # also for a failed build: which stage failed, and why
     return BuildResult(name, ctx.ws, artifacts, ctx.ws.manifest, repository)
+
+
+def check_plans_load_in_image(cfg: BuildConfig) -> None:
+    """With ``--triton-image``, refuse (PipelineError, one line) when the plans this build would make cannot load
+    in that image (:func:`pipeline.triton.ngc_releases.check_plan_tensorrt`). Only when plans will be built: where
+    TensorRT cannot build here (not installed, no GPU) or with ``--no-engine`` the build publishes ONNX variants only,
+    whose engines ONNX Runtime builds inside the serving image, so there is nothing to refuse."""
+    if not cfg.engine or cfg.triton_image is None:
+        return
+    platform = cfg.tensorrt.platform()
+    if platform is not None:
+        from pipeline.triton.ngc_releases import check_plan_tensorrt, ngc_image
+
+        check_plan_tensorrt(ngc_image(cfg.triton_image), platform.tensorrt_version)
 
 
 def workspace_of(cfg: BuildConfig) -> Workspace | None:

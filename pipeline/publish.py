@@ -94,7 +94,9 @@ def repository_from_artifacts(
         # A plan loads only on the TensorRT that built it, and which NGC tag ships that TensorRT is the user's call.
         log.warning("deploy bundle not written: TensorRT plans need --triton-image naming the NGC tag with the TensorRT that built them")
     else:
-        image = settings.image or DEFAULT_IMAGE
+        from pipeline.triton.ngc_releases import ngc_image
+
+        image = ngc_image(settings.image or DEFAULT_IMAGE)  # a bare NGC tag (24.10-py3) names the NGC image
         write_deploy_bundle(settings.repository, deploy_dir(settings.repository), image=image)  # logs where it went
     return published
 

@@ -291,9 +291,9 @@ def test_a_plan_on_an_image_with_another_tensorrt_names_the_tag_that_runs_its_te
     assert check_image("nvcr.io/nvidia/tritonserver:24.12-py3", plan, table) == []
     with pytest.raises(PipelineError, match=r"no tag in the table is known to run TensorRT 10.13; or rebuild the plan with TensorRT 10.9"):
         check_image("nvcr.io/nvidia/tritonserver:24.11-py3", [ModelNeeds("m", is_plan=True, plan_tensorrt="10.13.2.6")], table)
-    [line] = check_image("nvcr.io/nvidia/tritonserver:25.02-py3", plan, table)
-    assert line == ("m: built with TensorRT 10.10.0.31; nvcr.io/nvidia/tritonserver:25.02-py3's TensorRT is not in the table "
-                    "(the table lists TensorRT 10.10 for 24.12, 25.01)")
+    with pytest.raises(PipelineError, match=r"the TensorRT of nvcr.io/nvidia/tritonserver:25.02-py3 is not known from a source .* — "
+                                            r"pass --image nvcr.io/nvidia/tritonserver:25.01-py3, which runs TensorRT 10.10"):
+        check_image("nvcr.io/nvidia/tritonserver:25.02-py3", plan, table)
 
 
 def test_images_older_than_the_configs_are_refused_and_unknown_ones_say_what_was_not_checked(
@@ -324,17 +324,22 @@ def _plan_repository(tmp_path: Path, tensorrt: str | None) -> Path:
     return repo
 
 
-def test_plans_must_match_the_images_tensorrt(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+def test_plans_must_match_the_images_tensorrt(tmp_path: Path) -> None:
+    """No row of the real table has a sourced TensorRT, so a repository with plans is refused for every tag, saying
+    why and naming the same release's TensorRT container; an image outside the table is refused too."""
     with pytest.raises(PipelineError, match="digits_fp16_trt is a TensorRT plan, and a plan only loads on the TensorRT version that built it"):
         write_deploy_bundle(_plan_repository(tmp_path, None), tmp_path / "out")
     with pytest.raises(PipelineError, match=r"built with TensorRT 10.8.0.43, but .*24.10-py3 runs TensorRT 10.5 \(the table's "
                                             r"value, not verified\) — no tag in the table is known to run TensorRT 10.8"):
         write_deploy_bundle(_plan_repository(tmp_path, "10.8.0.43"), tmp_path / "out")
-    assert write_deploy_bundle(_plan_repository(tmp_path, "10.5.0.18"), tmp_path / "out")
-    with caplog.at_level("WARNING"):  # 25.03's TensorRT could not be read: said, not refused
+    with pytest.raises(PipelineError, match=r"the table's TensorRT 10.5 for .*24.10-py3 is not verified \(NVIDIA's Frameworks Support Matrix.*"
+                                            r"trtexec in nvcr.io/nvidia/tensorrt:24.10-py3"):
+        write_deploy_bundle(_plan_repository(tmp_path, "10.5.0.18"), tmp_path / "out")
+    with pytest.raises(PipelineError, match=r"the TensorRT of nvcr.io/nvidia/tritonserver:25.03-py3 is not known from a source.*"
+                                            r"trtexec in nvcr.io/nvidia/tensorrt:25.03-py3"):
         write_deploy_bundle(_plan_repository(tmp_path, "10.9.0.34"), tmp_path / "later", image="nvcr.io/nvidia/tritonserver:25.03-py3")
-    [line] = [r.getMessage() for r in caplog.records if r.getMessage().startswith("not checked")]
-    assert "digits_fp16_trt: built with TensorRT 10.9.0.34; nvcr.io/nvidia/tritonserver:25.03-py3's TensorRT is not in the table" in line
+    with pytest.raises(PipelineError, match=r"registry.example/tritonserver:prod is not an NGC tritonserver -py3 tag of the release table"):
+        write_deploy_bundle(tmp_path / "plan_10.9.0.34", tmp_path / "custom", image="registry.example/tritonserver:prod")
 
 
 def test_a_repository_of_cpu_only_models_is_not_a_gpu_bundle(tmp_path: Path) -> None:
