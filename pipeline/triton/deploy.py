@@ -43,7 +43,7 @@ from pipeline.triton.bundle_files import (
     script_repository_lines,
     write_bundle_files,
 )
-from pipeline.triton.ngc_releases import DEFAULT_IMAGE, check_image, repository_needs
+from pipeline.triton.ngc_releases import DEFAULT_IMAGE, NGC_REPOSITORY, check_image, ngc_tag, repository_needs
 from pipeline.triton.repository import read_repository
 from pipeline.triton.server_args import (
     ADMIN_HEADER,
@@ -58,6 +58,7 @@ log = logging.getLogger(__name__)
 
 __all__ = ["DEFAULT_IMAGE", "server_args", "write_deploy_bundle", "gpu_models"]
 SCRIPT, COMPOSE, README = "docker-run.sh", "compose.yaml", "README.md"
+MULTI_GPU_FIXED_TAG = "25.04"  # the first release whose onnxruntime backend puts each instance's TensorRT EP on its own GPU
 
 
 def server_args(http_port: int = 8000, grpc_port: int = 8001, metrics_port: int = 8002,
@@ -101,6 +102,9 @@ def write_deploy_bundle(
             "build GPU variants (e.g. --fp16), or serve the CPU variants with `python -m pipeline serve`")
     for line in check_image(image, repository_needs(models, loaded)):
         log.warning("not checked: %s", line)
+    one_gpu = one_gpu_note(image, models, loaded)
+    if one_gpu:
+        log.warning("%s", one_gpu)
 
     out_dir = Path(out_dir)
     rel_repo = relative_repository(Path(repository), out_dir)
@@ -112,12 +116,29 @@ def write_deploy_bundle(
     files = {
         SCRIPT: _docker_run_script(image, rel_repo, f"{setup} && exec " + shell_command(tritonserver_args(server)), ports),
         COMPOSE: compose_yaml({"triton": service}, f"Serve the model repository with {image}: {ADMIN_KEY_ENV}=<secret> docker compose up"),
-        README: _readme(image, loaded, skipped, ports),
+        README: _readme(image, loaded, skipped, ports, one_gpu),
     }
     paths = write_bundle_files(out_dir, files, executable=[SCRIPT])
     log.info("deploy bundle for %s (%s) written to %s", repository, image, out_dir)
     log.info("%s", exposure_note())
     return paths
+
+
+def one_gpu_note(image: str, models: dict[str, Any], loaded: list[str]) -> str | None:
+    """The warning for an NGC image before 25.04 serving ONNX models through ONNX Runtime's TensorRT EP: its
+    onnxruntime backend ran every instance's TensorRT EP on GPU 0 (onnxruntime_backend PR #299, in 25.04), so on a
+    host with several GPUs the other GPUs' instances compute on GPU 0. None for other images or plan-only repositories."""
+    from pipeline.triton.accelerators import gpu_accelerator_parameters
+
+    tag = ngc_tag(image)
+    if tag is None or tag >= MULTI_GPU_FIXED_TAG:
+        return None
+    trt_models = [name for name in loaded if gpu_accelerator_parameters(models[name].config, "tensorrt") is not None]
+    if not trt_models:
+        return None
+    return (f"{image} runs ONNX Runtime's TensorRT EP of every instance on GPU 0 (fixed in {MULTI_GPU_FIXED_TAG}, "
+            f"onnxruntime_backend PR #299): on a host with several GPUs, run one container per GPU "
+            f"(TRITON_GPUS='\"device=N\"' and its own ports) or use {NGC_REPOSITORY}:{MULTI_GPU_FIXED_TAG}-py3 or newer")
 
 
 def _docker_run_script(image: str, rel_repo: str | None, server: str, ports: tuple[int, ...]) -> str:
@@ -148,9 +169,10 @@ def _docker_run_script(image: str, rel_repo: str | None, server: str, ports: tup
     ])
 
 
-def _readme(image: str, models: list[str], skipped: list[str], ports: tuple[int, ...]) -> str:
+def _readme(image: str, models: list[str], skipped: list[str], ports: tuple[int, ...], one_gpu: str | None = None) -> str:
     http, grpc, metrics = ports
     cpu_note = [f"Not loaded (CPU-only variants, `KIND_CPU`, for CPU deployments): {', '.join(skipped)}.", ""] if skipped else []
+    cpu_note += [f"Several GPUs: {one_gpu}.", ""] if one_gpu else []
     return "\n".join([
         "# Triton deploy bundle",
         "",

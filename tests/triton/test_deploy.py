@@ -434,3 +434,18 @@ def test_an_image_no_registry_could_serve_is_refused_in_one_line(image: str) -> 
     with pytest.raises(PipelineError, match=r"is not a container image reference") as caught:
         check_image(image, [ModelNeeds("m", ir_version=8, opset=17)])
     assert caught.value.fix and "nvcr.io/nvidia/tritonserver:24.10-py3" in caught.value.fix
+
+
+def test_images_before_25_04_warn_about_several_gpus(repository: Path, tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """Before 25.04 the onnxruntime backend ran every instance's TensorRT EP on GPU 0: the bundle says so and
+    names the way out (one container per GPU, or 25.04+); 25.04 says nothing."""
+    with caplog.at_level("WARNING"):
+        write_deploy_bundle(repository, tmp_path / "old")
+    [line] = [r.getMessage() for r in caplog.records if "GPU 0" in r.getMessage()]
+    assert "one container per GPU" in line and "nvcr.io/nvidia/tritonserver:25.04-py3 or newer" in line
+    assert "GPU 0" in (tmp_path / "old" / "README.md").read_text()
+    caplog.clear()
+    with caplog.at_level("WARNING"):
+        write_deploy_bundle(repository, tmp_path / "new", image="nvcr.io/nvidia/tritonserver:25.04-py3")
+    assert not [r for r in caplog.records if "GPU 0" in r.getMessage()]
+    assert "GPU 0" not in (tmp_path / "new" / "README.md").read_text()
