@@ -103,6 +103,9 @@ class BuildConfig:
                                          "repeat for more inputs; naming an input again starts the next profile (default: batch 1/max/max)",
                                      flag="--shape", metavar="INPUT:MIN/OPT/MAX", group=ENGINES)
     engine: bool = option(True, "do not build TensorRT engines even where possible", flag="--no-engine", group=ENGINES)
+    plans_at_deploy: bool = option(False, "build no plan here: record, beside each GPU ONNX variant, its profiles and golden inputs/outputs, "
+                                          "so the deploy bundle builds the plan with the serving release's own TensorRT (its NGC TensorRT "
+                                          "container) and serves it only if it matches (see docs/ngc.md)", group=ENGINES)
     optimization_level: int = option(3, "TensorRT builder optimization level", check=in_range(0, 5), metavar="0-5", group=ENGINES)
     tf32: bool = option(True, "build FP32 engines without TF32 (TensorRT's default lets FP32 layers use TF32 tensor cores: faster on "
                               "Ampere and newer, FP16-like 10-bit mantissa; the FP32 engine's gate follows: --tf32-atol, "

@@ -68,7 +68,7 @@ from pipeline.errors import PipelineError
 log = logging.getLogger(__name__)
 
 NGC_REPOSITORY = "nvcr.io/nvidia/tritonserver"
-NGC_TENSORRT_REPOSITORY = "nvcr.io/nvidia/tensorrt"  # the NGC TensorRT container: trtexec and the release's TensorRT
+NGC_TENSORRT_REPOSITORY = "nvcr.io/nvidia/tensorrt"  # the NGC TensorRT container: the release's TensorRT (--plans-at-deploy builds there)
 # Why a row's TensorRT is not sourced (module docstring, TensorRT): said by every refusal that rests on it.
 TENSORRT_UNSOURCED = ("NVIDIA's Frameworks Support Matrix, which lists the TensorRT of each -py3 image, could not be read, "
                       "and the release notes name none")
@@ -285,13 +285,15 @@ def check_plan_tensorrt(image: str, version: str, releases: tuple[NgcRelease, ..
             f"a newer tag (TensorRT {_major_minor(release.tensorrt)} is older than {'.'.join(map(str, MIN_TENSORRT))}, the oldest the engine stage builds with)"
         raise PipelineError(
             f"plans built here with TensorRT {version} do not load in {image}, which runs {runs}",
-            f"build them with that release's TensorRT (trtexec in {container}, or {wheel}), or pass --no-engine",
+            f"build them with that release's TensorRT: --plans-at-deploy (the deploy bundle builds them in {container}), or {wheel}; "
+            "or pass --no-engine",
         )
     if sourced_tensorrt(release) is None:
         raise PipelineError(
             f"the TensorRT of {image} is not known from a source ({TENSORRT_UNSOURCED}), so no plan built here "
             f"(TensorRT {version}) is offered for it",
-            f"build the plans with that release's own TensorRT (trtexec in {container}), or pass --no-engine",
+            f"build the plans with that release's own TensorRT: --plans-at-deploy (the deploy bundle builds them in {container}), "
+            "or pass --no-engine",
         )
 
 
@@ -367,7 +369,7 @@ def _check_plan(release: NgcRelease, needs: ModelNeeds, releases: tuple[NgcRelea
     matching = tags_running_tensorrt(needs.plan_tensorrt, releases)
     if release.tensorrt is None:
         known = f"pass --image {NGC_REPOSITORY}:{matching[-1]}-py3, which runs TensorRT {_major_minor(needs.plan_tensorrt)}" \
-            if matching else f"rebuild the plan with that release's own TensorRT (trtexec in {tensorrt_container(release.tag)})"
+            if matching else f"build with --plans-at-deploy instead: the bundle builds the plan with that release's own TensorRT ({tensorrt_container(release.tag)})"
         raise PipelineError(
             f"model {needs.name} is a TensorRT plan built with TensorRT {needs.plan_tensorrt}, and the TensorRT of {release.image} "
             f"is not known from a source ({TENSORRT_UNSOURCED})", known)
@@ -391,6 +393,6 @@ def _check_plan(release: NgcRelease, needs: ModelNeeds, releases: tuple[NgcRelea
         raise PipelineError(
             f"model {needs.name} is a TensorRT plan built with TensorRT {needs.plan_tensorrt}; the table's TensorRT {release.tensorrt} "
             f"for {release.image} is not verified ({TENSORRT_UNSOURCED})",
-            f"rebuild the plan with that release's own TensorRT (trtexec in {tensorrt_container(release.tag)})",
+            f"build with --plans-at-deploy instead: the bundle builds the plan with that release's own TensorRT ({tensorrt_container(release.tag)})",
         )
     return []

@@ -333,10 +333,10 @@ def test_plans_must_match_the_images_tensorrt(tmp_path: Path) -> None:
                                             r"value, not verified\) — no tag in the table is known to run TensorRT 10.8"):
         write_deploy_bundle(_plan_repository(tmp_path, "10.8.0.43"), tmp_path / "out")
     with pytest.raises(PipelineError, match=r"the table's TensorRT 10.5 for .*24.10-py3 is not verified \(NVIDIA's Frameworks Support Matrix.*"
-                                            r"trtexec in nvcr.io/nvidia/tensorrt:24.10-py3"):
+                                            r"--plans-at-deploy instead: .*\(nvcr.io/nvidia/tensorrt:24.10-py3\)"):
         write_deploy_bundle(_plan_repository(tmp_path, "10.5.0.18"), tmp_path / "out")
     with pytest.raises(PipelineError, match=r"the TensorRT of nvcr.io/nvidia/tritonserver:25.03-py3 is not known from a source.*"
-                                            r"trtexec in nvcr.io/nvidia/tensorrt:25.03-py3"):
+                                            r"--plans-at-deploy instead: .*\(nvcr.io/nvidia/tensorrt:25.03-py3\)"):
         write_deploy_bundle(_plan_repository(tmp_path, "10.9.0.34"), tmp_path / "later", image="nvcr.io/nvidia/tritonserver:25.03-py3")
     with pytest.raises(PipelineError, match=r"registry.example/tritonserver:prod is not an NGC tritonserver -py3 tag of the release table"):
         write_deploy_bundle(tmp_path / "plan_10.9.0.34", tmp_path / "custom", image="registry.example/tritonserver:prod")

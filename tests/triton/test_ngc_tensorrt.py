@@ -49,7 +49,7 @@ def test_the_build_refuses_an_image_whose_tensorrt_differs_before_any_stage(tmp_
     assert "\n" not in message
     assert message.startswith("plans built here with TensorRT 11.4.0.106 do not load in nvcr.io/nvidia/tritonserver:24.10-py3, "
                               "which runs TensorRT 10.5 (not verified)")
-    assert "trtexec in nvcr.io/nvidia/tensorrt:24.10-py3" in message and "--no-engine" in message
+    assert "--plans-at-deploy (the deploy bundle builds them in nvcr.io/nvidia/tensorrt:24.10-py3)" in message and "--no-engine" in message
     assert not (tmp_path / "build").exists() and not (tmp_path / "repo").exists()
     # --no-engine: no plan is built, so nothing about TensorRT is refused (the build itself is not run here)
     cfg_no_engine = dataclasses.replace(cfg, engine=False)
