@@ -134,3 +134,24 @@ def test_the_init_script_serves_only_plans_that_pass_their_golden_check(tmp_path
         assert (model / "warmup").is_dir()
     words = shlex.split(script.read_text().splitlines()[-3])  # the plan line: name, source, commands
     assert words[:2] == ["plan", "tok_fp16_trt"]
+
+
+def test_the_golden_files_are_what_polygraphy_run_loads(tmp_path: Path) -> None:
+    """The real ``polygraphy run --load-inputs --load-outputs`` (ONNX Runtime standing in for the plan: TensorRT
+    cannot run here) passes on the variant itself and fails when a recorded output is off by more than atol."""
+    import sys
+
+    from polygraphy.comparator import RunResults
+
+    repository = _publish(tmp_path)
+    golden = repository / "tok_fp16" / "plan" / "golden"
+    polygraphy = [str(Path(sys.executable).parent / "polygraphy")]
+    argv = [*polygraphy, "run", str(repository / "tok_fp16" / "1" / "model.onnx"), "--onnxrt", "--load-inputs",
+            str(golden / "profile1.inputs.json"), "--load-outputs", str(golden / "profile1.outputs.json"), "--atol", "0.02", "--rtol", "0"]
+    assert subprocess.run(argv, capture_output=True, text=True).returncode == 0
+    results = RunResults.load(str(golden / "profile1.outputs.json"))
+    [(name, iterations)] = list(results.items())
+    iterations[0]["scores"] = iterations[0]["scores"] + 0.5
+    results.save(str(golden / "profile1.outputs.json"))
+    failed = subprocess.run(argv, capture_output=True, text=True)
+    assert failed.returncode != 0 and "FAILED" in failed.stdout + failed.stderr
