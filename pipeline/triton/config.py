@@ -432,7 +432,7 @@ def _check_profiles(cfg: ModelConfig, meta: Mapping[str, Any], inputs: Mapping[s
     for warmup in cfg.model_warmup:
         shapes = {name: [warmup.batch_size, *item.dims] for name, item in warmup.inputs.items() if name in inputs}
         if not any(all(_admits(ranges_of[index][name], shape) for name, shape in shapes.items()) for index in used):
-            named = ", ".join(f"'{name}' {shape}" for name, shape in shapes.items())
+            named = ", ".join(f"'{name}' {shape}" for name, shape in sorted(shapes.items()))
             raise PipelineError(f"warmup '{warmup.name}' ({named}) is outside every profile the config names ({', '.join(map(str, used))}) of the {where}",
                                 "warm up with shapes the engine profiles admit")
 
