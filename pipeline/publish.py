@@ -85,6 +85,10 @@ def repository_from_artifacts(
         if settings.deploy_plans is not None and golden is not None and artifact.kind == "onnx" and artifact.precision in PRECISIONS:
             extra[name].update(_deploy_plan_files(artifact, configs[name], signature, settings, golden))
     if settings.mig:
+        if settings.deploy_plans is not None:
+            from pipeline.mig.bundle import PLANS_NOT_BUILT
+
+            log.warning("%s", PLANS_NOT_BUILT.format("the GPU ONNX variants"))
         for name, files in _mig_files(artifacts, configs, settings).items():
             extra[name].update(files)
     published = publish_repository(

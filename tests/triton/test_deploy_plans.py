@@ -155,3 +155,17 @@ def test_the_golden_files_are_what_polygraphy_run_loads(tmp_path: Path) -> None:
     results.save(str(golden / "profile1.outputs.json"))
     failed = subprocess.run(argv, capture_output=True, text=True)
     assert failed.returncode != 0 and "FAILED" in failed.stdout + failed.stderr
+
+
+def test_the_mig_bundle_says_it_does_not_build_plans_recorded_for_deploy(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    from pipeline.mig.bundle import write_bundle
+    from pipeline.mig.memory import MemoryEstimate
+    from pipeline.mig.plan import GIB, plan_instances
+    from pipeline.mig.profiles import builtin_gpu
+
+    repository = _publish(tmp_path)
+    plan = plan_instances(builtin_gpu("H200-141GB"), {"tok_fp16": MemoryEstimate("hand-written", GIB, GIB)}, None)
+    with caplog.at_level("WARNING"):
+        write_bundle(tmp_path / "mig", plan, repository=repository)
+    [line] = [r.getMessage() for r in caplog.records if "--plans-at-deploy" in r.getMessage()]
+    assert "beside tok_fp16:" in line and "python -m pipeline deploy" in line
