@@ -44,6 +44,7 @@ from pipeline.stages.source import DEFAULT_MODEL, ModelSource, model_source
 from pipeline.stages.uint8_input import uint8_input_onnx_from_onnx, uint8_parity_from_models
 from pipeline.tensors import ModelSignature, load_onnx, signature_from_onnx
 from pipeline.trt_support import warn_unparsable
+from pipeline.triton.deploy_plans import DeployPlans
 from pipeline.triton.served_gate import SERVED_ATOL
 from pipeline.triton.verify import verify_repository
 from pipeline.options import CALIBRATION_ROOT
@@ -84,6 +85,7 @@ class BuildContext:
 def build(cfg: BuildConfig) -> BuildResult:
     """Keras model → SavedModel → ONNX (parity-checked against TF) → … (see README)."""
     cfg.validate()
+    check_plans_load_in_image(cfg)  # before any stage: a plan the serving image cannot load is not worth building
     require_creatable(cfg.workdir, "--workdir")
     require_creatable(cfg.repository, "--repository")
     source = model_source(cfg.model, cfg.imports, cfg.allow_lambda)
@@ -124,18 +126,33 @@ def build(cfg: BuildConfig) -> BuildResult:
         gpu_variants = [v for v in variants if v.precision in PRECISIONS]
         ctx.manifest.results["tensorrt_parser"] = warn_unparsable({v.precision: v.path for v in gpu_variants})  # before a GPU machine finds out
         engines = _engine_stages(gpu_variants, profiles, ctx)
+        deploy_plans = _deploy_plans(profiles, cfg) if cfg.plans_at_deploy else None
         # the uint8-input variant computes as FP32 does: its gate is the parity one (_uint8_stage)
         _accuracy_stage(onnx_fp32, [v for v in variants[1:] if v.precision not in WIRE_PRECISIONS] + engines, data, kinds, ctx)
         variants = _without_left_out(variants, ctx)  # a variant nobody asked for that did not pass: one line, not a failed build
         artifacts = variants + engines
         ctx.manifest.artifacts = {f"{a.precision}.{a.kind}": str(a.path) for a in artifacts}
         _latency_stage(artifacts, data, ctx)
-        repository = _publish_stage(artifacts, variants, data, kinds, ctx)
+        repository = _publish_stage(artifacts, variants, data, kinds, ctx, deploy_plans)
         if cfg.verify_served or cfg.verify_url:
             _served_stage(artifacts, data, ctx)
     finally:
         ctx.manifest.write()  # also for a failed build: which stage failed, and why
     return BuildResult(name, ctx.ws, artifacts, ctx.ws.manifest, repository)
+
+
+def check_plans_load_in_image(cfg: BuildConfig) -> None:
+    """With ``--triton-image``, refuse (PipelineError, one line) when the plans this build would make cannot load
+    in that image (:func:`pipeline.triton.ngc_releases.check_plan_tensorrt`). Only when plans will be built: where
+    TensorRT cannot build here (not installed, no GPU) or with ``--no-engine`` the build publishes ONNX variants only,
+    whose engines ONNX Runtime builds inside the serving image, so there is nothing to refuse."""
+    if not cfg.engine or cfg.plans_at_deploy or cfg.triton_image is None:
+        return
+    platform = cfg.tensorrt.platform()
+    if platform is not None:
+        from pipeline.triton.ngc_releases import check_plan_tensorrt, ngc_image
+
+        check_plan_tensorrt(ngc_image(cfg.triton_image), platform.tensorrt_version)
 
 
 def workspace_of(cfg: BuildConfig) -> Workspace | None:
@@ -232,6 +249,9 @@ def _without_left_out(variants: list[Artifact], ctx: BuildContext) -> list[Artif
 def _engine_stages(variants: list[Artifact], profiles: list[ShapeProfile], ctx: BuildContext) -> list[Artifact]:
     if not ctx.cfg.engine:
         ctx.manifest.not_run("engine", "disabled with --no-engine")
+        return []
+    if ctx.cfg.plans_at_deploy:
+        ctx.manifest.not_run("engine", "--plans-at-deploy: the deploy bundle builds the plans with the serving release's TensorRT")
         return []
     cfg = ctx.cfg
     available, reason = cfg.tensorrt.status()
@@ -330,7 +350,19 @@ def _latency_stage(artifacts: list[Artifact], data: EvalData, ctx: BuildContext)
     ctx.manifest.results["latency"] = json.loads(ctx.ws.latency.read_text())
 
 
-def _publish_stage(artifacts: list[Artifact], variants: list[Artifact], data: EvalData, kinds: dict[str, OutputKind], ctx: BuildContext) -> Path:
+def _deploy_plans(profiles: list[ShapeProfile], cfg: BuildConfig) -> DeployPlans:
+    """What the deploy bundle builds plans with (--plans-at-deploy): this build's profiles and engine settings, and per
+    precision the golden check's max abs error (the gate's engine tolerance; INT8 without one: FP16's)."""
+    from pipeline.gates import tolerance_for
+
+    atol = {p: tolerance_for(p, cfg.gates, engine=True, tf32=cfg.tf32).atol for p in PRECISIONS}
+    fallback = cfg.gates.fp16_atol if cfg.gates.fp16_atol is not None else 1e-2
+    return DeployPlans(tuple(profiles), cfg.tf32, cfg.optimization_level,
+                       tuple((p, a if a is not None else fallback) for p, a in atol.items()))
+
+
+def _publish_stage(artifacts: list[Artifact], variants: list[Artifact], data: EvalData, kinds: dict[str, OutputKind], ctx: BuildContext,
+                   deploy_plans: DeployPlans | None = None) -> Path:
     cfg = ctx.cfg
     labels = ctx.data_dir.labels
     settings = PublishSettings(
@@ -342,6 +374,7 @@ def _publish_stage(artifacts: list[Artifact], variants: list[Artifact], data: Ev
         classifier_output=primary_classes_output(kinds),
         mig=cfg.mig,
         image=cfg.triton_image,
+        deploy_plans=deploy_plans,
     )
     # Later commands (verify, loadtest) find the evaluation data the build used through this report.
     eval_path = cfg.eval_data or ctx.data_dir.eval

@@ -61,8 +61,10 @@ class BuildConfig:
     report_dir: Path | None = option(None, "where the HTML page index.html goes (default: <workdir>/reports)", metavar="DIR", group=OUTPUTS)
     repository: Path = repository_option(OUTPUTS)
     version_policy: str = option("new", "add a new numbered version, or replace the pipeline's versions", choices=("new", "replace"), group=OUTPUTS)
-    triton_image: str | None = option(None, "NGC tritonserver image for the deploy bundle (default: nvcr.io/nvidia/tritonserver:24.10-py3, "
-                                            "Triton 2.51 as served here)", metavar="IMAGE", group=OUTPUTS)
+    triton_image: str | None = option(None, "NGC tritonserver image for the deploy bundle, or a bare NGC tag such as 24.10-py3 (default: "
+                                            "nvcr.io/nvidia/tritonserver:24.10-py3, Triton 2.51 as served here); with TensorRT plans to build, "
+                                            "refused before any stage unless its TensorRT, from a source, is the one building them",
+                                      metavar="IMAGE", group=OUTPUTS)
     mig: str | None = option(None, "add per-MIG-profile configs and a launch bundle, e.g. H200-141GB or A100-80GB:3x2g.20gb,1x1g.10gb "
                                    "(see mig-plan)", metavar="GPU[:LAYOUT]", group=OUTPUTS)
     opset: int = option(17, "ONNX opset, 17 or newer", check=lambda v: None if v >= 17 else "is too old", fix="use --opset 17 or newer",
@@ -109,6 +111,9 @@ class BuildConfig:
                                          "repeat for more inputs; naming an input again starts the next profile (default: batch 1/max/max)",
                                      flag="--shape", metavar="INPUT:MIN/OPT/MAX", group=ENGINES)
     engine: bool = option(True, "do not build TensorRT engines even where possible", flag="--no-engine", group=ENGINES)
+    plans_at_deploy: bool = option(False, "build no plan here: record, beside each GPU ONNX variant, its profiles and golden inputs/outputs, "
+                                          "so the deploy bundle builds the plan with the serving release's own TensorRT (its NGC TensorRT "
+                                          "container) and serves it only if it matches (see docs/ngc.md)", group=ENGINES)
     optimization_level: int = option(3, "TensorRT builder optimization level", check=in_range(0, 5), metavar="0-5", group=ENGINES)
     tf32: bool = option(True, "build FP32 engines without TF32 (TensorRT's default lets FP32 layers use TF32 tensor cores: faster on "
                               "Ampere and newer, FP16-like 10-bit mantissa; the FP32 engine's gate follows: --tf32-atol, "

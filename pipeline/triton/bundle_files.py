@@ -78,15 +78,17 @@ def compose_service(
     devices: Mapping[str, Any],
     shm_size: str = "1gb",
     setup: str | None = None,
+    extra_shell: str = "",
 ) -> dict[str, Any]:
     """One compose service running ``server`` (its repository must be :data:`CONTAINER_REPOSITORY`).
 
     ``ports`` are (host, container) pairs, published on ``$TRITON_BIND_ADDRESS`` (default
     127.0.0.1); ``devices`` the GPU reservation
     (``{"count": "all"}`` or ``{"device_ids": [...]}``); ``setup`` a shell command run first in the
-    container (the engine cache directories: :func:`pipeline.triton.accelerators.cache_setup_shell`).
+    container (the engine cache directories: :func:`pipeline.triton.accelerators.cache_setup_shell`);
+    ``extra_shell`` shell words appended to the tritonserver command (evaluated by the container's bash).
     """
-    command = (f"{setup} && " if setup else "") + "exec " + shell_command(tritonserver_args(server))
+    command = (f"{setup} && " if setup else "") + "exec " + shell_command(tritonserver_args(server)) + (f" {extra_shell}" if extra_shell else "")
     return {
         "image": image,
         "user": CONTAINER_USER,
