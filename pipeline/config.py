@@ -84,7 +84,7 @@ class BuildConfig:
     int8_fallback: bool = option(True, "do not keep the costliest quantized nodes in float when an INT8 variant's gate does not pass "
                                        "(by default they are, as few as the gate needs, and the report lists them)",
                                  flag="--no-int8-fallback", group=PRECISION)
-    int8_fallback_max_share: float = option(0.25, "INT8 fallback: at most this share of the quantized nodes may be kept in float",
+    int8_fallback_max_share: float = option(0.5, "INT8 fallback: at most this share of the quantized nodes (and at least 2) may be kept in float",
                                             check=in_range(0.01, 1.0), metavar="SHARE", group=PRECISION)
     int8_keep_nodes: tuple[str, ...] = option((), "INT8: keep these Conv/ConvTranspose/Gemm/MatMul nodes of model.fp32.onnx in float (no Q/DQ "
                                               "on their inputs; a failed INT8 gate names the layers that add the most error), comma-separated "

@@ -58,7 +58,7 @@ class FallbackSettings:
     """How far the accuracy-aware fallback may go (``--no-int8-fallback``, ``--int8-fallback-max-share``)."""
 
     enabled: bool = True
-    max_share: float = 0.25  # of the quantized nodes, at most this share kept in float
+    max_share: float = 0.5  # of the quantized nodes, at most this share kept in float (and at least MIN_BOUND nodes)
 
 
 @dataclass(frozen=True)
@@ -126,9 +126,12 @@ def gated_int8_onnx_from_onnx(
     return dst
 
 
+MIN_BOUND = 2  # a small model's share rounds to nothing: two of its nodes may always stay float
+
+
 def max_kept(candidates: int, share: float) -> int:
-    """How many nodes the search may keep in float: ``share`` of the candidates, at least one where there are any."""
-    return min(candidates, max(1, math.floor(candidates * share))) if candidates else 0
+    """How many nodes the search may keep in float: ``share`` of the candidates, at least :data:`MIN_BOUND` where there are as many."""
+    return min(candidates, max(MIN_BOUND, math.floor(candidates * share)))
 
 
 def ranked_nodes(costs: Sequence[NodeCost], exclude: set[str] = frozenset()) -> list[NodeCost]:  # type: ignore[assignment]
