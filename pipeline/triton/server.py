@@ -39,7 +39,7 @@ from types import TracebackType
 
 from pipeline.errors import PipelineError, require
 from pipeline.triton.procs import client_host, exit_cause, free_ports, peek_exit, port_taken, wait_group_gone
-from pipeline.triton.servable import gpu_instance_models, require_gpu_runtime
+from pipeline.triton.servable import gpu_instance_models, require_cpu_int8_runs_here, require_gpu_runtime
 from pipeline.isolate import die_with_parent
 from pipeline.progress import progress
 from pipeline.triton.servable import has_gpu, servable_models, write_view
@@ -281,6 +281,7 @@ class TritonServer:
         """Names of the models to serve; fills ``skipped_models`` with the others and why."""
         backends = {p.name for p in self._shipped_backends()} | {p.name for p in OUR_BACKENDS.iterdir() if p.is_dir()}
         models, self.skipped_models = servable_models(self.repository, backends, self.model_config_name)
+        require_cpu_int8_runs_here(self.repository, models)
         return models
 
     def _assign_ports(self) -> None:

@@ -115,3 +115,27 @@ def test_the_seven_bit_variant_computes_as_its_exact_qdq_graph_on_this_cpu(both_
     exact = session_from_onnx(seven, exact_qdq=True).run(None, {"image": images})[0]
     assert np.abs(fused - exact).max() < 0.05  # int32 bias and uint8 requantization rounding only
     assert (fused.argmax(1) == exact.argmax(1)).mean() >= 0.98
+
+
+@pytest.mark.slow
+def test_the_embedded_server_refuses_an_8_bit_model_exactly_where_it_would_saturate(both_forms: tuple[Path, Path], tmp_path: Path) -> None:
+    """Published as ``digits_int8cpu``, the 8-bit form is refused in one line on a CPU without VNNI (serve and verify
+    start the embedded server this way) and served on one with VNNI; the 7-bit form is served on either."""
+    from pipeline.artifacts import Artifact
+    from pipeline.triton.config import model_config_from_artifact
+    from pipeline.triton.repository import publish_repository
+    from pipeline.triton.server import TritonServer
+
+    seven, eight = both_forms
+    for form, path in (("seven", seven), ("eight", eight)):
+        repo = tmp_path / form
+        artifact = Artifact("int8cpu", "onnx", path)
+        cfg = model_config_from_artifact(artifact, name="digits_int8cpu", signature=signature_from_onnx(path), max_batch=8)
+        publish_repository([artifact], model="digits", repository=repo, configs={"digits_int8cpu": cfg}, extra_files={},
+                           version_policy="new", report={}, reproduce="test")
+        if form == "eight" and not has_vnni(cpu_flags()):
+            with pytest.raises(PipelineError, match=r"digits_int8cpu/1: 8-bit weights .* this CPU, which lacks VNNI"):
+                TritonServer(repo, log_path=tmp_path / f"{form}.log").__enter__()
+            continue
+        with TritonServer(repo, log_path=tmp_path / f"{form}.log") as server:
+            assert list(server.ready_models) == ["digits_int8cpu"], form
