@@ -34,8 +34,11 @@ def load_npz(path: Path) -> dict[str, np.ndarray]:
     """Every array of an ``.npz`` (no pickles); a damaged or pickled file is one PipelineError."""
     # np.load falls back to unpickling anything that is not a zip/npy file; check the magic first
     # so a damaged file is reported as such, not as "pickled data".
-    with open(path, "rb") as fh:
-        magic = fh.read(4)
+    try:
+        with open(path, "rb") as fh:
+            magic = fh.read(4)
+    except OSError as exc:
+        raise PipelineError(f"cannot read '{path}': {exc.strerror or exc}", "pass an existing, readable .npz file") from None
     require(
         magic == b"PK\x03\x04",
         f"'{path}' is not a valid .npz archive (damaged or not written by numpy.savez)",

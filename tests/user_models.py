@@ -153,13 +153,13 @@ def custom_activation_classifier() -> keras.Model:
 def two_head_detector() -> keras.Model:
     _seeded(12)
     x = keras.Input((16, 16, 1), name="image")
-    h = keras.layers.Conv2D(8, 3, padding="same", activation="relu")(x)
+    h = keras.layers.Conv2D(16, 3, padding="same", activation="relu")(x)
     h = keras.layers.MaxPooling2D()(h)
-    h = keras.layers.Conv2D(16, 3, padding="same", activation="relu")(h)
-    h = keras.layers.Dense(32, activation="relu")(keras.layers.Flatten()(h))
+    h = keras.layers.Conv2D(32, 3, padding="same", activation="relu")(h)
+    h = keras.layers.Dense(64, activation="relu")(keras.layers.Flatten()(h))
     model = keras.Model(x, [keras.layers.Dense(3, activation="softmax", name="class_probs")(h), keras.layers.Dense(4, name="box")(h)])
-    data = boxes_data(2000, 0)
-    return _fit(model, data["image"], [data["labels:class_probs"], data["labels:box"]], ["sparse_categorical_crossentropy", "mse"], 10)
+    data = boxes_data(4000, 0)
+    return _fit(model, data["image"], [data["labels:class_probs"], data["labels:box"]], ["sparse_categorical_crossentropy", "mse"], 25)
 
 
 def price_regressor() -> keras.Model:

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import numpy as np
 
-from pipeline.errors import PipelineError
+from pipeline.errors import PipelineError, require
 
 ENCODINGS = ("binary", "json")
 
@@ -76,12 +76,16 @@ def eval_data_path(model: str, calibration_dir: Path, repository: Path | None = 
 
 
 def load_samples(path: Path) -> dict[str, np.ndarray]:
-    """The arrays of an ``.npz`` file (no pickles)."""
-    try:
-        with np.load(path, allow_pickle=False) as npz:
-            return {k: npz[k] for k in npz.files}
-    except (OSError, ValueError) as exc:
-        raise PipelineError(f"cannot read samples from {path} ({exc})", "pass an .npz written by numpy.savez") from None
+    """The arrays of an ``.npz`` file or a folder of ``.npy`` files (no pickles; a damaged file or an array that is not
+    numbers is one PipelineError), read as the build reads its data (:func:`pipeline.buckets.read_arrays`)."""
+    from pipeline.buckets import read_arrays
+
+    arrays = read_arrays(Path(path))
+    require(bool(arrays), f"'{path}' holds no arrays", "write one array per model input name with numpy.savez")
+    for key, array in arrays.items():
+        require(array.dtype.kind in "biuf", f"array '{key}' in '{path}' holds {array.dtype} values, not numbers",
+                "store numeric arrays (e.g. x.astype(np.float32)) with numpy.savez")
+    return arrays
 
 
 def request_batches(samples: dict[str, np.ndarray], io: ModelIO, batch_size: int, count: int) -> list[dict[str, np.ndarray]]:

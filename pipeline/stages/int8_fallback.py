@@ -109,11 +109,12 @@ def gated_int8_onnx_from_onnx(
         chosen = first
         if not verdict.passed and fallback.enabled:
             feed = next(calibration.batches(min(RANKING_SAMPLES, calibration.num_samples)))
-            ranked = ranked_nodes(node_costs_from_models(src, first, feed, CANDIDATE_OP_TYPES[recipe]), exclude=base)
+            failing = sorted({row["output"] for row in verdict.rows if row["verdict"] in ("fail", "undecided")})
+            ranked = ranked_nodes(node_costs_from_models(src, first, feed, CANDIDATE_OP_TYPES[recipe], outputs=failing), exclude=base)
             search = FallbackSearch(lambda nodes: calibrated.quantize(base | {e.node for e in nodes}), judge, ranked,
                                     bound=max_kept(len(ranked), fallback.max_share))
             found = search.run()
-            summary.update(search.summary(len(ranked), fallback.max_share, feed))
+            summary.update(search.summary(len(ranked), fallback.max_share, feed), ranked=[c.as_dict() for c in ranked[:16]], outputs=failing)
             if found is not None:
                 chosen = found
         os.replace(chosen, dst)

@@ -40,15 +40,18 @@ class NodeCost:
         return asdict(self)
 
 
-def node_costs_from_models(fp32: Path, quantized: Path, feed: Mapping[str, np.ndarray], op_types: Sequence[str] = WEIGHTED) -> list[NodeCost]:
-    """Every node of ``op_types`` of ``quantized`` that reads a quantized tensor, costliest first (ties by name)."""
+def node_costs_from_models(fp32: Path, quantized: Path, feed: Mapping[str, np.ndarray], op_types: Sequence[str] = WEIGHTED,
+                           outputs: Sequence[str] = ()) -> list[NodeCost]:
+    """Every node of ``op_types`` of ``quantized`` that reads a quantized tensor, costliest first (ties by name). The cost
+    is measured on ``outputs`` (the ones whose gate did not pass; default: every output), each output's error taken
+    relative to its FP32 spread (as a regression gate judges it), summed."""
     import onnx
 
     from pipeline.onnxrt import session_from_onnx
 
     jumps = {e.node: e for e in layer_errors_from_models(fp32, quantized, feed, op_types)}
     reference = session_from_onnx(fp32)
-    outputs = [o.name for o in reference.get_outputs()]
+    outputs = [o.name for o in reference.get_outputs() if not outputs or o.name in outputs] or [o.name for o in reference.get_outputs()]
     expected = reference.run(outputs, _feed_for(reference, feed))
     model = onnx.load(str(quantized))
     producers = {o: n for n in model.graph.node for o in n.output}
@@ -90,7 +93,7 @@ def _feed_for(session, feed: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
 
 
 def _output_error(model, outputs: list[str], expected: list[np.ndarray], feed: Mapping[str, np.ndarray]) -> float:  # type: ignore[no-untyped-def]
-    """The sum over outputs of the relative L2 error of ``model`` (exact Q/DQ) against ``expected``."""
+    """The sum over outputs of ``model``'s (exact Q/DQ) L2 error against ``expected``, relative to the spread of ``expected``."""
     import onnxruntime as ort
 
     options = ort.SessionOptions()
@@ -101,6 +104,6 @@ def _output_error(model, outputs: list[str], expected: list[np.ndarray], feed: M
     total = 0.0
     for ref, out in zip(expected, got):
         ref64, out64 = np.asarray(ref, np.float64), np.asarray(out, np.float64)
-        norm = float(np.linalg.norm(ref64))
-        total += float(np.linalg.norm(out64 - ref64) / norm) if norm > 0 else float(np.linalg.norm(out64))
+        spread = float(np.linalg.norm(ref64 - ref64.mean(axis=0)))
+        total += float(np.linalg.norm(out64 - ref64) / spread) if spread > 0 else float(np.linalg.norm(out64 - ref64))
     return total

@@ -36,6 +36,7 @@ class ZooRun:
     loadtest_error: str | None = None
     serve_seconds: float = 0.0
     per_length: dict[str, float] = field(default_factory=dict)  # "<model>@<length>" → max |served - in-process|
+    figures: list[str] = field(default_factory=list)  # gate figures sitting on their limit, or a CPU INT8 far from the INT8 graph (empty: none)
     parser: dict[str, list[str]] | None = None  # variant → what the targeted TensorRT's ONNX parser (10.8 by default) would refuse (from the manifest)
 
     def as_json(self) -> dict:
@@ -71,6 +72,7 @@ def build_zoo_model(entry: ZooModel, root: Path) -> ZooRun:
         run.parity_max_abs = {k: v["max_abs"] for k, v in parity["outputs"].items()}
     if (ws / "accuracy.json").is_file():
         run.gates = _gates(json.loads((ws / "accuracy.json").read_text()))
+        run.figures = figure_problems(json.loads((ws / "accuracy.json").read_text()))
     if (ws / "manifest.json").is_file():
         run.parser = json.loads((ws / "manifest.json").read_text()).get("results", {}).get("tensorrt_parser")
     run.sizes = {p: (ws / f"model.{p}.onnx").stat().st_size for p in PRECISIONS if (ws / f"model.{p}.onnx").is_file()}
@@ -80,6 +82,35 @@ def build_zoo_model(entry: ZooModel, root: Path) -> ZooRun:
 
         run.config_dims = {i.name: list(i.dims) for i in parse_config(config.read_text()).input}
     return run
+
+
+MARGIN = 0.9  # a passing figure's worse bound must sit below 90% of its limit: one on its limit passes one run and fails the next
+CPU_TO_INT8 = 1.5  # the CPU INT8's figures against the TensorRT INT8 graph's
+
+
+def figure_problems(report: dict) -> list[str]:
+    """What makes a zoo build's gates fragile or its CPU INT8 worse than the INT8 graph: every gated figure's worse
+    bound must be under ``MARGIN`` × its limit; every CPU INT8 figure within ``CPU_TO_INT8`` × the INT8 graph's same
+    figure, or their bounds overlapping (the two cannot be told apart, as where both are near zero)."""
+    problems = []
+    rows = {v["precision"]: {(r["output"], r["metric"]): r for r in v.get("gates", [])} for v in report.get("variants", []) if v.get("kind") == "onnx"}
+    for precision, figures in rows.items():
+        for (output, metric), row in figures.items():
+            if row["limit"] is None or row["verdict"] != "pass" or row["low"] is None:
+                continue
+            worse = row["high"] if row["worse"] == "higher" else -row["low"]
+            limit = row["limit"] if row["worse"] == "higher" else -row["limit"]
+            if worse > MARGIN * limit and row["unit"] == "points":
+                problems.append(f"{precision} {output} {metric}: {row['value']:.3g} [{row['low']:.3g}, {row['high']:.3g}] sits on its limit {row['limit']:g}")
+    for key, cpu in rows.get("int8cpu", {}).items():
+        graph = rows.get("int8", {}).get(key)
+        if graph is None or cpu["limit"] is None or cpu["low"] is None or graph["low"] is None or cpu["worse"] != "higher":
+            continue
+        overlap = cpu["low"] <= graph["high"] and graph["low"] <= cpu["high"]
+        if not overlap and cpu["value"] > CPU_TO_INT8 * max(graph["value"], 0.0):
+            problems.append(f"int8cpu {key[0]} {key[1]}: {cpu['value']:.3g} [{cpu['low']:.3g}, {cpu['high']:.3g}] vs the INT8 graph's "
+                            f"{graph['value']:.3g} [{graph['low']:.3g}, {graph['high']:.3g}]")
+    return problems
 
 
 def _gates(report: dict) -> dict[str, dict]:

@@ -1,0 +1,83 @@
+"""``build --int8`` on models users bring (tests/user_models.py), each with its own calibration and labelled data:
+every variant asked for is published; the CPU INT8, which nobody asked for, either passes its gate or is left
+out in one line; an INT8 graph whose gate fails fully quantized gets the accuracy-aware fallback and passes with
+the nodes it kept in float listed. Real TensorFlow, tf2onnx and ONNX Runtime; slow (a build each)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import ROOT, cli, one_line_error
+from tests.user_models import USER_MODELS, outlier_data, write_data
+
+pytestmark = pytest.mark.slow
+
+
+def _build(tmp_path: Path, name: str, source: str, *extra: str) -> subprocess.CompletedProcess[str]:
+    return cli("build", "--model", source, "--name", name, "--workdir", str(tmp_path / "w"), "--repository", str(tmp_path / "repo"),
+               "--calibration", str(tmp_path / name / "calib.npz"), "--eval-data", str(tmp_path / name / "eval.npz"), *extra)
+
+
+def _saved_model(tmp_path: Path) -> str:
+    """``model.export()`` in a child process (TensorFlow stays out of the test process)."""
+    path = tmp_path / "exported"
+    code = f"from tests.user_models import export_churn_classifier; export_churn_classifier({str(path)!r})"
+    subprocess.run([sys.executable, "-c", code], cwd=ROOT, check=True, capture_output=True, env={"PYTHONPATH": str(ROOT), "TF_CPP_MIN_LOG_LEVEL": "3",
+                                                                                                 "PATH": "/usr/bin:/bin"})
+    return str(path)
+
+
+@pytest.mark.parametrize("name", list(USER_MODELS))
+def test_int8_build_publishes_what_was_asked(name: str, tmp_path: Path) -> None:
+    source, generate, eval_samples = USER_MODELS[name]
+    write_data(tmp_path / name, generate, eval_samples)
+    proc = _build(tmp_path, name, source or _saved_model(tmp_path), "--int8")
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    manifest = json.loads((tmp_path / "w" / name / "manifest.json").read_text())
+    published = {p.name for p in (tmp_path / "repo").iterdir() if p.is_dir()}
+    assert {f"{name}_fp32", f"{name}_int8"} <= published, published
+    verdicts = {v["precision"]: v for v in manifest["results"]["accuracy"]["variants"]}
+    assert verdicts["int8"]["passed"], verdicts["int8"]
+    left_out = {x["variant"]: x for x in manifest["results"]["left_out"]}
+    if verdicts["int8cpu"]["passed"]:
+        assert f"{name}_int8cpu" in published and not left_out
+    else:  # left out in one line, the build green
+        assert f"{name}_int8cpu" not in published and set(left_out) == {"int8cpu"}
+        lines = [line for line in proc.stderr.splitlines() if f"{name}_int8cpu left out" in line]
+        assert len(lines) == 1 and "--int8-cpu asks for it" in lines[0], proc.stderr[-3000:]
+    for precision, record in manifest["results"]["int8_fallback"].items():
+        assert record["passed"] or (precision == "int8cpu" and precision in left_out), record
+        if record["needed"] and record["kept"]:  # the nodes kept in float are said where the user sees them
+            assert f"{precision}: gate passes with {len(record['kept'])} of" in proc.stderr
+            assert all(k["node"] in proc.stderr and k["cost"] > 0 for k in record["kept"])
+
+
+def test_the_fallback_keeps_a_quantization_hostile_layer_float(tmp_path: Path) -> None:
+    """The first layer reads a counter in the thousands beside unit-scale features: quantized, its input's 8-bit step
+    (~40) rounds every other feature to 0. The fallback finds that layer, keeps it float, and the gate passes;
+    with the fallback off the same build fails."""
+    write_data(tmp_path / "outlier", outlier_data, 600)
+    source = "tests.user_models:outlier_classifier"
+    off = _build(tmp_path, "outlier", source, "--int8", "--no-int8-cpu", "--no-int8-fallback")
+    line = one_line_error(off, status=1)
+    assert "accuracy gate failed: int8-onnx: output 'probs' (classes): accuracy drop (top-1)" in line
+    assert not (tmp_path / "repo" / "outlier_int8").exists()
+
+    on = _build(tmp_path, "outlier", source, "--int8", "--no-int8-cpu")
+    assert on.returncode == 0, on.stderr[-3000:]
+    ws = tmp_path / "w" / "outlier"
+    record = json.loads((ws / "int8.fallback.json").read_text())
+    assert record["needed"] and record["passed"] and [k["node"].rsplit("/", 3)[1] for k in record["kept"]] == ["first_1"], record
+    assert record["first"]["failures"] and record["tried"][-1]["passed"]
+    assert "int8: gate passes with 1 of 3 quantized nodes kept in float: StatefulPartitionedCall/functional_1/first_1/" in on.stderr
+    assert (tmp_path / "repo" / "outlier_int8").is_dir()
+    first = record  # the same data, settings and code choose the same nodes; the stage cache keys on all of them
+    again = _build(tmp_path, "outlier", source, "--int8", "--no-int8-cpu")
+    assert again.returncode == 0 and json.loads((ws / "int8.fallback.json").read_text()) == first
+    stages = {s["name"]: s["status"] for s in json.loads((ws / "manifest.json").read_text())["stages"]}
+    assert stages["int8"] == "skipped"
