@@ -42,7 +42,6 @@ from pipeline.stages.shapes import ShapeProfile, calibration_hints, profiles_fro
 from pipeline.stages.source import DEFAULT_MODEL, ModelSource, model_source
 from pipeline.stages.uint8_input import uint8_input_onnx_from_onnx, uint8_parity_from_models
 from pipeline.tensors import ModelSignature, load_onnx, signature_from_onnx
-from pipeline.trt_support import warn_unparsable
 from pipeline.triton.served_gate import SERVED_ATOL
 from pipeline.triton.verify import verify_repository
 from pipeline.options import CALIBRATION_ROOT
@@ -120,7 +119,7 @@ def build(cfg: BuildConfig) -> BuildResult:
         if cfg.uint8_input is not None:
             variants.append(_uint8_stage(onnx_fp32, data, ctx))
         gpu_variants = [v for v in variants if v.precision in PRECISIONS]
-        ctx.manifest.results["tensorrt_parser"] = warn_unparsable({v.precision: v.path for v in gpu_variants})  # before a GPU machine finds out
+        _trt_check_stage(gpu_variants, profiles, ctx)  # before a GPU machine finds out
         engines = _engine_stages(gpu_variants, profiles, ctx)
         # the uint8-input variant computes as FP32 does: its gate is the parity one (_uint8_stage)
         _accuracy_stage(onnx_fp32, [v for v in variants[1:] if v.precision not in WIRE_PRECISIONS] + engines, data, kinds, ctx)
@@ -225,8 +224,7 @@ def _engine_stages(variants: list[Artifact], profiles: list[ShapeProfile], ctx: 
     for variant in variants:
         plan = ctx.ws.plan(variant.precision)
         plan.parent.mkdir(parents=True, exist_ok=True)
-        settings = EngineSettings(precision=variant.precision, profiles=tuple(profiles), optimization_level=cfg.optimization_level,
-                                  tf32=cfg.tf32, hardware_compatible=cfg.hardware_compatible, allow_host_code=cfg.allow_plan_host_code)
+        settings = _engine_settings(variant.precision, profiles, cfg)
         ctx.run(Stage(
             f"engine-{variant.precision}", engine_from_onnx,
             inputs={"onnx_path": variant.path},
@@ -238,6 +236,46 @@ def _engine_stages(variants: list[Artifact], profiles: list[ShapeProfile], ctx: 
         ))
         engines.append(Artifact(variant.precision, "plan", plan, metadata=metadata_path(plan)))
     return engines
+
+
+def _engine_settings(precision: str, profiles: list[ShapeProfile], cfg: BuildConfig) -> EngineSettings:
+    return EngineSettings(precision=precision, profiles=tuple(profiles), optimization_level=cfg.optimization_level, workspace_mib=cfg.workspace,
+                          tf32=cfg.tf32, hardware_compatible=cfg.hardware_compatible, allow_host_code=cfg.allow_plan_host_code)
+
+
+def _trt_check_stage(variants: list[Artifact], profiles: list[ShapeProfile], ctx: BuildContext) -> None:
+    """Where TensorRT cannot build here, build each GPU variant with TensorRT-RTX (pipeline/stages/trt_check.py) with the
+    engine stage's settings; without TensorRT-RTX, the hand-written parser rules (pipeline/trt_support.py). A refused
+    variant is recorded and logged, and the build goes on with its ONNX variant unless --require-tensorrt."""
+    from pipeline.stages.trt_check import problems_of, trt_check_from_onnx
+    from pipeline.stages.trt_rtx import RtxTensorRT
+    from pipeline.trt_support import support_data, warn_unparsable
+
+    cfg = ctx.cfg
+    if cfg.engine and cfg.tensorrt.status()[0]:
+        ctx.manifest.not_run("trt-check", "TensorRT builds the plans here (the engine stage)")
+        return
+    available, reason = RtxTensorRT(cfg.check_compute_capability).status()
+    if available:
+        dst = ctx.ws.root / "trt_check.json"
+        ctx.run(Stage("trt-check", trt_check_from_onnx, inputs={"onnx_paths": [v.path for v in variants]},
+                      settings={"engines": tuple(_engine_settings(v.precision, profiles, cfg) for v in variants),
+                                "compute_capability": cfg.check_compute_capability},
+                      outputs={"dst": dst}, environment={"checker": reason}))
+        report = json.loads(dst.read_text())
+        ctx.manifest.results["tensorrt_check"] = report
+        problems, checker = problems_of(report), f"{report['checker']} (compute capability {report['compute_capability']})"
+    else:
+        log.info("%s: checking the GPU variants against the hand-written ONNX parser rules instead", reason)
+        ctx.manifest.not_run("trt-check", f"{reason}; hand-written parser rules used instead")
+        problems = warn_unparsable({v.precision: v.path for v in variants})
+        checker = f"hand-written rules for TensorRT {support_data()['default_target']} (pipeline/trt_support.py)"
+    ctx.manifest.results["tensorrt_parser"] = problems
+    refused = {variant: lines for variant, lines in problems.items() if lines}
+    if refused and cfg.require_tensorrt:
+        variant, lines = next(iter(refused.items()))
+        raise PipelineError(f"the {variant} graph does not build with TensorRT ({checker}): {lines[0]}",
+                            "change the model (see docs/tensorrt.md), or leave out --require-tensorrt to serve its ONNX variant with ONNX Runtime")
 
 
 def _output_kinds(signature: ModelSignature, onnx_path: Path, described: list[dict] | None, data: EvalData,

@@ -8,8 +8,9 @@ if [ ! -x .venv/bin/python ]; then
     "$PY" -m venv .venv
 fi
 .venv/bin/python -m pip install --quiet --upgrade pip
-# TensorFlow on the CPU (EXTRAS=gpu,dev for a CUDA machine; add tensorrt there for the engine step)
-.venv/bin/python -m pip install --quiet -e ".[${EXTRAS:-cpu,dev}]"
+# TensorFlow on the CPU, and TensorRT-RTX for the build check without a GPU (EXTRAS=gpu,dev for a CUDA machine; add
+# tensorrt there for the engine step)
+.venv/bin/python -m pip install --quiet -e ".[${EXTRAS:-cpu,dev,trt-check}]"
 # tf-keras (Keras 2 .h5 files) and keras-hub (the keras-hub zoo) require the `tensorflow` distribution, which
 # tensorflow-cpu does not provide: install them without dependencies, their other needs with theirs
 # (the versions are pyproject.toml's extras keras2, hub and hub-needs).
