@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import logging
 import re
+import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -204,7 +205,13 @@ def _parse(trt: Any, logger: Any, onnx_path: Path, where: str) -> tuple[Any, Any
 
 def _attach_timing_cache(config: trt.IBuilderConfig, data: bytes | None) -> bool:
     """Load the previous build's timing cache (or start an empty one) so repeated builds skip tactic timing;
-    whether the previous one applied."""
+    whether the previous one applied. (TensorRT-RTX takes the calls and ignores the cache, with a DeprecationWarning.)"""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)
+        return _set_timing_cache(config, data)
+
+
+def _set_timing_cache(config: trt.IBuilderConfig, data: bytes | None) -> bool:
     if data:
         cache = config.create_timing_cache(data)
         if cache is not None and config.set_timing_cache(cache, ignore_mismatch=False):
@@ -254,7 +261,10 @@ def compile_plan(trt: Any, request: EngineRequest, *, where: str, configure: Cal
                for mode, tensors in (("input", inputs), ("output", [network.get_output(i) for i in range(network.num_outputs)]))
                for t in tensors)
     workspace = int(config.get_memory_pool_limit(trt.MemoryPoolType.WORKSPACE)) if request.workspace_mib is not None else None
-    compiled = CompiledPlan(bytes(serialized), bytes(config.get_timing_cache().serialize()), loaded, strongly_typed,
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)
+        cache = bytes(config.get_timing_cache().serialize())
+    compiled = CompiledPlan(bytes(serialized), cache, loaded, strongly_typed,
                             int(network.num_layers), io, tuple(profiles), workspace)
     del parser, network  # the parser owns the weights the network pointed to; the plan has its own copy
     return compiled
