@@ -203,19 +203,29 @@ class StandInRunner(BaseRunner):  # type: ignore[misc]
         self._onnx, self._profiles, self._active = None, [], 0
 
 
-def real_builder(compute_capability: str = "8.0") -> TensorRT:
-    """TensorRT-RTX (:class:`pipeline.stages.trt_rtx.RtxTensorRT`), the real builder scripts/setup.sh installs (the
-    ``trt-check`` extra): a test needing it fails in CI (``CI=true``) where it is missing, so CI cannot pass without
-    building for real, and skips on a developer's machine."""
+def has_real_builder() -> bool:
+    """Whether TensorRT-RTX, the real builder scripts/setup.sh installs (the ``trt-check`` extra), is here. Where it
+    is missing this fails a test in CI (``CI=true``), so CI cannot pass without building for real; elsewhere False."""
     import os
 
     import pytest
 
-    from pipeline.stages.trt_rtx import EXTRA_HINT, RtxTensorRT, rtx_module
+    from pipeline.stages.trt_rtx import EXTRA_HINT, rtx_module
 
-    if rtx_module() is None:
-        why = f"TensorRT-RTX is not installed ({EXTRA_HINT})"
-        if (os.environ.get("CI") or "").strip().lower() in ("true", "1"):
-            pytest.fail(f"{why}; CI must build with the real builder")
-        pytest.skip(why)
+    if rtx_module() is not None:
+        return True
+    if (os.environ.get("CI") or "").strip().lower() in ("true", "1"):
+        pytest.fail(f"TensorRT-RTX is not installed ({EXTRA_HINT}); CI must build with the real builder")
+    return False
+
+
+def real_builder(compute_capability: str = "8.0") -> TensorRT:
+    """TensorRT-RTX (:class:`pipeline.stages.trt_rtx.RtxTensorRT`) for ``compute_capability``; the test skips on a
+    developer's machine without it and fails in CI (:func:`has_real_builder`)."""
+    import pytest
+
+    from pipeline.stages.trt_rtx import RtxTensorRT
+
+    if not has_real_builder():
+        pytest.skip("TensorRT-RTX is not installed (pip install '.[trt-check]')")
     return RtxTensorRT(compute_capability)
