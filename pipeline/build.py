@@ -249,7 +249,7 @@ def _trt_check_stage(variants: list[Artifact], profiles: list[ShapeProfile], ctx
     variant is recorded and logged, and the build goes on with its ONNX variant unless --require-tensorrt."""
     from pipeline.stages.trt_check import problems_of, trt_check_from_onnx
     from pipeline.stages.trt_rtx import RtxTensorRT
-    from pipeline.trt_support import support_data, warn_unparsable
+    from pipeline.trt_support import support_data, warn_unparsable, warn_version_gated
 
     cfg = ctx.cfg
     if cfg.engine and cfg.tensorrt.status()[0]:
@@ -264,7 +264,10 @@ def _trt_check_stage(variants: list[Artifact], profiles: list[ShapeProfile], ctx
                       outputs={"dst": dst}, environment={"checker": reason}))
         report = json.loads(dst.read_text())
         ctx.manifest.results["tensorrt_check"] = report
-        problems, checker = problems_of(report), f"{report['checker']} (compute capability {report['compute_capability']})"
+        # ops and types onnx-tensorrt added after the oldest TensorRT the engine stage builds with: TensorRT-RTX's newer parser takes them
+        gated = warn_version_gated({v.precision: v.path for v in variants})
+        problems = {v: lines + gated.get(v, []) for v, lines in problems_of(report).items()}
+        checker = f"{report['checker']} (compute capability {report['compute_capability']})"
     else:
         log.info("%s: checking the GPU variants against the hand-written ONNX parser rules instead", reason)
         ctx.manifest.not_run("trt-check", f"{reason}; hand-written parser rules used instead")

@@ -65,3 +65,26 @@ def served_data(rows: list[dict[str, Any]]) -> TableData:
             table.add([r["model"], str(r["version"]), name, out["kind"], _pct(served), _pct(out["inprocess_metric"]),
                        f"{out['max_abs_diff']:.1e}", _verdict(r["passed"])], "" if r["passed"] else "bad")  # fmt: skip
     return table
+
+
+def tensorrt_data(results: dict[str, Any]) -> TableData | None:
+    """Whether TensorRT takes each GPU variant, as the build checked it where TensorRT could not build: the real
+    builder's layers and seconds (TensorRT-RTX), or each problem in one line (node, op, the parser's words); None
+    when the build did not check (TensorRT built the plans)."""
+    parser = results.get("tensorrt_parser")
+    if not isinstance(parser, dict):
+        return None
+    check = results.get("tensorrt_check") or {}
+    built = check.get("variants", {})
+    how = f"{check['checker']}, ahead of time for compute capability {check['compute_capability']}" if check \
+        else "hand-written parser rules: TensorRT-RTX is not installed"
+    table = TableData(f"TensorRT check ({how})", ["variant", "result", "layers", "seconds", "problem"], align="llrrl")
+    for variant, problems in parser.items():
+        entry = built.get(variant, {})
+        layers = str(entry["layers"]) if entry.get("built") else ""
+        seconds = f"{entry['seconds']:.2f}" if "seconds" in entry else ""
+        result = "refused" if problems else ("built" if entry.get("built") else "parses")
+        for i, problem in enumerate(problems or [""]):
+            table.add([variant if i == 0 else "", result if i == 0 else "", layers if i == 0 else "", seconds if i == 0 else "", problem],
+                      "bad" if problem else "")  # fmt: skip
+    return table

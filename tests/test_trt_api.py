@@ -37,7 +37,7 @@ CHECKED = {10: "10.16.1.11", 11: "11.4.0.106"}  # the latest release of each sup
 OBJECT_NAMES = {
     "get_input", "num_inputs", "get_output", "num_outputs", "num_layers", "name", "shape", "dtype", "get_flag",  # INetworkDefinition, ITensor
     "create_network", "create_builder_config", "create_optimization_profile", "build_serialized_network",  # IBuilder
-    "parse_from_file", "num_errors", "get_error", "node", "node_name", "node_operator", "desc",  # OnnxParser, ParserError
+    "parse_from_file", "num_errors", "get_error", "node", "node_name", "node_operator", "desc", "code", "func",  # OnnxParser, ParserError
     "set_shape", "get_shape", "add_optimization_profile", "builder_optimization_level", "set_memory_pool_limit",  # IOptimizationProfile,
     "get_memory_pool_limit", "set_flag", "clear_flag", "hardware_compatibility_level",  # IBuilderConfig
     "create_timing_cache", "set_timing_cache", "ignore_mismatch", "get_timing_cache", "serialize",  # IBuilderConfig, ITimingCache

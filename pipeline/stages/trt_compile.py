@@ -193,7 +193,8 @@ def _parse(trt: Any, logger: Any, onnx_path: Path, where: str) -> tuple[Any, Any
     network = builder.create_network(flags)
     parser = trt.OnnxParser(network, logger)
     if not parser.parse_from_file(str(onnx_path)):
-        failures = tuple(ParserFailure(int(e.node()), str(e.node_name()), str(e.node_operator()), parser_words(e.desc()))
+        failures = tuple(ParserFailure(int(e.node()), str(e.node_name()), str(e.node_operator()),
+                                       f"{e.code().name} in {e.func()}: {parser_words(e.desc())}")
                          for e in (parser.get_error(i) for i in range(parser.num_errors)))
         text = "; ".join(f.line() for f in failures) or (logger.errors[-1] if logger.errors else "no error given")
         raise ParseFailed(f"TensorRT {trt.__version__}'s ONNX parser refused {onnx_path.name} {where}: {text}",
