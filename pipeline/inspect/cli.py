@@ -129,7 +129,7 @@ def report_lines(report) -> list[str]:  # type: ignore[no-untyped-def]
     for target, problems in report.parser.items():
         rules = "version-gated rules" if built else "onnx-tensorrt operator list"
         if problems:
-            lines.append(f"TensorRT {target} ONNX parser ({rules}): {len(problems)} problem(s)")
+            lines.append(f"TensorRT {target} ONNX parser{' (version-gated rules)' if built else ''}: {len(problems)} problem(s)")
             lines += [f"  {p}" for p in problems]
         else:
             lines.append(f"TensorRT {target} ONNX parser: every node is supported ({rules})")
