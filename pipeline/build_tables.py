@@ -76,15 +76,17 @@ def tensorrt_data(results: dict[str, Any]) -> TableData | None:
         return None
     check = results.get("tensorrt_check") or {}
     built = check.get("variants", {})
-    how = f"{check['checker']}, ahead of time for compute capability {check['compute_capability']}" if check \
-        else "hand-written parser rules: TensorRT-RTX is not installed"
-    table = TableData(f"TensorRT check ({how})", ["variant", "result", "layers", "seconds", "problem"], align="llrrl")
+    how = f"{check['checker']} for {check['compute_capability']}" if check else "hand-written rules (no TensorRT-RTX)"
+    table = TableData("TensorRT build check (plans not kept)", ["variant", "checked with", "result", "layers", "seconds", "problem"],
+                      align="lllrrl")
     for variant, problems in parser.items():
         entry = built.get(variant, {})
         layers = str(entry["layers"]) if entry.get("built") else ""
         seconds = f"{entry['seconds']:.2f}" if "seconds" in entry else ""
         result = "refused" if problems else ("built" if entry.get("built") else "parses")
         for i, problem in enumerate(problems or [""]):
-            table.add([variant if i == 0 else "", result if i == 0 else "", layers if i == 0 else "", seconds if i == 0 else "", problem],
+            first = i == 0
+            table.add([variant if first else "", how if first else "", result if first else "", layers if first else "",
+                       seconds if first else "", problem],
                       "bad" if problem else "")  # fmt: skip
     return table

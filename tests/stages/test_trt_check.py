@@ -83,7 +83,7 @@ def test_a_graph_tensorrt_refuses_is_recorded_and_fatal_only_when_asked(tmp_path
         assert manifest["results"]["tensorrt_check"]["compute_capability"] == "8.6"
         assert {s["name"]: s["status"] for s in manifest["stages"]}["trt-check"] == "ran"
         assert f"WARNING: TensorRT-RTX could not build the fp32 graph: {line}" in proc.stderr
-        assert "TensorRT check (TensorRT-RTX 1." in proc.stdout and "refused" in proc.stdout  # the terminal report's table
+        assert "TensorRT build check" in proc.stdout and "TensorRT-RTX 1." in proc.stdout and "refused" in proc.stdout  # the terminal report's table
     else:
         assert line.startswith("Unique: not supported")
     assert (tmp_path / "repo" / "uniq_fp32" / "config.pbtxt").is_file()  # served by ONNX Runtime all the same
