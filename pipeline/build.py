@@ -244,12 +244,10 @@ def _engine_settings(precision: str, profiles: list[ShapeProfile], cfg: BuildCon
 
 
 def _trt_check_stage(variants: list[Artifact], profiles: list[ShapeProfile], ctx: BuildContext) -> None:
-    """Where TensorRT cannot build here, build each GPU variant with TensorRT-RTX (pipeline/stages/trt_check.py) with the
-    engine stage's settings; without TensorRT-RTX, the hand-written parser rules (pipeline/trt_support.py). A refused
-    variant is recorded and logged, and the build goes on with its ONNX variant unless --require-tensorrt."""
-    from pipeline.stages.trt_check import problems_of, trt_check_from_onnx
+    """Where TensorRT cannot build here, build each GPU variant with TensorRT-RTX and the engine stage's settings, else
+    check the hand-written parser rules (pipeline/stages/trt_check.py); a refusal is fatal only with --require-tensorrt."""
+    from pipeline.stages.trt_check import CHECK_FILE, parser_problems, refusal, trt_check_from_onnx
     from pipeline.stages.trt_rtx import RtxTensorRT
-    from pipeline.trt_support import support_data, warn_unparsable, warn_version_gated
 
     cfg = ctx.cfg
     if cfg.engine and cfg.tensorrt.status()[0]:
@@ -257,28 +255,17 @@ def _trt_check_stage(variants: list[Artifact], profiles: list[ShapeProfile], ctx
         return
     available, reason = RtxTensorRT(cfg.check_compute_capability).status()
     if available:
-        dst = ctx.ws.root / "trt_check.json"
         ctx.run(Stage("trt-check", trt_check_from_onnx, inputs={"onnx_paths": [v.path for v in variants]},
                       settings={"engines": tuple(_engine_settings(v.precision, profiles, cfg) for v in variants),
                                 "compute_capability": cfg.check_compute_capability},
-                      outputs={"dst": dst}, environment={"checker": reason}))
-        report = json.loads(dst.read_text())
-        ctx.manifest.results["tensorrt_check"] = report
-        # ops and types onnx-tensorrt added after the oldest TensorRT the engine stage builds with: TensorRT-RTX's newer parser takes them
-        gated = warn_version_gated({v.precision: v.path for v in variants})
-        problems = {v: lines + gated.get(v, []) for v, lines in problems_of(report).items()}
-        checker = f"{report['checker']} (compute capability {report['compute_capability']})"
+                      outputs={"dst": ctx.ws.root / CHECK_FILE}, environment={"checker": reason}))
+        ctx.manifest.results["tensorrt_check"] = json.loads((ctx.ws.root / CHECK_FILE).read_text())
     else:
-        log.info("%s: checking the GPU variants against the hand-written ONNX parser rules instead", reason)
         ctx.manifest.not_run("trt-check", f"{reason}; hand-written parser rules used instead")
-        problems = warn_unparsable({v.precision: v.path for v in variants})
-        checker = f"hand-written rules for TensorRT {support_data()['default_target']} (pipeline/trt_support.py)"
+    problems, checker = parser_problems(ctx.manifest.results.get("tensorrt_check"), {v.precision: v.path for v in variants})
     ctx.manifest.results["tensorrt_parser"] = problems
-    refused = {variant: lines for variant, lines in problems.items() if lines}
-    if refused and cfg.require_tensorrt:
-        variant, lines = next(iter(refused.items()))
-        raise PipelineError(f"the {variant} graph does not build with TensorRT ({checker}): {lines[0]}",
-                            "change the model (see docs/tensorrt.md), or leave out --require-tensorrt to serve its ONNX variant with ONNX Runtime")
+    if cfg.require_tensorrt:
+        refusal(problems, checker)
 
 
 def _output_kinds(signature: ModelSignature, onnx_path: Path, described: list[dict] | None, data: EvalData,

@@ -9,8 +9,9 @@ The plans are dropped: TensorRT-RTX plans are not what Triton's TensorRT backend
 
 The report (``trt_check.json``, and the build manifest's ``results``): per variant whether it
 built, the network's layer count, the build's seconds and plan size, or each node the parser
-refused as one line (node, op, the parser's words). Where neither TensorRT nor TensorRT-RTX is
-installed the build falls back to the hand-written operator rules of :mod:`pipeline.trt_support`.
+refused as one line (node, op, the parser's words). :func:`parser_problems` adds the
+version-gated hand-written rules; where neither TensorRT nor TensorRT-RTX is installed the build
+falls back to all the hand-written operator rules of :mod:`pipeline.trt_support`.
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ from pipeline.stages.trt_rtx import RtxTensorRT, rtx_version
 log = logging.getLogger(__name__)
 
 CHECKER = "TensorRT-RTX"
+CHECK_FILE = "trt_check.json"  # in the model's workspace
 
 
 def trt_check_from_onnx(onnx_paths: list[Path], dst: Path, *, engines: tuple[EngineSettings, ...], compute_capability: str) -> dict[str, Any]:
@@ -71,3 +73,28 @@ def read_trt_check(path: Path) -> dict[str, Any]:
 def problems_of(report: dict[str, Any]) -> dict[str, list[str]]:
     """``{variant: [one line per problem]}`` of a report (empty lists: built)."""
     return {variant: list(entry["errors"]) for variant, entry in report["variants"].items()}
+
+
+def parser_problems(report: dict[str, Any] | None, onnx_of: dict[str, Path]) -> tuple[dict[str, list[str]], str]:
+    """``{variant: [one line per problem]}`` and which check found them. With a TensorRT-RTX ``report``: its refusals and
+    the version-gated hand-written rules (ops and types onnx-tensorrt added after the oldest TensorRT the engine stage
+    builds with, which TensorRT-RTX's newer parser takes); without one (None), all the hand-written rules
+    (:func:`pipeline.trt_support.warn_unparsable`) on ``onnx_of`` (``{variant: ONNX path}``)."""
+    from pipeline.trt_support import support_data, warn_unparsable, warn_version_gated
+
+    if report is None:
+        log.info("checking the GPU variants against the hand-written ONNX parser rules (TensorRT-RTX is not installed)")
+        return warn_unparsable(onnx_of), f"hand-written rules for TensorRT {support_data()['default_target']} (pipeline/trt_support.py)"
+    gated = warn_version_gated(onnx_of)
+    problems = {variant: lines + gated.get(variant, []) for variant, lines in problems_of(report).items()}
+    return problems, f"{report['checker']} (compute capability {report['compute_capability']})"
+
+
+def refusal(problems: dict[str, list[str]], checker: str) -> None:
+    """PipelineError naming the first refused variant and its first problem (``--require-tensorrt``); nothing when none is."""
+    refused = [(variant, lines) for variant, lines in problems.items() if lines]
+    if refused:
+        variant, lines = refused[0]
+        raise PipelineError(f"the {variant} graph does not build with TensorRT ({checker}): {lines[0]}",
+                            "change the model (see docs/tensorrt.md), or leave out --require-tensorrt to serve its ONNX variant "
+                            "with ONNX Runtime")
