@@ -96,3 +96,19 @@ def test_a_graph_tensorrt_refuses_is_recorded_and_fatal_only_when_asked(tmp_path
     assert inspected.returncode == 1 and "Unique" in inspected.stdout
     if has_real_builder():
         assert f"  {line}" in inspected.stdout.splitlines()
+
+
+def test_without_tensorrt_rtx_the_hand_written_rules_decide_and_refusal_is_one_line(tmp_path: Path) -> None:
+    from pipeline.errors import PipelineError
+    from pipeline.stages.trt_check import parser_problems, refusal
+
+    bad = _graph(tmp_path / "bad.onnx", helper.make_node("Unique", ["x"], ["u"], name="uniq"))
+    good = _graph(tmp_path / "good.onnx", helper.make_node("Relu", ["x"], ["u"], name="relu"))
+    problems, checker = parser_problems(None, {"fp32": good, "fp16": bad})
+    assert checker == "hand-written rules for TensorRT 10.8 (pipeline/trt_support.py)"
+    assert problems == {"fp32": [], "fp16": ["Unique: not supported by TensorRT's ONNX parser (not supported by the ONNX parser) (1 node, e.g. 'uniq')"]}
+    refusal({"fp32": []}, checker)  # nothing refused: nothing raised
+    with pytest.raises(PipelineError, match="^the fp16 graph does not build with TensorRT \\(hand-written rules .*\\): Unique: not supported"):
+        refusal(problems, checker)
+    report = {"checker": "TensorRT-RTX 1.7.1.116", "compute_capability": "8.0", "variants": {"fp32": {"errors": []}, "fp16": {"errors": [UNIQUE_LINE]}}}
+    assert parser_problems(report, {"fp32": good, "fp16": bad}) == ({"fp32": [], "fp16": [UNIQUE_LINE]}, "TensorRT-RTX 1.7.1.116 (compute capability 8.0)")
