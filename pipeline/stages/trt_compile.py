@@ -155,7 +155,7 @@ def trt_logger(trt: Any) -> Any:
     """A TensorRT logger (of module ``trt``) that passes TensorRT's messages to Python logging and keeps its errors
     (``.errors``) for the one-line failure; a TensorRT-RTX build's missing-driver messages are logged at debug level."""
 
-    class Logger(trt.ILogger):  # type: ignore[misc,name-defined]
+    class Logger(trt.ILogger):  # type: ignore[misc]
         def __init__(self) -> None:
             trt.ILogger.__init__(self)
             self.errors: list[str] = []
