@@ -1,5 +1,6 @@
 """The one seam between the pipeline and TensorRT: every call into ``tensorrt`` and into Polygraphy's
-TensorRT backend is in this module, behind the :class:`TensorRT` interface.
+TensorRT backend is in this module or in its build half (:mod:`pipeline.stages.trt_compile`), behind
+the :class:`TensorRT` interface.
 
 * :meth:`TensorRT.build`: parse an ONNX model into a strongly typed network, build a plan with the
   given optimization profiles and settings, and read back what the engine holds
@@ -43,6 +44,7 @@ log = logging.getLogger(__name__)
 
 __all__ = ["HARDWARE_LEVELS", "MAX_OPTIMIZATION_LEVEL", "BuiltEngine", "EngineFacts", "EngineRequest", "IOTensor", "ParseFailed", "Platform",
            "PolygraphyTensorRT", "TensorRT", "check_profiles"]
+
 
 @dataclass(frozen=True)
 class EngineFacts:
