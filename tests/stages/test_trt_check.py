@@ -89,7 +89,7 @@ def test_a_graph_tensorrt_refuses_is_recorded_and_fatal_only_when_asked(tmp_path
     assert (tmp_path / "repo" / "uniq_fp32" / "config.pbtxt").is_file()  # served by ONNX Runtime all the same
 
     failed = one_line_error(cli(*args, "--workdir", str(tmp_path / "build2"), "--repository", str(tmp_path / "repo2"), "--require-tensorrt"))
-    assert failed.startswith("error: the fp32 graph does not build with TensorRT (") and "(Unique)" in failed
+    assert failed.startswith("error: the fp32 graph does not build with TensorRT (") and f"): {line} — change the model" in failed
     assert not (tmp_path / "repo2").exists()
 
     inspected = cli("inspect", str(tmp_path / "build" / "uniq" / "model.fp32.onnx"))
