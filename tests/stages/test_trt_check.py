@@ -112,3 +112,20 @@ def test_without_tensorrt_rtx_the_hand_written_rules_decide_and_refusal_is_one_l
         refusal(problems, checker)
     report = {"checker": "TensorRT-RTX 1.7.1.116", "compute_capability": "8.0", "variants": {"fp32": {"errors": []}, "fp16": {"errors": [UNIQUE_LINE]}}}
     assert parser_problems(report, {"fp32": good, "fp16": bad}) == ({"fp32": [], "fp16": [UNIQUE_LINE]}, "TensorRT-RTX 1.7.1.116 (compute capability 8.0)")
+
+
+def test_the_report_table_shows_layers_or_each_problem() -> None:
+    from pipeline.build_tables import tensorrt_data
+
+    report = {"checker": "TensorRT-RTX 1.7.1.116", "compute_capability": "8.0",
+              "variants": {"fp32": {"built": True, "layers": 26, "seconds": 0.26, "errors": []},
+                           "fp16": {"built": False, "seconds": 0.01, "errors": [UNIQUE_LINE, "second"]}}}
+    table = tensorrt_data({"tensorrt_check": report, "tensorrt_parser": {"fp32": [], "fp16": [UNIQUE_LINE, "second"]}})
+    assert table is not None and table.rows == [
+        ["fp32", "TensorRT-RTX 1.7.1.116 for 8.0", "built", "26", "0.26", ""],
+        ["fp16", "TensorRT-RTX 1.7.1.116 for 8.0", "refused", "", "0.01", UNIQUE_LINE],
+        ["", "", "", "", "", "second"],
+    ] and table.styles == ["", "bad", "bad"]
+    fallback = tensorrt_data({"tensorrt_parser": {"fp32": []}})
+    assert fallback is not None and fallback.rows == [["fp32", "hand-written rules (no TensorRT-RTX)", "parses", "", "", ""]]
+    assert tensorrt_data({}) is None  # TensorRT built the plans: no check
