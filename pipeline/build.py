@@ -43,7 +43,6 @@ from pipeline.stages.shapes import ShapeProfile, calibration_hints, profiles_fro
 from pipeline.stages.source import DEFAULT_MODEL, ModelSource, model_source
 from pipeline.stages.uint8_input import uint8_input_onnx_from_onnx, uint8_parity_from_models
 from pipeline.tensors import ModelSignature, load_onnx, signature_from_onnx
-from pipeline.trt_support import warn_unparsable
 from pipeline.triton.deploy_plans import DeployPlans
 from pipeline.triton.served_gate import SERVED_ATOL
 from pipeline.triton.verify import verify_repository
@@ -124,7 +123,7 @@ def build(cfg: BuildConfig) -> BuildResult:
         if cfg.uint8_input is not None:
             variants.append(_uint8_stage(onnx_fp32, data, ctx))
         gpu_variants = [v for v in variants if v.precision in PRECISIONS]
-        ctx.manifest.results["tensorrt_parser"] = warn_unparsable({v.precision: v.path for v in gpu_variants})  # before a GPU machine finds out
+        _trt_check_stage(gpu_variants, profiles, ctx)  # before a GPU machine finds out
         engines = _engine_stages(gpu_variants, profiles, ctx)
         deploy_plans = _deploy_plans(profiles, cfg) if cfg.plans_at_deploy else None
         # the uint8-input variant computes as FP32 does: its gate is the parity one (_uint8_stage)
@@ -264,8 +263,7 @@ def _engine_stages(variants: list[Artifact], profiles: list[ShapeProfile], ctx: 
     for variant in variants:
         plan = ctx.ws.plan(variant.precision)
         plan.parent.mkdir(parents=True, exist_ok=True)
-        settings = EngineSettings(precision=variant.precision, profiles=tuple(profiles), optimization_level=cfg.optimization_level,
-                                  tf32=cfg.tf32, hardware_compatible=cfg.hardware_compatible, allow_host_code=cfg.allow_plan_host_code)
+        settings = _engine_settings(variant.precision, profiles, cfg)
         ctx.run(Stage(
             f"engine-{variant.precision}", engine_from_onnx,
             inputs={"onnx_path": variant.path},
@@ -277,6 +275,36 @@ def _engine_stages(variants: list[Artifact], profiles: list[ShapeProfile], ctx: 
         ))
         engines.append(Artifact(variant.precision, "plan", plan, metadata=metadata_path(plan)))
     return engines
+
+
+def _engine_settings(precision: str, profiles: list[ShapeProfile], cfg: BuildConfig) -> EngineSettings:
+    return EngineSettings(precision=precision, profiles=tuple(profiles), optimization_level=cfg.optimization_level, workspace_mib=cfg.workspace,
+                          tf32=cfg.tf32, hardware_compatible=cfg.hardware_compatible, allow_host_code=cfg.allow_plan_host_code)
+
+
+def _trt_check_stage(variants: list[Artifact], profiles: list[ShapeProfile], ctx: BuildContext) -> None:
+    """Where TensorRT cannot build here, build each GPU variant with TensorRT-RTX and the engine stage's settings, else
+    check the hand-written parser rules (pipeline/stages/trt_check.py); a refusal is fatal only with --require-tensorrt."""
+    from pipeline.stages.trt_check import CHECK_FILE, parser_problems, refusal, trt_check_from_onnx
+    from pipeline.stages.trt_rtx import RtxTensorRT
+
+    cfg = ctx.cfg
+    if cfg.engine and cfg.tensorrt.status()[0]:
+        ctx.manifest.not_run("trt-check", "TensorRT builds the plans here (the engine stage)")
+        return
+    available, reason = RtxTensorRT(cfg.check_compute_capability).status()
+    if available:
+        ctx.run(Stage("trt-check", trt_check_from_onnx, inputs={"onnx_paths": [v.path for v in variants]},
+                      settings={"engines": tuple(_engine_settings(v.precision, profiles, cfg) for v in variants),
+                                "compute_capability": cfg.check_compute_capability},
+                      outputs={"dst": ctx.ws.root / CHECK_FILE}, environment={"checker": reason}))
+        ctx.manifest.results["tensorrt_check"] = json.loads((ctx.ws.root / CHECK_FILE).read_text())
+    else:
+        ctx.manifest.not_run("trt-check", f"{reason}; hand-written parser rules used instead")
+    problems, checker = parser_problems(ctx.manifest.results.get("tensorrt_check"), {v.precision: v.path for v in variants})
+    ctx.manifest.results["tensorrt_parser"] = problems
+    if cfg.require_tensorrt:
+        refusal(problems, checker)
 
 
 def _output_kinds(signature: ModelSignature, onnx_path: Path, described: list[dict] | None, data: EvalData,

@@ -122,3 +122,28 @@ def served_data(rows: list[dict[str, Any]]) -> TableData:
             table.add([r["model"], str(r["version"]), name, out["kind"], _pct(served), _pct(out["inprocess_metric"]),
                        f"{out['max_abs_diff']:.1e}", _verdict(r["passed"])], "" if r["passed"] else "bad")  # fmt: skip
     return table
+
+
+def tensorrt_data(results: dict[str, Any]) -> TableData | None:
+    """Whether TensorRT takes each GPU variant, as the build checked it where TensorRT could not build: the real
+    builder's layers and seconds (TensorRT-RTX), or each problem in one line (node, op, the parser's words); None
+    when the build did not check (TensorRT built the plans)."""
+    parser = results.get("tensorrt_parser")
+    if not isinstance(parser, dict):
+        return None
+    check = results.get("tensorrt_check") or {}
+    built = check.get("variants", {})
+    how = f"{check['checker']} for {check['compute_capability']}" if check else "hand-written rules (no TensorRT-RTX)"
+    table = TableData("TensorRT build check (plans not kept)", ["variant", "checked with", "result", "layers", "seconds", "problem"],
+                      align="lllrrl")
+    for variant, problems in parser.items():
+        entry = built.get(variant, {})
+        layers = str(entry["layers"]) if entry.get("built") else ""
+        seconds = f"{entry['seconds']:.2f}" if "seconds" in entry else ""
+        result = "refused" if problems else ("built" if entry.get("built") else "parses")
+        for i, problem in enumerate(problems or [""]):
+            first = i == 0
+            table.add([variant if first else "", how if first else "", result if first else "", layers if first else "",
+                       seconds if first else "", problem],
+                      "bad" if problem else "")  # fmt: skip
+    return table

@@ -27,6 +27,7 @@ from pipeline.stages.int8 import CALIBRATION_METHODS
 from pipeline.stages.int8_fallback import FallbackSettings
 from pipeline.stages.shapes import SHAPE_SYNTAX, well_formed
 from pipeline.stages.source import DEFAULT_MODEL, ModelSource
+from pipeline.stages.trt_rtx import COMPUTE_CAPABILITIES, DEFAULT_COMPUTE_CAPABILITY
 from pipeline.stages.trt_seam import PolygraphyTensorRT, TensorRT
 from pipeline.workspace import Workspace
 
@@ -121,6 +122,17 @@ class BuildConfig:
     hardware_compatible: bool = option(False, "build hardware-compatible plans (TensorRT's AMPERE_PLUS level) that load on any GPU of "
                                               "compute capability 8.0 or newer, for mixed fleets; they can be slower (see docs/tensorrt.md)",
                                        group=ENGINES)
+    workspace: int | None = option(None, "cap TensorRT's workspace memory pool (scratch memory for layer tactics) at MIB mebibytes when "
+                                         "building plans (default: TensorRT's, up to the GPU's memory; a MIG slice needs it capped)",
+                                   metavar="MIB", check=lambda v: None if v is None or v >= 1 else "must be at least 1",
+                                   fix="e.g. --workspace 1024, or leave it out", group=ENGINES)
+    require_tensorrt: bool = option(False, "fail the build when a GPU variant does not parse or build with TensorRT (where TensorRT cannot "
+                                           "run: the TensorRT-RTX check, else the hand-written parser rules) instead of going on with "
+                                           "its ONNX variant served by ONNX Runtime", group=ENGINES)
+    check_compute_capability: str = option(DEFAULT_COMPUTE_CAPABILITY, "without TensorRT, build the GPU variants with TensorRT-RTX ahead "
+                                                                       "of time for this compute capability (a check: those plans are "
+                                                                       "never published; see docs/tensorrt.md)",
+                                           choices=COMPUTE_CAPABILITIES, metavar="MAJOR.MINOR", group=ENGINES)
     allow_plan_host_code: bool = option(False, "let TensorRT run host code embedded in a plan when it is deserialized (only "
                                                "version-compatible plans have any; the pipeline builds none): off unless you trust the plan",
                                         group=ENGINES)

@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from pipeline.atomic import write_text_atomic
-from pipeline.build_tables import accuracy_data, served_data, stage_data, stage_total
+from pipeline.build_tables import accuracy_data, served_data, stage_data, stage_total, tensorrt_data
 from pipeline.build_variants import published_data, variant_notes, variant_rows, variants_data
 from pipeline.errors import PipelineError
 from pipeline.tables import TableData
@@ -125,6 +125,9 @@ def build_sections(workdir: Path, charts: Path | None = None) -> list[Section]:
         parity = _read_json(path.parent / "parity.json")
         if isinstance(parity, dict) and parity.get("outputs"):
             section.body.append(table_html(_parity_data(parity)))
+        checked = tensorrt_data(results)
+        if checked is not None:
+            section.body.append(table_html(checked))
         accuracy = results.get("accuracy") or _read_json(path.parent / "accuracy.json")
         if isinstance(accuracy, dict) and accuracy.get("variants"):
             section.body.append(table_html(accuracy_data(accuracy)))

@@ -14,7 +14,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from pipeline.build_tables import accuracy_data, served_data, stage_data
+from pipeline.build_tables import accuracy_data, served_data, stage_data, tensorrt_data
 from pipeline.build_variants import variant_notes, variant_rows, variants_data
 from pipeline.console import console as make_console
 from pipeline.tables import to_rich
@@ -43,6 +43,9 @@ def print_build_summary(
     console = console or make_console()
     manifest = json.loads(manifest_path.read_text())
     console.print(stage_table(manifest, f"build '{name}'"))
+    checked = tensorrt_data(manifest["results"])
+    if checked is not None:
+        console.print(to_rich(checked))
     if "accuracy" in manifest["results"]:
         console.print(accuracy_table(manifest["results"]["accuracy"]))
     if "served" in manifest["results"]:

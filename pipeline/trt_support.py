@@ -19,6 +19,10 @@ is not required to be one (that was the 8.x list); a call of a model-local funct
 expanding it, so its body is checked instead of asking for a plugin. What cannot be checked here:
 whether a kernel exists for a layer on a given GPU, and restrictions on values only known at build
 time (a computed ``K``).
+
+Where TensorRT-RTX is installed, ``build`` checks with its real parser and builder instead
+(:mod:`pipeline.stages.trt_check`) and keeps only :func:`version_gated`: the rules this data dates to a
+TensorRT release after the build minimum, where a newer real parser is known to differ from 10.8's.
 """
 
 from __future__ import annotations
@@ -275,5 +279,34 @@ def warn_unparsable(models: dict[str, Any], target: str | None = None) -> dict[s
         problems = summarize(check_onnx(load_onnx(path), target))
         for problem in problems:
             log.warning("TensorRT %s's ONNX parser would not take the %s model: %s", target, variant, problem)
+        found[variant] = problems
+    return found
+
+
+def version_gated(model: Any, target: str | None = None) -> list[Finding]:
+    """The findings of ``target`` (default: the build minimum, 10.8) that the newest listed TensorRT does not have: the
+    ops, types and restrictions onnx-tensorrt's CHANGELOG.md dates to a later release (``since``, ``types_since``,
+    ``until`` in the data) and the opset range. These are the rules where a real parser of a newer release
+    (TensorRT-RTX's, which the build checks with) is known to take what ``target`` refuses, so the build keeps them."""
+    data = support_data()
+    target = target or data["build_minimum"]
+    newest = max(data["targets"], key=_version)
+    later = {(f.node, f.op) for f in check_onnx(model, newest)}
+    return [f for f in check_onnx(model, target) if (f.node, f.op) not in later]
+
+
+def warn_version_gated(models: dict[str, Any], target: str | None = None) -> dict[str, list[str]]:
+    """:func:`version_gated` for each ONNX file (``{variant: path}``), one warning per problem; ``{variant: problems}``."""
+    import logging
+
+    from pipeline.tensors import load_onnx
+
+    log = logging.getLogger(__name__)
+    target = target or support_data()["build_minimum"]
+    found = {}
+    for variant, path in models.items():
+        problems = [f"TensorRT {target}: {p}" for p in summarize(version_gated(load_onnx(path), target))]
+        for problem in problems:
+            log.warning("the %s model needs a TensorRT newer than %s: %s", variant, target, problem)
         found[variant] = problems
     return found

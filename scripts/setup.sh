@@ -69,7 +69,7 @@ if [ "$GPU" = 1 ]; then
     extras=${EXTRAS:-gpu,dev,tensorrt,gpu-serve}
     index=(--extra-index-url https://pypi.nvidia.com)  # TensorRT's wheels
 else
-    extras=${EXTRAS:-cpu,dev}
+    extras=${EXTRAS:-cpu,dev,trt-check}  # TensorRT-RTX: the TensorRT build check without a GPU
     index=()
 fi
 pip install --quiet --upgrade pip

@@ -132,3 +132,16 @@ def mixed_precision() -> keras.Model:
         return keras.Model(x, keras.layers.Activation("softmax", dtype="float32", name="probs")(logits))
     finally:
         keras.mixed_precision.set_global_policy("float32")
+
+
+class _UniqueSum(keras.layers.Layer):
+    def call(self, x):  # type: ignore[no-untyped-def]
+        import tensorflow as tf
+
+        return x + tf.reduce_sum(tf.unique(tf.reshape(x, [-1])).y)
+
+
+def unparsable_op() -> keras.Model:
+    """Uses tf.unique, converted to ONNX Unique: ONNX Runtime runs it, TensorRT's ONNX parser refuses it."""
+    x = keras.Input((4,), name="x")
+    return keras.Model(x, _UniqueSum(name="unique_sum")(x))

@@ -1,10 +1,14 @@
 """`build --fp16 --int8` through the TensorRT engine stage, its metadata, its gate and publishing.
 
-TensorRT cannot run here (no GPU, no driver), so the one seam the pipeline calls TensorRT through
-(pipeline.stages.trt_seam) is the stand-in of tests/trt_standin.py, given to the build through
-``BuildConfig.tensorrt`` (nothing is patched). The command line is parsed by the real parser; the
-model (tests.keras_models:tokens) has a dynamic sequence axis, the build two profiles and
-``--max-batch 8``, so the gate must batch at most 8 and run each length in the profile that admits it.
+TensorRT cannot run here (no GPU, no driver). The build half is real: the seam's build
+(pipeline.stages.trt_compile.compile_plan: strongly typed network, profiles, optimization level,
+workspace, TF32, timing cache) runs through TensorRT-RTX, which parses and compiles ahead of time
+for compute capability 8.0 without a GPU. Only execution is the stand-in of tests/trt_standin.py
+(it runs the plan's ONNX model with ONNX Runtime, refusing shapes outside the active profile),
+given to the build through ``BuildConfig.tensorrt`` (nothing is patched). The command line is
+parsed by the real parser; the model (tests.keras_models:tokens) has a dynamic sequence axis, the
+build two profiles and ``--max-batch 8``, so the gate must batch at most 8 and run each length in
+the profile that admits it.
 """
 
 from __future__ import annotations
@@ -19,8 +23,9 @@ import pytest
 from pipeline.build_cli import config_from_args, run_build
 from pipeline.cli import make_parser
 from pipeline.stages.shapes import ShapeProfile, profiles_from_json
+from pipeline.stages.trt_rtx import rtx_version
 from pipeline.triton.config import parse_config
-from tests.trt_standin import StandInTensorRT
+from tests.trt_standin import StandInTensorRT, real_builder
 
 pytestmark = pytest.mark.slow
 
@@ -55,23 +60,35 @@ def _config(argv: list[str], tensorrt: StandInTensorRT):  # type: ignore[no-unty
 
 def test_build_fp16_int8_goes_through_the_engine_stage_to_the_repository(tmp_path: Path) -> None:
     calib, evaluation = _data(tmp_path / "data")
-    standin = StandInTensorRT()
-    assert run_build(_config(_argv(tmp_path, calib, evaluation), standin)) == 0
+    standin = StandInTensorRT(builder=real_builder("8.0"))
+    assert run_build(_config(_argv(tmp_path, calib, evaluation, "--workspace", "256"), standin)) == 0
 
     # The engine stage: one strongly typed build per GPU variant, both profiles, typed.
     expected = (ShapeProfile({"tokens": ((1, 4), (8, 8), (8, 16))}), ShapeProfile({"tokens": ((1, 16), (4, 32), (8, 64))}))
     assert [r.onnx_path.name for r in standin.requests] == ["model.fp32.onnx", "model.fp16.onnx", "model.int8.onnx"]
-    assert all(r.profiles == expected and r.tf32 is True and r.hardware_compatibility == "NONE" for r in standin.requests)
+    assert all(r.profiles == expected and r.tf32 is True and r.hardware_compatibility == "NONE" and r.workspace_mib == 256
+               for r in standin.requests)
+    # What the real builder made: a strongly typed network of the graph's layers, with both profiles read back from
+    # the builder's own profile objects; the first build starts the timing cache, the next two are given it.
+    facts = [b.facts for b in standin.built]
+    assert all(f.strongly_typed and f.layers and f.layers > 0 and f.profiles == expected for f in facts)
+    assert all(f.workspace_bytes == 256 << 20 for f in facts)
+    assert [f.timing_cache_loaded for f in facts] == [False, True, True]
+    assert standin.built[2].facts.layers > standin.built[0].facts.layers  # the Q/DQ graph adds quantize/dequantize layers
 
     ws = tmp_path / "build" / "tokens"
+    assert (ws / "engines" / "timing.cache").read_bytes() == standin.built[-1].timing_cache
     manifest = json.loads((ws / "manifest.json").read_text())
     stages = {s["name"]: s["status"] for s in manifest["stages"]}
     assert {stages[f"engine-{p}"] for p in ("fp32", "fp16", "int8")} == {"ran"}
-    for precision in ("fp32", "fp16", "int8"):
-        meta = json.loads(Path(manifest["artifacts"][f"{precision}.plan"] + ".json").read_text())
-        assert meta["tensorrt_version"] == "10.16.1.11" and meta["gpu"]["compute_capability"] == "9.0"
-        assert (meta["hardware_compatibility"], meta["tf32"], meta["host_code_allowed"]) == ("NONE", True, False)
+    for precision, built in zip(("fp32", "fp16", "int8"), standin.built):
+        plan = Path(manifest["artifacts"][f"{precision}.plan"])
+        assert plan.read_bytes() == built.plan
+        meta = json.loads(Path(str(plan) + ".json").read_text())
+        assert meta["tensorrt_version"] == rtx_version() and meta["gpu"]["compute_capability"] == "8.0"
+        assert (meta["hardware_compatibility"], meta["tf32"], meta["host_code_allowed"], meta["strongly_typed"]) == ("NONE", True, False, True)
         assert [p["tokens"]["max"] for p in meta["profiles"]] == [[8, 16], [8, 64]]
+        assert meta["build_settings"]["workspace_mib"] == 256 and meta["build_settings"]["layers"] == built.facts.layers
 
     # The gate: batches of at most 8 (not EVAL_BATCH 64), each length run in the profile that admits it.
     report = json.loads((ws / "accuracy.json").read_text())
@@ -112,14 +129,15 @@ def test_build_fp16_int8_goes_through_the_engine_stage_to_the_repository(tmp_pat
 def test_engine_options_reach_the_seam_and_the_metadata(tmp_path: Path) -> None:
     """--hardware-compatible and --no-tf32 are built and recorded; the FP32 plan is held to --fp32-engine-atol."""
     calib, evaluation = _data(tmp_path / "data")
-    standin = StandInTensorRT()
+    standin = StandInTensorRT(builder=real_builder("8.6"))
     cfg = _config(_argv(tmp_path, calib, evaluation, "--hardware-compatible", "--no-tf32"), standin)
     assert (cfg.hardware_compatible, cfg.tf32, cfg.allow_plan_host_code) == (True, False, False)
     assert run_build(cfg) == 0
     assert {(r.hardware_compatibility, r.tf32) for r in standin.requests} == {("AMPERE_PLUS", False)}
     manifest = json.loads((tmp_path / "build" / "tokens" / "manifest.json").read_text())
     meta = json.loads(Path(manifest["artifacts"]["fp32.plan"] + ".json").read_text())
-    assert (meta["hardware_compatibility"], meta["tf32"]) == ("AMPERE_PLUS", False)
+    assert (meta["hardware_compatibility"], meta["tf32"], meta["gpu"]["compute_capability"]) == ("AMPERE_PLUS", False, "8.6")
+    assert meta["build_settings"]["workspace_mib"] is None and meta["build_settings"]["workspace_bytes"] is None
     report = json.loads((tmp_path / "build" / "tokens" / "accuracy.json").read_text())
     gate = next(v["gate"] for v in report["variants"] if v["variant"] == "fp32-plan")
     assert gate["atol"] == cfg.gates.fp32_engine_atol != cfg.gates.tf32_atol

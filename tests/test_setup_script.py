@@ -67,7 +67,7 @@ exec {REAL} "$@" """)
     second = _setup(repo, REAL)
     assert second.returncode == 0, second.stderr
     assert _pip_works(repo)
-    assert "pip install --quiet -e .[cpu,dev]" in second.stdout
+    assert "pip install --quiet -e .[cpu,dev,trt-check]" in second.stdout
     third = _setup(repo, REAL)  # a working .venv is kept
     assert third.returncode == 0 and "half-made" not in third.stdout, third.stdout
 
@@ -126,6 +126,6 @@ def test_gpu_switch_installs_the_gpu_extras_and_swaps_in_onnxruntime_gpu(tmp_pat
     gpu_ort = next(i for i, line in enumerate(lines) if line.startswith("pip install --quiet onnxruntime-gpu[cuda,cudnn]"))
     assert install < uninstall < gpu_ort
     cpu = _setup(repo, REAL)
-    assert "onnxruntime-gpu" not in cpu.stdout and "pip install --quiet -e .[cpu,dev]" in cpu.stdout
+    assert "onnxruntime-gpu" not in cpu.stdout and "pip install --quiet -e .[cpu,dev,trt-check]" in cpu.stdout
     wrong = _setup(repo, REAL, "--cuda")
     assert wrong.returncode == 2 and wrong.stderr.count("\n") == 1 and "--gpu" in wrong.stderr

@@ -23,7 +23,7 @@ from pathlib import Path
 
 import pytest
 
-from pipeline.stages import trt_seam
+from pipeline.stages import trt_compile, trt_seam
 from pipeline.stages.tensorrt_env import CUDA_OF_TENSORRT, MAX_TENSORRT, MIN_TENSORRT
 from pipeline.stages.trt_seam import HARDWARE_LEVELS
 
@@ -32,26 +32,24 @@ PACKAGE = ROOT / "pipeline"
 FIXTURES = ROOT / "tests" / "fixtures"
 CHECKED = {10: "10.16.1.11", 11: "11.4.0.106"}  # the latest release of each supported major when extracted
 
-# Used on TensorRT objects (engine, network, builder config, runtime, tensors, enum values) in pipeline/stages/trt_seam.py.
+# Used on TensorRT objects (engine, network, builder, builder config, parser errors, runtime, tensors, enum values) in
+# pipeline/stages/trt_seam.py and pipeline/stages/trt_compile.py (the build half, which takes the module as an argument).
 OBJECT_NAMES = {
-    "get_input", "num_inputs", "name", "shape",  # INetworkDefinition, ITensor, enum value .name
+    "get_input", "num_inputs", "get_output", "num_outputs", "num_layers", "name", "shape", "dtype", "get_flag",  # INetworkDefinition, ITensor
+    "create_network", "create_builder_config", "create_optimization_profile", "build_serialized_network",  # IBuilder
+    "parse_from_file", "num_errors", "get_error", "node", "node_name", "node_operator", "desc", "code", "func",  # OnnxParser, ParserError
+    "set_shape", "get_shape", "add_optimization_profile", "builder_optimization_level", "set_memory_pool_limit",  # IOptimizationProfile,
+    "get_memory_pool_limit", "set_flag", "clear_flag", "hardware_compatibility_level",  # IBuilderConfig
     "create_timing_cache", "set_timing_cache", "ignore_mismatch", "get_timing_cache", "serialize",  # IBuilderConfig, ITimingCache
     "num_io_tensors", "get_tensor_name", "get_tensor_mode", "get_tensor_dtype", "get_tensor_shape",  # ICudaEngine
-    "num_optimization_profiles", "get_tensor_profile_shape", "device_memory_size_v2", "hardware_compatibility_level",
+    "num_optimization_profiles", "get_tensor_profile_shape", "device_memory_size_v2",
     "create_execution_context",
     "engine_host_code_allowed", "deserialize_cuda_engine",  # IRuntime
 }
-# TensorRT names Polygraphy (the installed version) calls on the seam's behalf, unguarded: NetworkFromOnnxPath,
-# CreateConfig with the seam's keywords, EngineFromNetwork, TrtRunner (activate, set_profile, infer) and str_from_engine.
-# Read from polygraphy/backend/trt/{loader,config,profile,runner,util}.py 0.53.6; a name missing from a TensorRT version
-# would fail there on a GPU even though the seam's own names all exist.
+# TensorRT names Polygraphy (the installed version) calls on the seam's behalf, unguarded: TrtRunner (activate, set_profile,
+# infer) and str_from_engine. Read from polygraphy/backend/trt/{runner,util}.py 0.53.6; a name missing from a TensorRT
+# version would fail there on a GPU even though the seam's own names all exist.
 THROUGH_POLYGRAPHY = {
-    "Builder", "create_network", "NetworkDefinitionCreationFlag", "STRONGLY_TYPED", "OnnxParser", "parse_from_file", "num_errors",
-    "get_error", "ILogger",  # NetworkFromOnnxPath
-    "create_builder_config", "create_optimization_profile", "add_optimization_profile", "set_shape", "ProfilingVerbosity", "DETAILED",
-    "profiling_verbosity", "set_memory_pool_limit", "create_timing_cache", "set_timing_cache", "builder_optimization_level",
-    "hardware_compatibility_level", "BuilderFlag", "TF32", "set_flag", "clear_flag",  # CreateConfig (tf32 sets or clears TF32)
-    "build_serialized_network", "init_libnvinfer_plugins", "engine_host_code_allowed", "deserialize_cuda_engine",  # EngineFromNetwork
     "create_execution_context", "set_optimization_profile_async", "active_optimization_profile", "set_input_shape",
     "set_tensor_address", "get_tensor_address", "execute_async_v3", "is_shape_inference_io", "get_aliased_input_tensor",
     "IOutputAllocator", "set_output_allocator", "get_tensor_format", "get_tensor_vectorized_dim",
@@ -59,9 +57,11 @@ THROUGH_POLYGRAPHY = {
 }
 # Attributes the seam touches that are not TensorRT's.
 NOT_TENSORRT = {
-    "getLogger", "info", "warning", "shapes", "items", "add", "onnx_path", "profiles", "workspace_mib", "hardware_compatibility",
+    "getLogger", "info", "warning", "debug", "shapes", "items", "add", "onnx_path", "profiles", "workspace_mib", "hardware_compatibility",
     "optimization_level", "tf32", "timing_cache", "read_bytes", "splitlines", "strip", "TYPE_CHECKING", "status", "join", "append",
-    "frozen", "precision", "plan", "facts", "gpu", "io", "device_memory_bytes", "tensorrt_version", "compute_capability", "mode", "dtype",
+    "frozen", "precision", "plan", "facts", "gpu", "io", "device_memory_bytes", "tensorrt_version", "compute_capability", "mode",
+    "errors", "failures", "line", "message", "problem", "op", "sub", "startswith", "compile", "catch_warnings", "simplefilter", "layers",
+    "strongly_typed", "timing_cache_loaded", "workspace_bytes", "__version__",
 }
 # A name that exists in only one supported major, and the majors the code needs it in (it branches on the version there).
 ONLY_IN: dict[str, set[int]] = {}
@@ -142,15 +142,28 @@ def test_a_misspelt_name_in_a_scratch_copy_fails(tmp_path: Path) -> None:
 
 
 def test_the_list_of_names_used_on_tensorrt_objects_is_complete() -> None:
-    source = Path(trt_seam.__file__).read_text()
-    tree = ast.parse(source)
-    attributes = {node.attr for node in ast.walk(tree) if isinstance(node, ast.Attribute)}
-    attributes |= {k.arg for node in ast.walk(tree) if isinstance(node, ast.Call) for k in node.keywords if k.arg}
-    on_trt = {name for _, name in tensorrt_names(source)}
-    keywords_to_polygraphy = {"profiles", "builder_optimization_level", "memory_pool_limits", "tf32", "hardware_compatibility_level",
-                              "strongly_typed", "config", "name", "min", "opt", "max", "show_layers"}
-    assert attributes - on_trt - OBJECT_NAMES - NOT_TENSORRT - keywords_to_polygraphy == set()
+    attributes: set[str] = set()
+    on_trt: set[str] = set()
+    for module in (trt_seam, trt_compile):
+        source = Path(module.__file__).read_text()  # type: ignore[arg-type]
+        tree = ast.parse(source)
+        attributes |= {node.attr for node in ast.walk(tree) if isinstance(node, ast.Attribute)}
+        attributes |= {k.arg for node in ast.walk(tree) if isinstance(node, ast.Call) for k in node.keywords if k.arg}
+        on_trt |= {name for _, name in tensorrt_names(source)}
+    keywords = {"name", "show_layers", "where", "configure", "allow_host_code", "tensorrt_version", "gpu", "io", "profiles",  # the seam's own
+                "device_memory_bytes", "hardware_compatibility", "strongly_typed", "layers", "timing_cache_loaded", "workspace_bytes"}
+    assert attributes - on_trt - OBJECT_NAMES - NOT_TENSORRT - keywords == set()
     assert OBJECT_NAMES <= attributes  # nothing listed that the seam no longer uses
+
+
+def test_the_build_half_names_tensorrt_only_through_the_module_it_is_given() -> None:
+    """compile_plan takes the module (``tensorrt``, or ``tensorrt_rtx`` for the check): every ``trt.`` chain in it is a
+    TensorRT name checked above, and TensorRT-RTX's own names (compute capabilities) stay out of it."""
+    source = Path(trt_compile.__file__).read_text()  # type: ignore[arg-type]
+    names = {name for _, name in tensorrt_names(source)}
+    assert {"NetworkDefinitionCreationFlag", "STRONGLY_TYPED", "MemoryPoolType", "WORKSPACE", "BuilderFlag", "TF32", "OnnxParser",
+            "Builder", "HardwareCompatibilityLevel", "init_libnvinfer_plugins"} <= names
+    assert "ComputeCapability" not in source and "set_compute_capability" not in source
 
 
 @pytest.mark.parametrize("name", sorted(REMOVED_IN_11))

@@ -29,6 +29,9 @@ class InspectConfig:
     eval_data: Path | None = option(None, "evaluation arrays (.npz or .npy folder) whose sizes size the dynamic axes, as build does", metavar="PATH")
     trt_versions: tuple[str, ...] = option((), "TensorRT version(s) whose ONNX parser the graph is checked against "
                                                "(default: 10.8, what build needs; 10.5 is what tritonserver:24.10 runs)", flag="--trt-version", metavar="VERSION")
+    check_compute_capability: str = option("8.0", "where TensorRT-RTX is installed (and no --trt-version is given), build the graph "
+                                                  "with it ahead of time for this compute capability, as build's check does",
+                                           choices=("7.5", "8.0", "8.6", "8.9", "12.0", "12.1"), metavar="MAJOR.MINOR")
     opset: int = option(17, "ONNX opset for converting a Keras model / SavedModel (as build)", check=lambda v: None if v >= 17 else "is too old",
                         fix="use --opset 17 or newer")
     allow_lambda: bool = option(False, "load Lambda layers of a .keras or .h5 file (runs Python code stored in the file: only for files you trust)")
@@ -78,7 +81,7 @@ def run(args: argparse.Namespace) -> int:
     report = inspection_from_model(
         args.model, shapes=cfg.shapes, max_batch=cfg.max_batch, data=[p for p in (cfg.calibration, cfg.eval_data) if p is not None],
         targets=cfg.trt_versions,
-        show_layers=cfg.show_layers, opset=cfg.opset, allow_lambda=cfg.allow_lambda,
+        show_layers=cfg.show_layers, opset=cfg.opset, allow_lambda=cfg.allow_lambda, compute_capability=cfg.check_compute_capability,
     )
     out = console()
     if cfg.json:
@@ -86,7 +89,7 @@ def run(args: argparse.Namespace) -> int:
     else:
         for line in report_lines(report):
             out.print(line, markup=False, highlight=False, soft_wrap=True)
-    return 1 if any(report.parser.values()) else 0
+    return 1 if any(report.parser.values()) or report.tensorrt.get("errors") else 0
 
 
 def report_lines(report) -> list[str]:  # type: ignore[no-untyped-def]
@@ -115,12 +118,21 @@ def report_lines(report) -> list[str]:  # type: ignore[no-untyped-def]
             lines.append(f"  {q.op} '{q.node}': " + ", ".join(f"{name} {how}" for name, how in q.inputs.items()))
         if report.float_compute:
             lines.append(f"  left in float: {', '.join(report.float_compute)}")
+    built = report.tensorrt
+    if built:
+        where = f"{built['checker']}, ahead of time for compute capability {built['compute_capability']}"
+        if built.get("built"):
+            lines.append(f"TensorRT build ({where}): built, {built['layers']} layers in {built['seconds']:.2f} s")
+        else:
+            lines.append(f"TensorRT build ({where}): refused")
+            lines += [f"  {p}" for p in built.get("errors", [])]
     for target, problems in report.parser.items():
+        rules = "version-gated rules" if built else "onnx-tensorrt operator list"
         if problems:
-            lines.append(f"TensorRT {target} ONNX parser: {len(problems)} problem(s)")
+            lines.append(f"TensorRT {target} ONNX parser{' (version-gated rules)' if built else ''}: {len(problems)} problem(s)")
             lines += [f"  {p}" for p in problems]
         else:
-            lines.append(f"TensorRT {target} ONNX parser: every node is supported (onnx-tensorrt operator list)")
+            lines.append(f"TensorRT {target} ONNX parser: every node is supported ({rules})")
     if report.polygraphy:
         lines.append("Polygraphy:")
         lines += [f"  {line}" for line in report.polygraphy.splitlines()]

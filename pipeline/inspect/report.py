@@ -55,6 +55,7 @@ class Inspection:
     quantized: list[QuantizedNode] = field(default_factory=list)
     float_compute: list[str] = field(default_factory=list)  # Conv/Gemm/MatMul of a Q/DQ model left in float
     parser: dict[str, list[str]] = field(default_factory=dict)  # TensorRT version → problems (empty: parses)
+    tensorrt: dict[str, Any] = field(default_factory=dict)  # TensorRT-RTX's build of the graph (pipeline.stages.trt_check); {}: not run
     polygraphy: str = ""
     notes: list[str] = field(default_factory=list)
 
@@ -80,6 +81,7 @@ def inspection_from_model(
     opset: int = 17,
     tensorrt: TensorRT | None = None,
     allow_lambda: bool = False,
+    compute_capability: str | None = None,
 ) -> Inspection:
     """Inspect ``model`` (see the module docstring); PipelineError for anything unreadable.
     A plan is read through ``tensorrt`` (default: the installed TensorRT, pipeline.stages.trt_seam);
@@ -88,16 +90,31 @@ def inspection_from_model(
     if path.suffix == ".plan" or path.suffix == ".engine":
         return _inspect_plan(path, tensorrt or PolygraphyTensorRT())
     if path.suffix == ".onnx":
-        return inspection_from_onnx(path, shapes=shapes, max_batch=max_batch, data=data, targets=targets, show_layers=show_layers)
+        return inspection_from_onnx(path, shapes=shapes, max_batch=max_batch, data=data, targets=targets, show_layers=show_layers,
+                                    compute_capability=compute_capability)
     from pipeline.stages.source import model_source
 
     source = model_source(model, allow_lambda=allow_lambda)  # .keras, .h5, SavedModel folder or module:function; raises on anything else
     with tempfile.TemporaryDirectory(prefix="inspect-") as tmp:
         onnx_path = onnx_from_source(source, Path(tmp), opset)
-        report = inspection_from_onnx(onnx_path, shapes=shapes, max_batch=max_batch, data=data, targets=targets, show_layers=show_layers)
+        report = inspection_from_onnx(onnx_path, shapes=shapes, max_batch=max_batch, data=data, targets=targets, show_layers=show_layers,
+                                      compute_capability=compute_capability)
     report.model, report.kind = model, source.kind
     report.onnx = f"converted as build converts it (tf2onnx, opset {opset}); not kept"
     return report
+
+
+def _built_with_rtx(path: Path, precision: str, profiles: list[ShapeProfile], compute_capability: str) -> dict[str, Any]:
+    """The graph built by TensorRT-RTX as build's check builds it (pipeline/stages/trt_check.py), with build's default settings."""
+    from pipeline.stages.engine import EngineSettings
+    from pipeline.stages.trt_check import trt_check_from_onnx
+
+    with tempfile.TemporaryDirectory(prefix="inspect-trt-") as tmp:
+        report = trt_check_from_onnx([path], Path(tmp) / "check.json", engines=(EngineSettings(precision, tuple(profiles)),),
+                                     compute_capability=compute_capability)
+    entry = dict(report["variants"][precision])
+    entry.pop("onnx", None)
+    return {"checker": report["checker"], "compute_capability": compute_capability, **entry}
 
 
 def onnx_from_source(source: Any, folder: Path, opset: int) -> Path:
@@ -117,9 +134,14 @@ def inspection_from_onnx(
     data: Sequence[Path] = (),
     targets: Sequence[str] = (),
     show_layers: bool = False,
+    compute_capability: str | None = None,
 ) -> Inspection:
-    """Inspect an ONNX file (see the module docstring)."""
-    from pipeline.trt_support import check_onnx, op_counts, summarize, support_data
+    """Inspect an ONNX file (see the module docstring). Without ``targets``, where TensorRT-RTX is installed the graph
+    is built with it for ``compute_capability`` (default: build's) with the profiles shown, and of the hand-written
+    rules only the version-gated ones are kept (:func:`pipeline.trt_support.version_gated`); with ``targets``, the
+    hand-written rules of those TensorRT versions."""
+    from pipeline.stages.trt_rtx import DEFAULT_COMPUTE_CAPABILITY, rtx_module
+    from pipeline.trt_support import check_onnx, op_counts, summarize, support_data, version_gated
 
     model = load_onnx(path)
     signature = signature_from_onnx(path)
@@ -133,7 +155,11 @@ def inspection_from_onnx(
     report.op_counts = dict(sorted(op_counts(model).items(), key=lambda kv: (-kv[1], kv[0])))
     if any(op in report.op_counts for op in QDQ):
         report.quantized, report.float_compute = quantized_nodes(model)
-    for target in targets or (support_data()["default_target"],):
+    if not targets and rtx_module() is not None:
+        precision = "int8" if any(op in report.op_counts for op in QDQ) else "fp32"  # labels the log line only
+        report.tensorrt = _built_with_rtx(path, precision, profiles, compute_capability or DEFAULT_COMPUTE_CAPABILITY)
+        report.parser[support_data()["build_minimum"]] = summarize(version_gated(model))
+    for target in targets or (() if report.tensorrt else (support_data()["default_target"],)):
         report.parser[target] = summarize(check_onnx(model, target))
     report.polygraphy = _polygraphy_summary(model, show_layers)
     return report

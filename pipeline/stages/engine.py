@@ -32,7 +32,7 @@ from pipeline.stages.trt_seam import HARDWARE_LEVELS, MAX_OPTIMIZATION_LEVEL, En
 
 log = logging.getLogger(__name__)
 
-__all__ = ["EngineSettings", "IOTensor", "engine_from_onnx", "engine_metadata", "metadata_path", "read_engine_metadata",
+__all__ = ["EngineSettings", "IOTensor", "engine_from_onnx", "engine_request", "engine_metadata", "metadata_path", "read_engine_metadata",
            "write_engine_metadata"]
 
 METADATA_FORMAT = 1
@@ -87,6 +87,21 @@ def _check_settings(onnx_path: Path, settings: EngineSettings) -> None:
     assert settings.hardware_compatibility in HARDWARE_LEVELS
 
 
+def engine_request(onnx_path: Path, settings: EngineSettings, *, timing_cache: bytes | None) -> EngineRequest:
+    """What the seam is asked to build for ``settings`` (checked first), with ``timing_cache`` (None: start empty)."""
+    _check_settings(onnx_path, settings)
+    return EngineRequest(
+        onnx_path=onnx_path,
+        precision=settings.precision,
+        profiles=tuple(ShapeProfile(dict(p.shapes)) for p in settings.profiles),
+        optimization_level=settings.optimization_level,
+        workspace_mib=settings.workspace_mib,
+        tf32=settings.tf32,
+        hardware_compatibility=settings.hardware_compatibility,
+        timing_cache=timing_cache,
+    )
+
+
 def engine_from_onnx(
     onnx_path: Path,
     plan_path: Path,
@@ -102,17 +117,7 @@ def engine_from_onnx(
     Needs TensorRT and an NVIDIA GPU: raises PipelineError (check ``tensorrt.status()`` first to skip cleanly).
     """
     onnx_path, plan_path, timing_cache = Path(onnx_path), Path(plan_path), Path(timing_cache)
-    _check_settings(onnx_path, settings)
-    request = EngineRequest(
-        onnx_path=onnx_path,
-        precision=settings.precision,
-        profiles=tuple(ShapeProfile(dict(p.shapes)) for p in settings.profiles),
-        optimization_level=settings.optimization_level,
-        workspace_mib=settings.workspace_mib,
-        tf32=settings.tf32,
-        hardware_compatibility=settings.hardware_compatibility,
-        timing_cache=timing_cache.read_bytes() if timing_cache.is_file() else None,
-    )
+    request = engine_request(onnx_path, settings, timing_cache=timing_cache.read_bytes() if timing_cache.is_file() else None)
     log.info("building %s TensorRT engine from %s", settings.precision, onnx_path)
     start = time.perf_counter()
     built = tensorrt.build(request)
@@ -131,10 +136,12 @@ def engine_from_onnx(
         device_memory_bytes=facts.device_memory_bytes,
         build_seconds=build_seconds,
         settings={"optimization_level": settings.optimization_level, "workspace_mib": settings.workspace_mib,
-                  "timing_cache": str(timing_cache)},
+                  "timing_cache": str(timing_cache), "timing_cache_loaded": facts.timing_cache_loaded, "layers": facts.layers,
+                  "workspace_bytes": facts.workspace_bytes},
         hardware_compatibility=facts.hardware_compatibility,
         tf32=settings.tf32,
         allow_host_code=settings.allow_host_code,
+        strongly_typed=facts.strongly_typed,
     )
     meta_path = metadata_path(plan_path)
     write_engine_metadata(meta_path, metadata)
@@ -160,6 +167,7 @@ def engine_metadata(
     hardware_compatibility: str = "NONE",
     tf32: bool = True,
     allow_host_code: bool = False,
+    strongly_typed: bool = True,
 ) -> dict[str, Any]:
     """The metadata JSON for one plan, from plain values (the files must exist: they are hashed).
 
@@ -179,7 +187,7 @@ def engine_metadata(
         "onnx": str(onnx_path),
         "onnx_sha256": hash_path(Path(onnx_path)),
         "tensorrt_version": tensorrt_version,
-        "strongly_typed": True,
+        "strongly_typed": bool(strongly_typed),
         "gpu": {
             "index": gpu.index,
             "name": gpu.name,

@@ -37,7 +37,9 @@ class ZooRun:
     serve_seconds: float = 0.0
     per_length: dict[str, float] = field(default_factory=dict)  # "<model>@<length>" → max |served - in-process|
     figures: list[str] = field(default_factory=list)  # gate figures sitting on their limit, or a CPU INT8 far from the INT8 graph (empty: none)
-    parser: dict[str, list[str]] | None = None  # variant → what the targeted TensorRT's ONNX parser (10.8 by default) would refuse (from the manifest)
+    parser: dict[str, list[str]] | None = None  # variant → what TensorRT's parser refused (the manifest's tensorrt_parser)
+    tensorrt: dict[str, dict] | None = None  # variant → what the TensorRT-RTX check built: {built, layers, seconds, errors}
+    checker: str | None = None  # which builder checked (TensorRT-RTX and its version)
 
     def as_json(self) -> dict:
         return asdict(self)
@@ -74,7 +76,11 @@ def build_zoo_model(entry: ZooModel, root: Path) -> ZooRun:
         run.gates = _gates(json.loads((ws / "accuracy.json").read_text()))
         run.figures = figure_problems(json.loads((ws / "accuracy.json").read_text()))
     if (ws / "manifest.json").is_file():
-        run.parser = json.loads((ws / "manifest.json").read_text()).get("results", {}).get("tensorrt_parser")
+        results = json.loads((ws / "manifest.json").read_text()).get("results", {})
+        run.parser = results.get("tensorrt_parser")
+        check = results.get("tensorrt_check") or {}
+        run.tensorrt = check.get("variants")
+        run.checker = check.get("checker")
     run.sizes = {p: (ws / f"model.{p}.onnx").stat().st_size for p in PRECISIONS if (ws / f"model.{p}.onnx").is_file()}
     config = paths["repository"] / f"{entry.name}_fp32" / "config.pbtxt"
     if config.is_file():
@@ -210,3 +216,16 @@ def served_per_length(url: str, repository: Path, model: str, eval_npz: Path) ->
     finally:
         client.close()
     return diffs
+
+
+def assert_tensorrt_built(run: ZooRun, summary: str) -> None:
+    """The real builder (TensorRT-RTX, where scripts/setup.sh installed it: always in CI) built the fp32, fp16 and int8
+    graphs; without it (a developer's machine), the hand-written parser rules refused none of them."""
+    from tests.trt_standin import has_real_builder
+
+    gpu = [p for p in PRECISIONS if p != "int8cpu"]  # the CPU INT8 is never checked: ONNX Runtime serves it
+    assert run.parser == {p: [] for p in gpu}, summary
+    if has_real_builder():
+        assert run.tensorrt is not None and str(run.checker).startswith("TensorRT-RTX "), summary
+        assert {p: (e["built"], e["errors"]) for p, e in run.tensorrt.items()} == {p: (True, []) for p in gpu}, summary
+        assert all(e["layers"] > 0 for e in run.tensorrt.values()), summary

@@ -16,7 +16,7 @@ from pathlib import Path
 import onnx
 import pytest
 
-from tests.zoo.harness import PRECISIONS, build_zoo_model, serve_zoo_model
+from tests.zoo.harness import PRECISIONS, assert_tensorrt_built, build_zoo_model, serve_zoo_model
 from tests.zoo.hub import HUB_ZOO, TRANSFORMERS
 from tests.zoo.models import SEQ_LENGTHS
 
@@ -92,6 +92,7 @@ def test_hub_model_builds_gates_serves_and_verifies(name: str, tmp_path: Path) -
     assert run.build_error is None, summary
     assert run.parity_passed, summary
     assert set(run.sizes) == set(PRECISIONS), summary
+    assert_tensorrt_built(run, summary)  # the real builder built every GPU variant
     assert {p: g["passed"] for p, g in run.gates.items()} == {"fp16": True, "int8": True, "int8cpu": True}, summary
     assert run.figures == [], summary  # decided with room, and the CPU INT8 as close to FP32 as the INT8 graph
     ws = tmp_path / "build" / name
