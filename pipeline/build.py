@@ -9,22 +9,17 @@ from __future__ import annotations
 
 import json
 import logging
-import platform
 import time
 from dataclasses import asdict, dataclass
-from importlib import metadata
 from pathlib import Path
 
-import numpy as np
 
 from pipeline.artifacts import PRECISIONS, WIRE_PRECISIONS, Artifact
 from pipeline.config import BuildConfig
 from pipeline.errors import PipelineError, require_creatable
 from pipeline.fingerprint import hash_path
-from pipeline.buckets import read_arrays
-from pipeline.evaldata import UNNAMED, EvalData, check_targets, label_arrays, plain_labels_owner
-from pipeline.outputkinds import (OutputKind, decide_kinds, kinds_to_json, log_kinds, onnx_producers, output_info, parse_output_kinds,
-                                  primary_classes_output, read_description, signature_from_description)
+from pipeline.evaldata import EvalData
+from pipeline.outputkinds import (OutputKind, kinds_to_json, log_kinds, onnx_producers, primary_classes_output, read_description, signature_from_description)
 from pipeline.publish import PublishSettings, published_configs, published_from_artifacts
 from pipeline.stagecache import Manifest, Stage, run_stage
 from pipeline.stages.accuracy import accuracy_report_from_variants
@@ -48,11 +43,10 @@ from pipeline.triton.served_gate import SERVED_ATOL
 from pipeline.triton.verify import verify_repository
 from pipeline.options import CALIBRATION_ROOT
 from pipeline.workspace import ModelData, Workspace, bundled_model_data
+from pipeline.build_support import EVAL_BATCH, decided_kinds, early_labels, ensure_default_data, eval_batch, tool_versions
 
 log = logging.getLogger(__name__)
 
-TOOLS = ("tensorflow-cpu", "tensorflow", "keras", "tf2onnx", "onnx", "onnxruntime", "onnxconverter-common", "polygraphy", "tritonclient", "nvidia-pytriton", "numpy", "tensorrt")
-EVAL_BATCH = 64
 
 
 @dataclass
@@ -312,25 +306,12 @@ def _output_kinds(signature: ModelSignature, onnx_path: Path, described: list[di
     """Each output's kind (printed and recorded), and the evaluation data with plain ``labels`` given to their output."""
     producers = onnx_producers(load_onnx(onnx_path, external_data=False))
     targets = [dict(b.targets) for b in data.buckets]
-    kinds, owner = _decided_kinds(signature, described, producers, targets, ctx.cfg, where=data.source)
+    kinds, owner = decided_kinds(signature, described, producers, targets, ctx.cfg, where=data.source)
     if owner:
         data = data.with_targets_named(owner)
     log_kinds(kinds)
     ctx.manifest.results["output_kinds"] = kinds_to_json(kinds)
     return kinds, data
-
-
-def _decided_kinds(signature: ModelSignature, described: list[dict] | None, producers: dict[str, str], targets: list[dict[str, np.ndarray]],
-                   cfg: BuildConfig, where: str) -> tuple[dict[str, OutputKind], str | None]:
-    """Kinds from the model (and the labels' types, for linear outputs), with every bucket's labels checked against them."""
-    overrides = parse_output_kinds(cfg.output_kinds)
-    first = decide_kinds(signature, described=described, producers=producers, overrides=overrides)
-    owner = plain_labels_owner(sorted({k for t in targets for k in t}), output_info(signature, first), where)
-    named = [{(owner if k == UNNAMED and owner else k): v for k, v in t.items()} for t in targets]  # owner is set where labels are plain
-    kinds = decide_kinds(signature, described=described, producers=producers, overrides=overrides, targets=named[0] if named else None)
-    for bucket in named:
-        check_targets(bucket, output_info(signature, kinds), where)
-    return kinds, owner
 
 
 def _check_labels_before_conversion(described: list[dict] | None, ctx: BuildContext) -> None:
@@ -339,17 +320,7 @@ def _check_labels_before_conversion(described: list[dict] | None, ctx: BuildCont
     path = ctx.cfg.eval_data or ctx.data_dir.eval
     labels = early_labels(path)
     if described and labels:
-        _decided_kinds(signature_from_description(described), described, {}, labels, ctx.cfg, where=str(path))
-
-
-def early_labels(path: Path) -> list[dict[str, np.ndarray]]:
-    """The label arrays of the evaluation file, checked for what needs no model (numbers, finite), one dict per bucket."""
-    if not path.exists():
-        return []
-    by_bucket: dict[str, dict[str, np.ndarray]] = {}
-    for (output, bucket), array in label_arrays(path, read_arrays(path)).items():
-        by_bucket.setdefault(bucket, {})[output] = array
-    return list(by_bucket.values())
+        decided_kinds(signature_from_description(described), described, {}, labels, ctx.cfg, where=str(path))
 
 
 def _accuracy_stage(onnx_fp32: Path, candidates: list[Artifact], data: EvalData, kinds: dict[str, OutputKind], ctx: BuildContext) -> None:
@@ -439,35 +410,3 @@ def _served_stage(artifacts: list[Artifact], data: EvalData, ctx: BuildContext) 
     ctx.manifest.ran("served", time.perf_counter() - started, f"through {cfg.verify_url or 'the embedded tritonserver'}")
 
 
-def ensure_default_data(data_dir: ModelData) -> None:
-    """The bundled model's eval/calibration data, regenerated (deterministically, offline) where missing,
-    e.g. when building outside the source tree."""
-    from pipeline.models import digits
-
-    if not data_dir.complete():
-        log.info("writing the bundled model's evaluation and calibration data to %s", data_dir.folder)
-        digits.write_data(data_dir.folder)
-
-
-def eval_batch(onnx_path: Path, data: EvalData, max_memory_gib: float, *, runners: int) -> int:
-    """The parity/accuracy batch: at most EVAL_BATCH, and small enough that ``runners`` models holding
-    a batch of the largest samples stay within the memory budget together."""
-    from pipeline.budget import batch_for_budget, memory_estimate
-
-    largest: dict[str, tuple[int, ...]] = {}
-    for _, shapes, _ in data.sample_shapes():
-        for name, shape in shapes.items():
-            old = largest.get(name)
-            largest[name] = shape if old is None else tuple(max(a, b) for a, b in zip(old, shape))
-    return batch_for_budget(memory_estimate(onnx_path, largest), max_memory_gib, max_batch=EVAL_BATCH, runners=runners)
-
-
-def tool_versions() -> dict[str, str]:
-    """Versions of Python and of the installed tools the build uses."""
-    versions = {"python": platform.python_version()}
-    for dist in TOOLS:
-        try:
-            versions[dist] = metadata.version(dist)
-        except metadata.PackageNotFoundError:
-            continue
-    return versions

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1] / "pipeline"
-TOP = {"pipeline.build", "pipeline.build_cli", "pipeline.cli", "pipeline.config", "pipeline.__main__"}
+TOP = {"pipeline.build", "pipeline.build_support", "pipeline.build_cli", "pipeline.cli", "pipeline.config", "pipeline.__main__"}
 SERVICES = ("pipeline.triton", "pipeline.loadtest", "pipeline.mig", "pipeline.tune", "pipeline.inspect")
 ORCHESTRATION = {"pipeline.publish", "pipeline.report", "pipeline.htmlreport"} | TOP
 
