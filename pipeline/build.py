@@ -25,7 +25,8 @@ from pipeline.buckets import read_arrays
 from pipeline.evaldata import UNNAMED, EvalData, check_targets, label_arrays, plain_labels_owner
 from pipeline.outputkinds import (OutputKind, decide_kinds, kinds_to_json, log_kinds, onnx_producers, output_info, parse_output_kinds,
                                   primary_classes_output, read_description, signature_from_description)
-from pipeline.publish import PublishSettings, published_configs, published_from_artifacts
+from pipeline.objectstore import S3Url
+from pipeline.publish import PublishSettings, published_configs, published_from_artifacts, require_publishable
 from pipeline.stagecache import Manifest, Stage, run_stage
 from pipeline.stages.accuracy import accuracy_report_from_variants
 from pipeline.stages.calibration import CalibrationData, calibration_from_path
@@ -62,7 +63,7 @@ class BuildResult:
     workspace: Workspace
     artifacts: list[Artifact]
     manifest: Path
-    repository: Path | None
+    repository: Path | S3Url | None
 
 
 @dataclass(frozen=True)
@@ -84,7 +85,7 @@ def build(cfg: BuildConfig) -> BuildResult:
     """Keras model → SavedModel → ONNX (parity-checked against TF) → … (see README)."""
     cfg.validate()
     require_creatable(cfg.workdir, "--workdir")
-    require_creatable(cfg.repository, "--repository")
+    require_publishable(cfg.repository)
     source = model_source(cfg.model, cfg.imports, cfg.allow_lambda)
     name = cfg.model_name(source)
     ws = Workspace(cfg.workdir / name)
@@ -299,7 +300,7 @@ def _accuracy_stage(onnx_fp32: Path, candidates: list[Artifact], data: EvalData,
     ctx.manifest.results["accuracy"] = json.loads(ctx.ws.accuracy.read_text())
 
 
-def _publish_stage(artifacts: list[Artifact], variants: list[Artifact], data: EvalData, kinds: dict[str, OutputKind], ctx: BuildContext) -> Path:
+def _publish_stage(artifacts: list[Artifact], variants: list[Artifact], data: EvalData, kinds: dict[str, OutputKind], ctx: BuildContext) -> Path | S3Url:
     cfg = ctx.cfg
     labels = ctx.data_dir.labels
     settings = PublishSettings(

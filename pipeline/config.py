@@ -10,6 +10,7 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from pipeline.objectstore import S3Url, local_only
 from pipeline.errors import PipelineError
 from pipeline.gates import Gates
 from pipeline.outputkinds import KINDS, parse_output_kinds
@@ -58,7 +59,7 @@ class BuildConfig:
                                        "(refused otherwise: use only for files you trust)", group=MODEL)
     workdir: Path = option(Path("build"), "build artifacts, manifest, server logs and the reports folder", metavar="DIR", group=OUTPUTS)
     report_dir: Path | None = option(None, "where the HTML page index.html goes (default: <workdir>/reports)", metavar="DIR", group=OUTPUTS)
-    repository: Path = repository_option(OUTPUTS)
+    repository: Path | S3Url = repository_option(OUTPUTS)
     version_policy: str = option("new", "add a new numbered version, or replace the pipeline's versions", choices=("new", "replace"), group=OUTPUTS)
     triton_image: str | None = option(None, "NGC tritonserver image for the deploy bundle (default: nvcr.io/nvidia/tritonserver:24.10-py3, "
                                             "Triton 2.51 as served here)", metavar="IMAGE", group=OUTPUTS)
@@ -151,3 +152,5 @@ class BuildConfig:
             raise PipelineError(f"evaluation data '{self.eval_data}' does not exist", "pass an .npz (or a folder of .npy files) with one array per input (and labels) to --eval-data")
         if self.int8 and self.calibration is not None and not self.calibration.exists():
             raise PipelineError(f"calibration data '{self.calibration}' does not exist", "pass an .npz file or a folder of .npy files or images to --calibration")
+        if self.mig and isinstance(self.repository, S3Url):
+            local_only(self.repository, "build --mig (its launch bundle serves a mounted repository)")

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from pipeline.objectstore import local_only, repository_from_text
 from pipeline.errors import PipelineError, require
 from pipeline.mig import nvidia_smi
 from pipeline.mig.bundle import LAUNCH_SCRIPT, write_bundle
@@ -39,7 +40,8 @@ class MigPlanConfig:
     onnx: Path | None = option(None, "ONNX model: memory = weights + activations at --max-batch")
     engine_metadata: Path | None = option(None, "TensorRT engine metadata JSON (device memory, weights)")
     # Not the shared repository_option: here the repository is one of the model sources, so "not given" must be seen.
-    repository: Path | None = option(None, "Triton model repository: plan every model in it", metavar="DIR")
+    repository: Path | None = option(None, "Triton model repository (a folder): plan every model in it", metavar="DIR",
+                                     parse=lambda text: local_only(repository_from_text(text), "mig-plan --repository"))
     max_batch: int | None = option(None, "batch size to size activations for (default: config.pbtxt max_batch_size, "
                                          "or the ONNX model's fixed batch)", check=at_least(1), fix="pass a batch size of 1 or more")
     name: str | None = option(None, "model name for --onnx/--engine-metadata (default: from the file name)")

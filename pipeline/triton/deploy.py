@@ -28,8 +28,11 @@ from pathlib import Path
 from typing import Any
 
 from pipeline.errors import require
+from pipeline.objectstore import S3Url
+from pipeline.triton.s3repository import readable
 from pipeline.triton.accelerators import cache_setup_shell
 from pipeline.triton.bundle_files import (
+    AWS_SECRETS,
     BIND_ADDRESS,
     BIND_ENV,
     CONTAINER_ADDRESS,
@@ -61,10 +64,10 @@ SCRIPT, COMPOSE, README = "docker-run.sh", "compose.yaml", "README.md"
 
 
 def server_args(http_port: int = 8000, grpc_port: int = 8001, metrics_port: int = 8002,
-                models: tuple[str, ...] = ()) -> ServerArgs:
+                models: tuple[str, ...] = (), repository: str = CONTAINER_REPOSITORY) -> ServerArgs:
     """How the production server runs: exactly ``models`` loaded at start (explicit model control),
-    the admin APIs (load/unload included) behind the key."""
-    return ServerArgs(repository=CONTAINER_REPOSITORY, http_port=http_port, grpc_port=grpc_port, metrics_port=metrics_port,
+    the admin APIs (load/unload included) behind the key; ``repository`` the mounted folder or an ``s3://`` URL."""
+    return ServerArgs(repository=repository, http_port=http_port, grpc_port=grpc_port, metrics_port=metrics_port,
                       host=CONTAINER_ADDRESS, model_control="explicit", load_models=tuple(models))
 
 
@@ -78,7 +81,7 @@ def gpu_models(models: dict[str, Any]) -> list[str]:
 
 
 def write_deploy_bundle(
-    repository: Path,
+    repository: Path | S3Url,
     out_dir: Path,
     *,
     image: str = DEFAULT_IMAGE,
@@ -95,7 +98,8 @@ def write_deploy_bundle(
     """
     ports = (http_port, grpc_port, metrics_port)
     require(all(1 <= p <= 65535 for p in ports) and len(set(ports)) == 3, f"ports {ports} must be distinct and in 1..65535", "pick three free ports")
-    models = read_repository(repository)
+    with readable(repository, model_files=False) as local:
+        models = read_repository(local)
     loaded = gpu_models(models)
     require(bool(loaded), f"every model in {repository} is CPU-only (KIND_CPU), and this bundle is for a GPU host",
             "build GPU variants (e.g. --fp16), or serve the CPU variants with `python -m pipeline serve`")
@@ -103,14 +107,15 @@ def write_deploy_bundle(
         log.warning("not checked: %s", line)
 
     out_dir = Path(out_dir)
-    rel_repo = relative_repository(Path(repository), out_dir)
-    server = server_args(http_port, grpc_port, metrics_port, tuple(loaded))
+    store = bundle_store(repository) if isinstance(repository, S3Url) else None
+    rel_repo = None if store else relative_repository(Path(repository), out_dir)  # type: ignore[arg-type]
+    server = server_args(http_port, grpc_port, metrics_port, tuple(loaded), repository=store[0] if store else CONTAINER_REPOSITORY)
     setup = cache_setup_shell(loaded)
     service = compose_service(image=image, server=server, ports=[(p, p) for p in ports], rel_repo=rel_repo, devices={"count": "all"},
-                              setup=setup)
+                              setup=setup, object_store=store[1] if store else None)
     skipped = sorted(set(models) - set(loaded))
     files = {
-        SCRIPT: _docker_run_script(image, rel_repo, f"{setup} && exec " + shell_command(tritonserver_args(server)), ports),
+        SCRIPT: _docker_run_script(image, rel_repo, f"{setup} && exec " + shell_command(tritonserver_args(server)), ports, s3=store is not None),
         COMPOSE: compose_yaml({"triton": service}, f"Serve the model repository with {image}: {ADMIN_KEY_ENV}=<secret> docker compose up"),
         README: _readme(image, loaded, skipped, ports),
     }
@@ -120,15 +125,26 @@ def write_deploy_bundle(
     return paths
 
 
-def _docker_run_script(image: str, rel_repo: str | None, server: str, ports: tuple[int, ...]) -> str:
+def bundle_store(url: S3Url) -> tuple[str, str]:
+    """The URL a bundled server reads ``url`` at (with the endpoint of an S3-compatible store) and the region."""
+    from pipeline.objectstore import DEFAULT_REGION, endpoint_of, s3_client
+
+    client = s3_client(url)
+    return url.triton_url(endpoint_of(client)), str(client.meta.region_name or DEFAULT_REGION)
+
+
+def _docker_run_script(image: str, rel_repo: str | None, server: str, ports: tuple[int, ...], s3: bool = False) -> str:
     publish = " ".join(f'-p "{BIND_ADDRESS}:{p}:{p}"' for p in ports)
+    # s3: the server reads the bucket; the AWS variables pass through by name (docker run -e NAME), never written here
+    source = [f"-e {name}" for name in (*AWS_SECRETS, "AWS_SESSION_TOKEN", "AWS_DEFAULT_REGION")] if s3 else \
+        ['-v "${MODEL_REPOSITORY}:' + CONTAINER_REPOSITORY + ':ro"']
     docker = [
         "docker run --rm --init",
         '--gpus "${TRITON_GPUS:-all}"',
         f"--user {CONTAINER_USER}",
         "--shm-size=1g --ulimit memlock=-1 --ulimit stack=67108864",
         publish,
-        '-v "${MODEL_REPOSITORY}:' + CONTAINER_REPOSITORY + ':ro"',
+        *source,
         f"-e {ADMIN_KEY_ENV}",
         shlex.quote(image),
         "bash -c " + shlex.quote(server),
@@ -142,7 +158,8 @@ def _docker_run_script(image: str, rel_repo: str | None, server: str, ports: tup
         f"# {BIND_ENV} (default {DEFAULT_BIND_ADDRESS}); inference and metrics need no key: see README.md.",
         "set -euo pipefail",
         f': "${{{ADMIN_KEY_ENV}:?export {ADMIN_KEY_ENV}=<secret> first: it unlocks the admin APIs}}"',
-        *script_repository_lines(rel_repo),
+        *([f': "${{{name}:?export {name} first: the server reads the model repository from S3}}"' for name in AWS_SECRETS] if s3
+          else script_repository_lines(rel_repo)),
         "exec " + " \\\n  ".join(docker),
         "",
     ])

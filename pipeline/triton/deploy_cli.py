@@ -7,6 +7,7 @@ import logging
 from dataclasses import dataclass
 from pathlib import Path
 
+from pipeline.objectstore import S3Url
 from pipeline.options import add_options, checked_config, option, port_option, repository_option
 from pipeline.triton.deploy import DEFAULT_IMAGE, SCRIPT, write_deploy_bundle
 from pipeline.triton.server_args import ADMIN_HEADER, ADMIN_KEY_ENV, RESTRICTED_APIS
@@ -18,7 +19,7 @@ log = logging.getLogger(__name__)
 class DeployConfig:
     """Every ``deploy`` option."""
 
-    repository: Path = repository_option()
+    repository: Path | S3Url = repository_option()
     out: Path = option(Path("deploy"), "where to write the bundle", metavar="DIR")
     image: str = option(DEFAULT_IMAGE, "tritonserver image", metavar="IMAGE")
     http_port: int = port_option(8000, "HTTP/REST", published=True)
