@@ -13,6 +13,7 @@ Credentials, region and endpoint come from the standard AWS chain (environment, 
 from __future__ import annotations
 
 import re
+import urllib.parse
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -25,6 +26,7 @@ _SCHEME = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]*):/")
 _STORES = {"gs": "Google Cloud Storage", "as": "Azure Storage", "abfs": "Azure Storage", "az": "Azure Storage"}
 _BUCKET = re.compile(r"^[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]$")
 DEFAULT_REGION = "us-east-1"
+_LOOPBACK = ("127.0.0.1", "localhost", "::1")
 
 
 @dataclass(frozen=True)
@@ -88,9 +90,15 @@ def local_only(repository: Path | S3Url, command: str) -> Path:
 
 
 def s3_client(url: S3Url) -> Any:
-    """A boto3 S3 client for ``url``: credentials, region and endpoint from the AWS chain (the URL's own endpoint first)."""
+    """A boto3 S3 client for ``url``: credentials, region and endpoint from the AWS chain (the URL's own endpoint
+    first); a store on loopback is reached directly, whatever ``http_proxy`` says."""
+    from botocore.config import Config
+
     session = _session()
-    return session.client("s3", endpoint_url=url.endpoint, region_name=session.region_name or DEFAULT_REGION)
+    client = session.client("s3", endpoint_url=url.endpoint, region_name=session.region_name or DEFAULT_REGION)
+    if urllib.parse.urlsplit(client.meta.endpoint_url).hostname in _LOOPBACK:
+        client = session.client("s3", endpoint_url=client.meta.endpoint_url, region_name=client.meta.region_name, config=Config(proxies={}))
+    return client
 
 
 def endpoint_of(client: Any) -> str | None:

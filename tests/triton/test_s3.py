@@ -1,0 +1,218 @@
+"""Model repositories in S3, against a real S3 server (moto's, on loopback: tests/triton/s3_fixture.py).
+
+What holds: every command recognises an ``s3://`` repository and refuses other URLs without creating
+a folder; a publish uploads each version whole and names it in ``config.pbtxt`` last; a publish killed
+mid-upload leaves the previous version served, and the next publish removes its partial upload; the
+embedded tritonserver serves the bucket itself (the URL on its command line, the credentials only in
+its environment and in no log), and a version published while it runs is loaded on request.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import urllib.request
+from contextlib import closing
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+from onnx import numpy_helper
+
+from pipeline.artifacts import Artifact
+from pipeline.errors import PipelineError
+from pipeline.objectstore import S3Url, repository_from_text
+from pipeline.triton.config import parse_config
+from pipeline.triton.s3repository import local_copy, publish_s3_repository
+from pipeline.triton.server import TritonServer
+from tests.conftest import ROOT, cli, one_line_error
+from tests.triton.conftest import SOFTMAX_WEIGHTS, softmax_config, softmax_onnx
+from tests.triton.s3_fixture import S3Endpoint, monkeypatch_module, s3  # noqa: F401  (fixtures)
+
+_DIRECT = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+LABELS = {"labels.txt": b"a\nb\nc\n"}
+
+
+def softmax_file(path: Path, scale: float) -> Path:
+    """The tests' softmax model with its weights times ``scale`` (another artifact, other answers)."""
+    model = onnx.load(str(softmax_onnx(path)))
+    model.graph.initializer[0].CopyFrom(numpy_helper.from_array(SOFTMAX_WEIGHTS * scale, "w"))
+    onnx.save(model, str(path))
+    return path
+
+
+def expected(x: np.ndarray, scale: float) -> np.ndarray:
+    logits = x @ (SOFTMAX_WEIGHTS * scale)
+    e = np.exp(logits - logits.max(axis=1, keepdims=True))
+    return e / e.sum(axis=1, keepdims=True)
+
+
+def publish(url: S3Url, onnx_path: Path, policy: str = "new") -> list[str]:
+    """Publish ``onnx_path`` as Triton model ``tiny_fp32`` (with a labels file: a second object after the model)."""
+    cfg = softmax_config("tiny_fp32")
+    return publish_s3_repository([Artifact("fp32", "onnx", onnx_path)], model="tiny", url=url, configs={"tiny_fp32": cfg},
+                                 extra_files={"tiny_fp32": LABELS}, version_policy=policy)
+
+
+def infer(server: TritonServer, model: str, x: np.ndarray) -> np.ndarray:
+    import tritonclient.http as httpclient
+
+    inp = httpclient.InferInput("x", list(x.shape), "FP32")
+    inp.set_data_from_numpy(x)
+    with closing(httpclient.InferenceServerClient(server.http_url)) as client:
+        return np.asarray(client.infer(model, [inp]).as_numpy("probs"))
+
+
+def served_versions(server: TritonServer, model: str) -> list[str]:
+    with _DIRECT.open(f"http://{server.http_url}/v2/models/{model}", timeout=10) as response:
+        return list(json.loads(response.read())["versions"])
+
+
+# ---- which repositories are accepted -------------------------------------------------------------------
+
+
+def test_s3_urls_are_parsed_and_other_urls_refused() -> None:
+    assert repository_from_text("s3://models/repo/") == S3Url("models", "repo")
+    assert repository_from_text("s3://models") == S3Url("models", "")
+    assert repository_from_text("s3://http://127.0.0.1:9000/models/a/b") == S3Url("models", "a/b", "http://127.0.0.1:9000")
+    assert str(S3Url("models", "a/b", "http://127.0.0.1:9000")) == "s3://http://127.0.0.1:9000/models/a/b"
+    assert S3Url("models", "repo").triton_url("http://127.0.0.1:9000/") == "s3://http://127.0.0.1:9000/models/repo"
+    assert repository_from_text("model_repository") == Path("model_repository")
+    assert repository_from_text("./s3:/x") == Path("s3:/x")  # an explicit folder stays a folder
+    for text, words in (("gs://b/p", "Google Cloud Storage"), ("as://acct/c", "Azure Storage"), ("https://h/p", "https://"),
+                        ("s3:/models/repo", "two slashes"), ("s3://Not_A_Bucket/p", "no valid bucket")):
+        with pytest.raises(PipelineError, match=words) as info:
+            repository_from_text(text)
+        assert "s3://BUCKET/PREFIX" in str(info.value)
+
+
+@pytest.mark.parametrize("command", [
+    ["build"], ["serve"], ["verify"], ["deploy"], ["loadtest"], ["tune", "--model", "m"], ["mig-plan", "--gpu", "H200-141GB"],
+])
+def test_no_command_takes_a_url_for_a_folder(command: list[str], tmp_path: Path) -> None:
+    for url, words in (("gs://models/repo", "Google Cloud Storage is not supported"), ("s3:/models/repo", "neither a folder nor an s3:// URL")):
+        line = one_line_error(cli(*command, "--repository", url, cwd=tmp_path))
+        assert words in line and "s3://BUCKET/PREFIX" in line
+    assert list(tmp_path.iterdir()) == []  # no folder named gs: or s3:
+    if command[0] in ("tune", "mig-plan"):  # these read and write a folder: an s3:// repository is refused too
+        assert "local model repository" in one_line_error(cli(*command, "--repository", "s3://models/repo", cwd=tmp_path))
+
+
+def test_a_config_file_url_is_checked_too(tmp_path: Path) -> None:
+    (tmp_path / "p.toml").write_text('[build]\nrepository = "gs://models/repo"\n')
+    line = one_line_error(cli("build", "--config", "p.toml", cwd=tmp_path))
+    assert "'repository' in p.toml [build]: gs://models/repo: Google Cloud Storage is not supported" in line
+
+
+def test_a_missing_bucket_is_refused_before_the_build(s3: S3Endpoint, tmp_path: Path) -> None:
+    line = one_line_error(cli("build", "--repository", "s3://no-such-bucket/repo", cwd=tmp_path, env=dict(s3.env)))
+    assert "s3://no-such-bucket/repo does not exist" in line and "aws s3 mb" in line
+    assert not (tmp_path / "build").exists()
+
+
+# ---- publishing --------------------------------------------------------------------------------------
+
+
+def test_each_publish_uploads_a_whole_version_and_pins_it_in_the_config(s3: S3Endpoint, tmp_path: Path) -> None:
+    bucket = s3.bucket()
+    url = S3Url(bucket, "repo")
+    first = softmax_file(tmp_path / "a.onnx", 1.0)
+    assert publish(url, first) == [f"s3://{bucket}/repo/tiny_fp32/1"]
+    config = parse_config(s3.text(bucket, "repo/tiny_fp32/config.pbtxt"))
+    assert list(config.version_policy.specific.versions) == [1]
+    assert s3.keys(bucket) == [f"repo/tiny_fp32/{k}" for k in (".pipeline-owned.json", ".pipeline-report.json", "1/model.onnx", "config.pbtxt", "labels.txt")]
+    assert "uploading" not in json.loads(s3.text(bucket, "repo/tiny_fp32/.pipeline-owned.json"))
+
+    assert publish(url, first) == [f"s3://{bucket}/repo/tiny_fp32/1"]  # nothing changed: no new version
+    second = softmax_file(tmp_path / "b.onnx", 2.0)
+    assert publish(url, second) == [f"s3://{bucket}/repo/tiny_fp32/2"]
+    assert list(parse_config(s3.text(bucket, "repo/tiny_fp32/config.pbtxt")).version_policy.specific.versions) == [2]
+    assert f"repo/tiny_fp32/1/model.onnx" in s3.keys(bucket)  # policy new keeps the older version
+    report = json.loads(s3.text(bucket, "repo/tiny_fp32/.pipeline-report.json"))
+    assert sorted(report["versions"]) == ["1", "2"]
+
+    s3.client().put_object(Bucket=bucket, Key="repo/tiny_fp32/2/notes.txt", Body=b"mine")  # a file the pipeline did not write
+    with pytest.raises(PipelineError, match="files the pipeline did not write"):
+        publish(url, first, policy="replace")
+    s3.client().delete_object(Bucket=bucket, Key="repo/tiny_fp32/2/notes.txt")
+    assert publish(url, first, policy="replace") == [f"s3://{bucket}/repo/tiny_fp32/3"]
+    assert [k for k in s3.keys(bucket) if k.split("/")[2].isdigit()] == ["repo/tiny_fp32/3/model.onnx"]  # the older ones went after
+
+
+def test_a_killed_publish_leaves_the_previous_version_served_and_the_next_one_cleans_up(s3: S3Endpoint, tmp_path: Path) -> None:
+    bucket = s3.bucket()
+    url = S3Url(bucket, "repo")
+    publish(url, softmax_file(tmp_path / "a.onnx", 1.0))
+    second = softmax_file(tmp_path / "b.onnx", 2.0)
+    marker = tmp_path / "paused"
+    script = ("import sys; from pathlib import Path; from tests.triton.test_s3 import publish; from pipeline.objectstore import S3Url; "
+              f"publish(S3Url({bucket!r}, 'repo'), Path({str(second)!r}))")
+    # Held after the first object of version 2 (its model file) is uploaded, before the labels and the config.
+    env = dict(os.environ, PYTHONPATH=str(ROOT), PIPELINE_PAUSE_AT="publish.upload#2", PIPELINE_PAUSE_FILE=str(marker))
+    process = subprocess.Popen([sys.executable, "-c", script], cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    try:
+        deadline = time.monotonic() + 120
+        while not marker.exists():
+            assert process.poll() is None and time.monotonic() < deadline, process.communicate()[0].decode()[-2000:]
+            time.sleep(0.05)
+    finally:
+        process.send_signal(signal.SIGKILL)
+        process.wait()
+    assert "repo/tiny_fp32/2/model.onnx" in s3.keys(bucket)  # the partial upload is there...
+    assert list(parse_config(s3.text(bucket, "repo/tiny_fp32/config.pbtxt")).version_policy.specific.versions) == [1]  # ...unnamed
+
+    x = np.array([[1.0, -2.0, 0.5, 3.0]], dtype=np.float32)
+    with TritonServer(url, workdir=tmp_path / "w") as server:
+        assert server.ready_models == ["tiny_fp32"] and served_versions(server, "tiny_fp32") == ["1"]
+        np.testing.assert_allclose(infer(server, "tiny_fp32", x), expected(x, 1.0), rtol=1e-5, atol=1e-6)
+    copied = local_copy(url, tmp_path / "copy") / "tiny_fp32"  # what verify and loadtest read: the served version only
+    assert sorted(p.name for p in copied.iterdir() if p.is_dir()) == ["1"] and (copied / "1" / "model.onnx").is_file()
+
+    assert publish(url, second) == [f"s3://{bucket}/repo/tiny_fp32/2"]  # the partial version 2 is removed, then uploaded whole
+    owned = json.loads(s3.text(bucket, "repo/tiny_fp32/.pipeline-owned.json"))
+    assert owned["versions"] == [1, 2] and "uploading" not in owned
+
+
+def test_the_server_reads_the_bucket_and_loads_a_new_version_on_request(s3: S3Endpoint, tmp_path: Path) -> None:
+    bucket = s3.bucket()
+    url = S3Url(bucket, "live")
+    publish(url, softmax_file(tmp_path / "a.onnx", 1.0))
+    x = np.array([[0.5, 1.0, -1.0, 2.0]], dtype=np.float32)
+    with TritonServer(url, workdir=tmp_path / "w", model_control="explicit") as server:
+        assert served_versions(server, "tiny_fp32") == ["1"]
+        np.testing.assert_allclose(infer(server, "tiny_fp32", x), expected(x, 1.0), rtol=1e-5, atol=1e-6)
+        command = Path(f"/proc/{server.pid}/cmdline").read_bytes().decode().split("\0")
+        assert f"--model-repository=s3://{s3.endpoint}/{bucket}/live" in command  # the bucket itself, no view
+        assert not any(s3.secret in arg or s3.key_id in arg for arg in command)
+        environ = Path(f"/proc/{server.pid}/environ").read_bytes().decode()
+        assert f"AWS_SECRET_ACCESS_KEY={s3.secret}" in environ  # how it gets them
+
+        publish(url, softmax_file(tmp_path / "b.onnx", 2.0))  # while it serves version 1
+        np.testing.assert_allclose(infer(server, "tiny_fp32", x), expected(x, 1.0), rtol=1e-5, atol=1e-6)
+        request = urllib.request.Request(f"http://{server.http_url}/v2/repository/models/tiny_fp32/load", data=b"{}", method="POST")
+        with _DIRECT.open(request, timeout=60) as response:
+            assert response.status == 200
+        assert served_versions(server, "tiny_fp32") == ["2"]
+        np.testing.assert_allclose(infer(server, "tiny_fp32", x), expected(x, 2.0), rtol=1e-5, atol=1e-6)
+        log = Path(server.log_path).read_text()  # type: ignore[arg-type]
+    assert bucket in log and s3.secret not in log and s3.key_id not in log
+
+
+def test_a_cpu_machine_refuses_gpu_configs_it_cannot_rewrite_in_a_bucket(s3: S3Endpoint, tmp_path: Path) -> None:
+    from pipeline.triton.servable import has_gpu
+    from tritonclient.grpc import model_config_pb2 as mc
+
+    bucket = s3.bucket()
+    url = S3Url(bucket, "gpu")
+    cfg = softmax_config("tiny_fp32")
+    cfg.instance_group[0].kind = mc.ModelInstanceGroup.KIND_GPU
+    publish_s3_repository([Artifact("fp32", "onnx", softmax_file(tmp_path / "a.onnx", 1.0))], model="tiny", url=url, configs={"tiny_fp32": cfg})
+    if has_gpu():
+        pytest.skip("this machine has a GPU: KIND_GPU loads here")
+    with pytest.raises(PipelineError, match="ask for KIND_GPU instances and this machine has no GPU"):
+        TritonServer(url, workdir=tmp_path / "w").start()
