@@ -98,13 +98,13 @@ def write_deploy_bundle(
     """
     ports = (http_port, grpc_port, metrics_port)
     require(all(1 <= p <= 65535 for p in ports) and len(set(ports)) == 3, f"ports {ports} must be distinct and in 1..65535", "pick three free ports")
-    with readable(repository, model_files=False) as local:
+    with readable(repository) as local:  # s3://: a copy of what its server serves, read for the image check
         models = read_repository(local)
-    loaded = gpu_models(models)
-    require(bool(loaded), f"every model in {repository} is CPU-only (KIND_CPU), and this bundle is for a GPU host",
-            "build GPU variants (e.g. --fp16), or serve the CPU variants with `python -m pipeline serve`")
-    for line in check_image(image, repository_needs(models, loaded)):
-        log.warning("not checked: %s", line)
+        loaded = gpu_models(models)
+        require(bool(loaded), f"every model in {repository} is CPU-only (KIND_CPU), and this bundle is for a GPU host",
+                "build GPU variants (e.g. --fp16), or serve the CPU variants with `python -m pipeline serve`")
+        for line in check_image(image, repository_needs(models, loaded)):
+            log.warning("not checked: %s", line)
 
     out_dir = Path(out_dir)
     store = bundle_store(repository) if isinstance(repository, S3Url) else None
@@ -154,7 +154,8 @@ def _docker_run_script(image: str, rel_repo: str | None, server: str, ports: tup
         f"# Serve the model repository with {image}. Written by the pipeline: edits are kept (a regenerated version goes to docker-run.sh.new).",
         f"# Admin APIs ({', '.join(RESTRICTED_APIS)}) need the header '{ADMIN_HEADER}: ${ADMIN_KEY_ENV}'",
         f"# (gRPC metadata 'triton-grpc-protocol-{ADMIN_HEADER}'). TRITON_GPUS picks GPUs, e.g. '\"device=0\"' or a MIG UUID;",
-        "# MODEL_REPOSITORY overrides the repository next to this bundle. Ports are published on",
+        "# The server reads the model repository from S3 with the AWS_* credentials of this environment. Ports are published on" if s3
+        else "# MODEL_REPOSITORY overrides the repository next to this bundle. Ports are published on",
         f"# {BIND_ENV} (default {DEFAULT_BIND_ADDRESS}); inference and metrics need no key: see README.md.",
         "set -euo pipefail",
         f': "${{{ADMIN_KEY_ENV}:?export {ADMIN_KEY_ENV}=<secret> first: it unlocks the admin APIs}}"',

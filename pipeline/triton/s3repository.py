@@ -168,8 +168,8 @@ def publish_s3_repository(
             uploads.append(_staged(store, artifact, name, remote, Path(tmp) / name, configs[name], files, version_policy, report, reproduce))
         for item in uploads:  # every version directory whole before any config names one
             # Until its config names it, the new version is "uploading": a next publish removes it if this one dies.
-            files = sorted(item.remote.owned_files | set(item.owned["files"]))
-            during = {"versions": sorted(item.remote.owned_versions), "files": files, "uploading": item.version}
+            listed = sorted(item.remote.owned_files | set(item.owned["files"]))
+            during = {"versions": sorted(item.remote.owned_versions), "files": listed, "uploading": item.version}
             store.put(item.remote.url.key(OWNED), json.dumps(during, indent=2).encode())
             for path in sorted(p for p in item.stage.rglob("*") if p.is_file() and p.name != CONFIG):
                 pause_point("publish.upload")  # tests hold the publish here to kill it mid-upload (pipeline/pausepoints.py)

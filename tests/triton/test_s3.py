@@ -99,7 +99,7 @@ def test_no_command_takes_a_url_for_a_folder(command: list[str], tmp_path: Path)
         line = one_line_error(cli(*command, "--repository", url, cwd=tmp_path))
         assert words in line and "s3://BUCKET/PREFIX" in line
     assert list(tmp_path.iterdir()) == []  # no folder named gs: or s3:
-    if command[0] in ("tune", "mig-plan"):  # these read and write a folder: an s3:// repository is refused too
+    if command[0] == "tune":  # it reads and (--apply) writes a folder: an s3:// repository is refused too
         assert "local model repository" in one_line_error(cli(*command, "--repository", "s3://models/repo", cwd=tmp_path))
 
 
@@ -216,3 +216,66 @@ def test_a_cpu_machine_refuses_gpu_configs_it_cannot_rewrite_in_a_bucket(s3: S3E
         pytest.skip("this machine has a GPU: KIND_GPU loads here")
     with pytest.raises(PipelineError, match="ask for KIND_GPU instances and this machine has no GPU"):
         TritonServer(url, workdir=tmp_path / "w").start()
+
+
+def _gpu_model_in_bucket(s3: S3Endpoint, tmp_path: Path) -> S3Url:
+    from tritonclient.grpc import model_config_pb2 as mc
+
+    url = S3Url(s3.bucket(), "repo")
+    cfg = softmax_config("tiny_fp32")
+    cfg.instance_group[0].kind = mc.ModelInstanceGroup.KIND_GPU
+    publish_s3_repository([Artifact("fp32", "onnx", softmax_file(tmp_path / "a.onnx", 1.0))], model="tiny", url=url, configs={"tiny_fp32": cfg})
+    return url
+
+
+def _no_credentials_in(folder: Path, s3: S3Endpoint) -> list[Path]:
+    files = [p for p in folder.rglob("*") if p.is_file()]
+    for path in files:
+        text = path.read_text()
+        assert s3.secret not in text and s3.key_id not in text, path
+    return files
+
+
+def test_the_deploy_bundle_reads_the_bucket_with_credentials_from_the_environment(s3: S3Endpoint, tmp_path: Path) -> None:
+    import yaml
+
+    from pipeline.triton.deploy import write_deploy_bundle
+
+    url = _gpu_model_in_bucket(s3, tmp_path)
+    write_deploy_bundle(url, tmp_path / "deploy")
+    assert len(_no_credentials_in(tmp_path / "deploy", s3)) >= 3
+    service = yaml.safe_load((tmp_path / "deploy" / "compose.yaml").read_text())["services"]["triton"]
+    assert "volumes" not in service  # nothing mounted: the server reads the bucket
+    assert f"--model-repository=s3://{s3.endpoint}/{url.bucket}/repo" in service["command"][2]
+    assert service["environment"]["AWS_SECRET_ACCESS_KEY"].startswith("${AWS_SECRET_ACCESS_KEY:?")
+    assert service["environment"]["AWS_DEFAULT_REGION"] == "${AWS_DEFAULT_REGION:-eu-west-1}"
+    script = (tmp_path / "deploy" / "docker-run.sh").read_text()
+    assert "-e AWS_ACCESS_KEY_ID" in script and "-e AWS_SECRET_ACCESS_KEY" in script and "MODEL_REPOSITORY" not in script
+
+
+def test_kubernetes_and_kserve_manifests_read_the_bucket_with_credentials_from_a_secret(s3: S3Endpoint, tmp_path: Path) -> None:
+    import yaml
+
+    url = _gpu_model_in_bucket(s3, tmp_path)
+    proc = cli("mig-plan", "--gpu", "H200-141GB", "--layout", "3x2g.35gb,1x1g.18gb+me", "--repository", str(url), "--bundle", "bundle",
+               cwd=tmp_path, env=dict(s3.env))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "per-profile configs are not written" in proc.stderr
+    manifests = [p for p in _no_credentials_in(tmp_path / "bundle", s3) if p.suffix == ".yaml" and "k8s" in p.parts]
+    docs = {p.relative_to(tmp_path / "bundle").as_posix(): [d for d in yaml.safe_load_all(p.read_text()) if d] for p in manifests}
+    deployment = next(d for d in docs["k8s/triton-mig-2g-35gb.yaml"] if d["kind"] == "Deployment")["spec"]["template"]["spec"]
+    [container] = deployment["containers"]
+    assert f"--model-repository=s3://{s3.endpoint}/{url.bucket}/repo" in container["args"]
+    env = {e["name"]: e for e in container["env"]}
+    for key in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"):
+        assert env[key]["valueFrom"] == {"secretKeyRef": {"name": "triton-s3", "key": key}}
+    assert env["AWS_DEFAULT_REGION"]["value"] == "eu-west-1"
+    assert all(v["name"] != "model-repository" for v in deployment["volumes"])
+    [isvc] = docs["k8s/kserve/triton-mig-2g-35gb.yaml"]
+    assert isvc["spec"]["predictor"]["model"]["storageUri"] == f"s3://{url.bucket}/repo"
+    assert isvc["spec"]["predictor"]["serviceAccountName"] == "triton-s3"
+    assert docs["k8s/kserve/s3-service-account.yaml"] == [{"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": "triton-s3"},
+                                                          "secrets": [{"name": "triton-s3"}]}]
+    validate = Path(sys.executable).parent / "kubernetes-validate"
+    run = subprocess.run([str(validate), "--strict", "-k", "1.37.0", *map(str, manifests)], capture_output=True, text=True)
+    assert run.returncode == 0, run.stdout + run.stderr
