@@ -30,7 +30,7 @@ from pipeline.objectstore import S3Url, repository_from_text
 from pipeline.triton.config import parse_config
 from pipeline.triton.s3repository import local_copy, publish_s3_repository
 from pipeline.triton.server import TritonServer
-from tests.conftest import ROOT, cli, one_line_error
+from tests.conftest import ROOT, Built, cli, one_line_error
 from tests.triton.conftest import SOFTMAX_WEIGHTS, softmax_config, softmax_onnx
 from tests.triton.s3_fixture import S3Endpoint, monkeypatch_module, s3  # noqa: F401  (fixtures)
 
@@ -279,3 +279,29 @@ def test_kubernetes_and_kserve_manifests_read_the_bucket_with_credentials_from_a
     validate = Path(sys.executable).parent / "kubernetes-validate"
     run = subprocess.run([str(validate), "--strict", "-k", "1.37.0", *map(str, manifests)], capture_output=True, text=True)
     assert run.returncode == 0, run.stdout + run.stderr
+
+
+@pytest.mark.slow
+def test_the_bundled_model_builds_into_a_bucket_and_serves_from_it_as_from_a_folder(s3: S3Endpoint, built: Built, tmp_path: Path) -> None:
+    """CI acceptance: build --repository s3://… → verify --repository s3://… (the embedded server on the bucket)
+    passes, with the same answers as the local repository of the same build."""
+    import shutil
+
+    workdir = tmp_path / "build"
+    shutil.copytree(built.workdir, workdir)  # the shared build's stages are reused: only publishing runs
+    url = f"s3://{s3.bucket()}/models"
+    build = cli("build", "--fp16", "--int8", "--workdir", str(workdir), "--repository", url, cwd=tmp_path, env=dict(s3.env))
+    assert build.returncode == 0, build.stderr[-3000:]
+    bucket = url.split("/")[2]
+    assert {k.split("/")[1] for k in s3.keys(bucket)} == {p.name for p in built.repository.iterdir() if p.is_dir()}
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith("s3")]  # no folder named after the URL
+    remote = cli("verify", "--repository", url, "--workdir", str(tmp_path / "remote"), cwd=tmp_path, env=dict(s3.env))
+    assert remote.returncode == 0, remote.stderr[-3000:]
+    local = cli("verify", "--repository", str(built.repository), "--workdir", str(tmp_path / "local"), cwd=tmp_path)
+    assert local.returncode == 0, local.stderr[-3000:]
+    rows = [json.loads((tmp_path / where / "verify.json").read_text())["models"] for where in ("remote", "local")]
+    assert rows[0] == rows[1] and len(rows[0]) >= 3
+    for output in (build.stdout + build.stderr, remote.stdout + remote.stderr):
+        assert s3.secret not in output and s3.key_id not in output
+    for log in (tmp_path / "remote" / "triton").glob("*.log"):
+        assert bucket in log.read_text() and s3.secret not in log.read_text()
