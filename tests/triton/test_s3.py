@@ -144,6 +144,7 @@ def test_each_publish_uploads_a_whole_version_and_pins_it_in_the_config(s3: S3En
     assert [k for k in s3.keys(bucket) if k.split("/")[2].isdigit()] == ["repo/tiny_fp32/3/model.onnx"]  # the older ones went after
 
 
+@pytest.mark.slow
 def test_a_killed_publish_leaves_the_previous_version_served_and_the_next_one_cleans_up(s3: S3Endpoint, tmp_path: Path) -> None:
     bucket = s3.bucket()
     url = S3Url(bucket, "repo")
@@ -178,6 +179,7 @@ def test_a_killed_publish_leaves_the_previous_version_served_and_the_next_one_cl
     assert owned["versions"] == [1, 2] and "uploading" not in owned
 
 
+@pytest.mark.slow
 def test_the_server_reads_the_bucket_and_loads_a_new_version_on_request(s3: S3Endpoint, tmp_path: Path) -> None:
     bucket = s3.bucket()
     url = S3Url(bucket, "live")
@@ -305,3 +307,22 @@ def test_the_bundled_model_builds_into_a_bucket_and_serves_from_it_as_from_a_fol
         assert s3.secret not in output and s3.key_id not in output
     for log in (tmp_path / "remote" / "triton").glob("*.log"):
         assert bucket in log.read_text() and s3.secret not in log.read_text()
+
+
+@pytest.mark.slow
+def test_loadtest_starts_the_embedded_server_on_the_bucket(s3: S3Endpoint, tmp_path: Path) -> None:
+    import argparse
+
+    from pipeline.loadtest.loadtest_cli import register
+
+    url = S3Url(s3.bucket(), "load")
+    publish(url, softmax_file(tmp_path / "a.onnx", 1.0))
+    np.savez(tmp_path / "x.npz", x=np.random.default_rng(0).normal(size=(16, 4)).astype(np.float32))
+    parser = argparse.ArgumentParser()
+    register(parser.add_subparsers())
+    args = parser.parse_args(["loadtest", "--repository", str(url), "--data", str(tmp_path / "x.npz"), "--concurrency", "1",
+                              "--window-ms", "300", "--warmup-ms", "200", "--max-seconds", "2", "--timeout-ms", "2000",
+                              "--stability-percentage", "99.9", "--workdir", str(tmp_path / "w"), "--report-dir", str(tmp_path / "report")])
+    assert args.handler(args) == 0  # 1 would mean failed requests (or a point unstable beyond 99.9 %)
+    report = json.loads((tmp_path / "report" / "results.json").read_text())
+    assert [p["model"] for p in report["points"]] == ["tiny_fp32"]
