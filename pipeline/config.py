@@ -15,6 +15,7 @@ from pipeline.errors import PipelineError
 from pipeline.gates import Gates
 from pipeline.outputkinds import KINDS, parse_output_kinds
 from pipeline.options import (
+    at_least,
     calibration_root_option,
     check_options,
     eval_data_option,
@@ -40,6 +41,7 @@ CONVERSION = "conversion"
 PRECISION = "precision (the precision lives in the ONNX graph; engines are strongly typed)"
 ENGINES = "TensorRT engines (need the 'tensorrt' extra and an NVIDIA GPU; skipped with one line otherwise)"
 SERVED = "served check"
+FLEET = "many models (pipeline/fleet_cli.py)"
 
 
 @dataclass(frozen=True)
@@ -114,6 +116,16 @@ class BuildConfig:
                                         group=ENGINES)
     verify_served: bool = option(False, "after publishing, start the embedded tritonserver and run `verify` on the new variants", group=SERVED)
     verify_url: str | None = option(None, "after publishing, verify through this running Triton (HTTP) instead", metavar="HOST:PORT", group=SERVED)
+    fleet: Path | None = option(None, "build every model a fleet file lists ([[model]] tables of these options, over the command line's) "
+                                      "into --repository, one after another; a failed model never stops the others (exit 1 naming them)",
+                                metavar="TOML", group=FLEET)
+    fleet_index: int | None = option(None, "with --fleet: build only the model at this index (from 0; what each pod of --k8s-job runs)",
+                                     metavar="N", check=at_least(0), group=FLEET)
+    k8s_job: Path | None = option(None, "with --fleet: write an Indexed Kubernetes Job (one model per index, publishing into an s3:// "
+                                        "--repository) and its ConfigMap to this file instead of building", metavar="YAML", group=FLEET)
+    job_image: str = option("keras-trt-pipeline:latest", "with --k8s-job: the image holding this pipeline", metavar="IMAGE", group=FLEET)
+    gpu_product: str | None = option(None, "with --k8s-job: the GPU the engines are built on and served on (node label "
+                                           "nvidia.com/gpu.product, e.g. NVIDIA-H200); needed unless --no-engine", metavar="PRODUCT", group=FLEET)
     gates: Gates = field(default_factory=Gates)
     # The TensorRT every engine step goes through (pipeline.stages.trt_seam); not an option: a caller
     # without TensorRT (the CI tests) passes its own implementation here.
