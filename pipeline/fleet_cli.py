@@ -45,7 +45,7 @@ _FLEET_OPTIONS = ("fleet", "fleet_index", "k8s_job")
 def fleet_models(cfg: BuildConfig) -> list[BuildConfig]:
     """One BuildConfig per ``[[model]]`` of ``cfg.fleet``: the command line's settings with the table's over them."""
     from pipeline.configfile import tomllib
-    from pipeline.options import check_options, values_from_mapping
+    from pipeline.options import check_options, config_from_values, values_from_mapping
 
     assert cfg.fleet is not None
     require(cfg.fleet.is_file(), f"fleet file {cfg.fleet} does not exist", "pass a TOML file with one [[model]] table per model")
@@ -60,10 +60,21 @@ def fleet_models(cfg: BuildConfig) -> list[BuildConfig]:
         values = values_from_mapping(type(cfg), table, f"{cfg.fleet} [[model]] {i}")
         unknown = sorted(set(values) & set(_FLEET_OPTIONS))
         require(not unknown, f"[[model]] {i} of {cfg.fleet} sets {', '.join(unknown)}", "set fleet options on the command line only")
-        model = dataclasses.replace(cfg, **values, fleet=None, fleet_index=None, k8s_job=None)
+        model = config_from_values(type(cfg), {**_flat(cfg), **values, "fleet": None, "fleet_index": None, "k8s_job": None})
         check_options(model)
         models.append(model)
     return models
+
+
+def _flat(config: Any) -> dict[str, Any]:
+    """Every field of ``config`` by name, nested option dataclasses (the gates) flattened, as config_from_values takes them."""
+    from pipeline.options import nested
+
+    flat: dict[str, Any] = {}
+    for f in dataclasses.fields(config):
+        value = getattr(config, f.name)
+        flat.update(_flat(value) if f.name in nested(type(config)) else {f.name: value})
+    return flat
 
 
 def run_fleet(cfg: BuildConfig) -> int:
@@ -89,6 +100,12 @@ def run_fleet(cfg: BuildConfig) -> int:
             log.warning("fleet: %s failed: %s", label, exc)
             rows.append((label, "failed", time.perf_counter() - started, str(exc)))
     console().print(_summary(rows))
+    from pipeline.htmlreport import refresh_html_report
+    from pipeline.reportdirs import page_dir
+
+    page = refresh_html_report(cfg.workdir, page_dir(cfg.report_dir, cfg.workdir))  # one page: every model's build
+    if page:
+        console().print(f"report: {page}")
     failed = [name for name, status, _, _ in rows if status == "failed"]
     if failed:
         raise CheckFailed(f"{len(failed)} of {len(rows)} fleet models failed: {', '.join(failed)}",

@@ -222,9 +222,14 @@ def _keys_of_version(remote: _Remote, version: int) -> list[str]:
 
 
 def _remove_partial(store: S3Repository, remote: _Remote) -> None:
-    """Delete the version a killed publish was uploading (not complete, not served), if any."""
+    """Delete the version a killed publish was uploading (not complete, not served), if any; adopt it into the
+    record when its config already names it."""
     partial = remote.uploading
-    if partial is None or partial in remote.owned_versions or partial in remote.served():
+    if partial is not None and partial not in remote.owned_versions and partial in remote.served():
+        # killed after its config named it: the version is whole, only its record was not finished
+        remote.owned_versions.add(partial)
+        remote.owned_files |= {rel for rel in remote.sizes if rel.startswith(f"{partial}/")}
+    if partial is None or partial in remote.owned_versions:
         return
     keys = _keys_of_version(remote, partial)
     if keys:

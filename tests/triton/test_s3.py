@@ -144,6 +144,20 @@ def test_each_publish_uploads_a_whole_version_and_pins_it_in_the_config(s3: S3En
     assert [k for k in s3.keys(bucket) if k.split("/")[2].isdigit()] == ["repo/tiny_fp32/3/model.onnx"]  # the older ones went after
 
 
+def test_a_version_whose_config_was_written_is_kept_when_its_record_was_not(s3: S3Endpoint, tmp_path: Path) -> None:
+    """A publish killed between writing config.pbtxt and finishing its record: the named version is whole, so it stays."""
+    bucket = s3.bucket()
+    url = S3Url(bucket, "repo")
+    publish(url, softmax_file(tmp_path / "a.onnx", 1.0))
+    second = softmax_file(tmp_path / "b.onnx", 2.0)
+    publish(url, second)
+    owned = json.loads(s3.text(bucket, "repo/tiny_fp32/.pipeline-owned.json"))
+    unfinished = {"versions": [1], "files": [f for f in owned["files"] if not f.startswith("2/")], "uploading": 2}
+    s3.client().put_object(Bucket=bucket, Key="repo/tiny_fp32/.pipeline-owned.json", Body=json.dumps(unfinished).encode())
+    assert publish(url, second) == [f"s3://{bucket}/repo/tiny_fp32/2"]  # unchanged: version 2 kept, not deleted
+    assert "repo/tiny_fp32/2/model.onnx" in s3.keys(bucket)
+
+
 @pytest.mark.slow
 def test_a_killed_publish_leaves_the_previous_version_served_and_the_next_one_cleans_up(s3: S3Endpoint, tmp_path: Path) -> None:
     bucket = s3.bucket()
