@@ -34,8 +34,9 @@ from pipeline.stages.engine import EngineSettings, engine_from_onnx, metadata_pa
 from pipeline.stages.eval_data import eval_data_for
 from pipeline.stages.fp16 import DEFAULT_FP32_OPS, fp16_onnx_from_onnx
 from pipeline.stages.mixed import was_mixed
-from pipeline.stages.int8 import check_qdq_int8_symmetric, qdq_onnx_from_onnx
-from pipeline.stages.int8_cpu import check_qdq_uint8_activations, cpu_int8_onnx_from_onnx
+from pipeline.stages.int8 import check_qdq_int8_symmetric
+from pipeline.stages.int8_cpu import check_qdq_uint8_activations
+from pipeline.stages.int8_fallback import describe_fallback, gated_int8_onnx_from_onnx
 from pipeline.stages.onnx_export import onnx_from_savedmodel, tf2onnx_command
 from pipeline.stages.parity import parity_report_from_models
 from pipeline.stages.savedmodel import savedmodel_from_source
@@ -44,6 +45,7 @@ from pipeline.stages.source import DEFAULT_MODEL, ModelSource, model_source
 from pipeline.stages.uint8_input import uint8_input_onnx_from_onnx, uint8_parity_from_models
 from pipeline.tensors import ModelSignature, load_onnx, signature_from_onnx
 from pipeline.trt_support import warn_unparsable
+from pipeline.triton.deploy_plans import DeployPlans
 from pipeline.triton.served_gate import SERVED_ATOL
 from pipeline.triton.verify import verify_repository
 from pipeline.options import CALIBRATION_ROOT
@@ -84,6 +86,7 @@ class BuildContext:
 def build(cfg: BuildConfig) -> BuildResult:
     """Keras model → SavedModel → ONNX (parity-checked against TF) → … (see README)."""
     cfg.validate()
+    check_plans_load_in_image(cfg)  # before any stage: a plan the serving image cannot load is not worth building
     require_creatable(cfg.workdir, "--workdir")
     require_publishable(cfg.repository)
     source = model_source(cfg.model, cfg.imports, cfg.allow_lambda)
@@ -103,7 +106,7 @@ def build(cfg: BuildConfig) -> BuildResult:
         _check_labels_before_conversion(described, ctx)  # a bad label file costs seconds, not a conversion
         onnx_fp32 = _onnx_stage(saved, ctx)
         signature = signature_from_onnx(onnx_fp32)
-        calib = _calibration_data(signature, ctx) if cfg.int8 else None
+        calib = _calibration_data(signature, ctx) if cfg.calibrates else None
         data, calib = eval_data_for(cfg.eval_data, cfg.calibration or ctx.data_dir.folder, ctx.data_dir.eval, signature, calib,
                                     preprocess=cfg.preprocess)
         kinds, data = _output_kinds(signature, onnx_fp32, described, data, ctx)
@@ -114,25 +117,43 @@ def build(cfg: BuildConfig) -> BuildResult:
         variants = [Artifact("fp32", "onnx", onnx_fp32)]
         if cfg.fp16:
             variants.append(_fp16_stage(onnx_fp32, ctx))
-        if calib is not None:
-            variants.append(_int8_stage(onnx_fp32, calib, ctx))
-            if cfg.int8_cpu:
-                variants.append(_int8_cpu_stage(onnx_fp32, calib, ctx))
+        # INT8 graphs that pass their gate by construction: the costliest nodes kept float where needed (int8_fallback)
+        if cfg.int8:
+            variants.append(_int8_stage("int8", onnx_fp32, calib, data, kinds, ctx))
+        if cfg.with_int8_cpu:
+            variants.append(_int8_stage("int8cpu", onnx_fp32, calib, data, kinds, ctx))
         if cfg.uint8_input is not None:
             variants.append(_uint8_stage(onnx_fp32, data, ctx))
         gpu_variants = [v for v in variants if v.precision in PRECISIONS]
         ctx.manifest.results["tensorrt_parser"] = warn_unparsable({v.precision: v.path for v in gpu_variants})  # before a GPU machine finds out
         engines = _engine_stages(gpu_variants, profiles, ctx)
+        deploy_plans = _deploy_plans(profiles, cfg) if cfg.plans_at_deploy else None
         # the uint8-input variant computes as FP32 does: its gate is the parity one (_uint8_stage)
         _accuracy_stage(onnx_fp32, [v for v in variants[1:] if v.precision not in WIRE_PRECISIONS] + engines, data, kinds, ctx)
+        variants = _without_left_out(variants, ctx)  # a variant nobody asked for that did not pass: one line, not a failed build
         artifacts = variants + engines
         ctx.manifest.artifacts = {f"{a.precision}.{a.kind}": str(a.path) for a in artifacts}
-        repository = _publish_stage(artifacts, variants, data, kinds, ctx)
+        _latency_stage(artifacts, data, ctx)
+        repository = _publish_stage(artifacts, variants, data, kinds, ctx, deploy_plans)
         if cfg.verify_served or cfg.verify_url:
             _served_stage(artifacts, data, ctx)
     finally:
         ctx.manifest.write()  # also for a failed build: which stage failed, and why
     return BuildResult(name, ctx.ws, artifacts, ctx.ws.manifest, repository)
+
+
+def check_plans_load_in_image(cfg: BuildConfig) -> None:
+    """With ``--triton-image``, refuse (PipelineError, one line) when the plans this build would make cannot load
+    in that image (:func:`pipeline.triton.ngc_releases.check_plan_tensorrt`). Only when plans will be built: where
+    TensorRT cannot build here (not installed, no GPU) or with ``--no-engine`` the build publishes ONNX variants only,
+    whose engines ONNX Runtime builds inside the serving image, so there is nothing to refuse."""
+    if not cfg.engine or cfg.plans_at_deploy or cfg.triton_image is None:
+        return
+    platform = cfg.tensorrt.platform()
+    if platform is not None:
+        from pipeline.triton.ngc_releases import check_plan_tensorrt, ngc_image
+
+        check_plan_tensorrt(ngc_image(cfg.triton_image), platform.tensorrt_version)
 
 
 def workspace_of(cfg: BuildConfig) -> Workspace | None:
@@ -193,27 +214,45 @@ def _calibration_data(signature: ModelSignature, ctx: BuildContext) -> Calibrati
     return calibration_from_path(path, signature, preprocess=cfg.preprocess, shape_hint=hints, resize=cfg.resize)
 
 
-def _int8_stage(onnx_fp32: Path, calib: CalibrationData, ctx: BuildContext) -> Artifact:
-    dst = ctx.ws.onnx("int8")
-    ctx.run(Stage("int8", qdq_onnx_from_onnx, inputs={"src": onnx_fp32, "calibration": calib},
-                  settings={"method": ctx.cfg.calibration_method, "max_memory_gib": ctx.cfg.max_memory_gib,
-                            "keep_nodes": ctx.cfg.int8_keep_nodes}, outputs={"dst": dst}))
-    check_qdq_int8_symmetric(dst)  # also on a cache hit: what is published must be symmetric int8
-    return Artifact("int8", "onnx", dst)
+def _int8_stage(recipe: str, onnx_fp32: Path, calib: CalibrationData | None, data: EvalData, kinds: dict[str, OutputKind],
+                ctx: BuildContext) -> Artifact:
+    cfg, dst, record = ctx.cfg, ctx.ws.onnx(recipe), ctx.ws.fallback_record(recipe)
+    assert calib is not None  # cfg.calibrates
+    ctx.run(Stage(recipe, gated_int8_onnx_from_onnx, inputs={"src": onnx_fp32, "calibration": calib, "data": data},
+                  settings={"recipe": recipe, "method": cfg.calibration_method, "max_memory_gib": cfg.max_memory_gib,
+                            "keep_nodes": cfg.int8_keep_nodes, "fallback": cfg.fallback, "gates": cfg.gates, "kinds": kinds_to_json(kinds),
+                            "batch_size": eval_batch(onnx_fp32, data, cfg.max_memory_gib, runners=2)},
+                  outputs={"dst": dst, "record": record}))
+    # also on a cache hit: what is published must be what its runtime takes
+    (check_qdq_int8_symmetric if recipe == "int8" else check_qdq_uint8_activations)(dst)
+    summary = json.loads(record.read_text())
+    ctx.manifest.results.setdefault("int8_fallback", {})[recipe] = summary
+    if summary.get("needed"):
+        log.info("%s", describe_fallback(summary))
+    return Artifact(recipe, "onnx", dst)
 
 
-def _int8_cpu_stage(onnx_fp32: Path, calib: CalibrationData, ctx: BuildContext) -> Artifact:
-    dst = ctx.ws.onnx("int8cpu")
-    ctx.run(Stage("int8cpu", cpu_int8_onnx_from_onnx, inputs={"src": onnx_fp32, "calibration": calib},
-                  settings={"method": ctx.cfg.calibration_method, "max_memory_gib": ctx.cfg.max_memory_gib,
-                            "keep_nodes": ctx.cfg.int8_keep_nodes}, outputs={"dst": dst}))
-    check_qdq_uint8_activations(dst)  # also on a cache hit
-    return Artifact("int8cpu", "onnx", dst)
+def _without_left_out(variants: list[Artifact], ctx: BuildContext) -> list[Artifact]:
+    """``variants`` less the ones the user did not ask for whose gate did not pass, each said in one line."""
+    judged = {v["precision"]: v for v in (ctx.manifest.results.get("accuracy") or {}).get("variants", []) if v.get("kind") == "onnx"}
+    left_out = []
+    for variant in variants:
+        verdict = judged.get(variant.precision)
+        if variant.precision in ctx.cfg.optional_precisions and verdict is not None and not verdict["passed"]:
+            reason = f"its gate did not pass ({'; '.join(verdict['failures'])}) and it was not asked for"
+            log.warning("%s left out: %s (--int8-cpu asks for it and fails the build instead; --no-int8-cpu leaves it out unbuilt)",
+                        variant.triton_name(ctx.name), reason)
+            left_out.append({"variant": variant.precision, "model": variant.triton_name(ctx.name), "reason": reason})
+    ctx.manifest.results["left_out"] = left_out
+    return [v for v in variants if v.precision not in {x["variant"] for x in left_out}]
 
 
 def _engine_stages(variants: list[Artifact], profiles: list[ShapeProfile], ctx: BuildContext) -> list[Artifact]:
     if not ctx.cfg.engine:
         ctx.manifest.not_run("engine", "disabled with --no-engine")
+        return []
+    if ctx.cfg.plans_at_deploy:
+        ctx.manifest.not_run("engine", "--plans-at-deploy: the deploy bundle builds the plans with the serving release's TensorRT")
         return []
     cfg = ctx.cfg
     available, reason = cfg.tensorrt.status()
@@ -294,13 +333,37 @@ def _accuracy_stage(onnx_fp32: Path, candidates: list[Artifact], data: EvalData,
                   inputs={"fp32_onnx": onnx_fp32, "candidates": candidates, "data": data},
                   settings={"gates": ctx.cfg.gates, "kinds": kinds_to_json(kinds),
                             "batch_size": eval_batch(onnx_fp32, data, ctx.cfg.max_memory_gib, runners=1 + len(candidates)),
-                            "tf32": ctx.cfg.tf32, "allow_host_code": ctx.cfg.allow_plan_host_code},
+                            "tf32": ctx.cfg.tf32, "allow_host_code": ctx.cfg.allow_plan_host_code,
+                            "optional": sorted(ctx.cfg.optional_precisions)},
                   context={"tensorrt": ctx.cfg.tensorrt},
                   outputs={"dst": ctx.ws.accuracy}))
     ctx.manifest.results["accuracy"] = json.loads(ctx.ws.accuracy.read_text())
 
 
-def _publish_stage(artifacts: list[Artifact], variants: list[Artifact], data: EvalData, kinds: dict[str, OutputKind], ctx: BuildContext) -> Path | S3Url:
+def _latency_stage(artifacts: list[Artifact], data: EvalData, ctx: BuildContext) -> None:
+    from pipeline.stages.latency import cpu_name, cpu_threads, latency_batches, latency_report_from_variants
+
+    cfg = ctx.cfg
+    batches = latency_batches(artifacts[0].path, data, cfg.max_batch, cfg.max_memory_gib)
+    ctx.run(Stage("latency", latency_report_from_variants, inputs={"variants": artifacts, "data": data},
+                  settings={"batches": batches, "threads": cpu_threads(), "allow_host_code": cfg.allow_plan_host_code},
+                  context={"tensorrt": cfg.tensorrt}, environment={"cpu": cpu_name()}, outputs={"dst": ctx.ws.latency}))
+    ctx.manifest.results["latency"] = json.loads(ctx.ws.latency.read_text())
+
+
+def _deploy_plans(profiles: list[ShapeProfile], cfg: BuildConfig) -> DeployPlans:
+    """What the deploy bundle builds plans with (--plans-at-deploy): this build's profiles and engine settings, and per
+    precision the golden check's max abs error (the gate's engine tolerance; INT8 without one: FP16's)."""
+    from pipeline.gates import tolerance_for
+
+    atol = {p: tolerance_for(p, cfg.gates, engine=True, tf32=cfg.tf32).atol for p in PRECISIONS}
+    fallback = cfg.gates.fp16_atol if cfg.gates.fp16_atol is not None else 1e-2
+    return DeployPlans(tuple(profiles), cfg.tf32, cfg.optimization_level,
+                       tuple((p, a if a is not None else fallback) for p, a in atol.items()))
+
+
+def _publish_stage(artifacts: list[Artifact], variants: list[Artifact], data: EvalData, kinds: dict[str, OutputKind], ctx: BuildContext,
+                   deploy_plans: DeployPlans | None = None) -> Path | S3Url:
     cfg = ctx.cfg
     labels = ctx.data_dir.labels
     settings = PublishSettings(
@@ -312,6 +375,7 @@ def _publish_stage(artifacts: list[Artifact], variants: list[Artifact], data: Ev
         classifier_output=primary_classes_output(kinds),
         mig=cfg.mig,
         image=cfg.triton_image,
+        deploy_plans=deploy_plans,
     )
     # Later commands (verify, loadtest) find the evaluation data the build used through this report.
     eval_path = cfg.eval_data or ctx.data_dir.eval

@@ -26,6 +26,7 @@ from pipeline.options import (
 from pipeline.budget import DEFAULT_MAX_MEMORY_GIB
 from pipeline.stages.calibration import ASPECT_TOLERANCE, PREPROCESS_MODES, RESIZE_MODES
 from pipeline.stages.int8 import CALIBRATION_METHODS
+from pipeline.stages.int8_fallback import FallbackSettings
 from pipeline.stages.shapes import SHAPE_SYNTAX, well_formed
 from pipeline.stages.source import DEFAULT_MODEL, ModelSource
 from pipeline.stages.trt_seam import PolygraphyTensorRT, TensorRT
@@ -63,8 +64,10 @@ class BuildConfig:
     report_dir: Path | None = option(None, "where the HTML page index.html goes (default: <workdir>/reports)", metavar="DIR", group=OUTPUTS)
     repository: Path | S3Url = repository_option(OUTPUTS)
     version_policy: str = option("new", "add a new numbered version, or replace the pipeline's versions", choices=("new", "replace"), group=OUTPUTS)
-    triton_image: str | None = option(None, "NGC tritonserver image for the deploy bundle (default: nvcr.io/nvidia/tritonserver:24.10-py3, "
-                                            "Triton 2.51 as served here)", metavar="IMAGE", group=OUTPUTS)
+    triton_image: str | None = option(None, "NGC tritonserver image for the deploy bundle, or a bare NGC tag such as 24.10-py3 (default: "
+                                            "nvcr.io/nvidia/tritonserver:24.10-py3, Triton 2.51 as served here); with TensorRT plans to build, "
+                                            "refused before any stage unless its TensorRT, from a source, is the one building them",
+                                      metavar="IMAGE", group=OUTPUTS)
     mig: str | None = option(None, "add per-MIG-profile configs and a launch bundle, e.g. H200-141GB or A100-80GB:3x2g.20gb,1x1g.10gb "
                                    "(see mig-plan)", metavar="GPU[:LAYOUT]", group=OUTPUTS)
     opset: int = option(17, "ONNX opset, 17 or newer", check=lambda v: None if v >= 17 else "is too old", fix="use --opset 17 or newer",
@@ -76,9 +79,16 @@ class BuildConfig:
     fp16_keep_nodes: tuple[str, ...] = option((), "FP16: keep these nodes of model.fp32.onnx in FP32 (node names, comma-separated or repeated)",
                                               metavar="NAME,...", group=PRECISION)
     int8: bool = option(False, "add an INT8 variant: explicit Q/DQ, symmetric int8, zero point 0, per-channel weights", group=PRECISION)
-    int8_cpu: bool = option(True, "with --int8, do not add the CPU INT8 variant (<name>_int8cpu: uint8 activations, int8 weights, run by "
-                                  "ONNX Runtime's integer kernels on CPU instances, faster than FP32 there; the symmetric INT8 stays "
-                                  "the TensorRT/GPU model)", flag="--no-int8-cpu", group=PRECISION)
+    int8_cpu: bool | None = option(None, "the CPU INT8 variant (<name>_int8cpu: uint8 activations, 7-bit int8 weights, run by ONNX "
+                                         "Runtime's integer kernels on CPU instances, faster than FP32 there and right on every x86-64 CPU). "
+                                         "With --int8 it is added unasked, and left out with one line when its gate does not pass; "
+                                         "--int8-cpu asks for it (its gate then decides the build, as every named variant's does; "
+                                         "works without --int8 too); --no-int8-cpu leaves it out", group=PRECISION)
+    int8_fallback: bool = option(True, "do not keep the costliest quantized nodes in float when an INT8 variant's gate does not pass "
+                                       "(by default they are, as few as the gate needs, and the report lists them)",
+                                 flag="--no-int8-fallback", group=PRECISION)
+    int8_fallback_max_share: float = option(0.5, "INT8 fallback: at most this share of the quantized nodes (and at least 2) may be kept in float",
+                                            check=in_range(0.01, 1.0), metavar="SHARE", group=PRECISION)
     int8_keep_nodes: tuple[str, ...] = option((), "INT8: keep these Conv/ConvTranspose/Gemm/MatMul nodes of model.fp32.onnx in float (no Q/DQ "
                                               "on their inputs; a failed INT8 gate names the layers that add the most error), comma-separated "
                                               "or repeated", metavar="NAME,...", group=PRECISION)
@@ -104,6 +114,9 @@ class BuildConfig:
                                          "repeat for more inputs; naming an input again starts the next profile (default: batch 1/max/max)",
                                      flag="--shape", metavar="INPUT:MIN/OPT/MAX", group=ENGINES)
     engine: bool = option(True, "do not build TensorRT engines even where possible", flag="--no-engine", group=ENGINES)
+    plans_at_deploy: bool = option(False, "build no plan here: record, beside each GPU ONNX variant, its profiles and golden inputs/outputs, "
+                                          "so the deploy bundle builds the plan with the serving release's own TensorRT (its NGC TensorRT "
+                                          "container) and serves it only if it matches (see docs/ngc.md)", group=ENGINES)
     optimization_level: int = option(3, "TensorRT builder optimization level", check=in_range(0, 5), metavar="0-5", group=ENGINES)
     tf32: bool = option(True, "build FP32 engines without TF32 (TensorRT's default lets FP32 layers use TF32 tensor cores: faster on "
                               "Ampere and newer, FP16-like 10-bit mantissa; the FP32 engine's gate follows: --tf32-atol, "
@@ -135,8 +148,27 @@ class BuildConfig:
 
     @property
     def precisions(self) -> tuple[str, ...]:
-        return (("fp32",) + (("fp16",) if self.fp16 else ()) + (("int8",) if self.int8 else ()) + (("int8cpu",) if self.int8 and self.int8_cpu else ())
+        return (("fp32",) + (("fp16",) if self.fp16 else ()) + (("int8",) if self.int8 else ()) + (("int8cpu",) if self.with_int8_cpu else ())
                 + (("u8",) if self.uint8_input is not None else ()))
+
+    @property
+    def with_int8_cpu(self) -> bool:
+        """Whether the CPU INT8 variant is made: asked for, or added unasked with --int8."""
+        return bool(self.int8_cpu) or (self.int8 and self.int8_cpu is None)
+
+    @property
+    def calibrates(self) -> bool:
+        """Whether an INT8 variant needs calibration data."""
+        return self.int8 or self.with_int8_cpu
+
+    @property
+    def optional_precisions(self) -> frozenset[str]:
+        """Variants the user did not name: left out with one line, not a failed build, when their gate does not pass."""
+        return frozenset({"int8cpu"} if self.int8_cpu is None else ())
+
+    @property
+    def fallback(self) -> FallbackSettings:
+        return FallbackSettings(enabled=self.int8_fallback, max_share=self.int8_fallback_max_share)
 
     def model_name(self, source: ModelSource) -> str:
         """``--name``, else the file stem / folder name / module name (``digits`` for the default)."""
@@ -162,7 +194,7 @@ class BuildConfig:
                 raise PipelineError(f"malformed --shape '{text}': expected {SHAPE_SYNTAX}", "write e.g. --shape image:1x8x8x1/32x8x8x1/64x8x8x1")
         if self.eval_data is not None and not self.eval_data.exists():
             raise PipelineError(f"evaluation data '{self.eval_data}' does not exist", "pass an .npz (or a folder of .npy files) with one array per input (and labels) to --eval-data")
-        if self.int8 and self.calibration is not None and not self.calibration.exists():
+        if self.calibrates and self.calibration is not None and not self.calibration.exists():
             raise PipelineError(f"calibration data '{self.calibration}' does not exist", "pass an .npz file or a folder of .npy files or images to --calibration")
         if self.mig and isinstance(self.repository, S3Url):
             local_only(self.repository, "build --mig (its launch bundle serves a mounted repository)")

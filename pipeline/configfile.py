@@ -25,16 +25,12 @@ import argparse
 import difflib
 import json
 import math
+import tomllib
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 from pipeline.errors import PipelineError
-
-try:
-    import tomllib
-except ImportError:  # Python 3.10: the same parser as the tomli package
-    import tomli as tomllib  # type: ignore[no-redef]
 
 _NOT_CONFIGURABLE = {"help", "config", "print_config", "version"}
 

@@ -1,7 +1,9 @@
 """One self-contained HTML page of everything the pipeline measured.
 
-``index.html`` gathers the builds under the workdir (``<workdir>/<name>/manifest.json``: stages and
-times, ``parity.json``, ``accuracy.json``, ``served.json``), ``verify``'s ``<workdir>/verify.json``, the
+``index.html`` gathers the builds under the workdir (``<workdir>/<name>/manifest.json``: the variants
+with accuracy, size and latency and their chart (:mod:`pipeline.build_variants`, written beside the page
+as ``build-<name>-variants.png`` too), the Triton models published, stages and times, ``parity.json``,
+``accuracy.json``, ``served.json``), ``verify``'s ``<workdir>/verify.json``, the
 newest load test under the reports directory (``<reports>/<timestamp>/results.json`` and its plots,
 or ``<reports>/results.json`` when it is one run's folder) and the newest tune run
 (``<reports>/tune-<timestamp>/tune.json``, ``trials.csv`` and its plots, rendered generically).
@@ -22,7 +24,8 @@ from pathlib import Path
 from typing import Any
 
 from pipeline.atomic import write_text_atomic
-from pipeline.build_tables import accuracy_data, served_data, stage_data
+from pipeline.build_tables import accuracy_data, served_data, stage_data, stage_total
+from pipeline.build_variants import published_data, variant_notes, variant_rows, variants_data
 from pipeline.errors import PipelineError
 from pipeline.tables import TableData
 
@@ -35,10 +38,10 @@ _STYLE = """
 body{font:14px/1.45 system-ui,-apple-system,"Segoe UI",Roboto,sans-serif;margin:2em auto;max-width:1400px;padding:0 1em;color:#1b1f23;background:#fff}
 h1{font-size:1.6em;margin-bottom:.2em}h2{border-bottom:2px solid #d0d7de;padding-bottom:.2em;margin-top:2em}h3{margin-top:1.4em}
 table{border-collapse:collapse;margin:.6em 0 1.2em;font-variant-numeric:tabular-nums}caption{caption-side:bottom;text-align:left;color:#57606a;font-size:.9em;padding-top:.3em}
-th,td{border:1px solid #d0d7de;padding:.25em .6em;vertical-align:top}th{background:#f6f8fa;text-align:left}td.num{text-align:right}
+th,td{border:1px solid #d0d7de;padding:.25em .6em;vertical-align:top}td:nth-child(-n+2){white-space:nowrap}th{background:#f6f8fa;text-align:left}td.num{text-align:right;white-space:nowrap}
 tr.best td{background:#dafbe1;font-weight:600}tr.bad td{background:#ffebe9}tr.dim td{color:#57606a}
 .pass{color:#1a7f37;font-weight:600}.FAIL{color:#cf222e;font-weight:600}.undecided{color:#9a6700;font-weight:600}
-.meta{color:#57606a}code{background:#f6f8fa;padding:.1em .3em;border-radius:3px}img{max-width:100%;border:1px solid #d0d7de;margin:.5em 0}
+.meta{color:#57606a}.note{color:#57606a;margin:.2em 0;font-size:.95em}code{background:#f6f8fa;padding:.1em .3em;border-radius:3px}img{max-width:100%;border:1px solid #d0d7de;margin:.5em 0}
 nav a{margin-right:1em}details{margin:.5em 0}
 """
 
@@ -56,14 +59,14 @@ def write_html_report(workdir: Path, reports: Path, output: Path | None = None) 
     """Write ``output`` (default ``<reports>/index.html``) from what ``workdir`` and ``reports`` hold;
     raise PipelineError (nothing written) when neither holds anything to report."""
     workdir, reports = Path(workdir), Path(reports)
-    sections = build_sections(workdir) + verify_sections(workdir) + loadtest_sections(reports) + tune_sections(reports)
+    output = Path(output) if output else reports / "index.html"
+    sections = build_sections(workdir, charts=output.parent) + verify_sections(workdir) + loadtest_sections(reports) + tune_sections(reports)
     if not sections:
         raise PipelineError(
             f"nothing to report: no build manifest ({workdir}/<name>/manifest.json) and no load-test or tune results "
             f"({reports}/<timestamp>/results.json, {reports}/tune-<timestamp>/tune.json)",
             "run `python -m pipeline build` or `loadtest` first, or point --workdir/--reports at their outputs",
         )
-    output = Path(output) if output else reports / "index.html"
     output.parent.mkdir(parents=True, exist_ok=True)
     page = write_text_atomic(output, render_page(sections, sources=[workdir, reports]))
     page.chmod(0o644)  # a page to share, not a private temporary
@@ -103,8 +106,9 @@ def render_page(sections: list[Section], sources: list[Path]) -> str:
 # -- builds --------------------------------------------------------------------------------------
 
 
-def build_sections(workdir: Path) -> list[Section]:
-    """One section per ``<workdir>/<name>/manifest.json``, newest first."""
+def build_sections(workdir: Path, charts: Path | None = None) -> list[Section]:
+    """One section per ``<workdir>/<name>/manifest.json``, newest first; each build's variants chart is
+    written to ``<charts>/build-<name>-variants.png`` (None: not written) and embedded."""
     manifests = sorted(workdir.glob("*/manifest.json"), key=lambda p: p.stat().st_mtime, reverse=True) if workdir.is_dir() else []
     sections = []
     for path in manifests:
@@ -113,14 +117,14 @@ def build_sections(workdir: Path) -> list[Section]:
             continue
         name = path.parent.name
         section = Section(f"build-{_slug(name)}", f"build '{name}'")
-        total = sum(s.get("seconds", 0.0) for s in manifest["stages"])
         section.body.append(f'<p class="meta">command <code>{_e(manifest.get("command", ""))}</code> · manifest '
-                            f"<code>{_e(str(path))}</code> · {total:.1f} s of stages</p>")  # fmt: skip
+                            f"<code>{_e(str(path))}</code> · {_e(stage_total(manifest))}</p>")  # fmt: skip
+        results: dict[str, Any] = manifest["results"] if isinstance(manifest.get("results"), dict) else {}
+        section.body.extend(_variants_html(path.parent, manifest, results, charts))
         section.body.append(table_html(stage_data(manifest, "stages")))
         parity = _read_json(path.parent / "parity.json")
         if isinstance(parity, dict) and parity.get("outputs"):
             section.body.append(table_html(_parity_data(parity)))
-        results = manifest.get("results", {})
         accuracy = results.get("accuracy") or _read_json(path.parent / "accuracy.json")
         if isinstance(accuracy, dict) and accuracy.get("variants"):
             section.body.append(table_html(accuracy_data(accuracy)))
@@ -136,6 +140,30 @@ def build_sections(workdir: Path) -> list[Section]:
                                 + table_html(_mapping_data("", manifest["versions"])) + "</details>")  # fmt: skip
         sections.append(section)
     return sections
+
+
+def _variants_html(build_dir: Path, manifest: dict[str, Any], results: dict[str, Any], charts: Path | None) -> list[str]:
+    """The variants table (accuracy, size, latency), what an unusual variant is, the chart, and what was published."""
+    rows = variant_rows(manifest, build_dir)
+    out = []
+    if rows:
+        latency = results.get("latency") or _read_json(build_dir / "latency.json")
+        out.append(table_html(variants_data(rows, latency if isinstance(latency, dict) else None)))
+    out.extend(f'<p class="note">{_e(line)}</p>' for line in variant_notes(rows, results))
+    if rows and charts is not None:
+        from pipeline.variant_chart import variant_chart_png
+
+        try:
+            png = variant_chart_png(rows, charts / f"build-{_slug(build_dir.name)}-variants.png", f"build '{build_dir.name}': variants")
+        except (OSError, ValueError) as exc:
+            log.warning("variants chart of %s not written: %s", build_dir.name, exc)
+            png = None
+        if png is not None:
+            out.extend(_figures([png]))
+    published = published_data(build_dir, manifest)
+    if published is not None:
+        out.append(table_html(published))
+    return out
 
 
 def _parity_data(parity: dict[str, Any]) -> TableData:
@@ -293,8 +321,18 @@ def table_html(table: TableData) -> str:
 
 def _images(directory: Path) -> list[str]:
     """Every PNG in ``directory``, embedded as a data: URI."""
+    return _figures(sorted(p for p in directory.glob("*.png") if not is_variants_chart(p)))
+
+
+def is_variants_chart(path: Path) -> bool:
+    """Whether ``path`` is a build's variants chart written beside the page (not a load test's or tune run's plot)."""
+    return path.name.startswith("build-") and path.name.endswith("-variants.png")
+
+
+def _figures(pngs: list[Path]) -> list[str]:
+    """Each PNG embedded as a data: URI, captioned with its file name."""
     out = []
-    for png in sorted(directory.glob("*.png")):
+    for png in pngs:
         data = png.read_bytes()
         if not data.startswith(PNG_MAGIC):
             log.warning("not embedding %s: not a PNG file", png)

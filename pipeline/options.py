@@ -240,7 +240,9 @@ def add_options(parser: argparse.ArgumentParser, cls: type) -> None:
         hidden = fld.default is None or fld.default is MISSING or fld.default == () or fld.type is bool or "(default" in opt.help
         shown = "" if hidden else f" (default: {fld.default})"
         kwargs: dict[str, Any] = {"dest": fld.name, "default": argparse.SUPPRESS, "help": (opt.help + shown).replace("%", "%%")}
-        if fld.type is bool:
+        if fld.type is bool and fld.default is None:  # unset, on or off: --x / --no-x
+            kwargs["action"] = argparse.BooleanOptionalAction
+        elif fld.type is bool:
             kwargs["action"] = "store_false" if fld.default else "store_true"
         elif typing.get_origin(fld.type) is tuple:
             kwargs.update(action="append", type=_argparse_type(fld), metavar=opt.metavar)

@@ -11,11 +11,12 @@ from typing import Any
 
 import numpy as np
 
-from pipeline.artifacts import Artifact
+from pipeline.artifacts import PRECISIONS, Artifact
 from pipeline.errors import require_creatable
 from pipeline.evaldata import EvalData
 from pipeline.objectstore import S3Url, local_only
 from pipeline.tensors import signature_from_onnx
+from pipeline.triton.deploy_plans import DeployPlans
 from pipeline.workspace import ModelData
 
 log = logging.getLogger(__name__)
@@ -35,6 +36,7 @@ class PublishSettings:
     classifier_output: str | None
     mig: str | None  # "GPU[:LAYOUT]", e.g. "H200-141GB:3x2g.35gb,1x1g.18gb"
     image: str | None  # NGC tritonserver image for the deploy bundle (None: the default, 24.10)
+    deploy_plans: DeployPlans | None = None  # --plans-at-deploy: what the bundle builds plans with
 
 
 def preferred_batch_sizes(max_batch: int) -> list[int]:
@@ -49,10 +51,13 @@ def repository_from_artifacts(
     settings: PublishSettings,
     report: Mapping[str, Any],
     reproduce: str,
+    golden: EvalData | None = None,
 ) -> list[Path] | list[str]:
     """Publish one Triton model per artifact; return the new version folders (URLs in S3).
 
     ``onnx_of`` maps a precision to its ONNX variant, whose I/O a plan of that precision must match.
+    With ``settings.deploy_plans``, each GPU ONNX variant also gets what the deploy bundle builds its plan
+    from, golden outputs computed on ``golden`` (:mod:`pipeline.triton.deploy_plans`).
     """
     from pipeline.stages.uint8_input import quantized, uint8_scales
     from pipeline.triton.config import model_config_from_artifact, warmup_files
@@ -79,7 +84,13 @@ def repository_from_artifacts(
         extra[name] = dict(warmup_files(signature, samples, settings.max_batch))
         if settings.labels:
             extra[name][LABELS_FILE] = settings.labels.read_bytes()
+        if settings.deploy_plans is not None and golden is not None and artifact.kind == "onnx" and artifact.precision in PRECISIONS:
+            extra[name].update(_deploy_plan_files(artifact, configs[name], signature, settings, golden))
     if settings.mig:
+        if settings.deploy_plans is not None:
+            from pipeline.mig.bundle import PLANS_NOT_BUILT
+
+            log.warning("%s", PLANS_NOT_BUILT.format("the GPU ONNX variants"))
         for name, files in _mig_files(artifacts, configs, settings).items():
             extra[name].update(files)
     published: list[Path] | list[str]
@@ -95,7 +106,9 @@ def repository_from_artifacts(
         # A plan loads only on the TensorRT that built it, and which NGC tag ships that TensorRT is the user's call.
         log.warning("deploy bundle not written: TensorRT plans need --triton-image naming the NGC tag with the TensorRT that built them")
     else:
-        image = settings.image or DEFAULT_IMAGE
+        from pipeline.triton.ngc_releases import ngc_image
+
+        image = ngc_image(settings.image or DEFAULT_IMAGE)  # a bare NGC tag (24.10-py3) names the NGC image
         write_deploy_bundle(settings.repository, deploy_dir(settings.repository), image=image)  # logs where it went
     return published
 
@@ -109,6 +122,15 @@ def require_publishable(repository: Path | S3Url) -> None:
         S3Repository(repository)  # reaches the bucket
     else:
         require_creatable(repository, "--repository")
+
+
+def _deploy_plan_files(artifact: Artifact, config: Any, signature: Any, settings: PublishSettings, data: EvalData) -> dict[str, bytes]:
+    from pipeline.triton.deploy_plans import deploy_plan_files, plan_config
+
+    assert settings.deploy_plans is not None
+    name = Artifact(artifact.precision, "plan", artifact.path).triton_name(settings.model)
+    cfg = plan_config(config, name, settings.deploy_plans.profiles, signature)
+    return deploy_plan_files(artifact.path, artifact.precision, cfg, settings.deploy_plans, data)
 
 
 def check_repository_plans(artifacts: Sequence[Artifact], settings: PublishSettings) -> None:
@@ -150,7 +172,7 @@ def published_from_artifacts(
 
     from pipeline.atomic import write_text_atomic
 
-    published = repository_from_artifacts(artifacts, onnx_of, data.head(1), settings, report, reproduce)
+    published = repository_from_artifacts(artifacts, onnx_of, data.head(1), settings, report, reproduce, golden=data)
     return write_text_atomic(dst, json.dumps([str(p) for p in published]) + "\n")
 
 

@@ -16,6 +16,7 @@ from rich.table import Table
 
 from pipeline.objectstore import S3Url
 from pipeline.build_tables import accuracy_data, served_data, stage_data
+from pipeline.build_variants import variant_notes, variant_rows, variants_data
 from pipeline.console import console as make_console
 from pipeline.tables import to_rich
 
@@ -47,6 +48,11 @@ def print_build_summary(
         console.print(accuracy_table(manifest["results"]["accuracy"]))
     if "served" in manifest["results"]:
         console.print(served_table(manifest["results"]["served"]["models"]))
+    rows = variant_rows(manifest, manifest_path.parent)
+    if rows:
+        console.print(to_rich(variants_data(rows, manifest["results"].get("latency"), figures=False)))
+    for line in variant_notes(rows, manifest["results"]):
+        console.print(f"  {escape(line)}")
     for key, path in manifest["artifacts"].items():
         console.print(f"  {key:12} {escape(path)}")
     console.print(f"  manifest     {escape(str(manifest_path))}")

@@ -12,7 +12,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "report",
         help="write one self-contained HTML page (index.html) of the builds, the newest load test and tune run",
         description=(
-            "Gathers every build under --workdir (stages and times, parity, accuracy gates, served verification, "
+            "Gathers every build under --workdir (each variant's accuracy, model size and latency with a chart, the Triton models "
+            "published, stages and times, parity, accuracy gates, served verification, "
             "and <workdir>/verify.json), the newest load test under --report-dir (points, Triton metrics, plots) and the newest tune run "
             "(tune.json, trials.csv, plots) into one index.html. Images are embedded and styles inline: the page "
             "makes no network request. `build`, `loadtest` and `tune` refresh it and print its path."

@@ -3,6 +3,7 @@ matches the one recorded beside its outputs. Every run (or skip) is recorded in 
 
 from __future__ import annotations
 
+import datetime as _dt
 import json
 import logging
 import time
@@ -24,11 +25,15 @@ class StageRecord:
 
     name: str
     status: str  # "ran" | "skipped" (inputs and settings unchanged) | "not run" (with a reason) | "failed"
-    seconds: float
+    seconds: float  # this build's time on it (for a skip: the time to check the key)
     key: str = ""
     inputs: dict[str, str] = field(default_factory=dict)  # path -> sha256
     outputs: list[str] = field(default_factory=list)
     note: str = ""
+    # The run that produced the outputs: when it finished and how long it took (this run's, or for a
+    # skip the recorded one's, read from the sidecar; None/"" for a stage that did not run).
+    ran_seconds: float | None = None
+    ran_at: str = ""
 
 
 @dataclass
@@ -57,11 +62,16 @@ class Manifest:
 
     def ran(self, name: str, seconds: float, note: str = "") -> None:
         """Record a stage that always runs (it checks something outside the workdir, e.g. a server)."""
-        self.stages.append(StageRecord(name, "ran", seconds, note=note))
+        self.stages.append(StageRecord(name, "ran", seconds, note=note, ran_seconds=round(seconds, 3), ran_at=now()))
 
     def not_run(self, name: str, reason: str) -> None:
         """Record a stage that could not run here (e.g. TensorRT missing)."""
         self.stages.append(StageRecord(name, "not run", 0.0, note=reason))
+
+
+def now() -> str:
+    """The local time, to the second, with its UTC offset (when a stage ran)."""
+    return _dt.datetime.now().astimezone().isoformat(timespec="seconds")
 
 
 def _sidecar(output: Path) -> Path:
@@ -137,12 +147,15 @@ def run_stage(manifest: Manifest, stage: Stage, reproduce: str) -> bool:
     sidecar = _sidecar(outputs[0])
     if all(p.exists() for p in outputs) and sidecar.exists():
         try:
-            recorded = json.loads(sidecar.read_text()).get("key")
+            recorded = json.loads(sidecar.read_text())
         except (OSError, ValueError):
-            recorded = None
-        if recorded == key:
+            recorded = {}
+        if isinstance(recorded, dict) and recorded.get("key") == key:
             seconds = time.perf_counter() - started
-            manifest.stages.append(StageRecord(name, "skipped", seconds, key, input_hashes, [str(p) for p in outputs]))
+            ran_seconds = recorded.get("seconds")
+            manifest.stages.append(StageRecord(name, "skipped", seconds, key, input_hashes, [str(p) for p in outputs],
+                                               ran_seconds=float(ran_seconds) if isinstance(ran_seconds, (int, float)) else None,
+                                               ran_at=str(recorded.get("finished") or "")))
             log.info("%-10s skipped (inputs and settings unchanged)", name)
             return False
     sidecar.unlink(missing_ok=True)  # a stage killed midway must not look finished
@@ -153,8 +166,11 @@ def run_stage(manifest: Manifest, stage: Stage, reproduce: str) -> bool:
         manifest.stages.append(StageRecord(name, "failed", time.perf_counter() - started, key, input_hashes, note=str(exc)))
         raise
     seconds = time.perf_counter() - started
-    record = {"stage": name, "key": key, "inputs": input_hashes, "settings": settings, "reproduce": reproduce, "seconds": round(seconds, 3)}
+    finished = now()
+    record: dict[str, Any] = {"stage": name, "key": key, "inputs": input_hashes, "settings": settings, "reproduce": reproduce, "seconds": round(seconds, 3),
+              "finished": finished}
     write_text_atomic(sidecar, json.dumps(record, indent=2, default=str) + "\n")
-    manifest.stages.append(StageRecord(name, "ran", seconds, key, input_hashes, [str(p) for p in outputs]))
+    manifest.stages.append(StageRecord(name, "ran", seconds, key, input_hashes, [str(p) for p in outputs],
+                                       ran_seconds=record["seconds"], ran_at=finished))  # as the sidecar keeps it for later skips
     log.info("%-10s done in %.1f s", name, seconds)
     return True

@@ -19,6 +19,10 @@ class Workspace:
     def onnx(self, precision: str) -> Path:
         return self.root / f"model.{precision}.onnx"
 
+    def fallback_record(self, precision: str) -> Path:
+        """What the INT8 fallback tried and kept in float for ``precision`` (pipeline.stages.int8_fallback)."""
+        return self.root / f"{precision}.fallback.json"
+
     def plan(self, precision: str) -> Path:
         return self.root / "engines" / f"model.{precision}.plan"
 
@@ -37,6 +41,10 @@ class Workspace:
     @property
     def accuracy(self) -> Path:
         return self.root / "accuracy.json"
+
+    @property
+    def latency(self) -> Path:
+        return self.root / "latency.json"
 
     @property
     def published(self) -> Path:

@@ -18,7 +18,8 @@ import pytest
 
 from pipeline.build_cli import config_from_args, run_build
 from pipeline.cli import make_parser
-from pipeline.stages.shapes import ShapeProfile
+from pipeline.stages.shapes import ShapeProfile, profiles_from_json
+from pipeline.triton.config import parse_config
 from tests.trt_standin import StandInTensorRT
 
 pytestmark = pytest.mark.slow
@@ -78,14 +79,34 @@ def test_build_fp16_int8_goes_through_the_engine_stage_to_the_repository(tmp_pat
     plans = {v["variant"]: v for v in report["variants"] if v["kind"] == "plan"}
     assert set(plans) == {"fp32-plan", "fp16-plan", "int8-plan"} and all(v["passed"] for v in plans.values())
     assert plans["fp32-plan"]["samples"] == 80
-    for runner in standin.runners:
+    gate_runners, latency_runners = standin.runners[:3], standin.runners[3:]
+    for runner in gate_runners:
         assert sorted(set(runner.profile_log)) == [0, 1]  # 10 batches: lengths 6/12 in profile 0, 24/48 in profile 1
 
-    # Published: plans with configs in the repository.
+    # The latency stage times every plan through the seam (the stand-in's times are ONNX Runtime's on this CPU, no GPU's),
+    # at batch 1 and at the largest batch its profiles admit, on the first evaluation sample (length 6: profile 0).
+    latency = {v["variant"]: v for v in json.loads((ws / "latency.json").read_text())["variants"]}
+    assert len(latency_runners) == 3 and all(set(r.profile_log) == {0} for r in latency_runners)
+    for precision in ("fp32", "fp16", "int8"):
+        plan, onnx = latency[f"{precision}-plan"], latency[f"{precision}-onnx"]
+        assert (plan["target"], plan["device"], plan["runtime"]) == ("gpu", "NVIDIA H200 (stand-in)", "TensorRT 10.16.1.11")
+        assert [b["batch"] for b in plan["batches"]] == [b["batch"] for b in onnx["batches"]] == [1, 8] and onnx["target"] == "cpu"
+
+    # Published: plans with configs in the repository, serving every shape the gate ran: each is admitted by a
+    # profile that instance_group names (Triton serves only profile 0 of a group that names none).
+    gate_shapes = [shapes for runner in gate_runners for shapes in runner.shape_log]
+    assert {shapes["tokens"][1] for shapes in gate_shapes} == set(LENGTHS)
     for precision in ("fp32", "fp16", "int8"):
         model = tmp_path / "model_repository" / f"tokens_{precision}_trt"
         assert (model / "1" / "model.plan").is_file()
-        assert 'platform: "tensorrt_plan"' in (model / "config.pbtxt").read_text()
+        config = parse_config((model / "config.pbtxt").read_text())
+        assert config.platform == "tensorrt_plan"
+        named = [int(p) for group in config.instance_group for p in group.profile]
+        assert named == [0, 1]
+        profiles = profiles_from_json(json.loads(Path(manifest["artifacts"][f"{precision}.plan"] + ".json").read_text())["profiles"])
+        for shapes in gate_shapes:
+            assert any(all(all(lo <= d <= hi for d, lo, hi in zip(shape, *profiles[i].shapes[name][::2])) for name, shape in shapes.items())
+                       for i in named), shapes
 
 
 def test_engine_options_reach_the_seam_and_the_metadata(tmp_path: Path) -> None:

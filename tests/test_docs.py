@@ -39,6 +39,8 @@ def test_a_broken_link_fails_the_strict_build(tmp_path: Path) -> None:
     """The site's settings catch what they promise: a missing page and a missing anchor each fail it."""
     shutil.copytree(ROOT / "docs", tmp_path / "docs")
     shutil.copy(ROOT / "mkdocs.yml", tmp_path / "mkdocs.yml")
+    (tmp_path / "scripts").mkdir()
+    shutil.copy(ROOT / "scripts" / "docs_slugs.py", tmp_path / "scripts" / "docs_slugs.py")  # the anchors' hook
     with (tmp_path / "docs" / "design.md").open("a") as page:
         page.write("\n[a page](no-such-page.md) and [an anchor](gpu.md#no-such-anchor)\n")
     built = _mkdocs_build(tmp_path / "mkdocs.yml", tmp_path / "site")

@@ -124,6 +124,10 @@ FOREIGN_OPTIONS = {
     "--attention": "scripts/bench_zoo_hub.py", "--no-deps": "pip",
     "--front-end": "scripts/bench_served.py",
     "--module": "scripts/mutation.py", "--survivors": "scripts/mutation.py", "--report-only": "scripts/mutation.py",
+    "--convert-to": "polygraphy convert", "--strongly-typed": "polygraphy convert", "--trt-min-shapes": "polygraphy convert",
+    "--trt-opt-shapes": "polygraphy convert", "--trt-max-shapes": "polygraphy convert", "--model-type": "polygraphy run",
+    "--trt": "polygraphy run", "--optimization-profile": "polygraphy run", "--load-inputs": "polygraphy run",
+    "--load-outputs": "polygraphy run", "--model-repository": "tritonserver",
 }
 _OPTION = re.compile(r"(?<![\w-])--[A-Za-z][\w{},-]*")
 _CODE = re.compile(r"```[^\n]*\n(.*?)```|`([^`\n]+)`", re.S)

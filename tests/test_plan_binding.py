@@ -135,7 +135,7 @@ def test_the_mig_bundle_refuses_a_plan_built_for_another_gpu(tmp_path: Path) -> 
     from pipeline.mig.profiles import builtin_gpu
     from pipeline.mig.servers import BundleSettings
 
-    settings = BundleSettings(image="nvcr.io/nvidia/tritonserver:25.08-py3")  # its TensorRT is not in the table: the GPU decides
+    settings = BundleSettings(image="nvcr.io/nvidia/tritonserver:25.08-py3")
     memory = {"m_fp16_trt": MemoryEstimate("hand-written", GIB, GIB)}
     for level, gpu, refused in (("NONE", "A100-80GB", True), ("NONE", "H200-141GB", False), ("AMPERE_PLUS", "A100-80GB", False)):
         repository = tmp_path / f"{level}-{gpu}" / "repo"
@@ -148,4 +148,6 @@ def test_the_mig_bundle_refuses_a_plan_built_for_another_gpu(tmp_path: Path) -> 
                 write_bundle(out, plan, settings, repository=repository)
             assert not out.exists()
         else:
-            assert write_bundle(out, plan, settings, repository=repository)
+            # the GPU check passes; then the image's TensorRT, which no source gives, refuses the plan (tests/triton/test_deploy.py)
+            with pytest.raises(PipelineError, match=r"the TensorRT of nvcr.io/nvidia/tritonserver:25.08-py3 is not known from a source"):
+                write_bundle(out, plan, settings, repository=repository)

@@ -15,6 +15,7 @@ import shutil
 import subprocess
 from html.parser import HTMLParser
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -201,3 +202,103 @@ def test_report_after_build_verify_loadtest_and_tune_renders_every_section(built
     inked = (pixels.min(axis=2) < 200).mean()  # share of pixels that are not (near) white
     colours = len(np.unique(pixels.reshape(-1, 3), axis=0))
     assert inked > 0.02 and colours > 50, (inked, colours)
+
+
+class Tables(HTMLParser):
+    """Every table of the page: the heading above it, its header cells and its rows of cell texts."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.tables: list[dict[str, Any]] = []
+        self.heading = ""
+        self.text: list[str] | None = None
+        self.row: list[str] | None = None
+
+    def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
+        if tag == "table":
+            self.tables.append({"title": self.heading, "headers": [], "rows": []})
+        elif tag == "tr" and self.tables:
+            self.row = []
+        elif tag in ("td", "th", "h3"):
+            self.text = []
+
+    def handle_data(self, data: str) -> None:
+        if self.text is not None:
+            self.text.append(data)
+
+    def handle_endtag(self, tag: str) -> None:
+        if tag in ("td", "th", "h3") and self.text is not None:
+            text, self.text = "".join(self.text).strip(), None
+            if tag == "h3":
+                self.heading = text
+            elif tag == "th":
+                self.tables[-1]["headers"].append(text)
+            elif self.row is not None:
+                self.row.append(text)
+        elif tag == "tr" and self.row is not None:
+            if self.row:
+                self.tables[-1]["rows"].append(self.row)
+            self.row = None
+
+    def titled(self, prefix: str) -> dict[str, Any]:
+        [table] = [t for t in self.tables if t["title"].startswith(prefix)]
+        return table
+
+
+def _rendered(page: Path, work: Path) -> Tables:
+    dumped, netlog = chromium(page, work, "--dump-dom")
+    assert page_requests(netlog) == []
+    tables = Tables()
+    tables.feed(dumped.stdout)
+    return tables
+
+
+@needs_chromium
+@pytest.mark.slow
+def test_the_build_report_shows_every_variant_and_a_noop_rebuild_keeps_the_stage_times(built: Built, tmp_path: Path) -> None:
+    from pipeline.build_variants import size_text
+
+    workdir, repository = tmp_path / "build", tmp_path / "model_repository"
+    shutil.copytree(built.workdir / "digits", workdir / "digits", symlinks=True)  # the shared build stays untouched
+    shutil.copytree(built.repository, repository, symlinks=True)
+    manifest = json.loads((workdir / "digits" / "manifest.json").read_text())
+    accuracy, latency = manifest["results"]["accuracy"], manifest["results"]["latency"]
+    proc = cli("report", "--workdir", str(workdir))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    page = workdir / "reports" / "index.html"
+    first = _rendered(page, tmp_path)
+
+    variants = first.titled("variants: accuracy, size, latency")
+    figure = "accuracy drop (top-1) vs FP32 (limit)"
+    assert variants["headers"] == ["variant", "accuracy", figure, "gate", "size", "CPU ms, batch 1", "CPU ms, batch 64"]
+    shown = {row[0]: dict(zip(variants["headers"], row)) for row in variants["rows"]}
+    assert list(shown) == ["fp32-onnx", "fp16-onnx", "int8-onnx", "int8cpu-onnx"]
+    plain = {"fp32-onnx": accuracy["variants"][0]["reference_accuracy"]} | {v["variant"]: v["accuracy"] for v in accuracy["variants"]}
+    measured = {v["variant"]: {b["batch"]: b["median_ms"] for b in v["batches"]} for v in latency["variants"]}
+    for variant, cells in shown.items():
+        assert cells["accuracy"] == f"{plain[variant]:.2%}"  # FP32's 97.55% too
+        assert cells["size"] == size_text(Path(manifest["artifacts"][variant.replace("-", ".")]).stat().st_size)
+        assert [cells["CPU ms, batch 1"], cells["CPU ms, batch 64"]] == [f"{measured[variant][b]:.3f}" if measured[variant][b] < 10
+                                                                         else f"{measured[variant][b]:.1f}" for b in (1, 64)]
+    assert shown["fp32-onnx"][figure] == "reference" and all(shown[v][figure].endswith(" pt (≤ 1 pt)") for v in list(shown)[1:])
+    text = page.read_text()
+    assert "int8cpu: INT8 for CPU serving, run by ONNX Runtime&#x27;s CPU integer kernels" in text
+    assert (workdir / "reports" / "build-digits-variants.png").read_bytes().startswith(b"\x89PNG") and 'src="data:image/png;base64,' in text
+    published = first.titled("published to the Triton repository")
+    assert [row[:2] for row in published["rows"]] == [[f"digits_{p}", "1"] for p in ("fp32", "fp16", "int8", "int8cpu")]
+    before = {row[0]: row for row in first.titled("stages")["rows"]}
+    assert before["engine"][1:3] == ["not run", ""]  # no TensorRT here: no seconds
+    assert all(before[s["name"]][2] == f"{s['ran_seconds']:.2f}" for s in manifest["stages"] if s["status"] == "ran")
+
+    rebuild = cli("build", "--fp16", "--int8", "--workdir", str(workdir), "--repository", str(repository))
+    assert rebuild.returncode == 0, rebuild.stderr[-3000:]
+    statuses = {s["name"]: s["status"] for s in json.loads((workdir / "digits" / "manifest.json").read_text())["stages"]}
+    # Every stage is skipped but publish, which re-runs because its repository (part of its settings) is this copy.
+    assert {name for name, status in statuses.items() if status == "ran"} == {"publish"}, statuses
+    after = {row[0]: row for row in _rendered(page, tmp_path).titled("stages")["rows"]}
+    assert set(after) == set(before)
+    for stage in manifest["stages"]:
+        if statuses[stage["name"]] == "skipped":
+            when = stage["ran_at"][:16].replace("T", " ")
+            assert after[stage["name"]][1:3] == [f"skipped (ran {when})", before[stage["name"]][2]], (after[stage["name"]], before[stage["name"]])
+    assert after["engine"][1:3] == ["not run", ""]

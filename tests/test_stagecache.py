@@ -7,6 +7,7 @@ Real files and real hashing; the stage functions are small Python functions that
 from __future__ import annotations
 
 import json
+from datetime import datetime
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -191,3 +192,17 @@ def test_the_stage_key_covers_the_pipelines_own_code(tmp_path: Path) -> None:
     gates = package / "gates.py"
     gates.write_text(gates.read_text().replace("0.95", "0.9", 1))  # a changed gate default
     assert code_hash(package) != before
+
+
+def test_a_skip_keeps_the_time_and_date_of_the_run_that_made_the_outputs(tmp_path: Path, files: tuple[Path, Path]) -> None:
+    src, dst = files
+    first, again = manifest(tmp_path), manifest(tmp_path)
+    run_stage(first, stage(Recorder(), src, dst), "r")
+    run_stage(again, stage(Recorder(), src, dst), "r")
+    [ran], [skipped] = first.stages, again.stages
+    sidecar = json.loads((tmp_path / "out.txt.stage.json").read_text())
+    assert (ran.status, skipped.status) == ("ran", "skipped")
+    assert skipped.ran_seconds == ran.ran_seconds == sidecar["seconds"] and skipped.ran_at == ran.ran_at == sidecar["finished"]
+    assert datetime.fromisoformat(ran.ran_at).tzinfo is not None  # a date with its UTC offset
+    first.not_run("engine", "no TensorRT here")
+    assert (first.stages[-1].ran_seconds, first.stages[-1].ran_at) == (None, "")

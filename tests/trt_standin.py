@@ -145,6 +145,7 @@ class StandInRunner(BaseRunner):  # type: ignore[misc]
         super().__init__(name=name, prefix="stand-in-trt")
         self.plan_path = plan_path
         self.profile_log: list[int] = []  # the profile each batch ran in
+        self.shape_log: list[dict[str, tuple[int, ...]]] = []  # the input shapes of each batch
         self._onnx: BaseRunner | None = None
         self._profiles: list[ShapeProfile] = []
         self._active = 0
@@ -177,6 +178,7 @@ class StandInRunner(BaseRunner):  # type: ignore[misc]
                 _require(len(shape) == len(lo) and all(a <= d <= b for d, a, b in zip(shape, lo, hi)),
                          f"input {name} shape {list(shape)} is outside optimization profile {self._active} ({list(lo)} .. {list(hi)})")
         self.profile_log.append(self._active)
+        self.shape_log.append({name: tuple(array.shape) for name, array in feed_dict.items()})
         outputs: OrderedDict[str, np.ndarray] = self._onnx.infer(feed_dict)
         self.inference_time = self._onnx.last_inference_time()
         return outputs

@@ -251,3 +251,12 @@ def _check_image(image: str, repository: Path, names: list[str], gpu: GpuMig) ->
                     gpu.name, ", ".join(sorted(plans)))
     for line in check_image(image, repository_needs(models, [n for n in names if n in models])):
         log.warning("not checked: %s", line)
+    at_deploy = sorted(n for n in names if n in models and (Path(models[n].path) / "plan" / "build.json").is_file())
+    if at_deploy:
+        log.warning("%s", PLANS_NOT_BUILT.format(", ".join(at_deploy)))
+
+
+# The MIG bundle does not run the init step of build --plans-at-deploy: its servers are planned (memory per slice)
+# for the models of the plan, and a plan built at deploy is not one of them.
+PLANS_NOT_BUILT = ("the MIG bundle does not build the TensorRT plans recorded with --plans-at-deploy beside {}: its servers serve "
+                   "those ONNX variants; the plans are built by the deploy bundle (python -m pipeline deploy)")

@@ -63,9 +63,10 @@ def profile_configs(base: ModelConfig, plan: MigPlan, model: str | None = None) 
             continue
         config = ModelConfig()
         config.CopyFrom(base)
+        profiles = [p for g in base.instance_group for p in g.profile]  # a plan's profiles: every one stays served
         del config.instance_group[:]
         # KIND_GPU: inside the server the MIG device is the only visible GPU (CUDA_VISIBLE_DEVICES).
-        config.instance_group.add(kind=ModelInstanceGroup.Kind.KIND_GPU, count=count)
+        config.instance_group.add(kind=ModelInstanceGroup.Kind.KIND_GPU, count=count, profile=list(dict.fromkeys(profiles)))
         out[config_relpath(profile_plan.profile.name)] = config
     return out
 

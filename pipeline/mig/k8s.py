@@ -26,10 +26,16 @@ Per MIG profile with planned models:
   ``nv_inference_queue_duration_us`` / ``nv_inference_request_success`` into that Pods metric.
 - ``k8s/kserve/triton-mig-<profile>.yaml``: the alternative for clusters running KServe, an
   InferenceService (``serving.kserve.io/v1beta1``) on KServe's Triton runtime with the same
-  per-profile flags (the runtime sets the repository and ports itself), ``runtimeVersion`` pinned to
-  the bundle image's tag (a stock runtime's default tag may be older than the configs need), and the
-  same init container, ``/tmp`` volume, security context and startupProbe (on the runtime's HTTP
-  port 8080, ``--http-port=8080`` in KServe's ``kserve-tritonserver`` runtime).
+  per-profile flags (the runtime sets the repository and ports itself), the bundle image exactly as
+  given in the model's ``image`` (``runtimeVersion`` would only swap the tag of the runtime's image:
+  a custom registry or a digest would become another image), and the same init container, ``/tmp``
+  volume, security context and startupProbe (on the runtime's HTTP port 8080, ``--http-port=8080``
+  in KServe's ``kserve-tritonserver`` runtime). It is annotated
+  ``serving.kserve.io/deploymentMode: RawDeployment``: KServe's default Serverless mode runs pods
+  through Knative, whose default features refuse init containers and pod ``securityContext`` fields
+  (``runAsUser``, ``fsGroup``), both of which these pods need.
+- Containers set ``args``, never ``command``, so the NGC image's entrypoint
+  (``/opt/nvidia/nvidia_entrypoint.sh``: CUDA forward compatibility on older data-center drivers) runs.
 """
 
 from __future__ import annotations
@@ -45,7 +51,6 @@ from pipeline.mig.servers import BundleSettings, container_ports, k8s_name, mig_
 from pipeline.mig.plan import MigPlan, ProfilePlan
 from pipeline.triton.accelerators import cache_setup_shell
 from pipeline.triton.bundle_files import AWS_SECRETS, CONTAINER_ADDRESS, CONTAINER_REPOSITORY
-from pipeline.triton.ngc_releases import image_tag
 from pipeline.triton.server_args import ADMIN_KEY_ENV, K8S_ADMIN_KEY, tritonserver_args
 
 K8S_ADMIN_SECRET = "triton-admin"
@@ -55,6 +60,8 @@ APP = "triton-mig"
 QUEUE_METRIC = "triton_queue_us_per_request"
 KSERVE_RUNTIME = "kserve-tritonserver"
 KSERVE_HTTP_PORT = 8080  # the kserve-tritonserver runtime's --http-port
+DEPLOYMENT_MODE = "serving.kserve.io/deploymentMode"
+RAW_DEPLOYMENT = "RawDeployment"
 TRITON_UID = 1000  # the NGC image's triton-server user and group
 STARTUP_PERIOD_S = 10
 TMP_VOLUME = "tmp"
@@ -156,8 +163,9 @@ def deployment(profile_plan: ProfilePlan, replicas: int, settings: BundleSetting
     container = {
         "name": "tritonserver",
         "image": settings.image,
-        "command": args[:1],
-        "args": args[1:],
+        # args, not command: the image's entrypoint (/opt/nvidia/nvidia_entrypoint.sh, which turns on CUDA forward
+        # compatibility for older drivers) runs first and execs tritonserver.
+        "args": args,
         "env": _admin_env(settings),
         "ports": [
             {"name": "http", "containerPort": http},
@@ -263,7 +271,11 @@ def inference_service(profile_plan: ProfilePlan, replicas: int, settings: Bundle
     return {
         "apiVersion": "serving.kserve.io/v1beta1",
         "kind": "InferenceService",
-        "metadata": {"name": f"{APP}-{k8s_name(profile)}", "labels": _labels(profile)},
+        # RawDeployment: a plain Deployment, not a Knative Service. KServe's default (Serverless) mode runs on
+        # Knative, whose defaults refuse init containers and pod securityContext fields such as runAsUser and fsGroup
+        # (config-features: kubernetes.podspec-init-containers, kubernetes.podspec-securitycontext, both disabled),
+        # and this pod needs both: the engine cache directories made first on a read-only root, as the non-root user.
+        "metadata": {"name": f"{APP}-{k8s_name(profile)}", "labels": _labels(profile), "annotations": {DEPLOYMENT_MODE: RAW_DEPLOYMENT}},
         "spec": {
             "predictor": {
                 "minReplicas": replicas,
@@ -275,8 +287,9 @@ def inference_service(profile_plan: ProfilePlan, replicas: int, settings: Bundle
                 "model": {
                     "modelFormat": {"name": "triton"},
                     "runtime": KSERVE_RUNTIME,
-                    # The runtime image's tag: the NGC release the configs and the image check are for.
-                    "runtimeVersion": image_tag(settings.image),
+                    # The image exactly as given (a custom registry, a digest): the model's container fields override
+                    # the runtime's, where runtimeVersion would only replace the tag of the runtime's own image.
+                    "image": settings.image,
                     "storageUri": settings.s3.storage_uri if settings.s3 else f"pvc://{settings.pvc_claim}/",
                     "args": args,
                     "env": _admin_env(settings),

@@ -8,7 +8,8 @@ Two sources, best first:
    and the plan's size as ``plan_bytes``; a ``weights_bytes`` key is used when present, else the
    plan size stands in for the weights. Triton's TensorRT backend shares one ``ICudaEngine``
    between all instances of a model on the same GPU (``device_engines_`` in tensorrt_backend), so
-   weights count once and each instance adds its execution context's device memory.
+   weights count once and each instance adds its execution contexts' device memory: one context per
+   optimization profile the config names (every profile of the plan, see :func:`execution_contexts`).
    The device memory is the execution context's whole need, TensorRT's scratch for the tactics it
    chose (at most the build's workspace limit) included, so no workspace is added on top.
 2. **ONNX model at max batch** (ONNX Runtime backend): Triton's ORT backend builds one session
@@ -327,18 +328,30 @@ def memory_from_metadata(
             f"{source} has no {missing} (looked for {', '.join(keys)})",
             "rebuild the engine with the engine stage, or also pass --onnx and --max-batch",
         )
+    contexts = execution_contexts(data)
+    per_context = f"{contexts} execution contexts (one per optimization profile) × {_size(device)}" if contexts > 1 else \
+        f"execution-context device memory {_size(device)}"
     detail = (
-        f"engine weights {_size(weights)} once (shared by instances) + execution-context device memory "
-        f"{_size(device)} (TensorRT scratch included) + {INSTANCE_OVERHEAD_BYTES // MIB} MiB per instance"
+        f"engine weights {_size(weights)} once (shared by instances) + {per_context} "
+        f"(TensorRT scratch included) + {INSTANCE_OVERHEAD_BYTES // MIB} MiB per instance"
     )
     if notes:
         detail += "; " + "; ".join(notes)
     return MemoryEstimate(
         source=source,
         shared_bytes=weights,
-        per_instance_bytes=device + INSTANCE_OVERHEAD_BYTES,
+        per_instance_bytes=contexts * device + INSTANCE_OVERHEAD_BYTES,
         detail=detail,
     )
+
+
+def execution_contexts(data: dict[str, Any]) -> int:
+    """Execution contexts one instance of a plan holds: one per optimization profile its config names.
+    The build names every profile (:func:`pipeline.triton.config.plan_profile_names`), and Triton's TensorRT
+    backend creates an ``IExecutionContext``, with its own device memory, for each (``trt_contexts_`` in
+    tensorrt_backend ``instance_state.cc``); metadata without profiles: one."""
+    profiles = data.get("profiles")
+    return max(1, len(profiles)) if isinstance(profiles, list) and any(isinstance(p, dict) and p for p in profiles) else 1
 
 
 def _plan_beside(plan_dir: Path, data: dict[str, Any]) -> Path | None:

@@ -68,13 +68,16 @@ def accuracy_report_from_variants(
     tf32: bool = True,
     allow_host_code: bool = False,
     tensorrt: TensorRT | None = None,
+    optional: Sequence[str] = (),
 ) -> list[VariantResult]:
     """Compare every candidate with the FP32 ONNX model on ``data``, every output by its kind
     (``kinds``: pipeline.outputkinds JSON form); write ``dst`` (JSON); raise PipelineError naming
     each variant, output and figure that fails its gate (or that the data cannot judge).
 
     Plans run through ``tensorrt`` in batches their profiles admit; ``tf32`` (how the FP32 plan was
-    built) picks the FP32 plan's tolerance (:func:`pipeline.gates.tolerance_for`)."""
+    built) picks the FP32 plan's tolerance (:func:`pipeline.gates.tolerance_for`). ONNX variants of an ``optional``
+    precision (one the user did not ask for) that do not pass are marked ``left_out`` in the report instead of raising:
+    the build leaves them out."""
     by_name = kinds_from_json(kinds)
     batch_size = gate_batch(candidates, batch_size)
     reference = runner_for_onnx(fp32_onnx, name="fp32-onnx")
@@ -97,14 +100,29 @@ def accuracy_report_from_variants(
         "tf32": tf32,
         "variants": [
             {"variant": r.variant, "precision": r.precision, "kind": r.kind, "passed": r.passed, "undecided": bool(r.undecided) and not r.failures,
+             "left_out": _left_out(r, optional),
              "failures": r.failures + r.undecided, "gate": vars(r.tolerance), "gates": r.rows, **r.comparison, **_primary(r, by_name),
              **({"layers": [e.as_dict() for e in layers[r.variant]], "layers_summary": describe(layers[r.variant])} if r.variant in layers else {})}
             for r in results
         ],
     }
     dst.write_text(json.dumps(report, indent=2) + "\n")
-    raise_for_failures(results, dst, {variant: describe(errors) for variant, errors in layers.items()})
+    raise_for_failures([r for r in results if not _left_out(r, optional)], dst, {variant: describe(errors) for variant, errors in layers.items()})
     return results
+
+
+def _left_out(result: VariantResult, optional: Sequence[str]) -> bool:
+    return not result.passed and result.kind == "onnx" and result.precision in optional
+
+
+def judge_variant(fp32_onnx: Path, candidate: Artifact, data: EvalData, *, gates: Gates, kinds: Mapping[str, OutputKind],
+                  batch_size: int) -> VariantResult:
+    """One ONNX variant against the FP32 ONNX model on ``data``, judged as the accuracy stage judges it (no report, no raise)."""
+    reference = runner_for_onnx(fp32_onnx, name="fp32-onnx")
+    [comparison] = compare_runners(reference, [runner_for_artifact(candidate)], data.batches(batch_size), kinds=kinds,
+                                   targets=data.target_batches(batch_size), threshold=gates.binary_threshold)
+    return judge_comparison(f"{candidate.precision}-{candidate.kind}", candidate.precision, candidate.kind, comparison,
+                            tolerance_for(candidate.precision, gates), kinds)
 
 
 def _primary(result: VariantResult, kinds: Mapping[str, OutputKind]) -> dict[str, Any]:

@@ -18,7 +18,6 @@ from __future__ import annotations
 import difflib
 import logging
 import os
-import shutil
 import tempfile
 import time
 from collections.abc import Sequence
@@ -109,74 +108,117 @@ def quantized_onnx_from_onnx(
 ) -> Path:
     """Calibrate ``src`` on ``calibration`` and quantize it with ORT's QDQ quantizer as ``recipe`` says;
     write ``dst`` atomically (the arguments are those of :func:`qdq_onnx_from_onnx`)."""
-    import onnx
-    from onnxruntime.quantization import QuantFormat, QuantType, quantize_static
-
-    src, dst = Path(src), Path(dst)
-    require(src.is_file(), f"ONNX model '{src}' does not exist", "run the ONNX export stage first")
-    require(
-        method in CALIBRATION_METHODS,
-        f"unknown calibration method '{method}'",
-        f"use one of: {', '.join(CALIBRATION_METHODS)}",
-    )
-    require(0.0 < percentile <= 100.0, f"percentile must be in (0, 100], got {percentile}", "use e.g. 99.99 or 99.999")
-    graph = onnx.load(str(src), load_external_data=False).graph
-    layers = {node.op_type for node in graph.node}
-    require(
-        bool(layers & set(QUANTIZED_OP_TYPES)),
-        f"'{src}' has no {'/'.join(QUANTIZED_OP_TYPES)} layers, so an INT8 variant would change nothing",
-        "skip --int8 for this model",
-    )
-    signature = signature_from_onnx(src)
-    expected = tuple(spec.name for spec in signature.inputs)
-    require(
-        set(calibration.input_names) == set(expected),
-        f"the calibration data has inputs {list(calibration.input_names)}, the model '{src}' has {list(expected)}",
-        "load the calibration data with this model's signature",
-    )
-    require(batch_size is None or batch_size >= 1, f"batch size must be at least 1, got {batch_size}", "pass a positive batch size")
-
-    dst.parent.mkdir(parents=True, exist_ok=True)
-    clear_leftovers(dst)
-    with tempfile.TemporaryDirectory(prefix=f".{dst.name}.", dir=dst.parent) as tmp_dir:
-        tmp = Path(tmp_dir)
-        prepared = prepared_model(src, tmp / "prepared.onnx")
-        kept = _checked_keep_nodes(prepared, keep_nodes, src)
-        if batch_size is None:
-            estimate = memory_estimate(prepared, calibration.largest_shapes())
-            budgeted = batch_for_budget(estimate, max_memory_gib, max_batch=MAX_CALIBRATION_BATCH)
-            log.info("calibration batches of %d samples for a %g GiB budget (%s)", budgeted, max_memory_gib, estimate.describe())
-        batch, drop_last = calibration_batch(signature, batch_size or budgeted, calibration.num_samples)
-        cache = tmp / "calibration.json"
-        started = time.perf_counter()
-        calibrate(prepared, calibration, recipe, method, percentile, batch, drop_last, tmp, cache)
-        log.info("%s: calibrated %s ranges in %.1f s", recipe.label, method, time.perf_counter() - started)
-
-        out = tmp / "int8.onnx"
-        with ort_prints_to_log():
-            quantize_static(
-                str(prepared),
-                str(out),
-                None,  # ranges come from the cache written by _calibrate
-                quant_format=QuantFormat.QDQ,
-                op_types_to_quantize=recipe.quantized_op_types(),
-                nodes_to_exclude=sorted(kept | (output_layers(prepared) if recipe.float_output_layers else set())),
-                per_channel=True,
-                reduce_range=False,  # full 8 bits: TensorRT and VNNI accumulate in int32, no saturation to avoid
-                activation_type=QuantType[recipe.activation_type],
-                weight_type=QuantType.QInt8,
-                calibrate_method=ort_method(method),
-                calibration_cache_path=str(cache),
-                extra_options=dict(recipe.extra_options),
-            )
-        recipe.finish(out, cache)
-        _checked_by_onnx(out, src)
-        drop_unused_opsets(out)
-        os.replace(out, dst)
-    if kept:  # what runs in float matters for speed: say it where the user sees it
-        log.warning("%s: %d layer(s) kept in float (%s): %s", recipe.label, len(kept), KEEP_NODES_FLAG, ", ".join(sorted(kept)))
+    dst = Path(dst)
+    with Calibrated(src, dst, calibration, recipe, method=method, percentile=percentile, batch_size=batch_size,
+                    max_memory_gib=max_memory_gib) as calibrated:
+        kept = calibrated.checked_keep_nodes(keep_nodes)
+        os.replace(calibrated.quantize(kept), dst)
+    log_kept(recipe.label, kept)
     log.info("wrote %s model %s (%s calibration, %d samples)", recipe.label, dst, method, calibration.num_samples)
     return dst
+
+
+def log_kept(label: str, kept: set[str]) -> None:
+    if kept:  # what runs in float matters for speed: say it where the user sees it
+        log.warning("%s: %d layer(s) kept in float (%s): %s", label, len(kept), KEEP_NODES_FLAG, ", ".join(sorted(kept)))
+
+
+class Calibrated:
+    """A model calibrated once, quantized as often as asked with different nodes kept float (the accuracy-aware
+    fallback tries several): ORT's prepared model and the calibration cache live in a temporary folder beside ``dst``
+    until the ``with`` block ends."""
+
+    def __init__(self, src: Path, dst: Path, calibration: CalibrationData, recipe: QuantRecipe, *, method: str, percentile: float,
+                 batch_size: int | None, max_memory_gib: float) -> None:
+        import onnx
+
+        self.src, self.dst, self.calibration, self.recipe = Path(src), Path(dst), calibration, recipe
+        self.method, self.percentile, self.batch_size, self.max_memory_gib = method, percentile, batch_size, max_memory_gib
+        require(self.src.is_file(), f"ONNX model '{src}' does not exist", "run the ONNX export stage first")
+        require(
+            method in CALIBRATION_METHODS,
+            f"unknown calibration method '{method}'",
+            f"use one of: {', '.join(CALIBRATION_METHODS)}",
+        )
+        require(0.0 < percentile <= 100.0, f"percentile must be in (0, 100], got {percentile}", "use e.g. 99.99 or 99.999")
+        graph = onnx.load(str(src), load_external_data=False).graph
+        layers = {node.op_type for node in graph.node}
+        require(
+            bool(layers & set(QUANTIZED_OP_TYPES)),
+            f"'{src}' has no {'/'.join(QUANTIZED_OP_TYPES)} layers, so an INT8 variant would change nothing",
+            "skip --int8 for this model",
+        )
+        self.signature = signature_from_onnx(self.src)
+        expected = tuple(spec.name for spec in self.signature.inputs)
+        require(
+            set(calibration.input_names) == set(expected),
+            f"the calibration data has inputs {list(calibration.input_names)}, the model '{src}' has {list(expected)}",
+            "load the calibration data with this model's signature",
+        )
+        require(batch_size is None or batch_size >= 1, f"batch size must be at least 1, got {batch_size}", "pass a positive batch size")
+        self._tmp: tempfile.TemporaryDirectory[str] | None = None
+        self._count = 0
+
+    def __enter__(self) -> Calibrated:
+        self.dst.parent.mkdir(parents=True, exist_ok=True)
+        clear_leftovers(self.dst)
+        self._tmp = tempfile.TemporaryDirectory(prefix=f".{self.dst.name}.", dir=self.dst.parent)
+        self.tmp = Path(self._tmp.name)
+        try:
+            self.prepared = prepared_model(self.src, self.tmp / "prepared.onnx")
+            self.cache = self.tmp / "calibration.json"
+            self._calibrate()
+        except BaseException:
+            self._tmp.cleanup()
+            raise
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self._tmp is not None:
+            self._tmp.cleanup()
+
+    def _calibrate(self) -> None:
+        batch_size = self.batch_size
+        if batch_size is None:
+            estimate = memory_estimate(self.prepared, self.calibration.largest_shapes())
+            batch_size = batch_for_budget(estimate, self.max_memory_gib, max_batch=MAX_CALIBRATION_BATCH)
+            log.info("calibration batches of %d samples for a %g GiB budget (%s)", batch_size, self.max_memory_gib, estimate.describe())
+        batch, drop_last = calibration_batch(self.signature, batch_size, self.calibration.num_samples)
+        started = time.perf_counter()
+        calibrate(self.prepared, self.calibration, self.recipe, self.method, self.percentile, batch, drop_last, self.tmp, self.cache)
+        log.info("%s: calibrated %s ranges in %.1f s", self.recipe.label, self.method, time.perf_counter() - started)
+
+    def checked_keep_nodes(self, names: Sequence[str]) -> set[str]:
+        """``names`` (``--int8-keep-nodes``) checked against the model (see :func:`_checked_keep_nodes`)."""
+        return _checked_keep_nodes(self.prepared, names, self.src)
+
+    def quantize(self, kept: set[str]) -> Path:
+        """The model quantized with ``kept`` (names of the prepared model's nodes) left float: a checked file in the
+        temporary folder (moved away by the caller, or deleted with the folder)."""
+        from onnxruntime.quantization import QuantFormat, QuantType, quantize_static
+
+        self._count += 1
+        out = self.tmp / f"quantized-{self._count}.onnx"
+        with ort_prints_to_log():
+            quantize_static(
+                str(self.prepared),
+                str(out),
+                None,  # ranges come from the calibration cache
+                quant_format=QuantFormat.QDQ,
+                op_types_to_quantize=self.recipe.quantized_op_types(),
+                nodes_to_exclude=sorted(kept | self.recipe.float_nodes(self.prepared)),
+                per_channel=True,
+                reduce_range=self.recipe.weight_bits == 7,
+                activation_type=QuantType[self.recipe.activation_type],
+                weight_type=QuantType.QInt8,
+                calibrate_method=ort_method(self.method),
+                calibration_cache_path=str(self.cache),
+                extra_options=dict(self.recipe.extra_options),
+            )
+        self.recipe.finish(out, self.cache)
+        _checked_by_onnx(out, self.src)
+        drop_unused_opsets(out)
+        return out
 
 
 def _checked_by_onnx(path: Path, src: Path) -> None:

@@ -42,7 +42,10 @@ class QuantRecipe:
     extra_options: Mapping[str, object]
     finish: Callable[[Path, Path], None]  # (quantized model, calibration cache): rewrite it in place, check it
     float_op_types: tuple[str, ...] = ()
-    float_output_layers: bool = False  # keep the layers that compute graph outputs in float (see output_layers)
+    # nodes of the prepared model that stay float whatever the caller keeps (e.g. the layers computing graph outputs)
+    float_nodes: Callable[[Path], set[str]] = lambda _model: set()
+    # 7: weights in [-64, 64] (ORT's reduce_range), so u8×s8 pair sums fit x86's saturating 16-bit lanes without VNNI
+    weight_bits: int = 8
 
     def quantized_op_types(self) -> list[str]:
         """``op_types_to_quantize`` for ORT's ``quantize_static``."""

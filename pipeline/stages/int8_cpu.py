@@ -34,7 +34,8 @@ from pipeline.budget import DEFAULT_MAX_MEMORY_GIB
 from pipeline.errors import PipelineError, require
 from pipeline.stages.calibration import CalibrationData
 from pipeline.stages.fp16 import DEFAULT_FP32_OPS
-from pipeline.stages.int8 import quantized_onnx_from_onnx
+from pipeline.stages.cpu_kernels import record_cpu_kernels
+from pipeline.stages.int8 import output_layers, quantized_onnx_from_onnx
 from pipeline.stages.int8_calibrate import QuantRecipe
 
 log = logging.getLogger(__name__)
@@ -70,13 +71,40 @@ def check_qdq_uint8_activations(path: Path, _cache: Path | None = None) -> None:
         )
 
 
+def _finish_for_cpu(path: Path, _cache: Path) -> None:
+    check_qdq_uint8_activations(path)
+    record_cpu_kernels(path)
+
+
+# Where ORT's CPU integer kernels pay: the weighted layers, and the ops its QDQ fusions keep in uint8 between
+# them (ReLU/Clip folded into the range, residual Adds as QLinearAdd, pooling, Concat, data movement). Everything
+# else (Mul, Sigmoid, Softmax, normalisations, Gather of embeddings, Resize, ...) stays float: quantized there it
+# costs accuracy and buys no kernel. ConvTranspose has no integer CPU kernel in ORT's default build.
+CPU_QUANTIZED_OP_TYPES = ("Conv", "MatMul", "Gemm", "Relu", "Clip", "Add", "MaxPool", "AveragePool", "GlobalAveragePool", "Concat",
+                          "Reshape", "Flatten", "Transpose", "Squeeze", "Unsqueeze")
+CPU_WEIGHT_BITS = 7
+
+
+def cpu_float_nodes(model_path: Path) -> set[str]:
+    """Nodes of the prepared model the CPU recipe keeps float: the layers that compute graph outputs (a regression
+    head rounded to uint8 lost its 0.99 cosine gate), and Adds of a constant (a bias rounded to the activation's
+    uint8 step instead of the int32 one its MatMul would give it)."""
+    import onnx
+
+    graph = onnx.load(str(model_path), load_external_data=False).graph
+    constants = {init.name for init in graph.initializer} | {o for n in graph.node if n.op_type == "Constant" for o in n.output}
+    bias_adds = {n.name for n in graph.node if n.op_type == "Add" and any(i in constants for i in n.input)}
+    return output_layers(model_path) | bias_adds
+
+
 CPU_RECIPE = QuantRecipe(
     label="CPU INT8",
     symmetric=False,  # uint8 activations take the tensor's own low/high, zero point included
-    calibrated_op_types=(),  # every float tensor: every quantizable op gets its own range
-    op_types_to_quantize=None,
+    calibrated_op_types=(),  # every float tensor: every quantized op gets its own range
+    op_types_to_quantize=CPU_QUANTIZED_OP_TYPES,
     float_op_types=DEFAULT_FP32_OPS,
-    float_output_layers=True,
+    float_nodes=cpu_float_nodes,
+    weight_bits=CPU_WEIGHT_BITS,
     activation_type="QUInt8",
     extra_options={
         "ActivationSymmetric": False,
@@ -84,7 +112,7 @@ CPU_RECIPE = QuantRecipe(
         # int32 biases (ORT's default): QLinearConv takes them as they are.
         "QuantizeBias": True,
     },
-    finish=check_qdq_uint8_activations,
+    finish=_finish_for_cpu,
 )
 
 

@@ -13,7 +13,7 @@ placement can fix.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -41,12 +41,12 @@ class LayerError:
         return {**asdict(self), "jump": self.jump}
 
 
-def layer_errors_from_models(fp32: Path, int8: Path, feed: Mapping[str, np.ndarray]) -> list[LayerError]:
-    """Run ``fp32`` and ``int8`` (ONNX, the INT8 one with exact Q/DQ semantics) on ``feed`` with
-    every weighted layer's data input and output marked, and return one LayerError per weighted
-    layer of the INT8 model in graph order, named as there (ONNX Runtime's pre-quantization pass
-    may have fused a MatMul and its bias Add into one Gemm). Layers whose tensors the FP32 model
-    lacks are left out."""
+def layer_errors_from_models(fp32: Path, int8: Path, feed: Mapping[str, np.ndarray], op_types: Sequence[str] = WEIGHTED) -> list[LayerError]:
+    """Run ``fp32`` and ``int8`` (ONNX, the INT8 one with exact Q/DQ semantics) on ``feed`` with the data inputs
+    and the output of every node of ``op_types`` that reads a quantized tensor marked, and return one LayerError
+    per such node of the INT8 model in graph order, named as there (ONNX Runtime's pre-quantization pass may have
+    fused a MatMul and its bias Add into one Gemm). A node of several data inputs (an Add, a Concat) takes the
+    largest of their errors as its input error. Nodes whose tensors the FP32 model lacks are left out."""
     import tempfile
 
     import onnx
@@ -55,8 +55,17 @@ def layer_errors_from_models(fp32: Path, int8: Path, feed: Mapping[str, np.ndarr
 
     quantized = onnx.load(str(int8))
     producers = {o: n for n in quantized.graph.node for o in n.output}
-    layers = [(n.name, n.op_type, float_source(n.input[0], producers), n.output[0]) for n in quantized.graph.node if n.op_type in WEIGHTED]
-    wanted = sorted({name for _, _, i, o in layers for name in (i, o)})
+    graph_inputs = {x.name for x in quantized.graph.input}
+
+    def data_inputs(node) -> list[str]:  # type: ignore[no-untyped-def]
+        sources = [float_source(i, producers) for i in (node.input[:1] if node.op_type in WEIGHTED else node.input) if i]
+        return [i for i in sources if i in graph_inputs or (i in producers and producers[i].op_type != "Constant")]
+
+    def reads_quantized(node) -> bool:  # type: ignore[no-untyped-def]
+        return any(getattr(producers.get(i), "op_type", "") == "DequantizeLinear" for i in node.input)
+
+    layers = [(n.name, n.op_type, data_inputs(n), n.output[0]) for n in quantized.graph.node if n.op_type in op_types and reads_quantized(n)]
+    wanted = sorted({name for _, _, inputs, out in layers for name in (*inputs, out)})
     # The INT8 graph was quantized from ORT's prepared FP32 graph (BatchNorm folded, tensors renamed):
     # its float tensors carry that graph's names, so that graph is the reference.
     with tempfile.TemporaryDirectory(prefix="layer-errors.") as tmp:
@@ -64,9 +73,9 @@ def layer_errors_from_models(fp32: Path, int8: Path, feed: Mapping[str, np.ndarr
     values32 = _run_marked(reference, wanted, feed)
     values8 = _run_marked(quantized, wanted, feed)
     errors = []
-    for name, op_type, inp, out in layers:
+    for name, op_type, inputs, out in layers:
         if out in values32 and out in values8:
-            in_error = _relative_l2(values32[inp], values8[inp]) if inp in values32 and inp in values8 else 0.0
+            in_error = max((_relative_l2(values32[i], values8[i]) for i in inputs if i in values32 and i in values8), default=0.0)
             errors.append(LayerError(name, op_type, in_error, _relative_l2(values32[out], values8[out])))
     return errors
 

@@ -78,6 +78,7 @@ def compose_service(
     devices: Mapping[str, Any],
     shm_size: str = "1gb",
     setup: str | None = None,
+    extra_shell: str = "",
     object_store: str | None = None,
 ) -> dict[str, Any]:
     """One compose service running ``server`` (its repository must be :data:`CONTAINER_REPOSITORY`).
@@ -85,11 +86,12 @@ def compose_service(
     ``ports`` are (host, container) pairs, published on ``$TRITON_BIND_ADDRESS`` (default
     127.0.0.1); ``devices`` the GPU reservation
     (``{"count": "all"}`` or ``{"device_ids": [...]}``); ``setup`` a shell command run first in the
-    container (the engine cache directories: :func:`pipeline.triton.accelerators.cache_setup_shell`).
+    container (the engine cache directories: :func:`pipeline.triton.accelerators.cache_setup_shell`);
+    ``extra_shell`` shell words appended to the tritonserver command (evaluated by the container's bash).
     ``object_store``: the region of an ``s3://`` repository the server reads itself (no mount; the AWS
     variables are passed through from the environment by name, never written).
     """
-    command = (f"{setup} && " if setup else "") + "exec " + shell_command(tritonserver_args(server))
+    command = (f"{setup} && " if setup else "") + "exec " + shell_command(tritonserver_args(server)) + (f" {extra_shell}" if extra_shell else "")
     if object_store is not None:  # the server reads the bucket: no mount; credentials by reference from the environment
         return {"image": image, "user": CONTAINER_USER, "init": True, "command": ["bash", "-c", command.replace("$", "$$")],
                 "environment": {ADMIN_KEY_ENV: COMPOSE_ADMIN_KEY, **compose_s3_environment(object_store)},

@@ -175,6 +175,8 @@ def model_config_from_artifact(
     group = cfg.instance_group.add()
     group.count = instance_count
     group.kind = pb.ModelInstanceGroup.Kind.Value(_kind_for(artifact, kind))
+    if artifact.kind == "plan" and artifact.metadata is not None:
+        group.profile.extend(plan_profile_names(artifact.metadata))
 
     if artifact.kind == "onnx" and not artifact.cpu_only and has_qdq(artifact.path):
         cfg.optimization.graph.level = QDQ_GRAPH_LEVEL
@@ -198,6 +200,21 @@ def model_config_from_artifact(
     else:
         check_config_against_engine(cfg, artifact.metadata)
     return cfg
+
+
+def plan_profile_names(metadata: Path | Mapping[str, Any]) -> list[str]:
+    """Every optimization profile of a plan, as ``instance_group.profile`` names them ("0", "1", …).
+
+    Triton's TensorRT backend gives an instance one execution context per profile its group names
+    and runs each request in the context whose profile admits it; a group naming none gets profile 0
+    only (tensorrt_backend ``instance_state.cc``; model_config.proto: "If not specified, the server
+    will select the first optimization profile by default"). So every profile the build's gate ran
+    is named. A plan without dynamic inputs (no profile with shapes) names none."""
+    where = f"engine metadata {metadata}" if isinstance(metadata, Path) else "engine metadata"
+    profiles: Any = _load_metadata(Path(metadata) if isinstance(metadata, str) else metadata, where).get("profiles")
+    if not isinstance(profiles, list) or not any(isinstance(p, Mapping) and p for p in profiles):
+        return []
+    return [str(index) for index in range(len(profiles))]
 
 
 def warmup_files(signature: ModelSignature, warmup: Mapping[str, np.ndarray], max_batch: int) -> dict[str, bytes]:
@@ -395,10 +412,11 @@ def _check_profiles(cfg: ModelConfig, meta: Mapping[str, Any], inputs: Mapping[s
     profiles: Any = meta.get("profiles")
     require(isinstance(profiles, list) and bool(profiles), f"{where} lists no optimization profiles, so max batch {cfg.max_batch_size} cannot be checked", "rebuild the engine with an optimization profile for the batch axis")
     used = sorted({int(p) for g in cfg.instance_group for p in g.profile} or {0})
-    warmup_shapes = [(w.batch_size, n, list(i.dims)) for w in cfg.model_warmup for n, i in w.inputs.items()]
+    ranges_of: dict[int, dict[str, tuple[list[int], list[int]]]] = {}
     for index in used:
         require(0 <= index < len(profiles), f"config '{cfg.name}' uses profile {index} but the {where} has {len(profiles)}", "use a profile index the engine has")
         profile = profiles[index]
+        ranges_of[index] = {}
         for name in inputs:
             ranges: Any = profile.get(name) if isinstance(profile, Mapping) else None
             require(isinstance(ranges, Mapping) and all(k in ranges for k in ("min", "max")), f"{where}: profile {index} has no min/max shapes for input '{name}'", "rebuild the engine with a profile covering every input")
@@ -409,9 +427,16 @@ def _check_profiles(cfg: ModelConfig, meta: Mapping[str, Any], inputs: Mapping[s
                 f"input '{name}' admits batch {low[0]}..{high[0]}",
                 f"use a max batch of at most {high[0]}, or rebuild the engine with a profile from batch 1 to {cfg.max_batch_size}",
             )
-            for batch, input_name, dims in warmup_shapes:
-                if input_name != name:
-                    continue
-                shape = [batch, *dims]
-                inside = len(shape) == len(low) and all(lo <= d <= hi for lo, d, hi in zip(low, shape, high))
-                require(inside, f"warmup shape {shape} of input '{name}' is outside profile {index} ({low}..{high}) of the {where}", "warm up with shapes the engine profile admits")
+            ranges_of[index][name] = (low, high)
+    # A warmup request runs, like any request, in the first named profile that admits every input's shape.
+    for warmup in cfg.model_warmup:
+        shapes = {name: [warmup.batch_size, *item.dims] for name, item in warmup.inputs.items() if name in inputs}
+        if not any(all(_admits(ranges_of[index][name], shape) for name, shape in shapes.items()) for index in used):
+            named = ", ".join(f"'{name}' {shape}" for name, shape in sorted(shapes.items()))
+            raise PipelineError(f"warmup '{warmup.name}' ({named}) is outside every profile the config names ({', '.join(map(str, used))}) of the {where}",
+                                "warm up with shapes the engine profiles admit")
+
+
+def _admits(ranges: tuple[list[int], list[int]], shape: list[int]) -> bool:
+    low, high = ranges
+    return len(shape) == len(low) and all(lo <= d <= hi for lo, d, hi in zip(low, shape, high))

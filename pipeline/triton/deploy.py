@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import logging
 import shlex
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -46,7 +47,9 @@ from pipeline.triton.bundle_files import (
     script_repository_lines,
     write_bundle_files,
 )
-from pipeline.triton.ngc_releases import DEFAULT_IMAGE, check_image, repository_needs
+from pipeline.triton.deploy_plans import CONTAINER_PLANS, SCRIPT as PLANS_SCRIPT, build_plans_script, docker_run_plans_lines, \
+    load_plans_shell, plan_builds, plans_service, with_plans
+from pipeline.triton.ngc_releases import DEFAULT_IMAGE, NGC_REPOSITORY, check_image, ngc_tag, repository_needs
 from pipeline.triton.repository import read_repository
 from pipeline.triton.server_args import (
     ADMIN_HEADER,
@@ -61,6 +64,7 @@ log = logging.getLogger(__name__)
 
 __all__ = ["DEFAULT_IMAGE", "server_args", "write_deploy_bundle", "gpu_models"]
 SCRIPT, COMPOSE, README = "docker-run.sh", "compose.yaml", "README.md"
+MULTI_GPU_FIXED_TAG = "25.04"  # the first release whose onnxruntime backend puts each instance's TensorRT EP on its own GPU
 
 
 def server_args(http_port: int = 8000, grpc_port: int = 8001, metrics_port: int = 8002,
@@ -98,28 +102,46 @@ def write_deploy_bundle(
     """
     ports = (http_port, grpc_port, metrics_port)
     require(all(1 <= p <= 65535 for p in ports) and len(set(ports)) == 3, f"ports {ports} must be distinct and in 1..65535", "pick three free ports")
-    with readable(repository) as local:  # s3://: a copy of what its server serves, read for the image check
+    with readable(repository) as local:  # s3://: a copy of what its server serves, read here
         models = read_repository(local)
         loaded = gpu_models(models)
         require(bool(loaded), f"every model in {repository} is CPU-only (KIND_CPU), and this bundle is for a GPU host",
                 "build GPU variants (e.g. --fp16), or serve the CPU variants with `python -m pipeline serve`")
         for line in check_image(image, repository_needs(models, loaded)):
             log.warning("not checked: %s", line)
+        one_gpu = one_gpu_note(image, models, loaded)
+        if one_gpu:
+            log.warning("%s", one_gpu)
+        builds = plan_builds(local, models)
 
     out_dir = Path(out_dir)
     store = bundle_store(repository) if isinstance(repository, S3Url) else None
+    require(not (store and builds), f"the plans of {repository} are built at deploy (--plans-at-deploy), which needs a mounted repository",
+            "copy the repository to a folder (aws s3 sync) and deploy that")
     rel_repo = None if store else relative_repository(Path(repository), out_dir)  # type: ignore[arg-type]
+    tag = ngc_tag(image)
+    require(not builds or tag is not None, f"the repository's plans are built at deploy (--plans-at-deploy), and {image} is not an NGC "
+            "tritonserver -py3 tag, so the TensorRT container of its release is not known",
+            "pass --image an NGC tritonserver tag such as nvcr.io/nvidia/tritonserver:25.01-py3")
+    plan_names = [b.plan_model for b in builds]
     server = server_args(http_port, grpc_port, metrics_port, tuple(loaded), repository=store[0] if store else CONTAINER_REPOSITORY)
+    if builds:
+        server = replace(server, extra_repositories=(CONTAINER_PLANS,))
     setup = cache_setup_shell(loaded)
+    extra = load_plans_shell() if builds else ""
     service = compose_service(image=image, server=server, ports=[(p, p) for p in ports], rel_repo=rel_repo, devices={"count": "all"},
-                              setup=setup, object_store=store[1] if store else None)
+                              setup=setup, extra_shell=extra, object_store=store[1] if store else None)
+    services = {"plans": plans_service(tag, rel_repo, {"count": "all"}), "triton": with_plans(service)} if builds and tag else {"triton": service}
     skipped = sorted(set(models) - set(loaded))
+    pre = docker_run_plans_lines(tag) if builds and tag else []
     files = {
-        SCRIPT: _docker_run_script(image, rel_repo, f"{setup} && exec " + shell_command(tritonserver_args(server)), ports, s3=store is not None),
-        COMPOSE: compose_yaml({"triton": service}, f"Serve the model repository with {image}: {ADMIN_KEY_ENV}=<secret> docker compose up"),
-        README: _readme(image, loaded, skipped, ports),
+        SCRIPT: _docker_run_script(image, rel_repo, f"{setup} && exec " + shell_command(tritonserver_args(server)) + (f" {extra}" if extra else ""),
+                                   ports, pre, s3=store is not None),
+        COMPOSE: compose_yaml(services, f"Serve the model repository with {image}: {ADMIN_KEY_ENV}=<secret> docker compose up"),
+        README: _readme(image, loaded, skipped, ports, one_gpu, plan_names),
+        **({PLANS_SCRIPT: build_plans_script(builds)} if builds else {}),
     }
-    paths = write_bundle_files(out_dir, files, executable=[SCRIPT])
+    paths = write_bundle_files(out_dir, files, executable=[SCRIPT, PLANS_SCRIPT])
     log.info("deploy bundle for %s (%s) written to %s", repository, image, out_dir)
     log.info("%s", exposure_note())
     return paths
@@ -133,7 +155,25 @@ def bundle_store(url: S3Url) -> tuple[str, str]:
     return url.triton_url(endpoint_of(client)), str(client.meta.region_name or DEFAULT_REGION)
 
 
-def _docker_run_script(image: str, rel_repo: str | None, server: str, ports: tuple[int, ...], s3: bool = False) -> str:
+def one_gpu_note(image: str, models: dict[str, Any], loaded: list[str]) -> str | None:
+    """The warning for an NGC image before 25.04 serving ONNX models through ONNX Runtime's TensorRT EP: its
+    onnxruntime backend ran every instance's TensorRT EP on GPU 0 (onnxruntime_backend PR #299, in 25.04), so on a
+    host with several GPUs the other GPUs' instances compute on GPU 0. None for other images or plan-only repositories."""
+    from pipeline.triton.accelerators import gpu_accelerator_parameters
+
+    tag = ngc_tag(image)
+    if tag is None or tag >= MULTI_GPU_FIXED_TAG:
+        return None
+    trt_models = [name for name in loaded if gpu_accelerator_parameters(models[name].config, "tensorrt") is not None]
+    if not trt_models:
+        return None
+    return (f"{image} runs ONNX Runtime's TensorRT EP of every instance on GPU 0 (fixed in {MULTI_GPU_FIXED_TAG}, "
+            f"onnxruntime_backend PR #299): on a host with several GPUs, run one container per GPU "
+            f"(TRITON_GPUS='\"device=N\"' and its own ports) or use {NGC_REPOSITORY}:{MULTI_GPU_FIXED_TAG}-py3 or newer")
+
+
+def _docker_run_script(image: str, rel_repo: str | None, server: str, ports: tuple[int, ...], pre: list[str] | None = None,
+                       s3: bool = False) -> str:
     publish = " ".join(f'-p "{BIND_ADDRESS}:{p}:{p}"' for p in ports)
     # s3: the server reads the bucket; the AWS variables pass through by name (docker run -e NAME), never written here
     source = [f"-e {name}" for name in (*AWS_SECRETS, "AWS_SESSION_TOKEN", "AWS_DEFAULT_REGION")] if s3 else \
@@ -145,6 +185,7 @@ def _docker_run_script(image: str, rel_repo: str | None, server: str, ports: tup
         "--shm-size=1g --ulimit memlock=-1 --ulimit stack=67108864",
         publish,
         *source,
+        *([f'-v "$PLANS_DIR:{CONTAINER_PLANS}:ro"'] if pre else []),
         f"-e {ADMIN_KEY_ENV}",
         shlex.quote(image),
         "bash -c " + shlex.quote(server),
@@ -161,14 +202,20 @@ def _docker_run_script(image: str, rel_repo: str | None, server: str, ports: tup
         f': "${{{ADMIN_KEY_ENV}:?export {ADMIN_KEY_ENV}=<secret> first: it unlocks the admin APIs}}"',
         *([f': "${{{name}:?export {name} first: the server reads the model repository from S3}}"' for name in AWS_SECRETS] if s3
           else script_repository_lines(rel_repo)),
+        *(pre or []),
         "exec " + " \\\n  ".join(docker),
         "",
     ])
 
 
-def _readme(image: str, models: list[str], skipped: list[str], ports: tuple[int, ...]) -> str:
+def _readme(image: str, models: list[str], skipped: list[str], ports: tuple[int, ...], one_gpu: str | None = None,
+            plans: list[str] | None = None) -> str:
     http, grpc, metrics = ports
     cpu_note = [f"Not loaded (CPU-only variants, `KIND_CPU`, for CPU deployments): {', '.join(skipped)}.", ""] if skipped else []
+    cpu_note += [f"Several GPUs: {one_gpu}.", ""] if one_gpu else []
+    cpu_note += [f"TensorRT plans built here before the server starts ({PLANS_SCRIPT}, in the NGC TensorRT container of the image's "
+                 f"release): {', '.join(plans)}. Each is served only if it matches the golden outputs recorded at build time; "
+                 "a plan that fails is named in the init step's log and left out.", ""] if plans else []
     return "\n".join([
         "# Triton deploy bundle",
         "",

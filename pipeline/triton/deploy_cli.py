@@ -10,6 +10,7 @@ from pathlib import Path
 from pipeline.objectstore import S3Url
 from pipeline.options import add_options, checked_config, option, port_option, repository_option
 from pipeline.triton.deploy import DEFAULT_IMAGE, SCRIPT, write_deploy_bundle
+from pipeline.triton.ngc_releases import ngc_image
 from pipeline.triton.server_args import ADMIN_HEADER, ADMIN_KEY_ENV, RESTRICTED_APIS
 
 log = logging.getLogger(__name__)
@@ -21,7 +22,8 @@ class DeployConfig:
 
     repository: Path | S3Url = repository_option()
     out: Path = option(Path("deploy"), "where to write the bundle", metavar="DIR")
-    image: str = option(DEFAULT_IMAGE, "tritonserver image", metavar="IMAGE")
+    image: str = option(DEFAULT_IMAGE, "tritonserver image, used exactly as given (a custom registry, an @sha256: digest); "
+                               "a bare NGC tag such as 25.01-py3 names the NGC image", metavar="IMAGE")
     http_port: int = port_option(8000, "HTTP/REST", published=True)
     grpc_port: int = port_option(8001, "gRPC", published=True)
     metrics_port: int = port_option(8002, "Prometheus metrics", published=True)
@@ -58,7 +60,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     """``python -m pipeline deploy``: write the bundle and log where it is."""
     cfg = checked_config(DeployConfig, args)
-    paths = write_deploy_bundle(cfg.repository, cfg.out, image=cfg.image, http_port=cfg.http_port, grpc_port=cfg.grpc_port, metrics_port=cfg.metrics_port)
+    paths = write_deploy_bundle(cfg.repository, cfg.out, image=ngc_image(cfg.image), http_port=cfg.http_port, grpc_port=cfg.grpc_port, metrics_port=cfg.metrics_port)
     for path in paths:
         log.info("wrote %s", path)
     log.info("start it with: %s=<secret> %s", ADMIN_KEY_ENV, cfg.out / SCRIPT)

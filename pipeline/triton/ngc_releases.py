@@ -35,11 +35,19 @@ read in one of the sources below on 2026-12-02 (through the project's search ind
   notes name no driver). The notes' driver number is copied as written: from 25.03 on it is below
   what the CUDA release itself asks for (e.g. 575 for CUDA 13.0); not resolved here. Other months:
   no notes read (25.07 has none).
-* TensorRT in the py3 image: not on the compatibility page (its TensorRT column is the ``trtllm``
-  image's, a different build), not in the stored release notes (their "container also includes"
-  list names no TensorRT; the Frameworks Support Matrix, which does, was not found in the index).
-  Only 24.10's 10.5 is recorded (the project's parser data and README; unverified); a plan for any
-  other tag is therefore not checked, and says so.
+* TensorRT in the py3 image (:data:`TENSORRT_UNSOURCED`): not on the compatibility page (its TensorRT
+  column is the ``trtllm-python-py3`` image's, a different build: e.g. 10.4.0 for 24.10-trtllm), and
+  not in the release notes as stored (docs.nvidia.com ``release-notes/rel-YY-MM.html``: "For a
+  complete list of what the container includes, refer to Deep Learning Frameworks Support Matrix",
+  and the "container also includes" list that follows is empty there); the Frameworks Support
+  Matrix itself, which lists it per release, could not be read (searched 2026-12-03 through the
+  project's search index: no page of it is stored). Only 24.10's 10.5 is recorded, unverified (the
+  project's earlier parser data). So no tag has a sourced TensorRT, and no tag is offered for plans
+  built elsewhere: ``build --triton-image`` refuses plans for it and ``deploy`` refuses a repository
+  with plans (:func:`check_plan_tensorrt`); the NGC TensorRT container of the same release
+  (``nvcr.io/nvidia/tensorrt:YY.MM-py3``, :func:`tensorrt_container`) builds plans that match by
+  construction. A row becomes offered for plans by setting ``tensorrt`` from such a source and
+  taking ``tensorrt`` out of its ``unverified``/``unknown``.
 
 What the configs need from the server, all read by 24.10 (Triton 2.51, which the project runs and
 tests with ``--model-config-name``; onnxruntime_backend ``src/onnxruntime.cc`` parses the ``cuda``
@@ -60,6 +68,10 @@ from pipeline.errors import PipelineError
 log = logging.getLogger(__name__)
 
 NGC_REPOSITORY = "nvcr.io/nvidia/tritonserver"
+NGC_TENSORRT_REPOSITORY = "nvcr.io/nvidia/tensorrt"  # the NGC TensorRT container: the release's TensorRT (--plans-at-deploy builds there)
+# Why a row's TensorRT is not sourced (module docstring, TensorRT): said by every refusal that rests on it.
+TENSORRT_UNSOURCED = ("NVIDIA's Frameworks Support Matrix, which lists the TensorRT of each -py3 image, could not be read, "
+                      "and the release notes name none")
 DEFAULT_TAG = "24.10"
 
 # Newest ONNX IR version and ai.onnx opset each ONNX Runtime loads, measured (module docstring).
@@ -141,7 +153,8 @@ RELEASES: tuple[NgcRelease, ...] = (
 _BY_TAG = {r.tag: r for r in RELEASES}
 DEFAULT_RELEASE = _BY_TAG[DEFAULT_TAG]
 DEFAULT_IMAGE = DEFAULT_RELEASE.image
-_NGC_TAG = re.compile(rf"^{re.escape(NGC_REPOSITORY)}:(?P<tag>\d\d\.\d\d)-(?P<flavor>[\w.-]+)$")
+_NGC_TAG = re.compile(rf"^{re.escape(NGC_REPOSITORY)}:(?P<tag>\d\d\.\d\d)-(?P<flavor>[\w.-]+)(?:@sha256:[0-9a-f]{{64}})?$")
+_BARE_TAG = re.compile(r"^\d\d\.\d\d-[\w.-]+$")
 # A container image reference as Docker reads it: lowercase repository path (an optional registry host:port first),
 # an optional tag, an optional sha256 digest. Loose on purpose: it only catches what no registry could serve.
 _IMAGE_REFERENCE = re.compile(r"^[a-z0-9][a-z0-9._/-]*(?::[0-9]+/[a-z0-9._/-]+)?(?::\w[\w.-]{0,127})?(?:@sha256:[0-9a-f]{64})?$")
@@ -149,10 +162,15 @@ _IMAGE_REFERENCE = re.compile(r"^[a-z0-9][a-z0-9._/-]*(?::[0-9]+/[a-z0-9._/-]+)?
 _NO_SERVER_FLAVORS = ("py3-sdk",)
 
 
-def image_tag(image: str) -> str:
-    """The tag of an image reference (``nvcr.io/nvidia/tritonserver:24.10-py3`` → ``24.10-py3``)."""
-    name = image.rsplit("/", 1)[-1]
-    return name.split(":", 1)[1] if ":" in name else "latest"
+def ngc_image(image: str) -> str:
+    """``image`` as given, or the NGC tritonserver image when it is a bare NGC tag (``24.10-py3`` →
+    ``nvcr.io/nvidia/tritonserver:24.10-py3``)."""
+    return f"{NGC_REPOSITORY}:{image}" if _BARE_TAG.match(image) else image
+
+
+def tensorrt_container(tag: str) -> str:
+    """The NGC TensorRT container of release ``tag`` (``YY.MM``): the same monthly release's TensorRT."""
+    return f"{NGC_TENSORRT_REPOSITORY}:{tag}-py3"
 
 
 def ngc_tag(image: str) -> str | None:
@@ -232,11 +250,51 @@ def minimum_tag(needs: ModelNeeds, releases: tuple[NgcRelease, ...] = RELEASES) 
     return None
 
 
+def sourced_tensorrt(release: NgcRelease) -> str | None:
+    """The TensorRT of ``release``'s -py3 image when a source gives it (not guessed, not unverified), else None."""
+    return release.tensorrt if release.tensorrt and "tensorrt" not in release.unverified else None
+
+
 def tags_running_tensorrt(version: str, releases: tuple[NgcRelease, ...] = RELEASES) -> list[str]:
-    """The tags whose -py3 image runs TensorRT ``version``'s major.minor, as far as the table knows."""
+    """The tags whose -py3 image runs TensorRT ``version``'s major.minor by a source: the tags offered for such plans."""
     from pipeline.stages.plan_binding import same_tensorrt
 
-    return [r.tag for r in releases if r.tensorrt and same_tensorrt(version, r.tensorrt)]
+    return [r.tag for r in releases if (v := sourced_tensorrt(r)) and same_tensorrt(version, v)]
+
+
+def check_plan_tensorrt(image: str, version: str, releases: tuple[NgcRelease, ...] = RELEASES) -> None:
+    """Refuse (PipelineError, one line) ``image`` for plans built with TensorRT ``version``: an image not in the
+    table, a release whose TensorRT differs, or one whose TensorRT no source gives. The fix names the way out:
+    the NGC TensorRT container of the same release, or a pinned wheel."""
+    from pipeline.stages.plan_binding import same_tensorrt
+    from pipeline.stages.tensorrt_env import MIN_TENSORRT, tensorrt_version_tuple
+
+    tag = ngc_tag(image)
+    release = next((r for r in releases if r.tag == tag), None)
+    if release is None:
+        raise PipelineError(
+            f"{image} is not an NGC tritonserver -py3 tag of the release table ({releases[0].tag}…{releases[-1].tag}), so no "
+            f"TensorRT {version} plan is known to load there",
+            "pass an NGC tag of the table, or --no-engine to publish the ONNX variants only",
+        )
+    container = tensorrt_container(release.tag)
+    if release.tensorrt and not same_tensorrt(version, release.tensorrt):
+        runs = f"TensorRT {release.tensorrt}" + (" (not verified)" if "tensorrt" in release.unverified else "")
+        wheel = f"pip install 'tensorrt=={_major_minor(release.tensorrt)}.*'" \
+            if tensorrt_version_tuple(release.tensorrt) >= MIN_TENSORRT else \
+            f"a newer tag (TensorRT {_major_minor(release.tensorrt)} is older than {'.'.join(map(str, MIN_TENSORRT))}, the oldest the engine stage builds with)"
+        raise PipelineError(
+            f"plans built here with TensorRT {version} do not load in {image}, which runs {runs}",
+            f"build them with that release's TensorRT: --plans-at-deploy (the deploy bundle builds them in {container}), or {wheel}; "
+            "or pass --no-engine",
+        )
+    if sourced_tensorrt(release) is None:
+        raise PipelineError(
+            f"the TensorRT of {image} is not known from a source ({TENSORRT_UNSOURCED}), so no plan built here "
+            f"(TensorRT {version}) is offered for it",
+            f"build the plans with that release's own TensorRT: --plans-at-deploy (the deploy bundle builds them in {container}), "
+            "or pass --no-engine",
+        )
 
 
 def _major_minor(version: str) -> str:
@@ -270,8 +328,16 @@ def check_image(image: str, models: list[ModelNeeds], releases: tuple[NgcRelease
         )
     release = next((r for r in releases if r.tag == tag), None)
     if release is None:
+        plan = next((n for n in models if n.is_plan), None)
+        if plan is not None:
+            raise PipelineError(
+                f"model {plan.name} is a TensorRT plan, and {image} is not an NGC tritonserver -py3 tag of the release table "
+                f"({releases[0].tag}…{releases[-1].tag}): which TensorRT it runs is not known, and a plan loads only on the TensorRT that built it",
+                f"pass --image with an NGC tag of the table whose TensorRT is {plan.plan_tensorrt or 'the plan’s'}, or rebuild the plan with "
+                "that image's own TensorRT",
+            )
         return [f"{image} is not in the NGC release table ({releases[0].tag}…{releases[-1].tag}): "
-                "ONNX IR version/opset limits and TensorRT plan versions were not checked"]
+                "ONNX IR version/opset limits were not checked"]
     unchecked = []
     for needs in models:
         if needs.is_plan:
@@ -302,9 +368,11 @@ def _check_plan(release: NgcRelease, needs: ModelNeeds, releases: tuple[NgcRelea
         )
     matching = tags_running_tensorrt(needs.plan_tensorrt, releases)
     if release.tensorrt is None:
-        known = f" (the table lists TensorRT {_major_minor(needs.plan_tensorrt)} for {', '.join(matching)})" \
-            if matching else ""
-        return [f"{needs.name}: built with TensorRT {needs.plan_tensorrt}; {release.image}'s TensorRT is not in the table{known}"]
+        known = f"pass --image {NGC_REPOSITORY}:{matching[-1]}-py3, which runs TensorRT {_major_minor(needs.plan_tensorrt)}" \
+            if matching else f"build with --plans-at-deploy instead: the bundle builds the plan with that release's own TensorRT ({tensorrt_container(release.tag)})"
+        raise PipelineError(
+            f"model {needs.name} is a TensorRT plan built with TensorRT {needs.plan_tensorrt}, and the TensorRT of {release.image} "
+            f"is not known from a source ({TENSORRT_UNSOURCED})", known)
     if not same_tensorrt(needs.plan_tensorrt, release.tensorrt):
         from pipeline.stages.tensorrt_env import MIN_TENSORRT, tensorrt_version_tuple
 
@@ -320,5 +388,11 @@ def _check_plan(release: NgcRelease, needs: ModelNeeds, releases: tuple[NgcRelea
         raise PipelineError(
             f"model {needs.name} is a TensorRT plan built with TensorRT {needs.plan_tensorrt}, but {release.image} runs {runs}",
             f"{fix}; {rebuild}",
+        )
+    if sourced_tensorrt(release) is None:
+        raise PipelineError(
+            f"model {needs.name} is a TensorRT plan built with TensorRT {needs.plan_tensorrt}; the table's TensorRT {release.tensorrt} "
+            f"for {release.image} is not verified ({TENSORRT_UNSOURCED})",
+            f"build with --plans-at-deploy instead: the bundle builds the plan with that release's own TensorRT ({tensorrt_container(release.tag)})",
         )
     return []

@@ -171,7 +171,7 @@ def publish_s3_repository(
             listed = sorted(item.remote.owned_files | set(item.owned["files"]))
             during = {"versions": sorted(item.remote.owned_versions), "files": listed, "uploading": item.version}
             store.put(item.remote.url.key(OWNED), json.dumps(during, indent=2).encode())
-            for path in sorted(p for p in item.stage.rglob("*") if p.is_file() and p.name != CONFIG):
+            for path in sorted(p for p in item.stage.rglob("*") if p.is_file() and p.relative_to(item.stage).as_posix() != CONFIG):
                 pause_point("publish.upload")  # tests hold the publish here to kill it mid-upload (pipeline/pausepoints.py)
                 store.upload(path, item.remote.url.key(path.relative_to(item.stage).as_posix()))
         for item in uploads:

@@ -74,6 +74,29 @@ def servable_models(
     return served, skipped
 
 
+def cpu_int8_files(repository: Path, models: list[str]) -> dict[str, Path]:
+    """The model file of every version of the CPU INT8 variants (``*_int8cpu``) among ``models``, by "name/version"."""
+    from pipeline.artifacts import parse_variant
+
+    files = {}
+    for name in models:
+        variant = parse_variant(name)
+        if variant is None or variant[1] != "int8cpu":
+            continue
+        for version in sorted(p for p in (Path(repository) / name).iterdir() if p.is_dir() and p.name.isdigit()):
+            if (version / "model.onnx").is_file():
+                files[f"{name}/{version.name}"] = version / "model.onnx"
+    return files
+
+
+def require_cpu_int8_runs_here(repository: Path, models: list[str]) -> None:
+    """PipelineError (one line) when a CPU INT8 model's weights need VNNI and this x86 CPU has none
+    (:mod:`pipeline.stages.cpu_kernels`): served here it would not compute what its gate judged."""
+    from pipeline.stages.cpu_kernels import check_runs_here
+
+    check_runs_here(cpu_int8_files(repository, models))
+
+
 def has_gpu() -> bool:
     """Whether tritonserver started from this process will see an NVIDIA GPU: the kernel driver lists
     one (``/proc/driver/nvidia/gpus/*``) and ``CUDA_VISIBLE_DEVICES`` does not hide them all."""
@@ -103,8 +126,8 @@ def require_gpu_runtime(models: list[str], providers: list[str]) -> None:
         not models or "CUDAExecutionProvider" in providers,
         f"this machine has an NVIDIA GPU, so tritonserver gives {', '.join(models)} GPU instances, but this venv's "
         f"ONNX Runtime is the CPU build (providers: {', '.join(providers)})",
-        f"install the '{GPU_SERVE_EXTRA}' extra (pip install -e '.[{GPU_SERVE_EXTRA}]': onnxruntime-gpu in place of "
-        "onnxruntime), or hide the GPU (CUDA_VISIBLE_DEVICES=) to serve on the CPU",
+        f"install the '{GPU_SERVE_EXTRA}' extra, onnxruntime-gpu in place of onnxruntime (bash scripts/setup.sh --gpu "
+        "does it), or hide the GPU (CUDA_VISIBLE_DEVICES=) to serve on the CPU",
     )
 
 

@@ -41,7 +41,7 @@ from pipeline.errors import PipelineError, require
 from pipeline.objectstore import S3Url
 from pipeline.triton.s3repository import readable_configs
 from pipeline.triton.procs import client_host, exit_cause, free_ports, peek_exit, port_taken, wait_group_gone
-from pipeline.triton.servable import gpu_instance_models, require_gpu_runtime
+from pipeline.triton.servable import gpu_instance_models, require_cpu_int8_runs_here, require_gpu_runtime
 from pipeline.isolate import die_with_parent
 from pipeline.progress import progress
 from pipeline.triton.servable import has_gpu, servable_models, write_view
@@ -301,6 +301,7 @@ class TritonServer:
             self.stop()
             raise
         models, self.skipped_models = servable_models(local, backends, self.model_config_name)
+        require_cpu_int8_runs_here(local, models)
         return models
 
     def _assign_ports(self) -> None:

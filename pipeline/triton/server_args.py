@@ -77,6 +77,7 @@ class ServerArgs:
     gpu_metrics: bool | None = None
     metrics_interval_ms: int | None = None  # how often Triton refreshes its gauges (None: its default, 2000)
     backend_config: tuple[str, ...] = ()
+    extra_repositories: tuple[str, ...] = ()  # more --model-repository folders (the plans built at deploy)
 
 
 def tritonserver_args(server: ServerArgs) -> list[str]:
@@ -88,6 +89,7 @@ def tritonserver_args(server: ServerArgs) -> list[str]:
     args = [server.binary] if server.binary else []
     if server.repository is not None:
         args.append(f"--model-repository={server.repository}")
+    args += [f"--model-repository={folder}" for folder in server.extra_repositories]
     if server.backend_directory:
         args.append(f"--backend-directory={server.backend_directory}")
     if server.cache_directory:

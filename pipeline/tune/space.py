@@ -223,8 +223,9 @@ def config_for_candidate(base: ModelConfig, candidate: Candidate) -> ModelConfig
             f"model '{base.name}' is published without batching", "keep max_batch_size 0 for it")
     cfg.max_batch_size = candidate.max_batch_size
     kind = base.instance_group[0].kind if base.instance_group else None
+    profiles = list(base.instance_group[0].profile) if base.instance_group else []  # a plan's profiles stay served
     del cfg.instance_group[:]
-    group = cfg.instance_group.add(count=candidate.instance_count)
+    group = cfg.instance_group.add(count=candidate.instance_count, profile=profiles)
     if kind is not None:
         group.kind = kind
     if candidate.max_batch_size > 0:

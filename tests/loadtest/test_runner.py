@@ -52,7 +52,9 @@ def check_point(point: PointResult) -> None:
     # the requests completing until that thread runs: unbounded on a starved machine (off by 214 of
     # 1939 with three suites on 2 cores). What holds under any load: it is a part of the exact total.
     assert 0 < server["success_count"] <= agg.server_successes_total
-    assert server["avg_batch_size"] >= 1.0 and server["compute_infer_us"] > 0
+    # Likewise the window's inference and execution counts are read one after the other while requests complete:
+    # one execution counted before its inferences gave 0.99935 on a loaded machine. Batches of one request hold it near 1.
+    assert server["avg_batch_size"] > 0.9 and server["compute_infer_us"] > 0
     assert 0 < point.client_cpu_us_per_request < 1e4
 
 

@@ -110,7 +110,7 @@ def test_kserve_inference_service_carries_the_profile_flags_and_device(plan: Mig
     assert set(predictor) == KSERVE_PREDICTOR_KEYS | {"securityContext", "initContainers", "volumes"}
     model = predictor["model"]
     assert model["modelFormat"] == {"name": "triton"} and model["runtime"] == KSERVE_RUNTIME
-    assert model["runtimeVersion"] == "24.10-py3"  # pinned: the release the configs are written and checked for
+    assert model["image"] == "nvcr.io/nvidia/tritonserver:24.10-py3" and "runtimeVersion" not in model  # the image as given
     assert model["storageUri"] == "pvc://triton-model-repository/"
     args = model["args"]
     assert "--model-config-name=1g.18gb+me" in args and "--model-control-mode=explicit" in args
@@ -128,10 +128,38 @@ def test_kserve_inference_service_carries_the_profile_flags_and_device(plan: Mig
     assert container["securityContext"]["readOnlyRootFilesystem"] is True
 
 
-def test_kserve_runtime_version_follows_the_image(plan: MigPlan) -> None:
-    docs = documents(plan, BundleSettings(image="nvcr.io/nvidia/tritonserver:25.03-py3"))
+@pytest.mark.parametrize("image", [
+    "nvcr.io/nvidia/tritonserver:25.03-py3",
+    "registry.example.com:5000/mirror/tritonserver:25.03-py3",
+    "nvcr.io/nvidia/tritonserver:25.03-py3@sha256:" + "ab" * 32,
+])
+def test_the_image_is_kept_exactly_as_given(plan: MigPlan, image: str) -> None:
+    """A custom registry and a digest stay as given in every manifest (runtimeVersion would swap only a tag)."""
+    docs = documents(plan, BundleSettings(image=image))
     [isvc] = docs["k8s/kserve/triton-mig-2g-35gb.yaml"]
-    assert isvc["spec"]["predictor"]["model"]["runtimeVersion"] == "25.03-py3"
+    model = isvc["spec"]["predictor"]["model"]
+    assert model["image"] == image and "runtimeVersion" not in model
+    deployment = docs["k8s/triton-mig-2g-35gb.yaml"][0]
+    spec = deployment["spec"]["template"]["spec"]
+    assert {c["image"] for c in [*spec["containers"], *spec["initContainers"]]} == {image}
+
+
+def test_kserve_runs_raw_deployment_and_every_server_keeps_the_image_entrypoint(plan: MigPlan) -> None:
+    """Knative's defaults (KServe's Serverless mode) refuse init containers and pod securityContext fields
+    (runAsUser, fsGroup): a manifest with either must ask for RawDeployment. No server container sets
+    ``command``, so /opt/nvidia/nvidia_entrypoint.sh runs before tritonserver."""
+    for path, docs in documents(plan).items():
+        for doc in docs:
+            if doc["kind"] == "InferenceService":
+                predictor = doc["spec"]["predictor"]
+                knative_refuses = "initContainers" in predictor or {"runAsUser", "fsGroup"} & set(predictor.get("securityContext", {}))
+                assert knative_refuses  # what makes RawDeployment necessary here
+                assert doc["metadata"]["annotations"] == {"serving.kserve.io/deploymentMode": "RawDeployment"}, path
+                assert "command" not in predictor["model"]
+            elif doc["kind"] == "Deployment":
+                [server] = doc["spec"]["template"]["spec"]["containers"]
+                assert "command" not in server, path
+                assert server["args"][0] == "tritonserver" and server["args"][1].startswith("--")
 
 
 def test_pods_run_non_root_read_only_with_a_per_pod_tmp_and_the_cache_made_first(plan: MigPlan) -> None:

@@ -78,6 +78,20 @@ def test_engine_metadata_weights_shared_device_memory_per_instance(tmp_path: Pat
     assert est.bytes_for(2) == 40_000_000 + 2 * (5_000_000 + INSTANCE_OVERHEAD_BYTES)
 
 
+def test_a_plan_with_two_profiles_holds_two_execution_contexts_per_instance(tmp_path: Path) -> None:
+    """The config names every profile, and Triton's TensorRT backend creates one execution context (with its
+    own device memory) per named profile: two profiles cost twice the device memory per instance."""
+    profile = {"tokens": {"min": [1, 4], "opt": [8, 8], "max": [8, 16]}}
+    meta = tmp_path / "model.plan.json"
+    meta.write_text(json.dumps({"device_memory_bytes": 5_000_000, "weights_bytes": 40_000_000, "profiles": [profile, profile]}))
+    est = memory_from_engine_metadata(meta)
+    assert est.shared_bytes == 40_000_000
+    assert est.per_instance_bytes == 2 * 5_000_000 + INSTANCE_OVERHEAD_BYTES
+    assert "2 execution contexts (one per optimization profile)" in est.detail
+    meta.write_text(json.dumps({"device_memory_bytes": 5_000_000, "weights_bytes": 40_000_000, "profiles": [profile]}))
+    assert memory_from_engine_metadata(meta).per_instance_bytes == 5_000_000 + INSTANCE_OVERHEAD_BYTES
+
+
 def test_engine_metadata_other_spellings_and_fallbacks(tmp_path: Path, tiny_onnx: Path) -> None:
     nested = tmp_path / "nested.json"
     nested.write_text(json.dumps({"memory": {"device_memory_size": 123, "weights_size": 456}}))

@@ -233,8 +233,25 @@ def test_plan_config_is_checked_against_engine_metadata(model: Path, tmp_path: P
         model_config_from_artifact(plan(tmp_path, engine_metadata()), name="digits_fp16_trt", signature=signature, max_batch=64)
     with pytest.raises(PipelineError, match="cannot run with KIND_CPU"):
         model_config_from_artifact(plan(tmp_path, engine_metadata()), name="x", signature=signature, max_batch=16, kind="KIND_CPU")
-    with pytest.raises(PipelineError, match=r"warmup shape \[1, 20\] of input 'ids' is outside profile 0"):
+    with pytest.raises(PipelineError, match=r"warmup 'real_sample_batch_1' \('ids' \[1, 20\], .*\) is outside every profile the config names \(0\)"):
         model_config_from_artifact(plan(tmp_path, engine_metadata()), name="x", signature=signature, max_batch=16, warmup={**warmup_data(), "ids": np.zeros((1, 20), np.int64)})
+
+
+def test_a_plan_with_two_profiles_serves_both(model: Path, tmp_path: Path) -> None:
+    """Every profile is named in instance_group (else Triton serves profile 0 only); a warmup shape
+    that only the second profile admits is accepted, one that no profile admits is not.
+    TensorRT cannot run here (no GPU): the engine metadata JSON is written by hand."""
+    first = {"image": {"min": [1, 8, 8, 1], "opt": [8, 8, 8, 1], "max": [16, 8, 8, 1]}, "ids": {"min": [1, 1], "opt": [8, 4], "max": [16, 16]}}
+    second = {"image": {"min": [1, 8, 8, 1], "opt": [8, 8, 8, 1], "max": [16, 8, 8, 1]}, "ids": {"min": [1, 16], "opt": [8, 32], "max": [16, 64]}}
+    meta = engine_metadata(profiles=[first, second])
+    signature = signature_from_onnx(model)
+    cfg = model_config_from_artifact(plan(tmp_path, meta), name="x", signature=signature, max_batch=16,
+                                     warmup={**warmup_data(), "ids": np.zeros((1, 40), np.int64)})
+    assert [list(g.profile) for g in cfg.instance_group] == [["0", "1"]]
+    assert 'profile: "0"' in config_text(cfg) and 'profile: "1"' in config_text(cfg)
+    with pytest.raises(PipelineError, match=r"outside every profile the config names \(0, 1\)"):
+        model_config_from_artifact(plan(tmp_path, meta), name="x", signature=signature, max_batch=16,
+                                   warmup={**warmup_data(), "ids": np.zeros((1, 80), np.int64)})
 
 
 @pytest.mark.parametrize(

@@ -291,9 +291,9 @@ def test_a_plan_on_an_image_with_another_tensorrt_names_the_tag_that_runs_its_te
     assert check_image("nvcr.io/nvidia/tritonserver:24.12-py3", plan, table) == []
     with pytest.raises(PipelineError, match=r"no tag in the table is known to run TensorRT 10.13; or rebuild the plan with TensorRT 10.9"):
         check_image("nvcr.io/nvidia/tritonserver:24.11-py3", [ModelNeeds("m", is_plan=True, plan_tensorrt="10.13.2.6")], table)
-    [line] = check_image("nvcr.io/nvidia/tritonserver:25.02-py3", plan, table)
-    assert line == ("m: built with TensorRT 10.10.0.31; nvcr.io/nvidia/tritonserver:25.02-py3's TensorRT is not in the table "
-                    "(the table lists TensorRT 10.10 for 24.12, 25.01)")
+    with pytest.raises(PipelineError, match=r"the TensorRT of nvcr.io/nvidia/tritonserver:25.02-py3 is not known from a source .* — "
+                                            r"pass --image nvcr.io/nvidia/tritonserver:25.01-py3, which runs TensorRT 10.10"):
+        check_image("nvcr.io/nvidia/tritonserver:25.02-py3", plan, table)
 
 
 def test_images_older_than_the_configs_are_refused_and_unknown_ones_say_what_was_not_checked(
@@ -324,17 +324,22 @@ def _plan_repository(tmp_path: Path, tensorrt: str | None) -> Path:
     return repo
 
 
-def test_plans_must_match_the_images_tensorrt(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+def test_plans_must_match_the_images_tensorrt(tmp_path: Path) -> None:
+    """No row of the real table has a sourced TensorRT, so a repository with plans is refused for every tag, saying
+    why and naming the same release's TensorRT container; an image outside the table is refused too."""
     with pytest.raises(PipelineError, match="digits_fp16_trt is a TensorRT plan, and a plan only loads on the TensorRT version that built it"):
         write_deploy_bundle(_plan_repository(tmp_path, None), tmp_path / "out")
     with pytest.raises(PipelineError, match=r"built with TensorRT 10.8.0.43, but .*24.10-py3 runs TensorRT 10.5 \(the table's "
                                             r"value, not verified\) — no tag in the table is known to run TensorRT 10.8"):
         write_deploy_bundle(_plan_repository(tmp_path, "10.8.0.43"), tmp_path / "out")
-    assert write_deploy_bundle(_plan_repository(tmp_path, "10.5.0.18"), tmp_path / "out")
-    with caplog.at_level("WARNING"):  # 25.03's TensorRT could not be read: said, not refused
+    with pytest.raises(PipelineError, match=r"the table's TensorRT 10.5 for .*24.10-py3 is not verified \(NVIDIA's Frameworks Support Matrix.*"
+                                            r"--plans-at-deploy instead: .*\(nvcr.io/nvidia/tensorrt:24.10-py3\)"):
+        write_deploy_bundle(_plan_repository(tmp_path, "10.5.0.18"), tmp_path / "out")
+    with pytest.raises(PipelineError, match=r"the TensorRT of nvcr.io/nvidia/tritonserver:25.03-py3 is not known from a source.*"
+                                            r"--plans-at-deploy instead: .*\(nvcr.io/nvidia/tensorrt:25.03-py3\)"):
         write_deploy_bundle(_plan_repository(tmp_path, "10.9.0.34"), tmp_path / "later", image="nvcr.io/nvidia/tritonserver:25.03-py3")
-    [line] = [r.getMessage() for r in caplog.records if r.getMessage().startswith("not checked")]
-    assert "digits_fp16_trt: built with TensorRT 10.9.0.34; nvcr.io/nvidia/tritonserver:25.03-py3's TensorRT is not in the table" in line
+    with pytest.raises(PipelineError, match=r"registry.example/tritonserver:prod is not an NGC tritonserver -py3 tag of the release table"):
+        write_deploy_bundle(tmp_path / "plan_10.9.0.34", tmp_path / "custom", image="registry.example/tritonserver:prod")
 
 
 def test_a_repository_of_cpu_only_models_is_not_a_gpu_bundle(tmp_path: Path) -> None:
@@ -429,3 +434,18 @@ def test_an_image_no_registry_could_serve_is_refused_in_one_line(image: str) -> 
     with pytest.raises(PipelineError, match=r"is not a container image reference") as caught:
         check_image(image, [ModelNeeds("m", ir_version=8, opset=17)])
     assert caught.value.fix and "nvcr.io/nvidia/tritonserver:24.10-py3" in caught.value.fix
+
+
+def test_images_before_25_04_warn_about_several_gpus(repository: Path, tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """Before 25.04 the onnxruntime backend ran every instance's TensorRT EP on GPU 0: the bundle says so and
+    names the way out (one container per GPU, or 25.04+); 25.04 says nothing."""
+    with caplog.at_level("WARNING"):
+        write_deploy_bundle(repository, tmp_path / "old")
+    [line] = [r.getMessage() for r in caplog.records if "GPU 0" in r.getMessage()]
+    assert "one container per GPU" in line and "nvcr.io/nvidia/tritonserver:25.04-py3 or newer" in line
+    assert "GPU 0" in (tmp_path / "old" / "README.md").read_text()
+    caplog.clear()
+    with caplog.at_level("WARNING"):
+        write_deploy_bundle(repository, tmp_path / "new", image="nvcr.io/nvidia/tritonserver:25.04-py3")
+    assert not [r for r in caplog.records if "GPU 0" in r.getMessage()]
+    assert "GPU 0" not in (tmp_path / "new" / "README.md").read_text()

@@ -1,0 +1,72 @@
+"""The accuracy-aware fallback's search, on a scripted judge: how many nodes it keeps, what it tries, where it stops.
+(The real thing, on a real model with a quantization-hostile layer, is tests/test_int8_user_models.py.)"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+
+from pipeline.stages.int8_fallback import FallbackSearch, describe_fallback, max_kept, ranked_nodes
+from pipeline.stages.node_costs import NodeCost
+
+
+@dataclass
+class Verdict:
+    passed: bool
+    failures: list[str] = field(default_factory=list)
+    undecided: list[str] = field(default_factory=list)
+
+
+def search(passes_from: int | None, candidates: int = 10, bound: int = 8) -> tuple[FallbackSearch, Path | None]:
+    """A search over ``candidates`` nodes whose judge passes once at least ``passes_from`` nodes are kept float."""
+    ranked = [NodeCost(f"n{i:02d}", "Conv", cost=1.0 / (i + 1), jump=0.1) for i in range(candidates)]
+
+    def quantize(kept: list[NodeCost]) -> Path:
+        assert kept == ranked[: len(kept)]  # always a prefix of the ranking
+        return Path(f"kept-{len(kept)}.onnx")
+
+    def judge(path: Path) -> Verdict:
+        count = int(path.stem.split("-")[1])
+        return Verdict(True) if passes_from is not None and count >= passes_from else Verdict(False, [f"drop with {count}"])
+
+    found = FallbackSearch(quantize, judge, ranked, bound)  # type: ignore[arg-type]
+    return found, found.run()
+
+
+@pytest.mark.parametrize("passes_from, tried, chosen", [
+    (1, [1], 1),
+    (2, [1, 2], 2),
+    (3, [1, 2, 4, 3], 3),  # doubling to 4 passes, the bisection finds 3
+    (5, [1, 2, 4, 8, 6, 5], 5),
+    (8, [1, 2, 4, 8, 6, 7], 8),
+])
+def test_it_keeps_the_fewest_costliest_nodes_that_pass(passes_from: int, tried: list[int], chosen: int) -> None:
+    found, path = search(passes_from)
+    assert [t.kept for t in found.tried] == tried
+    assert path == Path(f"kept-{chosen}.onnx") and [n.node for n in found.kept] == [f"n{i:02d}" for i in range(chosen)]
+
+
+def test_it_stops_at_the_bound_and_says_so() -> None:
+    found, path = search(None, candidates=10, bound=5)
+    assert path is None and [t.kept for t in found.tried] == [1, 2, 4, 5]
+    summary = {"variant": "int8", "needed": True, "enabled": True, **found.summary(10, 0.5, {"x": [0, 1, 2]})}
+    assert summary["passed"] is False and summary["kept"] == [] and summary["ranked_on"] == "3 calibration samples"
+    assert describe_fallback(summary) == "int8: no set of up to 5 of 10 quantized nodes kept in float passes the gate (4 tried)"
+    found, path = search(9, candidates=10, bound=8)  # would pass beyond the bound only
+    assert path is None and max(t.kept for t in found.tried) == 8
+
+
+def test_bound_ranking_and_the_record_line() -> None:
+    assert [max_kept(n, 0.5) for n in (0, 1, 2, 3, 5, 10, 41)] == [0, 1, 2, 2, 2, 5, 20]
+    assert max_kept(40, 0.1) == 4 and max_kept(40, 1.0) == 40
+    costs = [NodeCost("b", "Conv", 0.2, 0.0), NodeCost("a", "Conv", 0.2, 0.1), NodeCost("c", "Gemm", 0.5, -0.1),
+             NodeCost("d", "Gemm", 0.0, 0.0), NodeCost("e", "Gemm", -0.1, 0.3), NodeCost("kept", "Conv", 9.0, 9.0)]
+    assert [c.node for c in ranked_nodes(costs, exclude={"kept"})] == ["c", "a", "b", "e"]  # by cost, then jump, then name
+    found, _ = search(2)
+    summary = {"variant": "int8cpu", "needed": True, "enabled": True, **found.summary(10, 0.5, {})}
+    assert describe_fallback(summary) == "int8cpu: gate passes with 2 of 10 quantized nodes kept in float: n00 (1.000), n01 (0.500)"
+    assert describe_fallback({"variant": "int8", "needed": True, "enabled": False}) == \
+        "int8: gate did not pass and the fallback is off (--no-int8-fallback)"
+    assert describe_fallback({"variant": "int8", "needed": False}) == "int8: gate passed fully quantized"
