@@ -20,7 +20,8 @@ from pipeline.errors import PipelineError, require_creatable
 from pipeline.fingerprint import hash_path
 from pipeline.evaldata import EvalData
 from pipeline.outputkinds import (OutputKind, kinds_to_json, log_kinds, onnx_producers, primary_classes_output, read_description, signature_from_description)
-from pipeline.publish import PublishSettings, published_configs, published_from_artifacts
+from pipeline.objectstore import S3Url
+from pipeline.publish import PublishSettings, published_configs, published_from_artifacts, require_publishable
 from pipeline.stagecache import Manifest, Stage, run_stage
 from pipeline.stages.accuracy import accuracy_report_from_variants
 from pipeline.stages.calibration import CalibrationData, calibration_from_path
@@ -57,7 +58,7 @@ class BuildResult:
     workspace: Workspace
     artifacts: list[Artifact]
     manifest: Path
-    repository: Path | None
+    repository: Path | S3Url | None
 
 
 @dataclass(frozen=True)
@@ -80,7 +81,7 @@ def build(cfg: BuildConfig) -> BuildResult:
     cfg.validate()
     check_plans_load_in_image(cfg)  # before any stage: a plan the serving image cannot load is not worth building
     require_creatable(cfg.workdir, "--workdir")
-    require_creatable(cfg.repository, "--repository")
+    require_publishable(cfg.repository)
     source = model_source(cfg.model, cfg.imports, cfg.allow_lambda)
     name = cfg.model_name(source)
     ws = Workspace(cfg.workdir / name)
@@ -361,7 +362,7 @@ def _deploy_plans(profiles: list[ShapeProfile], cfg: BuildConfig) -> DeployPlans
 
 
 def _publish_stage(artifacts: list[Artifact], variants: list[Artifact], data: EvalData, kinds: dict[str, OutputKind], ctx: BuildContext,
-                   deploy_plans: DeployPlans | None = None) -> Path:
+                   deploy_plans: DeployPlans | None = None) -> Path | S3Url:
     cfg = ctx.cfg
     labels = ctx.data_dir.labels
     settings = PublishSettings(

@@ -53,8 +53,17 @@ def config_from_args(args: argparse.Namespace) -> BuildConfig:
 
 
 def run(args: argparse.Namespace) -> int:
-    """Run the build and print its summary."""
-    return run_build(config_from_args(args))
+    """Run the build and print its summary (``--fleet``: every model of the fleet file, pipeline/fleet_cli.py)."""
+    cfg = config_from_args(args)
+    if cfg.fleet is not None:
+        from pipeline.fleet_cli import run_fleet
+
+        cfg.validate()
+        return run_fleet(cfg)
+    from pipeline.errors import require
+
+    require(cfg.k8s_job is None and cfg.fleet_index is None, "--k8s-job and --fleet-index need --fleet", "pass --fleet FILE")
+    return run_build(cfg)
 
 
 def run_build(cfg: BuildConfig) -> int:

@@ -10,10 +10,12 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from pipeline.objectstore import S3Url, local_only
 from pipeline.errors import PipelineError
 from pipeline.gates import Gates
 from pipeline.outputkinds import KINDS, parse_output_kinds
 from pipeline.options import (
+    at_least,
     calibration_root_option,
     check_options,
     eval_data_option,
@@ -41,6 +43,7 @@ CONVERSION = "conversion"
 PRECISION = "precision (the precision lives in the ONNX graph; engines are strongly typed)"
 ENGINES = "TensorRT engines (need the 'tensorrt' extra and an NVIDIA GPU; skipped with one line otherwise)"
 SERVED = "served check"
+FLEET = "many models (pipeline/fleet_cli.py)"
 
 
 @dataclass(frozen=True)
@@ -60,7 +63,7 @@ class BuildConfig:
                                        "(refused otherwise: use only for files you trust)", group=MODEL)
     workdir: Path = option(Path("build"), "build artifacts, manifest, server logs and the reports folder", metavar="DIR", group=OUTPUTS)
     report_dir: Path | None = option(None, "where the HTML page index.html goes (default: <workdir>/reports)", metavar="DIR", group=OUTPUTS)
-    repository: Path = repository_option(OUTPUTS)
+    repository: Path | S3Url = repository_option(OUTPUTS)
     version_policy: str = option("new", "add a new numbered version, or replace the pipeline's versions", choices=("new", "replace"), group=OUTPUTS)
     triton_image: str | None = option(None, "NGC tritonserver image for the deploy bundle, or a bare NGC tag such as 24.10-py3 (default: "
                                             "nvcr.io/nvidia/tritonserver:24.10-py3, Triton 2.51 as served here); with TensorRT plans to build, "
@@ -138,6 +141,16 @@ class BuildConfig:
                                         group=ENGINES)
     verify_served: bool = option(False, "after publishing, start the embedded tritonserver and run `verify` on the new variants", group=SERVED)
     verify_url: str | None = option(None, "after publishing, verify through this running Triton (HTTP) instead", metavar="HOST:PORT", group=SERVED)
+    fleet: Path | None = option(None, "build every model a fleet file lists ([[model]] tables of these options, over the command line's) "
+                                      "into --repository, one after another; a failed model never stops the others (exit 1 naming them)",
+                                metavar="TOML", group=FLEET)
+    fleet_index: int | None = option(None, "with --fleet: build only the model at this index (from 0; what each pod of --k8s-job runs)",
+                                     metavar="N", check=at_least(0), group=FLEET)
+    k8s_job: Path | None = option(None, "with --fleet: write an Indexed Kubernetes Job (one model per index, publishing into an s3:// "
+                                        "--repository) and its ConfigMap to this file instead of building", metavar="YAML", group=FLEET)
+    job_image: str = option("keras-trt-pipeline:latest", "with --k8s-job: the image holding this pipeline", metavar="IMAGE", group=FLEET)
+    gpu_product: str | None = option(None, "with --k8s-job: the GPU the engines are built on and served on (node label "
+                                           "nvidia.com/gpu.product, e.g. NVIDIA-H200); needed unless --no-engine", metavar="PRODUCT", group=FLEET)
     gates: Gates = field(default_factory=Gates)
     # The TensorRT every engine step goes through (pipeline.stages.trt_seam); not an option: a caller
     # without TensorRT (the CI tests) passes its own implementation here.
@@ -195,3 +208,5 @@ class BuildConfig:
             raise PipelineError(f"evaluation data '{self.eval_data}' does not exist", "pass an .npz (or a folder of .npy files) with one array per input (and labels) to --eval-data")
         if self.calibrates and self.calibration is not None and not self.calibration.exists():
             raise PipelineError(f"calibration data '{self.calibration}' does not exist", "pass an .npz file or a folder of .npy files or images to --calibration")
+        if self.mig and isinstance(self.repository, S3Url):
+            local_only(self.repository, "build --mig (its launch bundle serves a mounted repository)")

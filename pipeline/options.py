@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from pipeline.errors import PipelineError
+from pipeline.objectstore import S3Url, repository_from_text
 
 if TYPE_CHECKING:
     from _typeshed import DataclassInstance
@@ -43,6 +44,7 @@ class Option:
     check: Check | None = None
     fix: str | None = None  # what to do when the check fails
     group: str | None = None
+    parse: Callable[[str], Any] | None = None  # text (flag or file) -> value, when the field's type cannot parse it itself
 
 
 def option(default: Any = MISSING, help: str = "", *, default_factory: Any = MISSING, **how: Any) -> Any:
@@ -101,11 +103,20 @@ def fixed_port_number(value: int) -> str | None:
 
 
 DEFAULT_REPOSITORY = Path("model_repository")
+REPOSITORY_HELP = "Triton model repository: a folder, or s3://BUCKET/PREFIX (credentials and endpoint from the AWS environment)"
 
 
 def repository_option(group: str | None = None) -> Any:
-    """``--repository``: the Triton model repository."""
-    return option(DEFAULT_REPOSITORY, "Triton model repository", metavar="DIR", group=group)
+    """``--repository``: the Triton model repository, a folder or an ``s3://`` URL (a field typed ``Path | S3Url``)."""
+    return option(DEFAULT_REPOSITORY, REPOSITORY_HELP, metavar="DIR|URL", parse=repository_from_text, group=group)
+
+
+def repository_arg(text: str) -> Path | S3Url:
+    """``--repository`` for a command that declares its flags with argparse (``type=repository_arg``)."""
+    try:
+        return repository_from_text(text)
+    except PipelineError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 CALIBRATION_ROOT = Path("calibration")  # --calibration-root default, relative to the current directory
@@ -203,9 +214,11 @@ def _argparse_type(fld: _Field) -> Callable[[str], Any]:
 
     def parse(text: str) -> Any:
         try:
-            return _convert_scalar(tp, text)
+            return fld.option.parse(text) if fld.option.parse else _convert_scalar(tp, text)
         except ValueError:
             raise argparse.ArgumentTypeError(f"'{text}' is not {'a number' if tp in (int, float) else 'valid'}") from None
+        except PipelineError as exc:
+            raise argparse.ArgumentTypeError(str(exc)) from None
 
     parse.__name__ = getattr(tp, "__name__", "value")
     return parse
@@ -257,7 +270,12 @@ def _from_file_value(fld: _Field, value: Any, where: str) -> Any:
         return tp(value)
     if not isinstance(value, str):
         raise wrong
-    return tp(value)
+    if fld.option.parse is None:
+        return tp(value)
+    try:
+        return fld.option.parse(value)
+    except PipelineError as exc:
+        raise PipelineError(f"'{fld.key}' in {where}: {exc.problem}", exc.fix) from None
 
 
 def _type_word(fld: _Field) -> str:

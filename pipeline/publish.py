@@ -12,7 +12,9 @@ from typing import Any
 import numpy as np
 
 from pipeline.artifacts import PRECISIONS, Artifact
+from pipeline.errors import require_creatable
 from pipeline.evaldata import EvalData
+from pipeline.objectstore import S3Url, local_only
 from pipeline.tensors import signature_from_onnx
 from pipeline.triton.deploy_plans import DeployPlans
 from pipeline.workspace import ModelData
@@ -27,7 +29,7 @@ class PublishSettings:
     """How the repository is written (from BuildConfig)."""
 
     model: str
-    repository: Path
+    repository: Path | S3Url  # a folder, or s3://BUCKET/PREFIX (pipeline/triton/s3repository.py)
     max_batch: int
     version_policy: str
     labels: Path | None  # a labels.txt for the classifier output, if any
@@ -50,8 +52,8 @@ def repository_from_artifacts(
     report: Mapping[str, Any],
     reproduce: str,
     golden: EvalData | None = None,
-) -> list[Path]:
-    """Publish one Triton model per artifact; return the new version folders.
+) -> list[Path] | list[str]:
+    """Publish one Triton model per artifact; return the new version folders (URLs in S3).
 
     ``onnx_of`` maps a precision to its ONNX variant, whose I/O a plan of that precision must match.
     With ``settings.deploy_plans``, each GPU ONNX variant also gets what the deploy bundle builds its plan
@@ -91,16 +93,15 @@ def repository_from_artifacts(
             log.warning("%s", PLANS_NOT_BUILT.format("the GPU ONNX variants"))
         for name, files in _mig_files(artifacts, configs, settings).items():
             extra[name].update(files)
-    published = publish_repository(
-        artifacts,
-        model=settings.model,
-        repository=settings.repository,
-        configs=configs,
-        extra_files=extra,
-        version_policy=settings.version_policy,
-        report=report,
-        reproduce=reproduce,
-    )
+    published: list[Path] | list[str]
+    if isinstance(settings.repository, S3Url):
+        from pipeline.triton.s3repository import publish_s3_repository
+
+        published = publish_s3_repository(artifacts, model=settings.model, url=settings.repository, configs=configs, extra_files=extra,
+                                          version_policy=settings.version_policy, report=report, reproduce=reproduce)
+    else:
+        published = publish_repository(artifacts, model=settings.model, repository=settings.repository, configs=configs, extra_files=extra,
+                                       version_policy=settings.version_policy, report=report, reproduce=reproduce)
     if settings.image is None and any(a.kind == "plan" for a in artifacts):
         # A plan loads only on the TensorRT that built it, and which NGC tag ships that TensorRT is the user's call.
         log.warning("deploy bundle not written: TensorRT plans need --triton-image naming the NGC tag with the TensorRT that built them")
@@ -110,6 +111,17 @@ def repository_from_artifacts(
         image = ngc_image(settings.image or DEFAULT_IMAGE)  # a bare NGC tag (24.10-py3) names the NGC image
         write_deploy_bundle(settings.repository, deploy_dir(settings.repository), image=image)  # logs where it went
     return published
+
+
+def require_publishable(repository: Path | S3Url) -> None:
+    """PipelineError now, before any work, when the build could not publish to ``repository``: a folder that
+    cannot be created, a bucket that does not exist or cannot be reached."""
+    if isinstance(repository, S3Url):
+        from pipeline.triton.s3repository import S3Repository
+
+        S3Repository(repository)  # reaches the bucket
+    else:
+        require_creatable(repository, "--repository")
 
 
 def _deploy_plan_files(artifact: Artifact, config: Any, signature: Any, settings: PublishSettings, data: EvalData) -> dict[str, bytes]:
@@ -130,6 +142,9 @@ def check_repository_plans(artifacts: Sequence[Artifact], settings: PublishSetti
     from pipeline.triton.repository import read_repository
 
     plans = [a for a in artifacts if a.kind == "plan" and a.metadata is not None]
+    if isinstance(settings.repository, S3Url):
+        log.warning("the plans already in %s are not checked against this build's TensorRT (only a local repository is)", settings.repository)
+        return
     if not plans or not any(Path(settings.repository).glob("*/config.pbtxt")):
         return
     binding = PlanBinding.of(read_engine_metadata(plans[0].metadata), f"the metadata of {plans[0].path}")  # type: ignore[arg-type]
@@ -162,12 +177,17 @@ def published_from_artifacts(
 
 
 def published_configs(artifacts: Sequence[Artifact], settings: PublishSettings) -> list[Path]:
-    """The ``config.pbtxt`` of every model a publish writes (they must exist for the stage to be skipped)."""
+    """The ``config.pbtxt`` of every model a publish writes (they must exist for the stage to be skipped);
+    none to check locally for an ``s3://`` repository."""
+    if isinstance(settings.repository, S3Url):
+        return []
     return [Path(settings.repository) / a.triton_name(settings.model) / "config.pbtxt" for a in artifacts]
 
 
-def deploy_dir(repository: Path) -> Path:
-    """Where the deploy bundle goes: ``deploy/`` beside the repository."""
+def deploy_dir(repository: Path | S3Url) -> Path:
+    """Where the deploy bundle goes: ``deploy/`` beside the repository (in the current folder for ``s3://``)."""
+    if isinstance(repository, S3Url):
+        return Path("deploy").absolute()
     return Path(repository).absolute().parent / "deploy"
 
 
@@ -183,6 +203,6 @@ def _mig_files(artifacts: Sequence[Artifact], configs: Mapping[str, Any], settin
     plan, files = mig_configs_for_repository({name: configs[name] for name in memory}, gpu, layout or None, memory)
     bundle = BundleSettings(image=settings.image) if settings.image else BundleSettings()
     out = deploy_dir(settings.repository) / "mig"
-    write_bundle(out, plan, bundle, repository=Path(settings.repository))
+    write_bundle(out, plan, bundle, repository=local_only(settings.repository, "build --mig"))
     log.info("MIG plan for %s: per-profile configs and launch bundle in %s", gpu, out)
     return files

@@ -14,6 +14,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
+from pipeline.objectstore import S3Url
 from pipeline.build_tables import accuracy_data, served_data, stage_data, tensorrt_data
 from pipeline.build_variants import variant_notes, variant_rows, variants_data
 from pipeline.console import console as make_console
@@ -36,7 +37,7 @@ def served_table(rows: list[dict[str, Any]]) -> Table:
 
 
 def print_build_summary(
-    name: str, manifest_path: Path, repository: Path | None, console: Console | None = None, html_reports: Path | None = None
+    name: str, manifest_path: Path, repository: Path | S3Url | None, console: Console | None = None, html_reports: Path | None = None
 ) -> None:
     """Print the stage table, the accuracy table (when variants were gated) and the artifacts of a build;
     refresh the HTML report ``<html_reports>/index.html`` (None: leave it) and print its path."""

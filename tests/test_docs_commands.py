@@ -114,7 +114,7 @@ FOREIGN_OPTIONS = {
     "--heavy": "pytest (tests/conftest.py)", "--random-order-bucket": "pytest-random-order",
     "--random-order-seed": "pytest-random-order", "--durations": "pytest",
     "--extra-index-url": "pip", "--stronglyTyped": "trtexec", "--dumpLayerInfo": "trtexec", "--strict": "mkdocs build",
-    "--onnx-outputs": "polygraphy run", "--model-control-mode": "tritonserver", "--load-model": "tritonserver",
+    "--onnx-outputs": "polygraphy run", "--model-control-mode": "tritonserver", "--load-model": "tritonserver", "--model-repository": "tritonserver",
     "--http-restricted-api": "tritonserver", "--grpc-restricted-protocol": "tritonserver",
     "--init": "docker run", "--gpus": "docker run", "--from-literal": "kubectl create secret",
     "--models": "scripts/bench_build.py, scripts/bench_int8_cpu.py", "--repeats": "scripts/bench_*.py",

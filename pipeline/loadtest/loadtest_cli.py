@@ -20,7 +20,8 @@ from pipeline.loadtest.policy import ARRIVALS, policies_from_options
 from pipeline.loadtest.results import RunResult, best_point, unstable_hint
 from pipeline.loadtest.runner import PROTOCOLS, LoadTestSettings, run_loadtest
 from pipeline.loadtest.shm import SHARED_MEMORY
-from pipeline.options import CALIBRATION_ROOT, DEFAULT_REPOSITORY
+from pipeline.objectstore import S3Url
+from pipeline.options import CALIBRATION_ROOT, DEFAULT_REPOSITORY, repository_arg
 from pipeline.reportdirs import REPORT_DIR_HELP, PageRefresher, run_report_dirs
 
 log = logging.getLogger(__name__)
@@ -69,8 +70,8 @@ def register(subparsers: argparse._SubParsersAction, refresh_page: PageRefresher
     target.add_argument("--metrics-url", action="append", default=[], metavar="HOST:PORT",
                         help="with --url: Triton's Prometheus metrics address of each --url, in the same order "
                              "(default: the --url host at its port + 2, Triton's 8000/8002 layout)")
-    target.add_argument("--repository", type=Path, default=None,
-                        help=f"model repository for the embedded server (default: {DEFAULT_REPOSITORY}); with --url, the "
+    target.add_argument("--repository", type=repository_arg, default=None, metavar="DIR|URL",
+                        help=f"model repository (a folder or s3://BUCKET/PREFIX) for the embedded server (default: {DEFAULT_REPOSITORY}); with --url, the "
                              "repository that server serves, read for what only the model files say (a --uint8-input "
                              "variant's scale)")
     target.add_argument("--model", action="append", default=[], metavar="NAME",
@@ -192,7 +193,21 @@ def settings_from_args(
 
 
 @contextlib.contextmanager
-def _servers(args: argparse.Namespace) -> Iterator[tuple[list[Endpoint], list[Endpoint], list[str], dict[str, str], list[Endpoint]]]:
+def _local_repository(args: argparse.Namespace) -> Iterator[Path | S3Url | None]:
+    """The repository a server reads; ``args.repository`` becomes the one this process reads (samples, uint8 scales):
+    for an ``s3://`` repository a copy of what its server serves, removed afterwards."""
+    served = args.repository
+    if not isinstance(served, S3Url):
+        yield served
+        return
+    from pipeline.triton.s3repository import readable
+
+    with readable(served) as args.repository:
+        yield served
+
+
+@contextlib.contextmanager
+def _servers(args: argparse.Namespace, served: Path | S3Url | None) -> Iterator[tuple[list[Endpoint], list[Endpoint], list[str], dict[str, str], list[Endpoint]]]:
     """The endpoints to load: the given URLs, or an embedded server started (and stopped) here."""
     if args.url:
         endpoints = [endpoint_from_url(u) for u in args.url]
@@ -207,8 +222,8 @@ def _servers(args: argparse.Namespace) -> Iterator[tuple[list[Endpoint], list[En
         return
     from pipeline.triton.server import TritonServer
 
-    repository = args.repository or DEFAULT_REPOSITORY
-    _check_before_start(args, repository)
+    repository = served or DEFAULT_REPOSITORY
+    _check_before_start(args, args.repository or DEFAULT_REPOSITORY)
     log.info("starting the embedded tritonserver on %s", repository)
     with TritonServer(repository, workdir=args.workdir) as server:
         models = list(args.model) or list(server.ready_models)
@@ -251,7 +266,7 @@ def run(args: argparse.Namespace) -> int:
                 "pass --url HOST:PORT (in Kubernetes: the Triton Service, e.g. --url triton-mig-1g-18gb:8000)")
         return _write_k8s_job(args, console) if args.k8s_job else _run_shard(args, console)
     require_creatable(report_dir, "--report-dir")
-    with _servers(args) as (endpoints, grpc, models, skipped, metrics):
+    with _local_repository(args) as served, _servers(args, served) as (endpoints, grpc, models, skipped, metrics):
         settings = settings_from_args(args, endpoints, grpc, models, metrics)
         result = run_loadtest(settings)
         result.skipped_models = skipped
@@ -310,7 +325,7 @@ def _run_shard(args: argparse.Namespace, console: Any) -> int:
     index, count = parse_shard(args.shard)
     require(args.start_at is not None, "--shard needs --start-at, the same for every shard", "e.g. --start-at 2026-12-01T21:00:00Z")
     require(args.shard_output is not None, "--shard needs --shard-output", "e.g. --shard-output /results/run1")
-    with _servers(args) as (endpoints, grpc, models, _, metrics):
+    with _local_repository(args) as served, _servers(args, served) as (endpoints, grpc, models, _, metrics):
         settings = settings_from_args(args, endpoints, grpc, models, metrics)
         margin = parse_ready_margin(args.start_at)
         plan = ShardPlan(index, count, 0.0, margin) if margin is not None else ShardPlan(index, count, parse_start(args.start_at))

@@ -48,7 +48,8 @@ from pipeline.triton.bundle_files import (
     exposure_note,
     write_bundle_files,
 )
-from pipeline.mig.servers import BundleSettings, container_ports, k8s_name, profile_server
+from pipeline.mig.servers import BundleSettings, S3Bundle, container_ports, k8s_name, profile_server
+from pipeline.objectstore import S3Url
 from pipeline.triton.accelerators import cache_setup_shell
 from pipeline.triton.server_args import ADMIN_KEY_ENV, shell_command, tritonserver_args
 
@@ -208,10 +209,20 @@ def _replicas(plan: MigPlan, devices: list[MigDevice] | None) -> dict[str, int]:
 
 
 def write_bundle(out_dir: Path, plan: MigPlan, settings: BundleSettings = BundleSettings(),
-                 devices: list[MigDevice] | None = None, repository: Path | None = None) -> list[Path]:
+                 devices: list[MigDevice] | None = None, repository: Path | S3Url | None = None) -> list[Path]:
     """Write :func:`bundle_files` under ``out_dir``; ``repository`` (the model repository) is referenced
-    relative to ``out_dir``. Returns the paths written (``<file>.new`` for files the user edited)."""
-    if repository is not None:
+    relative to ``out_dir`` (an ``s3://`` one by its URL in the Kubernetes manifests: the launch script and
+    compose file serve a mounted folder, ``$MODEL_REPOSITORY``). Returns the paths written (``<file>.new``
+    for files the user edited)."""
+    if isinstance(repository, S3Url):
+        from pipeline.triton.deploy import bundle_store
+        from pipeline.triton.s3repository import readable
+
+        url, region = bundle_store(repository)
+        settings = replace(settings, s3=S3Bundle(url, str(S3Url(repository.bucket, repository.prefix)), region))
+        with readable(repository) as local:
+            _check_image(settings.image, local, sorted({m for p in plan.profiles for m in p.loaded}), plan.gpu)
+    elif repository is not None:
         settings = replace(settings, repository=relative_repository(repository, out_dir))
         # A build writes this bundle before it publishes the repository; its deploy bundle, written
         # after, checks the same image against the published models.

@@ -50,10 +50,12 @@ import yaml
 from pipeline.mig.servers import BundleSettings, container_ports, k8s_name, mig_resource, profile_server
 from pipeline.mig.plan import MigPlan, ProfilePlan
 from pipeline.triton.accelerators import cache_setup_shell
-from pipeline.triton.bundle_files import CONTAINER_ADDRESS, CONTAINER_REPOSITORY
+from pipeline.triton.bundle_files import AWS_SECRETS, CONTAINER_ADDRESS, CONTAINER_REPOSITORY
 from pipeline.triton.server_args import ADMIN_KEY_ENV, K8S_ADMIN_KEY, tritonserver_args
 
 K8S_ADMIN_SECRET = "triton-admin"
+K8S_S3_SECRET = "triton-s3"  # keys AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY (kubectl create secret generic ...)
+K8S_S3_ACCOUNT = "triton-s3"  # KServe: the ServiceAccount whose Secret its storage initializer reads
 APP = "triton-mig"
 QUEUE_METRIC = "triton_queue_us_per_request"
 KSERVE_RUNTIME = "kserve-tritonserver"
@@ -98,8 +100,18 @@ def _resources(profile: str, settings: BundleSettings) -> dict[str, Any]:
     }
 
 
-def _admin_env() -> list[dict[str, Any]]:
-    return [{"name": ADMIN_KEY_ENV, "valueFrom": {"secretKeyRef": {"name": K8S_ADMIN_SECRET, "key": "admin-key"}}}]
+def _admin_env(settings: BundleSettings) -> list[dict[str, Any]]:
+    env = [{"name": ADMIN_KEY_ENV, "valueFrom": {"secretKeyRef": {"name": K8S_ADMIN_SECRET, "key": "admin-key"}}}]
+    if settings.s3 is not None:  # the server reads the bucket: credentials by reference to a Secret, never a value here
+        env += [{"name": key, "valueFrom": {"secretKeyRef": {"name": K8S_S3_SECRET, "key": key}}} for key in AWS_SECRETS]
+        env.append({"name": "AWS_DEFAULT_REGION", "value": settings.s3.region})
+    return env
+
+
+def s3_service_account(settings: BundleSettings) -> dict[str, Any]:
+    """KServe: the ServiceAccount that hands the ``triton-s3`` Secret to the storage initializer (the Secret's
+    annotations name the endpoint and region: docs/ngc.md)."""
+    return {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": K8S_S3_ACCOUNT}, "secrets": [{"name": K8S_S3_SECRET}]}
 
 
 def startup_budget_s(models: int, settings: BundleSettings) -> int:
@@ -144,14 +156,17 @@ def deployment(profile_plan: ProfilePlan, replicas: int, settings: BundleSetting
     profile = profile_plan.profile.name
     name, labels = f"{APP}-{k8s_name(profile)}", _labels(profile)
     http, grpc, metrics = container_ports(settings)
-    args = tritonserver_args(profile_server(profile_plan, CONTAINER_REPOSITORY, (http, grpc, metrics), CONTAINER_ADDRESS, K8S_ADMIN_KEY))
+    repository = settings.s3.url if settings.s3 else CONTAINER_REPOSITORY
+    args = tritonserver_args(profile_server(profile_plan, repository, (http, grpc, metrics), CONTAINER_ADDRESS, K8S_ADMIN_KEY))
+    mounts = [] if settings.s3 else [{"name": "model-repository", "mountPath": CONTAINER_REPOSITORY, "readOnly": True}]
+    volumes = [] if settings.s3 else [{"name": "model-repository", "persistentVolumeClaim": {"claimName": settings.pvc_claim, "readOnly": True}}]
     container = {
         "name": "tritonserver",
         "image": settings.image,
         # args, not command: the image's entrypoint (/opt/nvidia/nvidia_entrypoint.sh, which turns on CUDA forward
         # compatibility for older drivers) runs first and execs tritonserver.
         "args": args,
-        "env": _admin_env(),
+        "env": _admin_env(settings),
         "ports": [
             {"name": "http", "containerPort": http},
             {"name": "grpc", "containerPort": grpc},
@@ -162,10 +177,7 @@ def deployment(profile_plan: ProfilePlan, replicas: int, settings: BundleSetting
         "readinessProbe": {"httpGet": {"path": "/v2/health/ready", "port": "http"}, "periodSeconds": 5},
         "livenessProbe": {"httpGet": {"path": "/v2/health/live", "port": "http"}, "periodSeconds": 10, "failureThreshold": 6},
         "securityContext": _container_security(),
-        "volumeMounts": [
-            {"name": "model-repository", "mountPath": CONTAINER_REPOSITORY, "readOnly": True},
-            {"name": TMP_VOLUME, "mountPath": "/tmp"},
-        ],
+        "volumeMounts": [*mounts, {"name": TMP_VOLUME, "mountPath": "/tmp"}],
     }
     return {
         "apiVersion": "apps/v1",
@@ -180,10 +192,7 @@ def deployment(profile_plan: ProfilePlan, replicas: int, settings: BundleSetting
                     "securityContext": _pod_security(),
                     "initContainers": [_cache_init(settings.image, tuple(profile_plan.loaded))],
                     "containers": [container],
-                    "volumes": [
-                        {"name": "model-repository", "persistentVolumeClaim": {"claimName": settings.pvc_claim, "readOnly": True}},
-                        _tmp_volume(),
-                    ],
+                    "volumes": [*volumes, _tmp_volume()],
                 },
             },
         },
@@ -258,6 +267,7 @@ def inference_service(profile_plan: ProfilePlan, replicas: int, settings: Bundle
     """KServe InferenceService on the Triton runtime (which passes the repository and ports itself)."""
     profile = profile_plan.profile.name
     args = tritonserver_args(profile_server(profile_plan, None, (None, None, None), None, K8S_ADMIN_KEY, binary=None))
+    account = {"serviceAccountName": K8S_S3_ACCOUNT} if settings.s3 else {}
     return {
         "apiVersion": "serving.kserve.io/v1beta1",
         "kind": "InferenceService",
@@ -270,6 +280,7 @@ def inference_service(profile_plan: ProfilePlan, replicas: int, settings: Bundle
             "predictor": {
                 "minReplicas": replicas,
                 "maxReplicas": replicas * max(1, settings.max_gpus),
+                **account,
                 "securityContext": _pod_security(),
                 "initContainers": [_cache_init(settings.image, tuple(profile_plan.loaded))],
                 "volumes": [_tmp_volume()],
@@ -279,9 +290,9 @@ def inference_service(profile_plan: ProfilePlan, replicas: int, settings: Bundle
                     # The image exactly as given (a custom registry, a digest): the model's container fields override
                     # the runtime's, where runtimeVersion would only replace the tag of the runtime's own image.
                     "image": settings.image,
-                    "storageUri": f"pvc://{settings.pvc_claim}/",
+                    "storageUri": settings.s3.storage_uri if settings.s3 else f"pvc://{settings.pvc_claim}/",
                     "args": args,
-                    "env": _admin_env(),
+                    "env": _admin_env(settings),
                     "resources": _resources(profile, settings),
                     "startupProbe": _startup_probe(KSERVE_HTTP_PORT, len(profile_plan.loaded), settings),
                     "securityContext": _container_security(),
@@ -304,6 +315,8 @@ def k8s_manifests(plan: MigPlan, settings: BundleSettings, replicas: Mapping[str
         out[f"k8s/{name}.yaml"] = _dump(deployment(profile_plan, count, settings), service(profile, settings))
         out[f"k8s/autoscaling/{name}-hpa.yaml"] = _dump(autoscaler(profile, count, settings))
         out[f"k8s/kserve/{name}.yaml"] = _dump(inference_service(profile_plan, count, settings))
+    if out and settings.s3:
+        out["k8s/kserve/s3-service-account.yaml"] = _dump(s3_service_account(settings))
     if out:
         out["k8s/monitoring/servicemonitor.yaml"] = _dump(service_monitor(settings))
         out["k8s/monitoring/prometheus-adapter-rules.yaml"] = _dump(adapter_config())

@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import logging
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from pipeline.objectstore import S3Url, repository_from_text
 from pipeline.errors import PipelineError, require
 from pipeline.mig import nvidia_smi
 from pipeline.mig.bundle import LAUNCH_SCRIPT, write_bundle
@@ -39,7 +41,8 @@ class MigPlanConfig:
     onnx: Path | None = option(None, "ONNX model: memory = weights + activations at --max-batch")
     engine_metadata: Path | None = option(None, "TensorRT engine metadata JSON (device memory, weights)")
     # Not the shared repository_option: here the repository is one of the model sources, so "not given" must be seen.
-    repository: Path | None = option(None, "Triton model repository: plan every model in it", metavar="DIR")
+    repository: Path | S3Url | None = option(None, "Triton model repository (a folder or s3://BUCKET/PREFIX): plan every model in it",
+                                             metavar="DIR|URL", parse=repository_from_text)
     max_batch: int | None = option(None, "batch size to size activations for (default: config.pbtxt max_batch_size, "
                                          "or the ONNX model's fixed batch)", check=at_least(1), fix="pass a batch size of 1 or more")
     name: str | None = option(None, "model name for --onnx/--engine-metadata (default: from the file name)")
@@ -114,13 +117,16 @@ def run(args: argparse.Namespace) -> int:
     devices = [d for g in smi.get("list", []) for d in g.mig_devices]
     layout = _layout(cfg.layout, gpu, smi)
     # Models with only KIND_CPU instances (the CPU INT8 variant) run on the host's cores: no MIG slice.
-    repository_configs = {n: (m.config, m.path) for n, m in read_repository(cfg.repository).items()
-                          if not m.config.instance_group or any(g.kind != g.KIND_CPU for g in m.config.instance_group)} if cfg.repository else {}
-    memory = _memory(cfg, repository_configs)
-    plan = plan_instances(gpu, memory, layout)
-    _print_plan(console, plan)
-    if cfg.bundle is not None:
-        _write_bundle(console, plan, cfg.bundle, cfg, repository_configs, devices or None)
+    from pipeline.triton.s3repository import readable
+
+    with readable(cfg.repository) if cfg.repository is not None else contextlib.nullcontext(None) as local:  # s3://: a copy, read here
+        repository_configs = {n: (m.config, m.path) for n, m in read_repository(local).items()
+                              if not m.config.instance_group or any(g.kind != g.KIND_CPU for g in m.config.instance_group)} if local else {}
+        memory = _memory(cfg, repository_configs)
+        plan = plan_instances(gpu, memory, layout)
+        _print_plan(console, plan)
+        if cfg.bundle is not None:
+            _write_bundle(console, plan, cfg.bundle, cfg, repository_configs, devices or None)
     return 0
 
 
@@ -235,6 +241,10 @@ def _write_bundle(console: Any, plan: MigPlan, out: Path, cfg: MigPlanConfig, re
     console.print(f"wrote the MIG bundle to {out}/ ({LAUNCH_SCRIPT}, docker-compose.yml, k8s/), serving {where}", highlight=False)
     if not repository_configs:
         console.print("no --repository: write configs/<profile>.pbtxt with the build (build --mig)", highlight=False)
+        return
+    if isinstance(cfg.repository, S3Url):
+        log.warning("the per-profile configs are not written to %s (its servers fall back to each model's config.pbtxt): "
+                    "build --mig into a folder and publish that to give each profile its own", cfg.repository)
         return
     for name, (config, model_dir) in repository_configs.items():
         files = {path: config_text(cfg) for path, cfg in profile_configs(config, plan, name).items()}

@@ -35,6 +35,19 @@ class BundleSettings:
     # Labels of the ServiceMonitor: kube-prometheus-stack's Prometheus selects ServiceMonitors by its
     # Helm release name (serviceMonitorSelector: release=<name>); set it to yours.
     monitor_labels: tuple[tuple[str, str], ...] = (("release", "kube-prometheus-stack"),)
+    # An s3:// repository the servers read themselves (Kubernetes: no volume; credentials from a Secret).
+    s3: S3Bundle | None = None
+
+
+@dataclass(frozen=True)
+class S3Bundle:
+    """Where bundled servers find an ``s3://`` repository: ``url`` as tritonserver reads it (with the endpoint of an
+    S3-compatible store), ``storage_uri`` as KServe reads it, the region; credentials are never part of it."""
+
+    url: str
+    storage_uri: str
+    region: str
+    endpoint: str | None = None
 
 
 def k8s_name(profile: str) -> str:

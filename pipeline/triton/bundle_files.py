@@ -79,6 +79,7 @@ def compose_service(
     shm_size: str = "1gb",
     setup: str | None = None,
     extra_shell: str = "",
+    object_store: str | None = None,
 ) -> dict[str, Any]:
     """One compose service running ``server`` (its repository must be :data:`CONTAINER_REPOSITORY`).
 
@@ -87,8 +88,17 @@ def compose_service(
     (``{"count": "all"}`` or ``{"device_ids": [...]}``); ``setup`` a shell command run first in the
     container (the engine cache directories: :func:`pipeline.triton.accelerators.cache_setup_shell`);
     ``extra_shell`` shell words appended to the tritonserver command (evaluated by the container's bash).
+    ``object_store``: the region of an ``s3://`` repository the server reads itself (no mount; the AWS
+    variables are passed through from the environment by name, never written).
     """
     command = (f"{setup} && " if setup else "") + "exec " + shell_command(tritonserver_args(server)) + (f" {extra_shell}" if extra_shell else "")
+    if object_store is not None:  # the server reads the bucket: no mount; credentials by reference from the environment
+        return {"image": image, "user": CONTAINER_USER, "init": True, "command": ["bash", "-c", command.replace("$", "$$")],
+                "environment": {ADMIN_KEY_ENV: COMPOSE_ADMIN_KEY, **compose_s3_environment(object_store)},
+                "ports": [f"{BIND_ADDRESS}:{host}:{inside}" for host, inside in ports], "shm_size": shm_size,
+                "ulimits": {"memlock": -1, "stack": 67108864},
+                "deploy": {"resources": {"reservations": {"devices": [{"driver": "nvidia", **devices, "capabilities": ["gpu"]}]}}},
+                "restart": "unless-stopped"}
     return {
         "image": image,
         "user": CONTAINER_USER,
@@ -103,6 +113,15 @@ def compose_service(
         "deploy": {"resources": {"reservations": {"devices": [{"driver": "nvidia", **devices, "capabilities": ["gpu"]}]}}},
         "restart": "unless-stopped",
     }
+
+
+AWS_SECRETS = ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY")  # required; AWS_SESSION_TOKEN is passed when set
+
+
+def compose_s3_environment(region: str) -> dict[str, str]:
+    """Compose's environment for a server reading S3: every credential interpolated from the host's environment."""
+    env = {name: f"${{{name}:?export {name} first: the server reads the model repository from S3}}" for name in AWS_SECRETS}
+    return env | {"AWS_SESSION_TOKEN": "${AWS_SESSION_TOKEN:-}", "AWS_DEFAULT_REGION": f"${{AWS_DEFAULT_REGION:-{region}}}"}
 
 
 def compose_yaml(services: Mapping[str, Any], header: str) -> str:

@@ -29,8 +29,11 @@ from pathlib import Path
 from typing import Any
 
 from pipeline.errors import require
+from pipeline.objectstore import S3Url
+from pipeline.triton.s3repository import readable
 from pipeline.triton.accelerators import cache_setup_shell
 from pipeline.triton.bundle_files import (
+    AWS_SECRETS,
     BIND_ADDRESS,
     BIND_ENV,
     CONTAINER_ADDRESS,
@@ -65,10 +68,10 @@ MULTI_GPU_FIXED_TAG = "25.04"  # the first release whose onnxruntime backend put
 
 
 def server_args(http_port: int = 8000, grpc_port: int = 8001, metrics_port: int = 8002,
-                models: tuple[str, ...] = ()) -> ServerArgs:
+                models: tuple[str, ...] = (), repository: str = CONTAINER_REPOSITORY) -> ServerArgs:
     """How the production server runs: exactly ``models`` loaded at start (explicit model control),
-    the admin APIs (load/unload included) behind the key."""
-    return ServerArgs(repository=CONTAINER_REPOSITORY, http_port=http_port, grpc_port=grpc_port, metrics_port=metrics_port,
+    the admin APIs (load/unload included) behind the key; ``repository`` the mounted folder or an ``s3://`` URL."""
+    return ServerArgs(repository=repository, http_port=http_port, grpc_port=grpc_port, metrics_port=metrics_port,
                       host=CONTAINER_ADDRESS, model_control="explicit", load_models=tuple(models))
 
 
@@ -82,7 +85,7 @@ def gpu_models(models: dict[str, Any]) -> list[str]:
 
 
 def write_deploy_bundle(
-    repository: Path,
+    repository: Path | S3Url,
     out_dir: Path,
     *,
     image: str = DEFAULT_IMAGE,
@@ -99,37 +102,41 @@ def write_deploy_bundle(
     """
     ports = (http_port, grpc_port, metrics_port)
     require(all(1 <= p <= 65535 for p in ports) and len(set(ports)) == 3, f"ports {ports} must be distinct and in 1..65535", "pick three free ports")
-    models = read_repository(repository)
-    loaded = gpu_models(models)
-    require(bool(loaded), f"every model in {repository} is CPU-only (KIND_CPU), and this bundle is for a GPU host",
-            "build GPU variants (e.g. --fp16), or serve the CPU variants with `python -m pipeline serve`")
-    for line in check_image(image, repository_needs(models, loaded)):
-        log.warning("not checked: %s", line)
-    one_gpu = one_gpu_note(image, models, loaded)
-    if one_gpu:
-        log.warning("%s", one_gpu)
+    with readable(repository) as local:  # s3://: a copy of what its server serves, read here
+        models = read_repository(local)
+        loaded = gpu_models(models)
+        require(bool(loaded), f"every model in {repository} is CPU-only (KIND_CPU), and this bundle is for a GPU host",
+                "build GPU variants (e.g. --fp16), or serve the CPU variants with `python -m pipeline serve`")
+        for line in check_image(image, repository_needs(models, loaded)):
+            log.warning("not checked: %s", line)
+        one_gpu = one_gpu_note(image, models, loaded)
+        if one_gpu:
+            log.warning("%s", one_gpu)
+        builds = plan_builds(local, models)
 
     out_dir = Path(out_dir)
-    rel_repo = relative_repository(Path(repository), out_dir)
-    builds = plan_builds(Path(repository), models)
+    store = bundle_store(repository) if isinstance(repository, S3Url) else None
+    require(not (store and builds), f"the plans of {repository} are built at deploy (--plans-at-deploy), which needs a mounted repository",
+            "copy the repository to a folder (aws s3 sync) and deploy that")
+    rel_repo = None if store else relative_repository(Path(repository), out_dir)  # type: ignore[arg-type]
     tag = ngc_tag(image)
     require(not builds or tag is not None, f"the repository's plans are built at deploy (--plans-at-deploy), and {image} is not an NGC "
             "tritonserver -py3 tag, so the TensorRT container of its release is not known",
             "pass --image an NGC tritonserver tag such as nvcr.io/nvidia/tritonserver:25.01-py3")
     plan_names = [b.plan_model for b in builds]
-    server = server_args(http_port, grpc_port, metrics_port, tuple(loaded))
+    server = server_args(http_port, grpc_port, metrics_port, tuple(loaded), repository=store[0] if store else CONTAINER_REPOSITORY)
     if builds:
         server = replace(server, extra_repositories=(CONTAINER_PLANS,))
     setup = cache_setup_shell(loaded)
     extra = load_plans_shell() if builds else ""
     service = compose_service(image=image, server=server, ports=[(p, p) for p in ports], rel_repo=rel_repo, devices={"count": "all"},
-                              setup=setup, extra_shell=extra)
+                              setup=setup, extra_shell=extra, object_store=store[1] if store else None)
     services = {"plans": plans_service(tag, rel_repo, {"count": "all"}), "triton": with_plans(service)} if builds and tag else {"triton": service}
     skipped = sorted(set(models) - set(loaded))
     pre = docker_run_plans_lines(tag) if builds and tag else []
     files = {
         SCRIPT: _docker_run_script(image, rel_repo, f"{setup} && exec " + shell_command(tritonserver_args(server)) + (f" {extra}" if extra else ""),
-                                   ports, pre),
+                                   ports, pre, s3=store is not None),
         COMPOSE: compose_yaml(services, f"Serve the model repository with {image}: {ADMIN_KEY_ENV}=<secret> docker compose up"),
         README: _readme(image, loaded, skipped, ports, one_gpu, plan_names),
         **({PLANS_SCRIPT: build_plans_script(builds)} if builds else {}),
@@ -138,6 +145,14 @@ def write_deploy_bundle(
     log.info("deploy bundle for %s (%s) written to %s", repository, image, out_dir)
     log.info("%s", exposure_note())
     return paths
+
+
+def bundle_store(url: S3Url) -> tuple[str, str]:
+    """The URL a bundled server reads ``url`` at (with the endpoint of an S3-compatible store) and the region."""
+    from pipeline.objectstore import DEFAULT_REGION, endpoint_of, s3_client
+
+    client = s3_client(url)
+    return url.triton_url(endpoint_of(client)), str(client.meta.region_name or DEFAULT_REGION)
 
 
 def one_gpu_note(image: str, models: dict[str, Any], loaded: list[str]) -> str | None:
@@ -157,15 +172,19 @@ def one_gpu_note(image: str, models: dict[str, Any], loaded: list[str]) -> str |
             f"(TRITON_GPUS='\"device=N\"' and its own ports) or use {NGC_REPOSITORY}:{MULTI_GPU_FIXED_TAG}-py3 or newer")
 
 
-def _docker_run_script(image: str, rel_repo: str | None, server: str, ports: tuple[int, ...], pre: list[str] | None = None) -> str:
+def _docker_run_script(image: str, rel_repo: str | None, server: str, ports: tuple[int, ...], pre: list[str] | None = None,
+                       s3: bool = False) -> str:
     publish = " ".join(f'-p "{BIND_ADDRESS}:{p}:{p}"' for p in ports)
+    # s3: the server reads the bucket; the AWS variables pass through by name (docker run -e NAME), never written here
+    source = [f"-e {name}" for name in (*AWS_SECRETS, "AWS_SESSION_TOKEN", "AWS_DEFAULT_REGION")] if s3 else \
+        ['-v "${MODEL_REPOSITORY}:' + CONTAINER_REPOSITORY + ':ro"']
     docker = [
         "docker run --rm --init",
         '--gpus "${TRITON_GPUS:-all}"',
         f"--user {CONTAINER_USER}",
         "--shm-size=1g --ulimit memlock=-1 --ulimit stack=67108864",
         publish,
-        '-v "${MODEL_REPOSITORY}:' + CONTAINER_REPOSITORY + ':ro"',
+        *source,
         *([f'-v "$PLANS_DIR:{CONTAINER_PLANS}:ro"'] if pre else []),
         f"-e {ADMIN_KEY_ENV}",
         shlex.quote(image),
@@ -176,11 +195,13 @@ def _docker_run_script(image: str, rel_repo: str | None, server: str, ports: tup
         f"# Serve the model repository with {image}. Written by the pipeline: edits are kept (a regenerated version goes to docker-run.sh.new).",
         f"# Admin APIs ({', '.join(RESTRICTED_APIS)}) need the header '{ADMIN_HEADER}: ${ADMIN_KEY_ENV}'",
         f"# (gRPC metadata 'triton-grpc-protocol-{ADMIN_HEADER}'). TRITON_GPUS picks GPUs, e.g. '\"device=0\"' or a MIG UUID;",
-        "# MODEL_REPOSITORY overrides the repository next to this bundle. Ports are published on",
+        "# The server reads the model repository from S3 with the AWS_* credentials of this environment. Ports are published on" if s3
+        else "# MODEL_REPOSITORY overrides the repository next to this bundle. Ports are published on",
         f"# {BIND_ENV} (default {DEFAULT_BIND_ADDRESS}); inference and metrics need no key: see README.md.",
         "set -euo pipefail",
         f': "${{{ADMIN_KEY_ENV}:?export {ADMIN_KEY_ENV}=<secret> first: it unlocks the admin APIs}}"',
-        *script_repository_lines(rel_repo),
+        *([f': "${{{name}:?export {name} first: the server reads the model repository from S3}}"' for name in AWS_SECRETS] if s3
+          else script_repository_lines(rel_repo)),
         *(pre or []),
         "exec " + " \\\n  ".join(docker),
         "",

@@ -7,6 +7,7 @@ import logging
 from dataclasses import dataclass
 from pathlib import Path
 
+from pipeline.objectstore import S3Url
 from pipeline.options import add_options, checked_config, option, port_option, repository_option
 from pipeline.triton.deploy import DEFAULT_IMAGE, SCRIPT, write_deploy_bundle
 from pipeline.triton.ngc_releases import ngc_image
@@ -19,7 +20,7 @@ log = logging.getLogger(__name__)
 class DeployConfig:
     """Every ``deploy`` option."""
 
-    repository: Path = repository_option()
+    repository: Path | S3Url = repository_option()
     out: Path = option(Path("deploy"), "where to write the bundle", metavar="DIR")
     image: str = option(DEFAULT_IMAGE, "tritonserver image, used exactly as given (a custom registry, an @sha256: digest); "
                                "a bare NGC tag such as 25.01-py3 names the NGC image", metavar="IMAGE")

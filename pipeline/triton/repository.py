@@ -100,17 +100,8 @@ def publish_repository(
     version (see :func:`_unchanged_version`); its current version dir is returned. All models are
     staged and checked before any is swapped in.
     """
-    require(version_policy in POLICIES, f"unknown version policy '{version_policy}'", "use 'new' or 'replace'")
-    names = [a.triton_name(model) for a in artifacts]
-    require(bool(names), "there are no artifacts to publish", "build at least one model variant first")
-    require(len(set(names)) == len(names), f"two artifacts map to the same Triton model: {names}", "publish one artifact per precision and kind")
+    names = checked_request(artifacts, model, configs, extra_files or {}, version_policy)
     extra_files = extra_files or {}
-    unknown = sorted(set(extra_files) - set(names))
-    require(not unknown, f"extra files for models {unknown} that are not being published", f"key extra_files by {', '.join(names)}")
-    for name in names:
-        require(name in configs, f"no config for Triton model '{name}'", "build one with pipeline.triton.config.model_config_from_artifact")
-        require(configs[name].name == name, f"config for '{name}' is named '{configs[name].name}'", "Triton needs the config name to equal the model directory name")
-
     repository = Path(repository).absolute()
     repository.mkdir(parents=True, exist_ok=True)
     staging_root = repository.parent / f".{repository.name}.pipeline-staging"
@@ -140,6 +131,24 @@ def publish_repository(
         finally:
             _remove_staging(staging_root)
     return [published[name] for name in names]
+
+
+def checked_request(artifacts: Sequence[Artifact], model: str, configs: Mapping[str, ModelConfig],
+                    extra_files: Mapping[str, Mapping[str, bytes]], version_policy: str) -> list[str]:
+    """The Triton model names of a publish of ``artifacts``; PipelineError when the request is inconsistent
+    (unknown policy, no or clashing artifacts, extra files or configs that do not match them, bad extra paths)."""
+    require(version_policy in POLICIES, f"unknown version policy '{version_policy}'", "use 'new' or 'replace'")
+    names = [a.triton_name(model) for a in artifacts]
+    require(bool(names), "there are no artifacts to publish", "build at least one model variant first")
+    require(len(set(names)) == len(names), f"two artifacts map to the same Triton model: {names}", "publish one artifact per precision and kind")
+    unknown = sorted(set(extra_files) - set(names))
+    require(not unknown, f"extra files for models {unknown} that are not being published", f"key extra_files by {', '.join(names)}")
+    for name in names:
+        require(name in configs, f"no config for Triton model '{name}'", "build one with pipeline.triton.config.model_config_from_artifact")
+        require(configs[name].name == name, f"config for '{name}' is named '{configs[name].name}'", "Triton needs the config name to equal the model directory name")
+        for rel in extra_files.get(name, {}):
+            _check_relative(rel, name)
+    return names
 
 
 def _unchanged_version(current: Path, artifact: Artifact, cfg: ModelConfig, files: Mapping[str, bytes], policy: str) -> int | None:
@@ -244,8 +253,9 @@ def _stage_model(
     version_files = {p for p in owned_files if p.split("/", 1)[0].isdigit() and int(p.split("/", 1)[0]) in kept}
     owned = {"versions": sorted(kept | {version}), "files": sorted(version_files | set(new_files) | set(_files_under(model_file, stage)))}
     write_synced(stage / OWNED, json.dumps(owned, indent=2).encode())
-    write_synced(stage / REPORT, json.dumps(_report(current, kept, version, name, artifact, cfg, report, reproduce), indent=2, default=str).encode())
-    _check_staged(stage, cfg)
+    write_synced(stage / REPORT, json.dumps(version_report(_previous_report(current), kept, version, name, artifact, cfg, report, reproduce),
+                                            indent=2, default=str).encode())
+    check_staged(stage, cfg)
     fsync_dirs(stage)
     return _Staged(name, stage, version)
 
@@ -316,7 +326,7 @@ def _files_under(path: Path, root: Path) -> list[str]:
     return sorted(p.relative_to(root).as_posix() for p in path.rglob("*") if not p.is_dir() or p.is_symlink())
 
 
-def _check_staged(stage: Path, cfg: ModelConfig) -> None:
+def check_staged(stage: Path, cfg: ModelConfig) -> None:
     """The staged directory must load in Triton: config parses, every version has its model file,
     and files the config names (labels, warmup samples of the right size) exist."""
     parsed = parse_config((stage / CONFIG).read_text())
@@ -342,14 +352,19 @@ def _check_staged(stage: Path, cfg: ModelConfig) -> None:
             require(want is None or got == want, f"warmup sample {path.name} of '{cfg.name}' input '{input_name}' has {got} bytes, its dims {list(spec.dims)} need {want}", "regenerate it with warmup_files(...)")
 
 
-def _report(current: Path, kept: set[int], version: int, name: str, artifact: Artifact, cfg: ModelConfig,
-            report: Mapping[str, Any] | None, reproduce: str) -> dict[str, Any]:
-    previous: dict[str, Any] = {}
+def _previous_report(current: Path) -> dict[str, Any]:
     if (current / REPORT).is_file():
         try:
-            previous = json.loads((current / REPORT).read_text()).get("versions", {})
-        except (ValueError, AttributeError):
+            return dict(json.loads((current / REPORT).read_text()).get("versions", {}))
+        except (ValueError, AttributeError, TypeError):
             log.warning("ignoring unreadable %s", current / REPORT)
+    return {}
+
+
+def version_report(previous: Mapping[str, Any], kept: set[int], version: int, name: str, artifact: Artifact, cfg: ModelConfig,
+                   report: Mapping[str, Any] | None, reproduce: str) -> dict[str, Any]:
+    """The model's ``.pipeline-report.json``: the entries of ``previous`` (version → entry) for the ``kept``
+    versions, and this publish's entry for ``version``."""
     entry: dict[str, Any] = {
         "published": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
         "artifact": {"precision": artifact.precision, "kind": artifact.kind, "source": str(artifact.path), "sha256": hash_path(Path(artifact.path))},

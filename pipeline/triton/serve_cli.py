@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from types import FrameType
 
+from pipeline.objectstore import S3Url
 from pipeline.errors import PipelineError, require
 from pipeline.options import add_options, at_least, checked_config, option, port_option, repository_option
 from pipeline.triton.server_args import ADMIN_HEADER, ADMIN_KEY_ENV
@@ -25,7 +26,7 @@ log = logging.getLogger(__name__)
 class ServeConfig:
     """Every ``serve`` option."""
 
-    repository: Path = repository_option()
+    repository: Path | S3Url = repository_option()
     host: str = option("127.0.0.1", "address to bind; anything but loopback exposes unauthenticated endpoints")
     http_port: int = port_option(8000, "HTTP/REST")
     grpc_port: int = port_option(8001, "gRPC")

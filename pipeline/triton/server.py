@@ -38,6 +38,8 @@ from pathlib import Path
 from types import TracebackType
 
 from pipeline.errors import PipelineError, require
+from pipeline.objectstore import S3Url
+from pipeline.triton.s3repository import readable_configs
 from pipeline.triton.procs import client_host, exit_cause, free_ports, peek_exit, port_taken, wait_group_gone
 from pipeline.triton.servable import gpu_instance_models, require_cpu_int8_runs_here, require_gpu_runtime
 from pipeline.isolate import die_with_parent
@@ -98,7 +100,7 @@ class TritonServer:
 
     def __init__(
         self,
-        repository: Path,
+        repository: Path | S3Url,
         *,
         host: str = "127.0.0.1",
         http_port: int = 0,
@@ -113,7 +115,7 @@ class TritonServer:
         admin_key: str | None = None,
         metrics_interval_ms: int | None = None,
     ) -> None:
-        self.repository = Path(repository)
+        self.repository = repository if isinstance(repository, S3Url) else Path(repository)
         self.host = host
         self.http_port, self.grpc_port, self.metrics_port = http_port, grpc_port, metrics_port
         self.log_path = log_path
@@ -133,6 +135,8 @@ class TritonServer:
         self.startup_seconds: float | None = None
         self._process: subprocess.Popen[bytes] | None = None
         self._workdir: Path | None = None
+        self._local: Path | None = None  # what the server reads, as a folder (a copy of an s3:// repository's configs)
+        self._s3_env: dict[str, str] = {}
         self._shm_prefix = f"pipeline_triton_{os.getpid()}_{uuid.uuid4().hex[:8]}_"
         self.restarts = 0  # how often restart() brought the server back
         self._append_log = False  # a restart keeps the log of the run that died
@@ -213,17 +217,26 @@ class TritonServer:
         )
 
     def _start_once(self, models: list[str], deadline: float) -> None:
-        self._workdir = Path(tempfile.mkdtemp(prefix="pipeline-triton-"))
         try:
+            if self._workdir is None:  # a retry: stop() removed the last attempt's files
+                self._scan_repository()
+            assert self._workdir is not None and self._local is not None
             backends = self._prepare_backends(self._workdir / "backends")
-            view = self._workdir / "repository"
-            view.mkdir()
             gpu = has_gpu()
             if gpu:
-                require_gpu_runtime(gpu_instance_models(self.repository, models, self.model_config_name), _ort_providers())
-            self.cpu_models = write_view(self.repository, models, view, self.model_config_name, cpu_only=not gpu)
+                require_gpu_runtime(gpu_instance_models(self._local, models, self.model_config_name), _ort_providers())
+            if isinstance(self.repository, S3Url):
+                from pipeline.triton.s3repository import serving_target
+
+                target, self._s3_env = serving_target(self.repository, self._local, models, self.model_config_name, gpu=gpu)
+                load = sorted(models)
+            else:
+                view = self._workdir / "repository"
+                view.mkdir()
+                self.cpu_models = write_view(self.repository, models, view, self.model_config_name, cpu_only=not gpu)
+                target, load = str(view), sorted(p.name for p in view.iterdir())
             with progress(f"starting tritonserver ({len(models)} models)", summary=False):  # it logs its own ready line
-                self._launch(view, backends)
+                self._launch(target, load, backends)
                 self._wait_ready(models, deadline)
         except BaseException:
             self.stop()
@@ -255,6 +268,7 @@ class TritonServer:
         if self._workdir is not None:
             shutil.rmtree(self._workdir, ignore_errors=True)
             self._workdir = None
+        self._local, self._s3_env = None, {}
 
     def __enter__(self) -> TritonServer:
         self.start()
@@ -280,8 +294,14 @@ class TritonServer:
     def _scan_repository(self) -> list[str]:
         """Names of the models to serve; fills ``skipped_models`` with the others and why."""
         backends = {p.name for p in self._shipped_backends()} | {p.name for p in OUR_BACKENDS.iterdir() if p.is_dir()}
-        models, self.skipped_models = servable_models(self.repository, backends, self.model_config_name)
-        require_cpu_int8_runs_here(self.repository, models)
+        self._workdir = Path(tempfile.mkdtemp(prefix="pipeline-triton-"))
+        try:
+            self._local = local = readable_configs(self.repository, self._workdir / "configs")
+        except BaseException:
+            self.stop()
+            raise
+        models, self.skipped_models = servable_models(local, backends, self.model_config_name)
+        require_cpu_int8_runs_here(local, models)
         return models
 
     def _assign_ports(self) -> None:
@@ -333,19 +353,22 @@ class TritonServer:
         if libdir and soname and (Path(libdir) / soname).exists():
             lib_dirs.insert(0, libdir)  # the libpython matching this interpreter's stdlib, not the system one
         env["LD_LIBRARY_PATH"] = os.pathsep.join(lib_dirs + [env.get("LD_LIBRARY_PATH", "")]).rstrip(os.pathsep)
+        env.update(self._s3_env)  # an s3:// repository's credentials: the environment, never the command line
         return env
 
-    def _command(self, view: Path, backends: Path) -> list[str]:
+    def _command(self, target: str, load: list[str], backends: Path) -> list[str]:
         root, _ = _dist()
+        # Models that cannot load here are left out of an s3:// repository by loading the others explicitly.
+        mode = "explicit" if self.skipped_models and isinstance(self.repository, S3Url) else self.model_control
         server = ServerArgs(
-            repository=str(view),
+            repository=target,
             http_port=self.http_port,
             grpc_port=self.grpc_port,
             metrics_port=self.metrics_port,
             host=self.host,
             # The view holds exactly the loadable models, so loading everything at start is right.
-            model_control=self.model_control,
-            load_models=tuple(sorted(p.name for p in view.iterdir())) if self.model_control == "explicit" else (),
+            model_control=mode,
+            load_models=tuple(load) if mode == "explicit" else (),
             config_name=self.model_config_name,
             # Open on loopback unless a key is given (tune and its tests restrict it as production does).
             admin_key=self.admin_key,
@@ -364,7 +387,7 @@ class TritonServer:
         )
         return tritonserver_args(server) + self.extra_args
 
-    def _launch(self, view: Path, backends: Path) -> None:
+    def _launch(self, target: str, load: list[str], backends: Path) -> None:
         if self.log_path is None:
             self.log_path = self.log_dir / f"tritonserver-{self.http_port}.log"
         self.log_path = self.log_path.resolve()
@@ -382,7 +405,7 @@ class TritonServer:
             if cpus is not None:
                 os.sched_setaffinity(0, cpus)
 
-        command = self._command(view, backends)
+        command = self._command(target, load, backends)
         log.debug("starting %s", redacted(command))
         # Server and stubs print outside the log file too (startup errors, Python tracebacks): same file.
         with open(self.log_path, "ab") as console:
@@ -409,7 +432,7 @@ class TritonServer:
         while True:
             code = self._exit_status()
             if code is not None:
-                view = {str(self._workdir / "repository"): str(self.repository.resolve())} if self._workdir else {}
+                view = {str(self._workdir / "repository"): str(self.repository.resolve())} if self._workdir and isinstance(self.repository, Path) else {}
                 raise startup_error(self.log_path, code, view)
             if self._get("/v2/health/ready")[0] == 200:
                 break

@@ -20,6 +20,7 @@ import numpy as np
 
 from pipeline.artifacts import WIRE_PRECISIONS, parse_variant
 from pipeline.errors import CheckFailed, PipelineError
+from pipeline.objectstore import S3Url
 from pipeline.evaldata import EvalData
 from pipeline.progress import progress
 from pipeline.gates import Gates
@@ -76,7 +77,7 @@ def served_against_file(
 
 
 def verify_repository(
-    repository: Path,
+    repository: Path | S3Url,
     *,
     url: str | None,
     models: Sequence[str],
@@ -102,9 +103,12 @@ def verify_repository(
     With the embedded server, a TensorRT plan built for another TensorRT version or GPU than the
     ones at hand (``tensorrt``, default: the installed TensorRT) is refused in one line.
     """
-    planned, limits, not_verified = _verification_plan(repository, embedded=url is None, models=models, calibration_root=calibration_root,
-                                                       batch_size=batch_size, gates=gates, eval_data=eval_data or {}, tensorrt=tensorrt)
-    results = _served_results(planned, limits, url=url, repository=repository, workdir=workdir, atol=atol)
+    from pipeline.triton.s3repository import readable
+
+    with readable(repository) as local:  # an s3:// repository: a copy of what its server serves, read here
+        planned, limits, not_verified = _verification_plan(local, embedded=url is None, models=models, calibration_root=calibration_root,
+                                                           batch_size=batch_size, gates=gates, eval_data=eval_data or {}, tensorrt=tensorrt)
+        results = _served_results(planned, limits, url=url, repository=repository, workdir=workdir, atol=atol)
     return _verdict(results, limits, not_verified, url=url, repository=repository, report_path=report_path, show=show)
 
 
@@ -122,7 +126,7 @@ def _verification_plan(repository: Path, *, embedded: bool, models: Sequence[str
     return planned, limits, not_verified
 
 
-def _served_results(planned: Mapping[str, tuple], limits: Mapping[str, Gates], *, url: str | None, repository: Path, workdir: Path,
+def _served_results(planned: Mapping[str, tuple], limits: Mapping[str, Gates], *, url: str | None, repository: Path | S3Url, workdir: Path,
                     atol: float) -> list[ServedResult]:
     """Every planned model sent through Triton at ``url`` (None: the embedded server on ``repository``)."""
     from pipeline.triton.server import TritonServer
@@ -155,7 +159,7 @@ def _fp32_on_same_values(endpoint: str, name: str, model_file: Path, data: EvalD
     return served_outputs(endpoint, f"{base}_fp32", data.with_inputs(lambda feed: dequantized(feed, scales), "as floats"), outputs, batch)
 
 
-def _verdict(results: list[ServedResult], limits: Mapping[str, Gates], not_verified: Mapping[str, str], *, url: str | None, repository: Path,
+def _verdict(results: list[ServedResult], limits: Mapping[str, Gates], not_verified: Mapping[str, str], *, url: str | None, repository: Path | S3Url,
              report_path: Path, show: Callable[[list[dict]], None] | None) -> dict:
     """Each served variant judged against served FP32, the report written (and shown), CheckFailed on any failure."""
     gate_against_fp32(results, limits)

@@ -7,6 +7,7 @@ import logging
 from dataclasses import dataclass
 from pathlib import Path
 
+from pipeline.objectstore import S3Url
 from pipeline.build_tables import served_data
 from pipeline.console import console
 from pipeline.gates import Gates, confidence_option, fp16_max_drop_option, int8_max_drop_option
@@ -31,7 +32,7 @@ log = logging.getLogger(__name__)
 class VerifyConfig:
     """Every ``verify`` option."""
 
-    repository: Path = repository_option()
+    repository: Path | S3Url = repository_option()
     url: str | None = option(None, "HTTP endpoint of a running Triton (host:port); default: start the embedded server", metavar="HOST:PORT")
     models: tuple[str, ...] = option((), "only these Triton models (repeatable; default: every pipeline variant)", flag="--model", metavar="NAME")
     eval_data: Path | None = eval_data_option()
@@ -82,8 +83,10 @@ def run(args: argparse.Namespace) -> int:
 
         require(cfg.eval_data.is_file(), f"evaluation data '{cfg.eval_data}' does not exist", "pass an .npz with one array per input (and labels)")
         from pipeline.triton.repository import read_repository
+        from pipeline.triton.s3repository import readable
 
-        bases = {(parse_variant(m) or (m, ""))[0] for m in (cfg.models or read_repository(cfg.repository))}
+        with readable(cfg.repository, model_files=False) as local:
+            bases = {(parse_variant(m) or (m, ""))[0] for m in (cfg.models or read_repository(local))}
         given = {base: cfg.eval_data for base in bases}
     verify_repository(
         cfg.repository,

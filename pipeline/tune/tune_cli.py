@@ -31,6 +31,17 @@ def _default_cores() -> int:
     return len(os.sched_getaffinity(0))
 
 
+def _local_repository(text: str) -> Path:
+    """``--repository``: tune reads and (with --apply) writes a local folder; any URL is refused in one line."""
+    from pipeline.errors import PipelineError
+    from pipeline.objectstore import local_only, repository_from_text
+
+    try:
+        return local_only(repository_from_text(text), "tune")
+    except PipelineError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
 def register(subparsers: argparse._SubParsersAction, refresh_page: PageRefresher | None = None) -> None:
     """Add the ``tune`` command; ``refresh_page`` updates the HTML page after it (None: no page)."""
     p = subparsers.add_parser(
@@ -66,7 +77,7 @@ def register(subparsers: argparse._SubParsersAction, refresh_page: PageRefresher
                       help="Triton model to tune; repeat for precision variants of one model (adds the Pareto table)")
     what.add_argument("--slo-p99-ms", type=float, required=True, metavar="MS", help="client p99 latency objective (required)")
     target = p.add_argument_group("target")
-    target.add_argument("--repository", type=Path, default=DEFAULT_REPOSITORY, help="model repository (default: %(default)s)")
+    target.add_argument("--repository", type=_local_repository, default=DEFAULT_REPOSITORY, help="model repository (default: %(default)s)")
     target.add_argument("--cores", type=int, default=_default_cores(),
                         help="embedded server: pin it to this many CPUs (a slice rehearsal); the load generator runs on "
                              "the others (default: every CPU, %(default)s, shared with the load generator)")
