@@ -76,16 +76,14 @@ def prepared_model(src: Path, out: Path) -> Path:
     """ORT's pre-quantization pass (shape inference, basic graph optimizations such as folding
     BatchNorm into Conv, so the folded weights are what gets quantized); the original model if
     the pass cannot handle it."""
-    import importlib.util
-
     from onnxruntime.quantization import quant_pre_process
 
-    # Symbolic shape inference (for dynamic dims in transformer graphs) needs sympy, which is
-    # not a dependency; ONNX shape inference covers fixed-size CNNs.
-    symbolic = importlib.util.find_spec("sympy") is not None
+    # ONNX shape inference only: ORT's symbolic pass runs only where sympy happens to be installed (moto's cfn-lint
+    # brings it), so the prepared graph, and every quantized model, would depend on the environment; where it
+    # cannot infer a graph it also writes sym_shape_infer_temp.onnx into the current directory.
     try:
         with ort_prints_to_log():
-            quant_pre_process(str(src), str(out), skip_symbolic_shape=not symbolic)
+            quant_pre_process(str(src), str(out), skip_symbolic_shape=True)
         return out
     except Exception as exc:  # noqa: BLE001 - shape inference gives up on some graphs; quantizing still works
         log.warning("ONNX Runtime pre-processing failed (%s); quantizing the model as exported", str(exc).splitlines()[0])
