@@ -104,6 +104,16 @@ def savedmodel_from_source(source: "ModelSource", dst: Path) -> Path:
     return call_in_child(_export_source, source, dst)
 
 
+def _deterministic() -> None:
+    """Seed Python, NumPy and TensorFlow (seed 0, unless the function seeds them itself) and make TensorFlow's ops
+    deterministic, in the export's child process only."""
+    import keras
+    import tensorflow as tf
+
+    keras.utils.set_random_seed(0)
+    tf.config.experimental.enable_op_determinism()
+
+
 def _export_source(source: "ModelSource", dst: Path) -> Path:
     from pipeline.pausepoints import pause_point
 
@@ -111,6 +121,8 @@ def _export_source(source: "ModelSource", dst: Path) -> Path:
     from pipeline.outputkinds import compile_config_of_archive, compile_config_of_model
     from pipeline.stages.source import keras_model_from_source
 
+    if source.kind == "function":
+        _deterministic()  # a function that trains its model trains the same weights build after build
     model = keras_model_from_source(source)
     if source.kind == "h5":
         from pipeline.stages.keras2 import compile_config_of_hdf5
