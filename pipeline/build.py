@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -114,7 +115,7 @@ def build(cfg: BuildConfig) -> BuildResult:
         if cfg.int8:
             variants.append(_int8_stage("int8", onnx_fp32, calib, data, kinds, ctx))
         if cfg.with_int8_cpu:
-            variants.append(_int8_stage("int8cpu", onnx_fp32, calib, data, kinds, ctx))
+            variants += _unless_left_out("int8cpu", lambda: _int8_stage("int8cpu", onnx_fp32, calib, data, kinds, ctx), ctx)
         if cfg.uint8_input is not None:
             variants.append(_uint8_stage(onnx_fp32, data, ctx))
         gpu_variants = [v for v in variants if v.precision in PRECISIONS]
@@ -219,10 +220,24 @@ def _int8_stage(recipe: str, onnx_fp32: Path, calib: CalibrationData | None, dat
     # also on a cache hit: what is published must be what its runtime takes
     (check_qdq_int8_symmetric if recipe == "int8" else check_qdq_uint8_activations)(dst)
     summary = json.loads(record.read_text())
-    ctx.manifest.results.setdefault("int8_fallback", {})[recipe] = summary
+    ctx.manifest.results.setdefault("int8_fallback", {})[recipe] = {**summary, "line": describe_fallback(summary)}
     if summary.get("needed"):
-        log.info("%s", describe_fallback(summary))
+        log.warning("%s", describe_fallback(summary))  # every build, a cache hit too: what runs in float matters for speed
     return Artifact(recipe, "onnx", dst)
+
+
+def _unless_left_out(precision: str, make: Callable[[], Artifact], ctx: BuildContext) -> list[Artifact]:
+    """``[make()]``; for a variant the user did not ask for, a failure to make it (a model with nothing the recipe
+    quantizes, say) leaves it out with one line instead of failing the build."""
+    if precision not in ctx.cfg.optional_precisions:
+        return [make()]
+    try:
+        return [make()]
+    except PipelineError as exc:
+        model = f"{ctx.name}_{precision}"
+        log.warning("%s left out: it could not be made (%s) and it was not asked for", model, exc.problem)
+        ctx.manifest.results.setdefault("left_out", []).append({"variant": precision, "model": model, "reason": f"could not be made: {exc.problem}"})
+        return []
 
 
 def _without_left_out(variants: list[Artifact], ctx: BuildContext) -> list[Artifact]:
@@ -236,7 +251,7 @@ def _without_left_out(variants: list[Artifact], ctx: BuildContext) -> list[Artif
             log.warning("%s left out: %s (--int8-cpu asks for it and fails the build instead; --no-int8-cpu leaves it out unbuilt)",
                         variant.triton_name(ctx.name), reason)
             left_out.append({"variant": variant.precision, "model": variant.triton_name(ctx.name), "reason": reason})
-    ctx.manifest.results["left_out"] = left_out
+    ctx.manifest.results["left_out"] = ctx.manifest.results.get("left_out", []) + left_out
     return [v for v in variants if v.precision not in {x["variant"] for x in left_out}]
 
 

@@ -118,6 +118,10 @@ def variant_notes(rows: list[VariantRow], results: dict[str, Any]) -> list[str]:
     """One line per variant kind that needs saying (CPU INT8, uint8 input), and one per variant left out."""
     present = {r.precision for r in rows}
     notes = [line for precision, line in VARIANT_NOTES.items() if precision in present]
+    fallback = results.get("int8_fallback") if isinstance(results, dict) else None
+    for record in (fallback.values() if isinstance(fallback, dict) else []):
+        if isinstance(record, dict) and record.get("needed") and record.get("line"):
+            notes.append(f"INT8 fallback: {record['line']}")
     left_out = results.get("left_out") if isinstance(results, dict) else None
     for item in left_out if isinstance(left_out, list) else []:
         if isinstance(item, dict):

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import ROOT, cli, one_line_error
-from tests.user_models import USER_MODELS, outlier_data, write_data
+from tests.user_models import USER_MODELS, outlier_data, price_data, write_data
 
 pytestmark = pytest.mark.slow
 
@@ -76,8 +76,24 @@ def test_the_fallback_keeps_a_quantization_hostile_layer_float(tmp_path: Path) -
     assert record["first"]["failures"] and record["tried"][-1]["passed"]
     assert "int8: gate passes with 1 of 3 quantized nodes kept in float: StatefulPartitionedCall/functional_1/first_1/" in on.stderr
     assert (tmp_path / "repo" / "outlier_int8").is_dir()
-    first = record  # the same data, settings and code choose the same nodes; the stage cache keys on all of them
-    again = _build(tmp_path, "outlier", source, "--int8", "--no-int8-cpu")
-    assert again.returncode == 0 and json.loads((ws / "int8.fallback.json").read_text()) == first
+    again = _build(tmp_path, "outlier", source, "--int8", "--no-int8-cpu")  # the stage cache keys on data, settings and code
     stages = {s["name"]: s["status"] for s in json.loads((ws / "manifest.json").read_text())["stages"]}
-    assert stages["int8"] == "skipped"
+    assert again.returncode == 0 and stages["int8"] == "skipped"
+    fresh = cli("build", "--model", source, "--name", "outlier", "--workdir", str(tmp_path / "fresh"), "--repository", str(tmp_path / "repo2"),
+                "--calibration", str(tmp_path / "outlier" / "calib.npz"), "--eval-data", str(tmp_path / "outlier" / "eval.npz"), "--int8", "--no-int8-cpu")
+    assert fresh.returncode == 0, fresh.stderr[-2000:]  # the same data, settings and code choose the same nodes, from scratch
+    assert json.loads((tmp_path / "fresh" / "outlier" / "int8.fallback.json").read_text()) == record
+
+
+def test_a_cpu_int8_that_cannot_be_made_is_left_out_unless_asked_for(tmp_path: Path) -> None:
+    write_data(tmp_path / "linear", price_data, 400)
+    source = "tests.user_models:linear_regressor"
+    unasked = _build(tmp_path, "linear", source, "--int8")
+    assert unasked.returncode == 0, unasked.stderr[-3000:]
+    lines = [line for line in unasked.stderr.splitlines() if "linear_int8cpu left out" in line]
+    assert len(lines) == 1 and "finds nothing to quantize" in lines[0], unasked.stderr[-2000:]
+    assert {p.name for p in (tmp_path / "repo").iterdir()} == {"linear_fp32", "linear_int8"}
+    manifest = json.loads((tmp_path / "w" / "linear" / "manifest.json").read_text())
+    assert [x["variant"] for x in manifest["results"]["left_out"]] == ["int8cpu"]
+    asked = _build(tmp_path, "linear", source, "--int8", "--int8-cpu")
+    assert "finds nothing to quantize" in one_line_error(asked)  # named: its failure is the build's

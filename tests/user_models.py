@@ -234,6 +234,16 @@ def outlier_classifier() -> keras.Model:
     return model
 
 
+def linear_regressor() -> keras.Model:
+    """One Dense layer on ten features: the layer computes the graph output, which the CPU INT8 recipe keeps float,
+    so that recipe finds nothing to quantize (the TensorRT INT8 graph quantizes its input)."""
+    _seeded(19)
+    x = keras.Input((10,), name="features")
+    model = keras.Model(x, keras.layers.Dense(1, name="price")(x))
+    data = price_data(2000, 0)
+    return _fit(model, data["features"], data["labels"], "mse", 30)
+
+
 # name → (module:function or None for a SavedModel made by export_*, data generator, evaluation samples)
 USER_MODELS: dict[str, tuple[str, Callable[[int, int], Arrays], int]] = {
     "custom_activation_classifier": ("tests.user_models:custom_activation_classifier", digits_data, 600),

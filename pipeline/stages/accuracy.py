@@ -159,6 +159,7 @@ def raise_for_failures(results: Sequence[VariantResult], report: Path, layer_not
     if any(r.failures and r.precision.startswith("int8") for r in failed):
         notes = [f"{variant}: {note}" for variant, note in (layer_notes or {}).items()]
         fixes.append("; ".join(notes) if notes else "for INT8 keep the layers that add the most error in float (--int8-keep-nodes)")
+        fixes.append("or let the fallback keep more of them (--int8-fallback-max-share)")
         fixes.append("or try --calibration-method entropy or more calibration data, or loosen --int8-max-drop")
     if any(r.failures and r.precision == "int8cpu" for r in failed):
         fixes.append("or leave the CPU INT8 out with --no-int8-cpu")

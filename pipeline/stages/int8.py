@@ -215,6 +215,11 @@ class Calibrated:
                 calibration_cache_path=str(self.cache),
                 extra_options=dict(self.recipe.extra_options),
             )
+        import onnx
+
+        require(any(n.op_type == "QuantizeLinear" for n in onnx.load(str(out), load_external_data=False).graph.node),
+                f"the {self.recipe.label} recipe finds nothing to quantize in '{self.src}' (what it would quantize computes a graph "
+                "output or is kept float)", "leave this variant out" + (" (--no-int8-cpu)" if self.recipe.activation_type == "QUInt8" else ""))
         self.recipe.finish(out, self.cache)
         _checked_by_onnx(out, self.src)
         drop_unused_opsets(out)

@@ -6,8 +6,9 @@ this project's gate (every output judged by its kind, with confidence bounds: :m
 1. the model is calibrated once (:class:`pipeline.stages.int8.Calibrated`) and quantized;
 2. it is judged against FP32 on the evaluation data exactly as the accuracy stage will judge it;
 3. if it does not pass (a failed or an undecided figure), every quantized node is given a cost: how much closer to
-   FP32 the model's outputs come with that node alone left float (:mod:`pipeline.stages.node_costs`), measured on
-   *calibration* samples, so the evaluation data that judges the result does not also pick the nodes;
+   FP32 the outputs that did not pass come with that node alone left float (:mod:`pipeline.stages.node_costs`),
+   measured on *calibration* samples, so the evaluation data does not rank the nodes (it does decide how many are
+   kept: each set tried is judged on it, as the gate judges, and the first that passes is taken);
 4. the 1, 2, 4, … costliest nodes are kept in float, each set quantized and judged, until one passes or the bound
    is reached (``max_share`` of the quantized nodes); between the last set that failed and the first that passed,
    a bisection finds the fewest nodes that pass, since every node kept float costs speed.
@@ -38,7 +39,7 @@ from pipeline.outputkinds import kinds_from_json
 from pipeline.stages.accuracy import judge_variant
 from pipeline.stages.calibration import CalibrationData
 from pipeline.stages.int8 import TENSORRT_RECIPE, Calibrated, log_kept
-from pipeline.stages.int8_calibrate import QuantRecipe
+from pipeline.stages.int8_calibrate import QuantRecipe, calibration_batch
 from pipeline.stages.int8_cpu import CPU_RECIPE, check_qdq_uint8_activations
 from pipeline.stages.node_costs import NodeCost, node_costs_from_models
 from pipeline.stages.qdq_placement import WEIGHTED
@@ -108,20 +109,21 @@ def gated_int8_onnx_from_onnx(
                                    "first": Tried(0, verdict.passed, tuple(verdict.failures + verdict.undecided)).as_dict(), "kept": [], "tried": []}
         chosen = first
         if not verdict.passed and fallback.enabled:
-            feed = next(calibration.batches(min(RANKING_SAMPLES, calibration.num_samples)))
+            batch, drop_last = calibration_batch(calibrated.signature, RANKING_SAMPLES, calibration.num_samples)
+            feed = next(calibration.batches(batch, drop_last=drop_last))
             failing = sorted({row["output"] for row in verdict.rows if row["verdict"] in ("fail", "undecided")})
-            ranked = ranked_nodes(node_costs_from_models(src, first, feed, CANDIDATE_OP_TYPES[recipe], outputs=failing), exclude=base)
+            costs = node_costs_from_models(src, first, feed, CANDIDATE_OP_TYPES[recipe], outputs=failing)
+            ranked = ranked_nodes(costs, exclude=base)
+            quantized = len([c for c in costs if c.node not in base])  # every quantized node the search could keep float
             search = FallbackSearch(lambda nodes: calibrated.quantize(base | {e.node for e in nodes}), judge, ranked,
-                                    bound=max_kept(len(ranked), fallback.max_share))
+                                    bound=min(len(ranked), max_kept(quantized, fallback.max_share)))
             found = search.run()
-            summary.update(search.summary(len(ranked), fallback.max_share, feed), ranked=[c.as_dict() for c in ranked[:16]], outputs=failing)
+            summary.update(search.summary(quantized, fallback.max_share, feed), ranked=[c.as_dict() for c in ranked[:16]], outputs=failing)
             if found is not None:
                 chosen = found
         os.replace(chosen, dst)
     write_text_atomic(Path(record), json.dumps(summary, indent=2) + "\n")
     log_kept(quant.label, base)
-    if summary["needed"]:
-        log.warning("%s", describe_fallback(summary))
     if recipe == "int8cpu":
         check_qdq_uint8_activations(dst)
     return dst

@@ -75,7 +75,8 @@ def servable_models(
 
 
 def cpu_int8_files(repository: Path, models: list[str]) -> dict[str, Path]:
-    """The model file of every version of the CPU INT8 variants (``*_int8cpu``) among ``models``, by "name/version"."""
+    """The model file Triton serves of each CPU INT8 variant (``*_int8cpu``) among ``models``: its latest version (the
+    version policy the pipeline publishes), by "name/version"."""
     from pipeline.artifacts import parse_variant
 
     files = {}
@@ -83,9 +84,9 @@ def cpu_int8_files(repository: Path, models: list[str]) -> dict[str, Path]:
         variant = parse_variant(name)
         if variant is None or variant[1] != "int8cpu":
             continue
-        for version in sorted(p for p in (Path(repository) / name).iterdir() if p.is_dir() and p.name.isdigit()):
-            if (version / "model.onnx").is_file():
-                files[f"{name}/{version.name}"] = version / "model.onnx"
+        versions = sorted((p for p in (Path(repository) / name).iterdir() if p.is_dir() and p.name.isdigit()), key=lambda p: int(p.name))
+        if versions and (versions[-1] / "model.onnx").is_file():
+            files[f"{name}/{versions[-1].name}"] = versions[-1] / "model.onnx"
     return files
 
 

@@ -70,3 +70,32 @@ def test_bound_ranking_and_the_record_line() -> None:
     assert describe_fallback({"variant": "int8", "needed": True, "enabled": False}) == \
         "int8: gate did not pass and the fallback is off (--no-int8-fallback)"
     assert describe_fallback({"variant": "int8", "needed": False}) == "int8: gate passed fully quantized"
+
+
+def test_an_optional_variant_that_fails_its_gate_is_marked_left_out_not_raised(digits_convnet, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    """The accuracy stage on real models: a CPU INT8 held to an atol it cannot meet is marked ``left_out`` when it is
+    optional (the build drops it), and fails the stage when it was asked for."""
+    import json
+
+    from pipeline.artifacts import Artifact
+    from pipeline.errors import CheckFailed
+    from pipeline.evaldata import EvalData
+    from pipeline.gates import Gates
+    from pipeline.outputkinds import decide_kinds, kinds_to_json
+    from pipeline.stages.accuracy import accuracy_report_from_variants
+    from pipeline.stages.calibration import calibration_from_path
+    from pipeline.stages.int8_cpu import cpu_int8_onnx_from_onnx
+    from pipeline.tensors import signature_from_onnx
+
+    signature = signature_from_onnx(digits_convnet.model)
+    cpu = cpu_int8_onnx_from_onnx(digits_convnet.model, tmp_path / "int8cpu.onnx", calibration_from_path(digits_convnet.calib, signature))
+    data = EvalData.single({"image": digits_convnet.eval_images}, digits_convnet.eval_labels, "eval", "fp")
+    kinds = kinds_to_json(decide_kinds(signature, described=None, producers={"probs": "Softmax"}, overrides={}, targets={"probs": digits_convnet.eval_labels}))
+    strict = Gates(int8_atol=1e-9)
+    candidates = [Artifact("int8cpu", "onnx", cpu)]
+    results = accuracy_report_from_variants(digits_convnet.model, candidates, data, tmp_path / "a.json", gates=strict, kinds=kinds,
+                                            batch_size=64, optional=("int8cpu",))
+    assert not results[0].passed
+    assert [v["left_out"] for v in json.loads((tmp_path / "a.json").read_text())["variants"]] == [True]
+    with pytest.raises(CheckFailed, match="accuracy gate failed: int8cpu-onnx: output 'probs' .*max abs error"):
+        accuracy_report_from_variants(digits_convnet.model, candidates, data, tmp_path / "b.json", gates=strict, kinds=kinds, batch_size=64)
