@@ -153,6 +153,8 @@ def eval_data_from_path(path: Path, signature: ModelSignature) -> EvalData:
         checked = checked_inputs(where, groups[name], signature, what="evaluation data")
         inputs = {spec.name: np.ascontiguousarray(checked[spec.name], dtype=spec.dtype) for spec in signature.inputs}
         n = len(next(iter(inputs.values())))
+        if not n:
+            raise PipelineError(f"evaluation data '{where}' holds no samples", "write at least one sample per input (a few hundred to decide a gate)")
         mine = {key: array for (key, bucket), array in targets.items() if bucket == name}
         for key, array in mine.items():
             if len(array) != n:
@@ -233,6 +235,8 @@ def check_targets(targets: Mapping[str, np.ndarray], outputs: Mapping[str, Outpu
 def _check_target(name: str, target: np.ndarray, shape: tuple, kind: str, classes: int | None, where: str) -> None:
     per_sample = tuple(target.shape[1:])
     label = f"labels of output '{name}' ({kind}) in {where}"
+    if not len(target):
+        raise PipelineError(f"{label} hold no samples", "write at least one labelled sample (a few hundred to decide a gate)")
 
     def fits(expected: tuple) -> bool:
         return len(per_sample) == len(expected) and all(not isinstance(e, int) or e < 0 or e == g for e, g in zip(expected, per_sample))

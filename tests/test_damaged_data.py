@@ -38,10 +38,10 @@ DAMAGE: dict[str, Callable[[Path], None]] = {
     "no samples": lambda p: np.savez(p, image=_good()["image"][:0], labels=_good()["labels"][:0]),
     "wrong name": lambda p: np.savez(p, pixels=_good()["image"], labels=_good()["labels"]),
     "labels short": lambda p: np.savez(p, image=_good()["image"], labels=_good()["labels"][:7]),
+    "nan": lambda p: np.savez(p, image=np.where(_good()["image"] > 0.5, np.nan, _good()["image"]).astype(np.float32), labels=_good()["labels"]),
 }
-# Every command reads the file through the same readers; the server-starting ones are tried on the kinds of damage
-# that differ in how the bytes are read, the build on all of them.
-SERVED = ("empty", "truncated", "strings", "objects", "rank")
+# loadtest sends inputs and ignores labels: a file whose only damage is its labels is a good load-test file.
+LABELS_ONLY = ("labels short",)
 
 
 @pytest.fixture(scope="module")
@@ -70,13 +70,16 @@ def test_build_refuses_a_damaged_file_in_one_line(damage: str, own_build: tuple[
     assert _unchanged(repository) == before
 
 
-@pytest.mark.parametrize("damage", SERVED)
+@pytest.mark.parametrize("damage", list(DAMAGE))
 def test_verify_and_loadtest_refuse_a_damaged_file_in_one_line(damage: str, own_build: tuple[Path, Path], tmp_path: Path) -> None:
     workdir, repository = own_build
-    bad = tmp_path / f"{damage}.npz"
+    bad = tmp_path / f"{damage.replace(' ', '_')}.npz"
     DAMAGE[damage](bad)
     verify = cli("verify", "--workdir", str(tmp_path / "v"), "--repository", str(repository), "--model", "digits_fp32", "--eval-data", str(bad))
     assert bad.name in one_line_error(verify)
+    if damage in LABELS_ONLY:
+        return
     loadtest = cli("loadtest", "--workdir", str(tmp_path / "l"), "--repository", str(repository), "--model", "digits_fp32", "--data", str(bad),
                    "--concurrency", "1", "--max-seconds", "6")
-    assert bad.name in one_line_error(loadtest)
+    line = one_line_error(loadtest)
+    assert bad.name in line or damage in ("wrong name", "no samples", "width"), line  # these name the model and the input instead

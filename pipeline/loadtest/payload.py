@@ -82,9 +82,14 @@ def load_samples(path: Path) -> dict[str, np.ndarray]:
 
     arrays = read_arrays(Path(path))
     require(bool(arrays), f"'{path}' holds no arrays", "write one array per model input name with numpy.savez")
+    from pipeline.arrays import is_label_key
+
     for key, array in arrays.items():
-        require(array.dtype.kind in "biuf", f"array '{key}' in '{path}' holds {array.dtype} values, not numbers",
+        require(is_label_key(key) or array.dtype.kind in "biuf", f"array '{key}' in '{path}' holds {array.dtype} values, not numbers",
                 "store numeric arrays (e.g. x.astype(np.float32)) with numpy.savez")
+        if array.dtype.kind == "f" and not is_label_key(key):
+            bad = int(np.size(array) - np.count_nonzero(np.isfinite(array)))
+            require(not bad, f"array '{key}' in '{path}' has {bad} NaN/Inf value(s)", "replace or drop the samples with NaN/Inf (check the preprocessing)")
     return arrays
 
 
