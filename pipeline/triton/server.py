@@ -39,7 +39,7 @@ from types import TracebackType
 
 from pipeline.errors import PipelineError, require
 from pipeline.objectstore import S3Url
-from pipeline.triton.s3repository import readable_configs
+from pipeline.triton.s3repository import readable, readable_configs
 from pipeline.triton.procs import client_host, exit_cause, free_ports, peek_exit, port_taken, wait_group_gone
 from pipeline.triton.servable import gpu_instance_models, require_cpu_int8_runs_here, require_gpu_runtime
 from pipeline.isolate import die_with_parent
@@ -301,7 +301,11 @@ class TritonServer:
             self.stop()
             raise
         models, self.skipped_models = servable_models(local, backends, self.model_config_name)
-        require_cpu_int8_runs_here(local, models)
+        if local == self.repository:
+            require_cpu_int8_runs_here(local, models)
+        elif any(name.endswith("_int8cpu") for name in models):  # a bucket's configs only: the model files are needed here
+            with readable(self.repository) as full:
+                require_cpu_int8_runs_here(full, models)
         return models
 
     def _assign_ports(self) -> None:
