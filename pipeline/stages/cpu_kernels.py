@@ -26,7 +26,7 @@ import numpy as np
 
 from pipeline.errors import PipelineError
 
-METADATA_KEY = "pipeline.cpu_int8"
+METADATA_KEY = "cpu_int8_kernels"
 VNNI_FLAGS = ("avx512_vnni", "avx_vnni")  # /proc/cpuinfo names; AMX CPUs (amx_int8) have avx512_vnni too
 SAFE_WEIGHT = 64  # |w| ≤ 64: 255·64·2 = 32,640 fits a signed 16-bit lane
 _INTEGER_KERNEL_OPS = ("Conv", "MatMul", "Gemm")
