@@ -301,11 +301,9 @@ class TritonServer:
             self.stop()
             raise
         models, self.skipped_models = servable_models(local, backends, self.model_config_name)
-        if local == self.repository:
-            require_cpu_int8_runs_here(local, models)
-        elif any(name.endswith("_int8cpu") for name in models):  # a bucket's configs only: the model files are needed here
-            with readable(self.repository) as full:
-                require_cpu_int8_runs_here(full, models)
+        bucket = local != self.repository and any(name.endswith("_int8cpu") for name in models)  # its configs alone lack the model files
+        with readable(self.repository) if bucket else contextlib.nullcontext(local) as files:
+            require_cpu_int8_runs_here(files, models)
         return models
 
     def _assign_ports(self) -> None:
