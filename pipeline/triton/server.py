@@ -12,8 +12,8 @@ on a private *view* of the repository (one symlink per loadable model), so the o
 untouched and ``--model-control-mode none`` still loads everything in the view. Without a GPU, models
 whose config asks for ``KIND_GPU`` instances are served as ``KIND_CPU`` (``servable.write_view``). With a
 GPU, Triton resolves ``KIND_AUTO`` to ``KIND_GPU`` and the backend runs ONNX Runtime's CUDA (and, where
-TensorRT's libraries exist, TensorRT) execution provider; a CPU-only ONNX Runtime is refused up front.
-The command line comes from :mod:`pipeline.triton.server_args`, shared with the deploy bundles.
+TensorRT's libraries exist, TensorRT) execution provider; a CPU-only ONNX Runtime is refused up front. The
+command line comes from :mod:`pipeline.triton.server_args`, shared with the deploy bundles.
 """
 
 from __future__ import annotations
@@ -39,7 +39,7 @@ from types import TracebackType
 
 from pipeline.errors import PipelineError, require
 from pipeline.objectstore import S3Url
-from pipeline.triton.s3repository import readable, readable_configs
+from pipeline.triton.s3repository import readable_configs
 from pipeline.triton.procs import client_host, exit_cause, free_ports, peek_exit, port_taken, wait_group_gone
 from pipeline.triton.servable import gpu_instance_models, require_cpu_int8_runs_here, require_gpu_runtime
 from pipeline.isolate import die_with_parent
@@ -301,9 +301,7 @@ class TritonServer:
             self.stop()
             raise
         models, self.skipped_models = servable_models(local, backends, self.model_config_name)
-        bucket = local != self.repository and any(name.endswith("_int8cpu") for name in models)  # its configs alone lack the model files
-        with readable(self.repository) if bucket else contextlib.nullcontext(local) as files:
-            require_cpu_int8_runs_here(files, models)
+        require_cpu_int8_runs_here(self.repository, local, models)
         return models
 
     def _assign_ports(self) -> None:
