@@ -35,19 +35,26 @@ read in one of the sources below on 2026-12-02 (through the project's search ind
   notes name no driver). The notes' driver number is copied as written: from 25.03 on it is below
   what the CUDA release itself asks for (e.g. 575 for CUDA 13.0); not resolved here. Other months:
   no notes read (25.07 has none).
-* TensorRT in the py3 image (:data:`TENSORRT_UNSOURCED`): not on the compatibility page (its TensorRT
-  column is the ``trtllm-python-py3`` image's, a different build: e.g. 10.4.0 for 24.10-trtllm), and
-  not in the release notes as stored (docs.nvidia.com ``release-notes/rel-YY-MM.html``: "For a
-  complete list of what the container includes, refer to Deep Learning Frameworks Support Matrix",
-  and the "container also includes" list that follows is empty there); the Frameworks Support
-  Matrix itself, which lists it per release, could not be read (searched 2026-12-03 through the
-  project's search index: no page of it is stored). Only 24.10's 10.5 is recorded, unverified (the
-  project's earlier parser data). So no tag has a sourced TensorRT, and no tag is offered for plans
-  built elsewhere: ``build --triton-image`` refuses plans for it and ``deploy`` refuses a repository
-  with plans (:func:`check_plan_tensorrt`); the NGC TensorRT container of the same release
-  (``nvcr.io/nvidia/tensorrt:YY.MM-py3``, :func:`tensorrt_container`) builds plans that match by
-  construction. A row becomes offered for plans by setting ``tensorrt`` from such a source and
-  taking ``tensorrt`` out of its ``unverified``/``unknown``.
+* TensorRT in the py3 image (:data:`TENSORRT_UNSOURCED`), searched again 2026-12-04 (docs, pages, issues and
+  code corpora of the project's search index). Which image to take it from, read: Triton's QA builds the plans it
+  tests for a release in the NGC TensorRT container of that same release — server ``qa/common/gen_qa_model_repository``
+  (e.g. ``TRITON_VERSION=${TRITON_VERSION:=23.12}``) and ``qa/common/gen_qa_model_repository.v2``
+  (``TRITON_VERSION=${TRITON_VERSION:=25.10}``) both set ``TENSORRT_IMAGE=${TENSORRT_IMAGE:=nvcr.io/nvidia/tensorrt:
+  $TRITON_VERSION-py3}`` (.v2's header: "Update TENSORRT_IMAGE and PYTORCH_IMAGE to match what is being used by
+  the tritonserver release being tested"); a maintainer (server#3904, 2022): "model generated with 22.01 TRT container will
+  work with 22.01 Triton container". So the -py3 image of YY.MM runs the TensorRT of ``tensorrt:YY.MM-py3``
+  (:func:`tensorrt_container`) — to major.minor at least: server#5975 found 8.6.1.2 in tritonserver:23.05 against
+  8.6.1.6 in tensorrt:23.05. Which version that is, not read: the TensorRT Container Release Notes ("TensorRT
+  container image version YY.MM is based on TensorRT X.Y.Z") are stored only as the table of contents of the
+  tensorrt-1070 PDF (24.11 back) and per-release pages of 2018–2019 only; the Triton release notes' "container also
+  includes" list is empty as stored (they refer to the Frameworks Support Matrix); no page of that matrix is
+  stored; the compatibility page's TensorRT column is the ``trtllm-python-py3`` image's, a different build (10.4.0
+  for 24.10-trtllm), not used. Third-party READMEs disagree (25.01: 10.8.0.43 in one, 10.7 in another), not used.
+  So no row has a sourced TensorRT and no tag is offered for plans built elsewhere: ``build --triton-image`` and
+  ``deploy`` refuse plans for it (:func:`check_plan_tensorrt`) and name ``--plans-at-deploy``, which builds them in
+  that container. 24.10 keeps 10.5, unverified (the project's earlier parser data): below the engine stage's 10.8
+  (``MIN_TENSORRT``) in any case. A row is offered once ``tensorrt`` is set from such a source (the full version,
+  so the refusal can pin ``tensorrt==X.Y.Z.W``) and taken out of its ``unverified``/``unknown``.
 
 What the configs need from the server, all read by 24.10 (Triton 2.51, which the project runs and
 tests with ``--model-config-name``; onnxruntime_backend ``src/onnxruntime.cc`` parses the ``cuda``
@@ -70,8 +77,8 @@ log = logging.getLogger(__name__)
 NGC_REPOSITORY = "nvcr.io/nvidia/tritonserver"
 NGC_TENSORRT_REPOSITORY = "nvcr.io/nvidia/tensorrt"  # the NGC TensorRT container: the release's TensorRT (--plans-at-deploy builds there)
 # Why a row's TensorRT is not sourced (module docstring, TensorRT): said by every refusal that rests on it.
-TENSORRT_UNSOURCED = ("NVIDIA's Frameworks Support Matrix, which lists the TensorRT of each -py3 image, could not be read, "
-                      "and the release notes name none")
+TENSORRT_UNSOURCED = ("no NVIDIA source for it could be read: the release notes name none, and neither the Frameworks "
+                      "Support Matrix nor the TensorRT container notes of that release are stored")
 DEFAULT_TAG = "24.10"
 
 # Newest ONNX IR version and ai.onnx opset each ONNX Runtime loads, measured (module docstring).
@@ -280,7 +287,7 @@ def check_plan_tensorrt(image: str, version: str, releases: tuple[NgcRelease, ..
     container = tensorrt_container(release.tag)
     if release.tensorrt and not same_tensorrt(version, release.tensorrt):
         runs = f"TensorRT {release.tensorrt}" + (" (not verified)" if "tensorrt" in release.unverified else "")
-        wheel = f"pip install 'tensorrt=={_major_minor(release.tensorrt)}.*'" \
+        wheel = f"pip install '{_wheel_pin(release.tensorrt)}'" \
             if tensorrt_version_tuple(release.tensorrt) >= MIN_TENSORRT else \
             f"a newer tag (TensorRT {_major_minor(release.tensorrt)} is older than {'.'.join(map(str, MIN_TENSORRT))}, the oldest the engine stage builds with)"
         raise PipelineError(
@@ -299,6 +306,11 @@ def check_plan_tensorrt(image: str, version: str, releases: tuple[NgcRelease, ..
 
 def _major_minor(version: str) -> str:
     return ".".join(version.split(".")[:2])
+
+
+def _wheel_pin(version: str) -> str:
+    """pip's requirement for TensorRT ``version``: exact when the table gives all four parts, else its major.minor."""
+    return f"tensorrt=={version}" if len(version.split(".")) >= 4 else f"tensorrt=={_major_minor(version)}.*"
 
 
 def check_image(image: str, models: list[ModelNeeds], releases: tuple[NgcRelease, ...] = RELEASES) -> list[str]:

@@ -332,7 +332,7 @@ def test_plans_must_match_the_images_tensorrt(tmp_path: Path) -> None:
     with pytest.raises(PipelineError, match=r"built with TensorRT 10.8.0.43, but .*24.10-py3 runs TensorRT 10.5 \(the table's "
                                             r"value, not verified\) — no tag in the table is known to run TensorRT 10.8"):
         write_deploy_bundle(_plan_repository(tmp_path, "10.8.0.43"), tmp_path / "out")
-    with pytest.raises(PipelineError, match=r"the table's TensorRT 10.5 for .*24.10-py3 is not verified \(NVIDIA's Frameworks Support Matrix.*"
+    with pytest.raises(PipelineError, match=r"the table's TensorRT 10.5 for .*24.10-py3 is not verified \(no NVIDIA source for it could be read.*"
                                             r"--plans-at-deploy instead: .*\(nvcr.io/nvidia/tensorrt:24.10-py3\)"):
         write_deploy_bundle(_plan_repository(tmp_path, "10.5.0.18"), tmp_path / "out")
     with pytest.raises(PipelineError, match=r"the TensorRT of nvcr.io/nvidia/tritonserver:25.03-py3 is not known from a source.*"
