@@ -8,7 +8,9 @@ weights with data-fitted BatchNorm and a class-mean head: the compute of MobileN
 worth gating, see MODELS) and the bundled digits CNN.
 
 Served: ``python -m pipeline loadtest`` (closed loop, batch-32 requests of real evaluation samples,
-measurement windows until stable) on all four models in one server run; ``--rounds`` repeats that
+measurement windows until stable) on all four models in one server run, once with the inputs in the HTTP
+body and once through system shared memory (``--transports``: the load generator runs on the same cores, so
+the first also charges its own copying of each request to the served side); ``--rounds`` repeats that
 with the order reversed each time (FP32 first, then INT8 first), so load from other processes on a
 shared machine falls on both sides; the table gives the median per model and load. In process: the
 same two files in ONNX Runtime sessions with the backend's settings (graph optimizations ALL, ORT's
@@ -75,9 +77,12 @@ def ensure_built(name: str, root: Path, calib: int, eval_samples: int) -> None:
     print(f"built {name} in {time.perf_counter() - began:.0f} s", flush=True)
 
 
-def served_round(root: Path, models: list[str], concurrency: str, window_ms: int, max_seconds: float, report_dir: Path) -> dict[tuple[str, float], float]:
-    """One ``pipeline loadtest`` run over ``models`` (in that order); infer/s per (model, concurrency)."""
+def served_round(root: Path, models: list[str], concurrency: str, window_ms: int, max_seconds: float, report_dir: Path,
+                 shared_memory: str = "none") -> dict[tuple[str, float], float]:
+    """One ``pipeline loadtest`` run over ``models`` (in that order), inputs sent in the HTTP body
+    (``shared_memory="none"``) or through registered system shared memory; samples/s per (model, concurrency)."""
     command = [sys.executable, "-m", "pipeline", "loadtest", "--repository", str(root / "model_repository"),
+               "--shared-memory", shared_memory,
                "--calibration-root", str(root / "calibration"), "--batch-size", str(BATCH), "--concurrency", concurrency,
                "--window-ms", str(window_ms), "--max-seconds", str(max_seconds), "--report-dir", str(report_dir),
                "--timeout-ms", "60000"]  # a 19 MB MobileNetV2 request on 2 cores shared with other work can take seconds
@@ -118,6 +123,11 @@ def main() -> int:
     parser.add_argument("--root", type=Path, default=ROOT / "build" / "bench_int8_cpu", help="builds, repository, data (default: %(default)s)")
     parser.add_argument("--models", nargs="+", default=list(MODELS), choices=list(MODELS), help="default: all")
     parser.add_argument("--concurrency", default="1,2", help="closed-loop requests in flight (default: %(default)s)")
+    # The load generator shares this machine's cores with the server: with inputs in the HTTP body its own
+    # serialization and sending of each 19 MB MobileNetV2 request is charged to the served side (a remote
+    # client's would not be). System shared memory (as perf_analyzer's --shared-memory system) takes the
+    # transfer out and leaves the server's path: both are measured, side by side.
+    parser.add_argument("--transports", default="none,system", help="loadtest --shared-memory modes, comma-separated (default: %(default)s)")
     parser.add_argument("--rounds", type=int, default=2, help="served runs, order reversed each time (default: %(default)s)")
     # A MobileNetV2 batch of 32 takes 0.2-0.7 s on 2 loaded cores: 1-second windows (loadtest's default) count
     # whole requests, so throughput came out as exactly 32 or 64 samples/s; windows of several requests do not.
@@ -137,7 +147,8 @@ def main() -> int:
 
     load_before = os.getloadavg()  # a shared machine: the load others put on it is part of the result
     local: dict[str, list[float]] = {}
-    served: dict[tuple[str, float], list[float]] = {}
+    served: dict[tuple[str, str, float], list[float]] = {}
+    transports = [t for t in args.transports.split(",") if t]
     for round_index in range(args.rounds):
         order = [m for pair in pairs for m in (pair if round_index % 2 == 0 else pair[::-1])]
         for model in order:
@@ -145,30 +156,37 @@ def main() -> int:
             with np.load(root / "calibration" / base / "eval.npz") as data:
                 feed = {k: np.ascontiguousarray(v[:BATCH]) for k, v in data.items() if k != "labels"}
             local.setdefault(model, []).append(in_process(latest_version(repository / model), feed, args.seconds))
-        print(f"round {round_index + 1}/{args.rounds}: served {', '.join(order)} at concurrency {args.concurrency}", flush=True)
-        for key, rate in served_round(root, order, args.concurrency, args.window_ms, args.max_seconds, root / "reports" / f"round{round_index}").items():
-            served.setdefault(key, []).append(rate)
+        for transport in transports if round_index % 2 == 0 else transports[::-1]:
+            print(f"round {round_index + 1}/{args.rounds}: served {', '.join(order)} at concurrency {args.concurrency}, "
+                  f"shared memory {transport}", flush=True)
+            rates = served_round(root, order, args.concurrency, args.window_ms, args.max_seconds,
+                                 root / "reports" / f"round{round_index}-{transport}", transport)
+            for (model, load), rate in rates.items():
+                served.setdefault((model, transport, load), []).append(rate)
 
     rows = []
     for fp32, int8 in pairs:
-        loads = sorted({load for model, load in served if model == fp32})
-        for mode, a, b in [("in process", local[fp32], local[int8])] + [(f"served c={load:g}", served[(fp32, load)], served[(int8, load)]) for load in loads]:
+        points = sorted({(transport, load) for model, transport, load in served if model == fp32})
+        for mode, a, b in [("in process", local[fp32], local[int8])] + [
+                (f"served {'http' if t == 'none' else 'shm'} c={load:g}", served[(fp32, t, load)], served[(int8, t, load)]) for t, load in points]:
             rows.append({"model": fp32.rsplit("_", 1)[0], "mode": mode, "fp32_samples_per_s": round(statistics.median(a), 1),
                          "int8cpu_samples_per_s": round(statistics.median(b), 1), "ratio": round(statistics.median(b) / statistics.median(a), 3),
                          "fp32_runs": [round(x, 1) for x in a], "int8cpu_runs": [round(x, 1) for x in b]})
 
-    header = f"{'model':<18} {'mode':<13} {'FP32 samples/s':>15} {'INT8 CPU samples/s':>19} {'INT8/FP32':>10}"
+    header = f"{'model':<18} {'mode':<17} {'FP32 samples/s':>15} {'INT8 CPU samples/s':>19} {'INT8/FP32':>10}"
     print(f"\nbatch {BATCH}, median of {args.rounds} round(s); 1-min load average {load_before[0]:.1f} before, "
           f"{os.getloadavg()[0]:.1f} after, on {os.cpu_count()} CPUs\n{header}\n{'-' * len(header)}")
     for r in rows:
-        print(f"{r['model']:<18} {r['mode']:<13} {r['fp32_samples_per_s']:>15.1f} {r['int8cpu_samples_per_s']:>19.1f} {r['ratio']:>10.2f}")
+        print(f"{r['model']:<18} {r['mode']:<17} {r['fp32_samples_per_s']:>15.1f} {r['int8cpu_samples_per_s']:>19.1f} {r['ratio']:>10.2f}")
 
     import onnxruntime
 
     sizes = {m: latest_version(repository / m).stat().st_size for pair in pairs for m in pair}
     cpu = next((line.split(":", 1)[1].strip() for line in subprocess.run(["lscpu"], capture_output=True, text=True).stdout.splitlines()
                 if line.startswith("Model name")), platform.processor())
-    report = {"batch": BATCH, "rounds": args.rounds, "concurrency": args.concurrency, "cpu": cpu, "cpu_count": os.cpu_count(),
+    flags = set(Path("/proc/cpuinfo").read_text().split()) if Path("/proc/cpuinfo").is_file() else set()
+    report = {"batch": BATCH, "rounds": args.rounds, "concurrency": args.concurrency, "transports": transports, "cpu": cpu,
+              "cpu_count": os.cpu_count(), "vnni": bool(flags & {"avx512_vnni", "avx_vnni"}),
               "onnxruntime": onnxruntime.__version__, "python": platform.python_version(), "time": time.strftime("%Y-%m-%dT%H:%M:%S"),
               "loadavg_before": [round(x, 2) for x in load_before], "loadavg_after": [round(x, 2) for x in os.getloadavg()],
               "model_bytes": sizes, "rows": rows}
