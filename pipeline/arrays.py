@@ -27,6 +27,19 @@ def is_label_key(key: str) -> bool:
     """``labels``, ``labels:<output>`` and their bucketed forms (``labels:<output>__16``) hold labels, not inputs."""
     base = key.split("__", 1)[0]
     return base in IGNORED_KEYS or base.startswith("labels:")
+
+
+def unknown_arrays_fix(unknown: list[str], signature: ModelSignature, bucketed: bool = False) -> str:
+    """The fix for arrays that are not model inputs: an array named after an output holds that output's
+    labels, which go under ``labels:<output>``; any other is told the input names."""
+    outputs = {spec.name for spec in signature.outputs}
+    targets = [k for k in unknown if k.split("__", 1)[0] in outputs]
+    if targets:
+        return "rename " + ", ".join(f"'{k}' to 'labels:{k}'" for k in targets) + ": an output's labels go under labels:<output> (docs/guide/data.md)"
+    names = ", ".join(spec.name for spec in signature.inputs)
+    return f"name the arrays after the model inputs: {names}" + (" (or <input>__<bucket> for samples of another size)" if bucketed else "")
+
+
 _SCAN_CHUNK = 256  # samples per chunk when scanning (possibly memory-mapped) arrays for NaN/range
 
 
@@ -94,7 +107,7 @@ def checked_inputs(
     require(
         not unknown,
         f"{what} '{origin}' has arrays {unknown} that are not model inputs",
-        f"name the arrays after the model inputs: {', '.join(expected)}",
+        unknown_arrays_fix(unknown, signature),
     )
     missing = [name for name in expected if name not in arrays]
     require(

@@ -15,7 +15,7 @@ import numpy as np
 
 from collections.abc import Mapping
 
-from pipeline.arrays import IGNORED_KEYS, is_label_key, load_npy, load_npz
+from pipeline.arrays import IGNORED_KEYS, is_label_key, load_npy, load_npz, unknown_arrays_fix
 from pipeline.errors import PipelineError, require
 from pipeline.tensors import ModelSignature
 
@@ -42,7 +42,7 @@ def split_buckets(origin: Path, arrays: Mapping[str, np.ndarray], signature: Mod
     require(
         not unknown,
         f"{what} '{origin}' has arrays {sorted(unknown)} that are not model inputs",
-        f"name the arrays after the model inputs: {', '.join(expected)} (or <input>{BUCKET_SEP}<bucket> for samples of another size)",
+        unknown_arrays_fix(sorted(unknown), signature, bucketed=True),
     )
     require(
         bool(buckets),

@@ -33,6 +33,7 @@ class VariantRow:
     precision: str
     kind: str
     accuracy: float | None = None  # plain accuracy of the primary output (labels), 0..1
+    accuracy_metric: str | None = None  # what that accuracy is: "top-1", "R²", "mIoU" (stages/accuracy.py)
     agreement: float | None = None  # top-1 agreement with FP32 (no labels), 0..1
     metric: str = ""  # the gate's first figure's name, e.g. "accuracy drop (top-1)"
     figure: str = ""  # its value with bounds, unit and limit, e.g. "0.00 [-0.60, 0.60] pt (≤ 1 pt)"
@@ -60,10 +61,11 @@ def variant_rows(manifest: dict[str, Any], build_dir: Path | None = None) -> lis
     reference = next((v.get("reference_accuracy") for v in variants if v.get("reference_accuracy") is not None), None)
     if "fp32-onnx" in rows and variants:
         rows["fp32-onnx"].accuracy, rows["fp32-onnx"].gate = reference, "reference"
+        rows["fp32-onnx"].accuracy_metric = next((v.get("accuracy_metric") for v in variants if v.get("reference_accuracy") is not None), None)
         rows["fp32-onnx"].agreement = 1.0 if reference is None else None
     for judged in variants:
         row = rows.setdefault(judged["variant"], VariantRow(judged["variant"], judged.get("precision", ""), judged.get("kind", "")))
-        row.accuracy, row.agreement = judged.get("accuracy"), judged.get("agreement")
+        row.accuracy, row.agreement, row.accuracy_metric = judged.get("accuracy"), judged.get("agreement"), judged.get("accuracy_metric")
         row.gate = "pass" if judged.get("passed") else ("undecided" if judged.get("undecided") else "FAIL")
         first = next((g for g in judged.get("gates") or [] if g.get("value") is not None), None)
         if first:
@@ -84,7 +86,9 @@ def variants_data(rows: list[VariantRow], latency: dict[str, Any] | None = None,
     metrics = {r.metric for r in rows if r.figure}
     common = next(iter(metrics)) if len(metrics) == 1 else ""  # named once in the header when every variant's is the same
     column = f"{common} vs FP32 (limit)" if common else "gate figure vs FP32 (limit)"
-    columns = ["variant", "accuracy" if plain else "agreement with FP32", *([column] if figures else []), "gate", "size"]
+    named = {r.accuracy_metric for r in rows if r.accuracy is not None}
+    heading = f"accuracy ({next(iter(named))})" if len(named) == 1 and None not in named else "accuracy"
+    columns = ["variant", heading if plain else "agreement with FP32", *([column] if figures else []), "gate", "size"]
     columns += [f"{target.upper()} ms, batch {batch}" for target, batch in points]
     table = TableData("variants: accuracy, size, latency", columns, align="lr" + ("l" if figures else "") + "lr" + "r" * len(points))
     for r in rows:

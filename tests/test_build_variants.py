@@ -220,6 +220,18 @@ def test_the_terminal_table_leaves_the_gate_figures_to_the_accuracy_table(tmp_pa
     assert [table.right_aligned(i) for i in range(6)] == [False, True, False, True, True, True]
 
 
+def test_the_accuracy_column_names_what_the_accuracy_is(tmp_path: Path) -> None:
+    manifest = _manifest(tmp_path)
+    for judged in manifest["results"]["accuracy"]["variants"]:
+        judged["accuracy_metric"] = "R²"  # a regression output's accuracy is its R², which can be negative
+    judged["accuracy"] = -0.0551
+    table = variants_data(variant_rows(manifest, tmp_path), manifest["results"]["latency"], figures=False)
+    assert table.columns[:2] == ["variant", "accuracy (R²)"]
+    assert [row[1] for row in table.rows] == ["97.55%", "97.55%", "-5.51%"]
+    judged["accuracy_metric"] = "top-1"  # two different metrics: no single name in the heading
+    assert variants_data(variant_rows(manifest, tmp_path), figures=False).columns[1] == "accuracy"
+
+
 def test_variants_judged_by_different_first_figures_name_theirs_in_the_cell(tmp_path: Path) -> None:
     manifest = _manifest(tmp_path)
     manifest["results"]["accuracy"]["variants"][1]["gates"] = [_gate(0.0014, 0.0014, 0.0014, "", 0.01)]

@@ -270,13 +270,13 @@ def test_the_build_report_shows_every_variant_and_a_noop_rebuild_keeps_the_stage
 
     variants = first.titled("variants: accuracy, size, latency")
     figure = "accuracy drop (top-1) vs FP32 (limit)"
-    assert variants["headers"] == ["variant", "accuracy", figure, "gate", "size", "CPU ms, batch 1", "CPU ms, batch 64"]
+    assert variants["headers"] == ["variant", "accuracy (top-1)", figure, "gate", "size", "CPU ms, batch 1", "CPU ms, batch 64"]
     shown = {row[0]: dict(zip(variants["headers"], row)) for row in variants["rows"]}
     assert list(shown) == ["fp32-onnx", "fp16-onnx", "int8-onnx", "int8cpu-onnx"]
     plain = {"fp32-onnx": accuracy["variants"][0]["reference_accuracy"]} | {v["variant"]: v["accuracy"] for v in accuracy["variants"]}
     measured = {v["variant"]: {b["batch"]: b["median_ms"] for b in v["batches"]} for v in latency["variants"]}
     for variant, cells in shown.items():
-        assert cells["accuracy"] == f"{plain[variant]:.2%}"  # FP32's 97.55% too
+        assert cells["accuracy (top-1)"] == f"{plain[variant]:.2%}"  # FP32's 97.55% too
         assert cells["size"] == size_text(Path(manifest["artifacts"][variant.replace("-", ".")]).stat().st_size)
         assert [cells["CPU ms, batch 1"], cells["CPU ms, batch 64"]] == [f"{measured[variant][b]:.3f}" if measured[variant][b] < 10
                                                                          else f"{measured[variant][b]:.1f}" for b in (1, 64)]

@@ -125,14 +125,18 @@ def judge_variant(fp32_onnx: Path, candidate: Artifact, data: EvalData, *, gates
                             tolerance_for(candidate.precision, gates), kinds)
 
 
+# What each kind's "accuracy" is (pipeline/taskstats.py), so a table can name it: an R² of -5% is not an accuracy.
+ACCURACY_METRICS = {"classes": "top-1", "binary": "accuracy", "multilabel": "label accuracy", "regression": "R²", "segmentation": "mIoU"}
+
+
 def _primary(result: VariantResult, kinds: Mapping[str, OutputKind]) -> dict[str, Any]:
     """The first output's task summary (accuracy, FP32's, agreement), for one-number tables and tune."""
     for name in kinds:
         summary = result.comparison["outputs"].get(name, {})
         if summary.get("accuracy") is not None or summary.get("agreement") is not None:
             return {"primary_output": name, "accuracy": summary.get("accuracy"), "reference_accuracy": summary.get("reference_accuracy"),
-                    "agreement": summary.get("agreement")}
-    return {"primary_output": None, "accuracy": None, "reference_accuracy": None, "agreement": None}
+                    "accuracy_metric": ACCURACY_METRICS.get(kinds[name].kind), "agreement": summary.get("agreement")}
+    return {"primary_output": None, "accuracy": None, "reference_accuracy": None, "accuracy_metric": None, "agreement": None}
 
 
 LAYER_ERROR_SAMPLES = 32

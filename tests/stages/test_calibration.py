@@ -75,6 +75,8 @@ def test_fingerprint_follows_data_and_settings(tmp_path: Path) -> None:
     ("arrays", "message"),
     [
         ({"imgae": _images()}, r"arrays \['imgae'\] that are not model inputs — name the arrays after the model inputs: image"),
+        # an array named after the output holds its labels: the fix names the key they go under
+        ({"image": _images(), "probs": np.arange(120)}, r"arrays \['probs'\] that are not model inputs — rename 'probs' to 'labels:probs'"),
         ({"labels": np.arange(120)}, r"no array for model input\(s\) \['image'\] — add one array per model input: image"),
         ({"image": _images()[..., 0]}, r"has shape \(120, 8, 8\), the model expects \(N, 8, 8, 1\)"),
         ({"image": np.zeros((120, 8, 9, 1), np.float32)}, r"has shape \(120, 8, 9, 1\), the model expects \(N, 8, 8, 1\)"),
@@ -206,6 +208,9 @@ def test_bucket_errors_are_one_line(tmp_path: Path) -> None:
     np.savez(tmp_path / "typo.npz", **bucketed, tokenz__a=good["tokens"])
     with pytest.raises(PipelineError, match=r"typo.npz' has arrays \['tokenz__a'\] that are not model inputs"):
         calibration_from_path(tmp_path / "typo.npz", SEQ)
+    np.savez(tmp_path / "target.npz", **bucketed, y__a=np.zeros((120, 2), np.float32))
+    with pytest.raises(PipelineError, match=r"target.npz' has arrays \['y__a'\] that are not model inputs — rename 'y__a' to 'labels:y__a'"):
+        calibration_from_path(tmp_path / "target.npz", SEQ)
     np.savez(tmp_path / "mixed.npz", **good, tokens__x=good["tokens"])
     with pytest.raises(PipelineError, match=r"bucket 'x' of '.*mixed.npz' has no array for model input\(s\) \['mask', 'meta'\]"):
         calibration_from_path(tmp_path / "mixed.npz", SEQ)
