@@ -122,7 +122,7 @@ FOREIGN_OPTIONS = {
     "--phase": "scripts/bench_gpu.py", "--from-json": "scripts/zoo_table.py", "--query-gpu": "nvidia-smi",
     "--field-name": "a placeholder in docs/design.md: the flag of a BuildConfig field",
     "--attention": "scripts/bench_zoo_hub.py", "--no-deps": "pip",
-    "--front-end": "scripts/bench_served.py",
+    "--front-end": "scripts/bench_served.py", "--rounds": "scripts/bench_int8_cpu.py", "--transports": "scripts/bench_int8_cpu.py",
     "--module": "scripts/mutation.py", "--survivors": "scripts/mutation.py", "--report-only": "scripts/mutation.py",
     "--convert-to": "polygraphy convert", "--strongly-typed": "polygraphy convert", "--trt-min-shapes": "polygraphy convert",
     "--trt-opt-shapes": "polygraphy convert", "--trt-max-shapes": "polygraphy convert", "--model-type": "polygraphy run",
