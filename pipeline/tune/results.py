@@ -71,7 +71,7 @@ def _num(value: Any) -> str:
 
 
 def accuracy_of(model: str, model_dir: Path | None, workdir: Path = Path("build")) -> dict[str, Any] | None:
-    """Top-1 accuracy of a variant from its build's accuracy report: the publish record in the
+    """The accuracy of a variant (``top1``, and what it is: ``metric``) from its build's accuracy report: the publish record in the
     repository (``.pipeline-report.json``), else ``<workdir>/<name>/accuracy.json``."""
     m = VARIANT_NAME.match(model)
     if m is None:
@@ -95,11 +95,11 @@ def accuracy_of(model: str, model_dir: Path | None, workdir: Path = Path("build"
         return None
     for variant in report.get("variants", []):
         if variant.get("precision") == m["precision"] and variant.get("kind") == kind and variant.get("accuracy") is not None:
-            return {"top1": variant["accuracy"], "source": source}
+            return {"top1": variant["accuracy"], "metric": variant.get("accuracy_metric"), "source": source}
     if m["precision"] == "fp32" and kind == "onnx" and str(report.get("reference", "")).startswith("fp32"):
-        accuracy = next((v.get("reference_accuracy") for v in report.get("variants", []) if v.get("reference_accuracy") is not None), None)
-        if accuracy is not None:
-            return {"top1": accuracy, "source": source + " (reference)"}
+        judged = next((v for v in report.get("variants", []) if v.get("reference_accuracy") is not None), None)
+        if judged is not None:
+            return {"top1": judged["reference_accuracy"], "metric": judged.get("accuracy_metric"), "source": source + " (reference)"}
     return None
 
 
@@ -111,7 +111,7 @@ def pareto(jobs: list[ModelTune], workdir: Path = Path("build")) -> list[dict[st
         accuracy = accuracy_of(job.model, job.model_dir, workdir)
         best = job.best
         points.append({"model": job.model, "top1": accuracy["top1"] if accuracy else None,
-                       "accuracy_source": accuracy["source"] if accuracy else None,
+                       "accuracy_metric": accuracy["metric"] if accuracy else None, "accuracy_source": accuracy["source"] if accuracy else None,
                        "infer_per_s": best.to_dict()["infer_per_s"] if best.meets_slo else 0.0,
                        "config": best.candidate.to_dict()})
     for p in points:
@@ -127,13 +127,21 @@ def _dominates(q: dict[str, Any], p: dict[str, Any]) -> bool:
     return a[0] >= b[0] and a[1] >= b[1] and a != b
 
 
+def accuracy_name(points: list[dict[str, Any]]) -> str:
+    """What the points' accuracy is ("top-1", "R²", "mIoU": the build's ``accuracy_metric``), or "accuracy" when
+    they differ or a report does not say (the key stays ``top1`` in tune.json for its readers)."""
+    named = {p.get("accuracy_metric") for p in points if p["top1"] is not None}
+    return str(next(iter(named))) if len(named) == 1 and None not in named else "accuracy"
+
+
 def pareto_table(points: list[dict[str, Any]], slo_p99_ms: float) -> Any:
     """The Pareto points as a rich table."""
     from rich.table import Table
 
     t = Table(title=f"accuracy vs throughput under p99 ≤ {slo_p99_ms:g} ms (one point per variant)")
-    for col in ("variant", "top-1", "infer/s", "config", "Pareto"):
-        t.add_column(col, justify="right" if col in ("top-1", "infer/s") else "left")
+    measure = accuracy_name(points)
+    for col in ("variant", measure, "infer/s", "config", "Pareto"):
+        t.add_column(col, justify="right" if col in (measure, "infer/s") else "left")
     for p in points:
         c = p["config"]
         t.add_row(p["model"], f"{p['top1']:.2%}" if p["top1"] is not None else "unknown", f"{p['infer_per_s']:,.0f}",
@@ -246,7 +254,7 @@ def _plot_pareto(points: list[dict[str, Any]], slo: float, path: Path) -> Path:
     front = sorted((p for p in points if p["top1"] is not None and not p["dominated"]), key=lambda p: p["infer_per_s"])
     if front:
         ax.plot([p["infer_per_s"] for p in front], [p["top1"] * 100 for p in front], color="tab:blue", lw=1)
-    ax.set(title=f"Accuracy vs throughput under p99 ≤ {slo:g} ms", xlabel="best infer/s under the SLO", ylabel="top-1 (%)")
+    ax.set(title=f"Accuracy vs throughput under p99 ≤ {slo:g} ms", xlabel="best infer/s under the SLO", ylabel=f"{accuracy_name(points)} (%)")
     ax.grid(alpha=0.3)
     fig.tight_layout()
     fig.savefig(path, dpi=110)

@@ -6,7 +6,7 @@ import csv
 import json
 from pathlib import Path
 
-from pipeline.tune.results import accuracy_of, pareto, tune_document, write_reports
+from pipeline.tune.results import accuracy_of, pareto, pareto_table, tune_document, write_reports
 from pipeline.tune.space import Candidate
 from tests.tune.helpers import model_tune, point, trial
 
@@ -62,10 +62,10 @@ def test_reports_are_written(tmp_path: Path) -> None:
     assert (tmp_path / "r" / "pareto.png").stat().st_size > 1000
 
 
-def write_accuracy(workdir: Path, fp32: float, int8: float) -> None:
+def write_accuracy(workdir: Path, fp32: float, int8: float, metric: str | None = None) -> None:
     (workdir / "digits").mkdir(parents=True)
     (workdir / "digits" / "accuracy.json").write_text(json.dumps({"reference": "fp32-onnx (ONNX Runtime CPU)", "variants": [
-        {"precision": "int8", "kind": "onnx", "accuracy": int8, "reference_accuracy": fp32}]}))
+        {"precision": "int8", "kind": "onnx", "accuracy": int8, "reference_accuracy": fp32, "accuracy_metric": metric}]}))
 
 
 def test_accuracy_comes_from_the_build_report(tmp_path: Path) -> None:
@@ -82,6 +82,15 @@ def test_pareto_marks_dominated_variants(tmp_path: Path) -> None:
     assert [p["dominated"] for p in faster_int8] == [False, False]  # a trade-off: both on the front
     slower_int8 = pareto([fp32_tune(), fp32_tune("digits_int8", 0.5)], tmp_path)
     assert [p["dominated"] for p in slower_int8] == [False, True]  # less accurate and slower
+
+
+def test_the_pareto_table_names_what_the_accuracy_is(tmp_path: Path) -> None:
+    write_accuracy(tmp_path / "r2", 0.91, 0.90, metric="R²")  # a regression model: its accuracy is R², not top-1
+    points = pareto([fp32_tune(), fp32_tune("digits_int8", 1.5)], tmp_path / "r2")
+    assert [p["accuracy_metric"] for p in points] == ["R²", "R²"]
+    assert [c.header for c in pareto_table(points, 10).columns][:2] == ["variant", "R²"]
+    write_accuracy(tmp_path / "old", 0.98, 0.97)  # a report that does not say: "accuracy", never a guess
+    assert pareto_table(pareto([fp32_tune()], tmp_path / "old"), 10).columns[1].header == "accuracy"
 
 
 def test_apply_is_refused_before_any_measurement_when_it_could_not_write(tmp_path: Path) -> None:
