@@ -123,7 +123,7 @@ def test_parity_gate_fails_on_a_different_model(tmp_path: Path) -> None:
 
 
 def test_parity_gate_failure_through_cli(tmp_path: Path) -> None:
-    proc = cli("build", "--model", "tests.keras_models:sequential", "--workdir", str(tmp_path), "--parity-atol", "0")
+    proc = cli("build", "--model", "tests.keras_models:sequential", "--workdir", str(tmp_path), "--parity-atol", "0", "--parity-rtol", "0")
     line = one_line_error(proc, status=1)  # the parity check ran and failed
     assert "differs from TensorFlow" in line and "--parity-atol" in line
 

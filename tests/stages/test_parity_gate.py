@@ -48,3 +48,19 @@ def test_nan_or_inf_where_tensorflow_is_finite_fails(bad: float) -> None:
 def test_a_difference_exactly_at_rtol_passes() -> None:
     ref = np.full((4, 2), 1000.0, dtype=np.float32)
     assert parity_failures(compared(ref, ref + np.float32(0.5)), atol=1e-4, rtol=0.5 / 1000.0) == []  # within rtol, itself included
+
+
+def test_the_default_tolerance_passes_float32_summed_in_another_order_and_fails_a_dropped_bias() -> None:
+    """Outputs near 300 that TensorFlow (oneDNN) and ONNX Runtime sum in another order on an AMX CPU differ by four
+    float32 spacings (1.22e-4, 3.5e-7 of the value): past the default atol alone, within the default rtol. A bias of
+    0.05 left out of the graph is not."""
+    from pipeline.gates import Gates
+
+    gates = Gates()
+    ref = np.linspace(250.0, 350.0, 64, dtype=np.float32).reshape(16, 4)
+    reordered = ref + 4 * np.spacing(ref)
+    assert parity_failures(compared(ref, reordered), atol=gates.parity_atol, rtol=gates.parity_rtol) == []
+    assert parity_failures(compared(ref, reordered), atol=gates.parity_atol, rtol=0.0) != []  # what the old default said
+    no_bias = ref - np.float32(0.05)
+    assert parity_failures(compared(ref, no_bias), atol=gates.parity_atol, rtol=gates.parity_rtol) == [
+        "output 'y' max abs diff 0.05 > atol 0.0001"]
