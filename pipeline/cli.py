@@ -13,7 +13,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import NoReturn
 
-from pipeline.errors import EXIT_INTERRUPTED, PipelineError, path_error
+from pipeline.core.errors import EXIT_INTERRUPTED, PipelineError, path_error
 
 EXIT_USER_ERROR = 2
 
@@ -28,15 +28,15 @@ def make_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="python -m pipeline", description="Deploy Keras models to TensorRT and Triton Inference Server.")
     parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND", parser_class=_Parser)
-    from pipeline.build_cli import register as register_build
-    from pipeline.inspect.cli import register as register_inspect
-    from pipeline.loadtest.loadtest_cli import register as register_loadtest
-    from pipeline.mig.mig_plan_cli import register as register_mig_plan
-    from pipeline.configfile import add_config_options
-    from pipeline.report_cli import register as register_report
-    from pipeline.triton.deploy_cli import register as register_deploy
-    from pipeline.triton.serve_cli import register as register_serve
-    from pipeline.triton.verify_cli import register as register_verify
+    from pipeline.commands.build import register as register_build
+    from pipeline.commands.inspect import register as register_inspect
+    from pipeline.commands.loadtest import register as register_loadtest
+    from pipeline.commands.mig_plan import register as register_mig_plan
+    from pipeline.commands.configfile import add_config_options
+    from pipeline.commands.report import register as register_report
+    from pipeline.commands.deploy import register as register_deploy
+    from pipeline.commands.serve import register as register_serve
+    from pipeline.commands.verify import register as register_verify
 
     register_build(sub)
     register_serve(sub)
@@ -46,7 +46,7 @@ def make_parser() -> argparse.ArgumentParser:
     register_mig_plan(sub)
     register_inspect(sub)
     register_report(sub)
-    from pipeline.tune.tune_cli import register as register_tune
+    from pipeline.commands.tune import register as register_tune
 
     register_tune(sub, refresh_page)
     add_config_options(sub)  # --config FILE and --print-config on every command (register commands above this line)
@@ -57,7 +57,7 @@ def refresh_page(workdir: Path, folder: Path) -> Path | None:
     """The HTML page of ``workdir`` in ``folder``, refreshed after a command that wrote a report: the
     command line passes it to those commands (the page reads every command's reports, so no command
     module imports it)."""
-    from pipeline.htmlreport import refresh_html_report
+    from pipeline.reports.html import refresh_html_report
 
     return refresh_html_report(workdir, folder)
 
@@ -65,8 +65,8 @@ def refresh_page(workdir: Path, folder: Path) -> Path | None:
 def _setup_logging(verbose: bool, command: str | None = None) -> None:
     from rich.logging import RichHandler
 
-    from pipeline.console import err_console
-    from pipeline.logs import quiet_environment, quiet_libraries
+    from pipeline.core.console import err_console
+    from pipeline.core.logs import quiet_environment, quiet_libraries
 
     quiet_environment(verbose)  # read by the C++ libraries at import: before any import
     console = err_console()
@@ -82,7 +82,7 @@ def _setup_logging(verbose: bool, command: str | None = None) -> None:
         # Piped, a build says what each stage did (one line each, and one per long step) and prints its
         # tables; the details stay behind -v. Warnings (e.g. TensorRT missing) always show.
         logging.getLogger("pipeline").setLevel(logging.WARNING)
-        for keep in ("pipeline.stagecache", "pipeline.progress", "pipeline.build_cli", "pipeline.stages.shapes", "pipeline.outputkinds"):  # shapes: the profiles and the --shape that reproduces them
+        for keep in ("pipeline.core.stagecache", "pipeline.core.progress", "pipeline.commands.build", "pipeline.stages.shapes", "pipeline.accuracy.outputkinds"):  # shapes: the profiles and the --shape that reproduces them
             logging.getLogger(keep).setLevel(logging.INFO)
 
 
@@ -98,7 +98,7 @@ def _commands(parser: argparse.ArgumentParser) -> argparse._SubParsersAction:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point; returns the exit status."""
-    from pipeline import configfile
+    from pipeline.commands import configfile
 
     argv = list(sys.argv[1:] if argv is None else argv)
     parser = make_parser()

@@ -28,7 +28,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from pipeline.budget import DEFAULT_MAX_MEMORY_GIB  # noqa: E402
+from pipeline.backend.budget import DEFAULT_MAX_MEMORY_GIB  # noqa: E402
 
 MODELS = {  # name: (keras.applications constructor, input H×W×C)
     "resnet50": ("ResNet50", (224, 224, 3)),
@@ -59,9 +59,9 @@ def _worker(stage: str, model: str, workdir: Path, samples: int, budget: float, 
     """Run one stage in this (child) process."""
     import numpy as np
 
-    from pipeline.build import eval_batch
-    from pipeline.evaldata import synthetic_eval_data
-    from pipeline.tensors import signature_from_onnx
+    from pipeline.build.orchestrator import eval_batch
+    from pipeline.accuracy.evaldata import synthetic_eval_data
+    from pipeline.data.tensors import signature_from_onnx
 
     p = _paths(workdir, model)
     if stage == "savedmodel":
@@ -100,8 +100,8 @@ def _worker(stage: str, model: str, workdir: Path, samples: int, budget: float, 
         data = calibration_from_path(p["calib"], signature_from_onnx(p["fp32"]))
         qdq_onnx_from_onnx(p["fp32"], p["int8"], data, max_memory_gib=budget, batch_size=batch)
     elif stage == "accuracy":
-        from pipeline.artifacts import Artifact
-        from pipeline.config import Gates
+        from pipeline.data.artifacts import Artifact
+        from pipeline.build.config import Gates
         from pipeline.stages.accuracy import accuracy_report_from_variants
 
         signature = signature_from_onnx(p["fp32"])

@@ -40,7 +40,7 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from pipeline.onnxrt import session_from_onnx  # noqa: E402
+from pipeline.backend.onnxrt import session_from_onnx  # noqa: E402
 
 BATCH = 32
 # name → (build --model, extra build args)

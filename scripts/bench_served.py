@@ -43,7 +43,7 @@ sys.path.insert(0, str(ROOT))
 
 from google.protobuf import text_format
 
-from pipeline.onnxrt import session_from_onnx
+from pipeline.backend.onnxrt import session_from_onnx
 from pipeline.triton.config import parse_config
 from pipeline.triton.server import TritonServer
 

@@ -136,7 +136,7 @@ def built(tmp_path_factory: pytest.TempPathFactory) -> Built:
     root = tmp_path_factory.getbasetemp() / "digits-e2e"
     result = Built(root / "build", root / "model_repository", root / "deploy")
     if not (result.workdir / "digits" / "published.json").is_file():
-        # As a user runs it: no log-level variables of ours, so tests/test_quiet.py can check its output.
+        # As a user runs it: no log-level variables of ours, so tests/commands/test_quiet.py can check its output.
         proc = cli("build", "--fp16", "--int8", "--workdir", str(result.workdir), "--repository", str(result.repository),
                    env=QUIET_UNSET)
         assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]

@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import numpy as np
 
-from pipeline.compare import new_comparison
-from pipeline.gates import Gates, Tolerance, tolerance_for
-from pipeline.judging import VariantResult, judge_comparison
-from pipeline.outputkinds import OutputKind
+from pipeline.accuracy.compare import new_comparison
+from pipeline.accuracy.gates import Gates, Tolerance, tolerance_for
+from pipeline.accuracy.judging import VariantResult, judge_comparison
+from pipeline.accuracy.outputkinds import OutputKind
 
 INT8 = tolerance_for("int8", Gates(int8_atol=None))  # 1-point drop limit at 95% (the defaults), no max abs error
 

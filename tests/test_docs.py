@@ -97,7 +97,7 @@ def test_every_repository_path_the_docs_name_exists() -> None:
 
 
 def test_every_module_and_name_the_docs_give_exists() -> None:
-    """`pipeline.stages.tf2onnx_run`, `pipeline.errors.PipelineError`: the module file, and the name defined in it."""
+    """`pipeline.stages.tf2onnx_run`, `pipeline.core.errors.PipelineError`: the module file, and the name defined in it."""
     wrong = []
     for page, text in _doc_texts().items():
         # pipeline.toml: the config file's name; *__mutmut_N: mutmut's names of mutants (docs/mutation.md)

@@ -16,7 +16,7 @@ import pytest
 
 from scripts.docs_slugs import github_slug
 from tests.conftest import ROOT
-from tests.test_report_html import CHROMIUM, chromium_installed  # noqa: F401 (the fixture, used by name)
+from tests.reports.test_report_html import CHROMIUM, chromium_installed  # noqa: F401 (the fixture, used by name)
 
 PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]
 _LINK = re.compile(r"\]\(([^)\s]*)\)")

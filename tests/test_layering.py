@@ -1,20 +1,44 @@
-"""The import graph runs one way: helpers ← stages ← triton/loadtest/mig/tune ← config/build ← CLI.
+"""The import graph runs one way: each package imports only the packages its ``__init__`` names.
 
-Read from the source (every import, also the lazy ones inside functions), so a new upward import
-fails here before it becomes a cycle; a cycle between modules of one layer fails too.
+The rules (``ALLOWED``) are stated here once and repeated as the ``May import:`` line of each package's
+docstring, which a test holds equal to them. The imports are read from the source (every import,
+also the lazy ones inside functions), so a new upward import fails here before it becomes a cycle;
+the rules themselves form no cycle, and modules of one package form no import cycle either.
 """
 
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1] / "pipeline"
-TOP = {"pipeline.build", "pipeline.build_support", "pipeline.build_cli", "pipeline.cli", "pipeline.config", "pipeline.__main__"}
-SERVICES = ("pipeline.triton", "pipeline.loadtest", "pipeline.mig", "pipeline.tune", "pipeline.inspect")
-ORCHESTRATION = {"pipeline.publish", "pipeline.report", "pipeline.htmlreport"} | TOP
+from tests.conftest import ROOT as REPO
+
+ROOT = REPO / "pipeline"
+
+# Package → the packages its modules may import (besides its own modules and the root's __version__).
+ALLOWED: dict[str, frozenset[str]] = {
+    "core": frozenset(),
+    "data": frozenset({"core"}),
+    "backend": frozenset({"core", "data"}),
+    "accuracy": frozenset({"core", "data"}),
+    "models": frozenset({"core", "data"}),
+    "stages": frozenset({"core", "data", "backend", "accuracy"}),
+    "inspect": frozenset({"core", "data", "backend", "stages"}),
+    "triton": frozenset({"core", "data", "backend", "accuracy", "stages"}),
+    "loadtest": frozenset({"core", "data", "backend", "stages", "triton"}),
+    "mig": frozenset({"core", "data", "backend", "stages", "triton"}),
+    "tune": frozenset({"core", "data", "backend", "stages", "triton", "loadtest", "mig"}),
+    "reports": frozenset({"core", "data", "accuracy", "loadtest", "tune"}),
+    "build": frozenset({"core", "data", "backend", "accuracy", "models", "stages", "triton", "mig"}),
+    "commands": frozenset({"core", "data", "backend", "accuracy", "models", "stages", "inspect", "triton", "loadtest",
+                           "mig", "tune", "reports", "build"}),
+}
+TOP = "(top)"  # pipeline/cli.py and pipeline/__main__.py: the command line, above every package
+MAX_TOP_MODULES = 8
+MAX_LINES = 450
 
 
 def _module(path: Path) -> str:
@@ -30,51 +54,94 @@ def _imports(path: Path) -> set[str]:
         elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
             found.add(node.module)
             found |= {f"{node.module}.{a.name}" for a in node.names}
-    return {name for name in found if name.startswith("pipeline")}
+    return {name for name in found if name == "pipeline" or name.startswith("pipeline.")}
 
 
+# The Triton backend under pipeline/triton/backends/ runs inside tritonserver's Python stub: not a package.
 MODULES = {_module(p): _imports(p) for p in sorted(ROOT.rglob("*.py")) if "backends" not in p.parts}
 
 
-def _is_cli(module: str) -> bool:
-    return module.rsplit(".", 1)[-1] in ("cli", "__main__") or module.endswith("_cli")
+def _package(module: str) -> str | None:
+    """``loadtest`` for ``pipeline.loadtest.engine`` and ``pipeline.loadtest``; TOP for ``pipeline.cli``;
+    None for the root package ``pipeline`` (its ``__version__``, which anything may read)."""
+    parts = module.split(".")
+    if len(parts) == 1:
+        return None
+    return parts[1] if (ROOT / parts[1]).is_dir() else TOP
 
 
-def _under(name: str, prefixes: tuple[str, ...] | set[str]) -> bool:
-    return any(name == p or name.startswith(p + ".") for p in prefixes)
+def _edges(graph: dict[str, set[str]], module: str) -> set[str]:
+    """What ``module`` imports that is a module of the graph, without the packages it sits in (a submodule
+    importing ``from pipeline.triton import x`` imports ``x``, not the package's ``__init__``)."""
+    return {name for name in graph[module] if name in graph and not module.startswith(name + ".")}
 
 
-def _layer(module: str) -> int:
-    if _is_cli(module) or module in TOP:
-        return 4
-    if _under(module, SERVICES) or module in ORCHESTRATION:
-        return 2
-    if _under(module, ("pipeline.stages",)):
-        return 1
-    return 0  # small helpers: errors, options, tensors, gates, stagecache, ...
+def _violations(graph: dict[str, set[str]], modules: list[str] | None = None) -> list[str]:
+    """Every import from one package into another that ``ALLOWED`` does not name, and every import of the
+    command line (``pipeline.cli``) from inside a package."""
+    found = []
+    for module in sorted(graph) if modules is None else modules:
+        source = _package(module)
+        for name in sorted(_edges(graph, module)):
+            target = _package(name)
+            if target is None or target == source or source == TOP:
+                continue
+            if target == TOP or source is None or target not in ALLOWED.get(source, frozenset()):
+                found.append(f"{module} ({source}) imports {name} ({target})")
+    return found
 
 
 @pytest.mark.parametrize("module", sorted(MODULES))
-def test_no_module_imports_a_layer_above_it(module: str) -> None:
-    upward = sorted(
-        imported for imported in MODULES[module]
-        if imported in MODULES and _layer(imported) > _layer(module) and not (_layer(module) == 4 and _is_cli(module))
-    )
-    assert not upward, f"{module} (layer {_layer(module)}) imports {upward}"
+def test_no_module_imports_a_package_its_own_may_not(module: str) -> None:
+    assert _violations(MODULES, [module]) == []
 
 
-@pytest.mark.parametrize("module", sorted(m for m in MODULES if not _is_cli(m) and m not in TOP))
-def test_nothing_below_the_commands_imports_build_cli_or_config(module: str) -> None:
-    assert not (MODULES[module] & TOP), f"{module} imports {sorted(MODULES[module] & TOP)}"
+def test_a_lower_package_importing_a_higher_one_fails() -> None:
+    """Planted: core importing the build's config, data importing publishing, a stage importing the command line."""
+    graph = {name: set(imported) for name, imported in MODULES.items()}
+    graph["pipeline.core.errors"] |= {"pipeline.build.config"}
+    graph["pipeline.data.workspace"] |= {"pipeline.build.publish"}
+    graph["pipeline.stages.int8"] |= {"pipeline.cli"}
+    assert _violations(graph) == [
+        "pipeline.core.errors (core) imports pipeline.build.config (build)",
+        "pipeline.data.workspace (data) imports pipeline.build.publish (build)",
+        "pipeline.stages.int8 (stages) imports pipeline.cli ((top))",
+    ]
 
 
 def test_the_checker_sees_lazy_imports() -> None:
-    assert "pipeline.build" in MODULES["pipeline.build_cli"]  # imported inside a function
-    assert _layer("pipeline.stages.int8") == 1 and _layer("pipeline.triton.verify") == 2 and _layer("pipeline.gates") == 0
+    assert "pipeline.build.orchestrator" in MODULES["pipeline.commands.build"]  # imported inside a function
+    assert "pipeline.commands.build" in MODULES["pipeline.cli"]
+
+
+def test_the_rules_form_no_cycle() -> None:
+    """The allowed imports order the packages: none may reach itself through them."""
+    assert _cycles({name: set(allowed) for name, allowed in ALLOWED.items()}) == []
+
+
+def test_every_package_states_its_job_and_its_rules() -> None:
+    """Each package's docstring says its job and, on a ``May import:`` line, exactly what ``ALLOWED`` says."""
+    packages = sorted(p.parent.name for p in ROOT.glob("*/__init__.py"))
+    assert packages == sorted(ALLOWED), "a new package needs its rules in ALLOWED and its docstring"
+    wrong = {}
+    for name in packages:
+        doc = ast.get_docstring(ast.parse((ROOT / name / "__init__.py").read_text())) or ""
+        line = re.search(r"^May import: (.*)$", doc, re.M)
+        stated = frozenset() if line and line[1].startswith("nothing") else frozenset(re.findall(r"\w+", line[1] if line else "?"))
+        if not line or stated != ALLOWED[name] or len(doc.split("\n\n")[0]) < 40:
+            wrong[name] = doc
+    assert not wrong, wrong
+
+
+def test_only_the_command_line_stays_at_the_top() -> None:
+    top = sorted(p.name for p in ROOT.glob("*.py"))
+    assert len(top) <= MAX_TOP_MODULES, top
+    assert {_package(_module(p)) for p in ROOT.glob("*.py")} <= {None, TOP}
+    assert MODULES["pipeline"] == set(), "the root package holds the version and imports nothing"
 
 
 def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
-    """Strongly connected components of more than one module (Tarjan), each sorted."""
+    """Strongly connected components of more than one node (Tarjan), each sorted."""
     index: dict[str, int] = {}
     low: dict[str, int] = {}
     stack: list[str] = []
@@ -108,76 +175,18 @@ def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
     return found
 
 
-def _package_edges(module: str) -> set[str]:
-    """What ``module`` imports that is a module here, without its own package (a submodule importing
-    ``from pipeline.triton import x`` is an import of ``x``, not of the package's ``__init__``)."""
-    return {name for name in MODULES[module] if name in MODULES and not module.startswith(name + ".")}
-
-
-def test_no_import_cycles_even_within_a_layer() -> None:
-    graph = {module: _package_edges(module) for module in MODULES}
+def test_no_import_cycles_even_within_a_package() -> None:
+    graph = {module: _edges(MODULES, module) for module in MODULES}
     assert _cycles(graph) == []
 
 
-def test_the_cycle_finder_sees_a_cycle_within_one_layer() -> None:
-    graph = {"pipeline.report": {"pipeline.htmlreport"}, "pipeline.htmlreport": {"pipeline.report"}, "pipeline.errors": set()}
-    assert _cycles(graph) == [["pipeline.htmlreport", "pipeline.report"]]
+def test_the_cycle_finder_sees_a_cycle_within_one_package() -> None:
+    graph = {"pipeline.reports.terminal": {"pipeline.reports.html"}, "pipeline.reports.html": {"pipeline.reports.terminal"},
+             "pipeline.core.errors": set()}
+    assert _cycles(graph) == [["pipeline.reports.html", "pipeline.reports.terminal"]]
 
 
-def test_every_module_the_layers_name_exists() -> None:
-    named = TOP | ORCHESTRATION | set(SERVICES) | {"pipeline.stages"}
-    assert sorted(n for n in named if n not in MODULES) == []
-
-
-# ---- the package tree: nothing imports up it; no module does several jobs' worth of lines -------------------------
-
-MAX_LINES = 450
-# Nothing is exempt.
-EVERY_FILE = sorted(ROOT.rglob("*.py"))
-
-
-def _package(module: str) -> str | None:
-    """The subpackage a module belongs to (``pipeline.loadtest`` for ``pipeline.loadtest.engine``); None at the top."""
-    parts = module.split(".")
-    return ".".join(parts[:2]) if len(parts) > 2 else None
-
-
-def _reaches(start: str, graph: dict[str, set[str]]) -> set[str]:
-    seen, todo = set(), [start]
-    while todo:
-        for nxt in graph.get(todo.pop(), ()):
-            if nxt not in seen:
-                seen.add(nxt)
-                todo.append(nxt)
-    return seen
-
-
-def _upward(graph: dict[str, set[str]]) -> list[tuple[str, str]]:
-    """(module, imported) where ``module`` sits in a subpackage and ``imported``, outside it, imports that
-    subpackage back (directly or through others): a module above it in the package tree."""
-    found = []
-    for module, imported in sorted(graph.items()):
-        package = _package(module)
-        if package is None:
-            continue
-        for name in sorted(imported):
-            if _package(name) != package and any(_under(m, (package,)) for m in _reaches(name, graph)):
-                found.append((module, name))
-    return found
-
-
-def test_no_module_imports_up_the_package_tree() -> None:
-    graph = {module: _package_edges(module) for module in MODULES}
-    assert _upward(graph) == []
-
-
-def test_the_upward_check_sees_a_command_importing_the_page_that_reads_its_reports() -> None:
-    graph = {"pipeline.loadtest.loadtest_cli": {"pipeline.htmlreport"}, "pipeline.htmlreport": {"pipeline.loadtest.report"},
-             "pipeline.loadtest.report": set(), "pipeline.loadtest.engine": {"pipeline.errors"}, "pipeline.errors": set()}
-    assert _upward(graph) == [("pipeline.loadtest.loadtest_cli", "pipeline.htmlreport")]
-
-
-@pytest.mark.parametrize("path", [p.relative_to(ROOT.parent).as_posix() for p in EVERY_FILE])
+@pytest.mark.parametrize("path", [p.relative_to(ROOT.parent).as_posix() for p in sorted(ROOT.rglob("*.py"))])
 def test_no_module_is_over_450_lines(path: str) -> None:
     lines = len((ROOT.parent / path).read_text().splitlines())
     assert lines <= MAX_LINES, f"{path} has {lines} lines (at most {MAX_LINES}): split it by job"

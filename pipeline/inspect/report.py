@@ -3,7 +3,7 @@
 For a ``.keras`` file, a SavedModel folder, ``module:function`` or an ONNX file: inputs and
 outputs (dtypes, dynamic axes), the optimization profiles a build would use, op-type counts, for a
 Q/DQ model which nodes are quantized (and how), and the check against TensorRT's ONNX parser
-support (:mod:`pipeline.trt_support`). Keras models are converted to ONNX first, exactly as
+support (:mod:`pipeline.backend.trt_support`). Keras models are converted to ONNX first, exactly as
 ``build`` converts them (SavedModel, then tf2onnx), in a temporary folder. Polygraphy's own
 summary (what ``polygraphy inspect model`` prints) comes along. A TensorRT plan needs the
 ``tensorrt`` module to be read; without it, the engine metadata JSON beside the plan is shown.
@@ -20,10 +20,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from pipeline.errors import PipelineError
+from pipeline.core.errors import PipelineError
 from pipeline.stages.shapes import SeenBucket, ShapeProfile, profiles_from_args, profiles_from_json, seen_in_files
 from pipeline.stages.trt_seam import PolygraphyTensorRT, TensorRT
-from pipeline.tensors import TensorSpec, load_onnx, signature_from_onnx
+from pipeline.data.tensors import TensorSpec, load_onnx, signature_from_onnx
 
 log = logging.getLogger(__name__)
 
@@ -138,10 +138,10 @@ def inspection_from_onnx(
 ) -> Inspection:
     """Inspect an ONNX file (see the module docstring). Without ``targets``, where TensorRT-RTX is installed the graph
     is built with it for ``compute_capability`` (default: build's) with the profiles shown, and of the hand-written
-    rules only the version-gated ones are kept (:func:`pipeline.trt_support.version_gated`); with ``targets``, the
+    rules only the version-gated ones are kept (:func:`pipeline.backend.trt_support.version_gated`); with ``targets``, the
     hand-written rules of those TensorRT versions."""
     from pipeline.stages.trt_rtx import DEFAULT_COMPUTE_CAPABILITY, rtx_module
-    from pipeline.trt_support import check_onnx, op_counts, summarize, support_data, version_gated
+    from pipeline.backend.trt_support import check_onnx, op_counts, summarize, support_data, version_gated
 
     model = load_onnx(path)
     signature = signature_from_onnx(path)

@@ -12,7 +12,7 @@ import json
 from dataclasses import dataclass
 from urllib.parse import urlsplit
 
-from pipeline.errors import PipelineError
+from pipeline.core.errors import PipelineError
 
 _CLEN = b"\r\ncontent-length:"
 _CLEN_EXACT = b"\r\nContent-Length: "

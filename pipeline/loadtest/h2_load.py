@@ -27,7 +27,7 @@ import time
 from collections import deque
 from typing import Any
 
-from pipeline._lazy import import_optional
+from pipeline.core.lazy import import_optional
 from pipeline.loadtest.client import Endpoint
 from pipeline.loadtest.h2_frames import (
     ACK, CONTINUATION, DATA, END_HEADERS, END_STREAM, GOAWAY, HEADERS, LAST_STREAM_ID, MAX_WINDOW, PADDED, PING, PREFACE,

@@ -17,8 +17,8 @@ from typing import Any
 
 import yaml
 
-from pipeline.atomic import write_text_atomic
-from pipeline.errors import require
+from pipeline.core.atomic import write_text_atomic
+from pipeline.core.errors import require
 
 RESULTS_MOUNT = "/results"
 _DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")

@@ -14,7 +14,7 @@ from collections import deque
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from pipeline.errors import PipelineError
+from pipeline.core.errors import PipelineError
 from pipeline.loadtest.client import Endpoint
 from pipeline.loadtest.policy import ClosedLoop, OpenLoop, Policy
 from pipeline.loadtest.recorder import Recorder

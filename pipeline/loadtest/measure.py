@@ -22,7 +22,7 @@ import numpy as np
 from pipeline.loadtest.recorder import Recorder
 from pipeline.loadtest.server_stats import ServerCounters
 from pipeline.loadtest.window import Mark, Window, is_stable
-from pipeline.pausepoints import pause_point
+from pipeline.core.pausepoints import pause_point
 
 log = logging.getLogger(__name__)
 
@@ -151,7 +151,7 @@ def measure(
             stats.append(probe.read())
             window = Window(marks[-2], mark)
             windows.append(window)
-            pause_point("loadtest.window")  # tests hold a load test here, mid-load, to interrupt it (pipeline/pausepoints.py)
+            pause_point("loadtest.window")  # tests hold a load test here, mid-load, to interrupt it (pipeline/core/pausepoints.py)
             throughputs.append(window.throughput)
             latencies.append(window.mean_latency_ns(recorders))
             log.debug(

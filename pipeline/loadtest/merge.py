@@ -16,7 +16,7 @@ from typing import Any
 
 import numpy as np
 
-from pipeline.errors import PipelineError
+from pipeline.core.errors import PipelineError
 from pipeline.loadtest.client import endpoint_from_url
 from pipeline.loadtest.measure import Measurement, WindowSettings
 from pipeline.loadtest.policy import ClosedLoop, OpenLoop, Policy

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import numpy as np
 
-from pipeline.errors import PipelineError, require
+from pipeline.core.errors import PipelineError, require
 
 ENCODINGS = ("binary", "json")
 
@@ -62,8 +62,8 @@ class ModelIO:
 def eval_data_path(model: str, calibration_dir: Path, repository: Path | None = None) -> Path:
     """The samples for ``model``: what its build recorded in ``repository`` (``--eval-data``), else
     ``<calibration_dir>/<model or its base model>/eval.npz`` (``digits_int8[_trt]`` reads ``digits``'s)."""
-    from pipeline.artifacts import parse_variant
-    from pipeline.workspace import ModelData, eval_data_of_served
+    from pipeline.data.artifacts import parse_variant
+    from pipeline.data.workspace import ModelData, eval_data_of_served
 
     found = eval_data_of_served(Path(repository or ".") / model, calibration_dir)
     if found is None:
@@ -77,12 +77,12 @@ def eval_data_path(model: str, calibration_dir: Path, repository: Path | None = 
 
 def load_samples(path: Path) -> dict[str, np.ndarray]:
     """The arrays of an ``.npz`` file or a folder of ``.npy`` files (no pickles; a damaged file or an array that is not
-    numbers is one PipelineError), read as the build reads its data (:func:`pipeline.buckets.read_arrays`)."""
-    from pipeline.buckets import read_arrays
+    numbers is one PipelineError), read as the build reads its data (:func:`pipeline.data.buckets.read_arrays`)."""
+    from pipeline.data.buckets import read_arrays
 
     arrays = read_arrays(Path(path))
     require(bool(arrays), f"'{path}' holds no arrays", "write one array per model input name with numpy.savez")
-    from pipeline.arrays import is_label_key
+    from pipeline.data.arrays import is_label_key
 
     for key, array in arrays.items():
         require(is_label_key(key) or array.dtype.kind in "biuf", f"array '{key}' in '{path}' holds {array.dtype} values, not numbers",
@@ -96,10 +96,10 @@ def load_samples(path: Path) -> dict[str, np.ndarray]:
 def request_batches(samples: dict[str, np.ndarray], io: ModelIO, batch_size: int, count: int) -> list[dict[str, np.ndarray]]:
     """``count`` request batches of ``batch_size`` consecutive samples (wrapping around), each
     input cast to the dtype the model declares. Samples in length buckets (``tokens__16``,
-    ``tokens__20``: see :mod:`pipeline.buckets`) are sent at their real sizes, the requests
+    ``tokens__20``: see :mod:`pipeline.data.buckets`) are sent at their real sizes, the requests
     taking the buckets in turn."""
-    from pipeline.buckets import split_buckets
-    from pipeline.tensors import ModelSignature, TensorSpec
+    from pipeline.data.buckets import split_buckets
+    from pipeline.data.tensors import ModelSignature, TensorSpec
 
     names = ModelSignature(tuple(TensorSpec(t.name, np.dtype(NUMPY_OF.get(t.datatype, np.float32)), (-1, *t.shape)) for t in io.inputs), ())
     missing = [t.name for t in io.inputs if not any(k == t.name or k.startswith(t.name + "__") for k in samples)]

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from pipeline.errors import PipelineError
+from pipeline.core.errors import PipelineError
 
 ARRIVALS = ("constant", "poisson")
 

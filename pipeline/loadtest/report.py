@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from pipeline.loadtest.results import EndpointResult, PointResult, RunResult, best_point
-from pipeline.tables import TableData, to_rich
+from pipeline.core.tables import TableData, to_rich
 
 CSV_FIELDS = (
     "model", "endpoint", "protocol", "encoding", "policy", "load", "arrivals", "batch_size", "stable", "overloaded", "aborted",

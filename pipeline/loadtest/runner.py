@@ -16,7 +16,7 @@ from typing import Any
 
 import numpy as np
 
-from pipeline.errors import PipelineError
+from pipeline.core.errors import PipelineError
 from pipeline.loadtest import payload as pl
 from pipeline.loadtest.client import Endpoint, post_request_bytes
 from pipeline.loadtest import metrics as pm
@@ -42,7 +42,7 @@ from pipeline.stages.uint8_input import quantized, served_uint8_scales
 from pipeline.loadtest.shm import SHARED_MEMORY, SharedMemoryRegions, output_byte_sizes, shm_requests
 from pipeline.loadtest.window import spread
 from pipeline.loadtest.workers import EngineSpec, WorkerPool, build_engine
-from pipeline.progress import progress
+from pipeline.core.progress import progress
 
 log = logging.getLogger(__name__)
 

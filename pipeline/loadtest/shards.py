@@ -35,9 +35,9 @@ from typing import Any
 
 import numpy as np
 
-from pipeline.atomic import write_bytes_atomic, write_text_atomic
-from pipeline.errors import PipelineError
-from pipeline.pausepoints import pause_point
+from pipeline.core.atomic import write_bytes_atomic, write_text_atomic
+from pipeline.core.errors import PipelineError
+from pipeline.core.pausepoints import pause_point
 from pipeline.loadtest.measure import Measurement, measure
 from pipeline.loadtest.policy import OpenLoop, Policy, split
 from pipeline.loadtest.runner import LoadTestSettings, model_spec, new_run, shared_memory

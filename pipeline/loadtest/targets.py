@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from urllib.parse import quote
 
-from pipeline.errors import PipelineError
+from pipeline.core.errors import PipelineError
 from pipeline.loadtest.client import Endpoint, request_json
 from pipeline.loadtest.payload import ModelIO, TensorInfo
 

@@ -49,7 +49,7 @@ from pipeline.triton.bundle_files import (
     write_bundle_files,
 )
 from pipeline.mig.servers import BundleSettings, S3Bundle, container_ports, k8s_name, profile_server
-from pipeline.objectstore import S3Url
+from pipeline.core.objectstore import S3Url
 from pipeline.triton.accelerators import cache_setup_shell
 from pipeline.triton.server_args import ADMIN_KEY_ENV, shell_command, tritonserver_args
 

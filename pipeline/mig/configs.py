@@ -18,8 +18,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from pipeline.atomic import write_bytes_atomic
-from pipeline.errors import PipelineError, require
+from pipeline.core.atomic import write_bytes_atomic
+from pipeline.core.errors import PipelineError, require
 from pipeline.mig.layout import parse_layout
 from pipeline.mig.memory import MemoryEstimate
 from pipeline.mig.plan import MigPlan, plan_instances

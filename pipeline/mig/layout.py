@@ -12,7 +12,7 @@ import re
 from collections import Counter
 from dataclasses import dataclass
 
-from pipeline.errors import PipelineError
+from pipeline.core.errors import PipelineError
 from pipeline.mig.profiles import COMPUTE_SLICES, MEMORY_SLICES, GpuMig, MigProfile
 
 _ITEM = re.compile(r"^(?:(?P<count>\d+)\s*[x*×]\s*)?(?P<profile>\d+g\.\d+gb(?:\+\w+)?)$", re.IGNORECASE)

@@ -37,7 +37,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from pipeline.errors import PipelineError, require
+from pipeline.core.errors import PipelineError, require
 from pipeline.mig.layout import layout_of
 from pipeline.mig.memory import HEADROOM_FRACTION, MIB, PROCESS_OVERHEAD_BYTES
 from pipeline.mig.plan import SMS_PER_INSTANCE, budget_bytes, compute_limit

@@ -49,9 +49,9 @@ from typing import Any
 
 import numpy as np
 
-from pipeline.artifacts import Artifact
-from pipeline.errors import PipelineError
-from pipeline.tensors import load_onnx
+from pipeline.data.artifacts import Artifact
+from pipeline.core.errors import PipelineError
+from pipeline.data.tensors import load_onnx
 from pipeline.triton.accelerators import TRT_WORKSPACE_BYTES, gpu_accelerator_parameters
 
 log = logging.getLogger(__name__)

@@ -12,7 +12,7 @@ import io
 import re
 from dataclasses import dataclass
 
-from pipeline.errors import PipelineError
+from pipeline.core.errors import PipelineError
 from pipeline.mig.profiles import (
     MEMORY_SLICES_BY_ID,
     PLACEMENTS_BY_ID,

@@ -24,7 +24,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from pipeline.errors import PipelineError
+from pipeline.core.errors import PipelineError
 from pipeline.mig.layout import Layout
 from pipeline.mig.memory import (
     HEADROOM_FRACTION,

@@ -29,7 +29,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from pipeline.errors import PipelineError
+from pipeline.core.errors import PipelineError
 
 COMPUTE_SLICES = 7  # GPCs usable by MIG on A100/H100/H200
 MEMORY_SLICES = 8

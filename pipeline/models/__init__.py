@@ -1,1 +1,4 @@
-"""Bundled models: the default digits CNN, trained deterministically from data that ships offline."""
+"""Bundled models: the default digits CNN, trained deterministically from data that ships offline.
+
+May import: core, data.
+"""

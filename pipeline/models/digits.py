@@ -74,7 +74,7 @@ def trained_model(epochs: int = 30) -> "keras.Model":
 
 def write_data(folder: Path) -> list[Path]:
     """Write ``eval.npz`` (image + labels) and ``calib.npz`` (image) and ``labels.txt`` to ``folder``."""
-    from pipeline.workspace import ModelData
+    from pipeline.data.workspace import ModelData
 
     data = ModelData(folder)
     folder.mkdir(parents=True, exist_ok=True)

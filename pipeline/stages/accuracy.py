@@ -4,7 +4,7 @@ INT8 Q/DQ models are evaluated with Q/DQ semantics (quantize → dequantize in f
 kernels, what TensorRT computes), never through ONNX Runtime's fused integer CPU kernels, so
 the gate predicts the engine and not a quirk of this CPU. Engines, where built, run through
 Polygraphy's TrtRunner against the same reference and gates. How a variant is judged (the drop
-with its confidence bounds per output kind) is pipeline.judging, what each kind measures pipeline.taskstats.
+with its confidence bounds per output kind) is pipeline.accuracy.judging, what each kind measures pipeline.accuracy.taskstats.
 """
 
 from __future__ import annotations
@@ -17,15 +17,15 @@ from typing import Any
 
 from polygraphy.backend.base import BaseRunner
 
-from pipeline.artifacts import Artifact
-from pipeline.compare import compare_runners
-from pipeline.errors import CheckFailed, PipelineError
-from pipeline.evaldata import EvalData
-from pipeline.progress import progress
-from pipeline.gates import Gates, tolerance_for
-from pipeline.judging import VariantResult, judge_comparison
-from pipeline.outputkinds import OutputKind, kinds_from_json
-from pipeline.runners import runner_for_onnx
+from pipeline.data.artifacts import Artifact
+from pipeline.accuracy.compare import compare_runners
+from pipeline.core.errors import CheckFailed, PipelineError
+from pipeline.accuracy.evaldata import EvalData
+from pipeline.core.progress import progress
+from pipeline.accuracy.gates import Gates, tolerance_for
+from pipeline.accuracy.judging import VariantResult, judge_comparison
+from pipeline.accuracy.outputkinds import OutputKind, kinds_from_json
+from pipeline.backend.runners import runner_for_onnx
 from pipeline.stages.engine import metadata_path, read_engine_metadata
 from pipeline.stages.layer_errors import LayerError, describe, layer_errors_from_models
 from pipeline.stages.plan_runner import plan_max_batch, plan_profiles, runner_for_plan
@@ -71,11 +71,11 @@ def accuracy_report_from_variants(
     optional: Sequence[str] = (),
 ) -> list[VariantResult]:
     """Compare every candidate with the FP32 ONNX model on ``data``, every output by its kind
-    (``kinds``: pipeline.outputkinds JSON form); write ``dst`` (JSON); raise PipelineError naming
+    (``kinds``: pipeline.accuracy.outputkinds JSON form); write ``dst`` (JSON); raise PipelineError naming
     each variant, output and figure that fails its gate (or that the data cannot judge).
 
     Plans run through ``tensorrt`` in batches their profiles admit; ``tf32`` (how the FP32 plan was
-    built) picks the FP32 plan's tolerance (:func:`pipeline.gates.tolerance_for`). ONNX variants of an ``optional``
+    built) picks the FP32 plan's tolerance (:func:`pipeline.accuracy.gates.tolerance_for`). ONNX variants of an ``optional``
     precision (one the user did not ask for) that do not pass are marked ``left_out`` in the report instead of raising:
     the build leaves them out."""
     by_name = kinds_from_json(kinds)
@@ -125,7 +125,7 @@ def judge_variant(fp32_onnx: Path, candidate: Artifact, data: EvalData, *, gates
                             tolerance_for(candidate.precision, gates), kinds)
 
 
-# What each kind's "accuracy" is (pipeline/taskstats.py), so a table can name it: an R² of -5% is not an accuracy.
+# What each kind's "accuracy" is (pipeline/accuracy/taskstats.py), so a table can name it: an R² of -5% is not an accuracy.
 ACCURACY_METRICS = {"classes": "top-1", "binary": "accuracy", "multilabel": "label accuracy", "regression": "R²", "segmentation": "mIoU"}
 
 

@@ -7,7 +7,7 @@ Accepted sources (first axis of every array = sample):
 * a folder of ``<input name>.npy`` files (memory-mapped, so they may be larger than RAM);
 * for inputs with dynamic non-batch axes, samples of different sizes in buckets: arrays (or
   ``.npy`` files) named ``<input>__<bucket>``, e.g. ``tokens__len16`` and ``tokens__len20``,
-  one array per input in every bucket (see :mod:`pipeline.arrays`). Sizes must lie inside the
+  one array per input in every bucket (see :mod:`pipeline.data.arrays`). Sizes must lie inside the
   build's shape profiles; batches never mix sizes;
 * a folder of JPEG/PNG images, for models with a single image input (NHWC or NCHW, 1 or 3
   channels): each is converted to grayscale/RGB, fitted to the input's H×W (refused when the
@@ -27,10 +27,10 @@ from pathlib import Path
 
 import numpy as np
 
-from pipeline.arrays import PerSample, checked_inputs, load_npy, load_npz
-from pipeline.buckets import split_buckets
-from pipeline.errors import PipelineError, require
-from pipeline.fingerprint import hash_path, hash_settings
+from pipeline.data.arrays import PerSample, checked_inputs, load_npy, load_npz
+from pipeline.data.buckets import split_buckets
+from pipeline.core.errors import PipelineError, require
+from pipeline.core.fingerprint import hash_path, hash_settings
 from pipeline.stages.calibration_images import (  # noqa: F401 - PREPROCESS_MODES, RESIZE_MODES, ASPECT_TOLERANCE are this stage's options
     ASPECT_TOLERANCE,
     IMAGE_SUFFIXES,
@@ -41,8 +41,8 @@ from pipeline.stages.calibration_images import (  # noqa: F401 - PREPROCESS_MODE
     image_summary,
     scan_images,
 )
-from pipeline.tensors import ModelSignature
-from pipeline.workspace import ModelData
+from pipeline.data.tensors import ModelSignature
+from pipeline.data.workspace import ModelData
 
 log = logging.getLogger(__name__)
 

@@ -9,9 +9,9 @@ from pathlib import Path
 
 import numpy as np
 
-from pipeline.arrays import fmt_shape
-from pipeline.errors import PipelineError, require
-from pipeline.tensors import TensorSpec
+from pipeline.data.arrays import fmt_shape
+from pipeline.core.errors import PipelineError, require
+from pipeline.data.tensors import TensorSpec
 
 PREPROCESS_MODES = ("unit", "symmetric", "imagenet", "raw")
 RESIZE_MODES = ("stretch", "crop", "pad")

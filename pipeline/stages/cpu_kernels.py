@@ -24,7 +24,7 @@ from pathlib import Path
 
 import numpy as np
 
-from pipeline.errors import PipelineError
+from pipeline.core.errors import PipelineError
 
 METADATA_KEY = "cpu_int8_kernels"
 VNNI_FLAGS = ("avx512_vnni", "avx_vnni")  # /proc/cpuinfo names; AMX CPUs (amx_int8) have avx512_vnni too

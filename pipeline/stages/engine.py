@@ -22,10 +22,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from pipeline.artifacts import PRECISIONS, Artifact
-from pipeline.atomic import write_bytes_atomic
-from pipeline.errors import PipelineError
-from pipeline.fingerprint import hash_path
+from pipeline.data.artifacts import PRECISIONS, Artifact
+from pipeline.core.atomic import write_bytes_atomic
+from pipeline.core.errors import PipelineError
+from pipeline.core.fingerprint import hash_path
 from pipeline.stages.shapes import ShapeProfile, profiles_to_json
 from pipeline.stages.tensorrt_env import GpuInfo
 from pipeline.stages.trt_seam import HARDWARE_LEVELS, MAX_OPTIMIZATION_LEVEL, EngineRequest, IOTensor, TensorRT

@@ -14,8 +14,8 @@ from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 from pathlib import Path
 
-from pipeline.atomic import clear_leftovers
-from pipeline.errors import PipelineError, require
+from pipeline.core.atomic import clear_leftovers
+from pipeline.core.errors import PipelineError, require
 
 log = logging.getLogger(__name__)
 

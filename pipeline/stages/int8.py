@@ -8,7 +8,7 @@ Gemm/MatMul (ONNX Runtime's QDQ quantizer), then placed where TensorRT fuses
 scale across Concat inputs). Graph outputs and the final Softmax stay float.
 
 Calibration runs one batch at a time, batches sized to a memory budget
-(:mod:`pipeline.budget`): each batch's activations are reduced to ranges (minmax) or added to
+(:mod:`pipeline.backend.budget`): each batch's activations are reduced to ranges (minmax) or added to
 per-tensor histograms (entropy, percentile) before the next batch is read. The ranges are handed
 to ``quantize_static`` through its calibration cache file.
 """
@@ -25,13 +25,13 @@ from pathlib import Path
 
 import numpy as np
 
-from pipeline.atomic import clear_leftovers
-from pipeline.budget import DEFAULT_MAX_MEMORY_GIB, batch_for_budget, memory_estimate
-from pipeline.errors import PipelineError, require
+from pipeline.core.atomic import clear_leftovers
+from pipeline.backend.budget import DEFAULT_MAX_MEMORY_GIB, batch_for_budget, memory_estimate
+from pipeline.core.errors import PipelineError, require
 from pipeline.stages.calibration import CalibrationData
 from pipeline.stages.int8_calibrate import QuantRecipe, calibrate, calibration_batch, drop_unused_opsets, ort_method, ort_prints_to_log, prepared_model
 from pipeline.stages.qdq_placement import CALIBRATED_OP_TYPES, place_qdq
-from pipeline.tensors import signature_from_onnx
+from pipeline.data.tensors import signature_from_onnx
 
 log = logging.getLogger(__name__)
 
@@ -84,7 +84,7 @@ def qdq_onnx_from_onnx(
     ``entropy`` (threshold minimising KL divergence, as TensorRT's entropy calibrator) or
     ``percentile`` (``percentile`` of magnitudes, clipping outliers). Calibration batches are
     sized so the estimated memory (weights plus every activation of a batch, see
-    :mod:`pipeline.budget`) stays within ``max_memory_gib``, at most
+    :mod:`pipeline.backend.budget`) stays within ``max_memory_gib``, at most
     :data:`MAX_CALIBRATION_BATCH`; ``batch_size`` overrides that, and a model with a fixed batch
     dim uses its own. ``keep_nodes`` (names of weighted nodes of ``src``; items may be
     comma-separated) stay float: no Q/DQ on their inputs. The result is checked with

@@ -16,11 +16,11 @@ from pathlib import Path
 
 import numpy as np
 
-from pipeline.errors import require
-from pipeline.pausepoints import pause_point
-from pipeline.progress import progress
+from pipeline.core.errors import require
+from pipeline.core.pausepoints import pause_point
+from pipeline.core.progress import progress
 from pipeline.stages.calibration import CalibrationData
-from pipeline.tensors import ModelSignature
+from pipeline.data.tensors import ModelSignature
 
 log = logging.getLogger(__name__)
 

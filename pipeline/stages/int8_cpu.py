@@ -18,7 +18,7 @@ calibrated on the same data with the same method, quantized for those kernels:
 
 It is served with ORT's graph optimizations at their default level (ORT_ENABLE_ALL; the Triton
 config leaves ``optimization.graph`` unset) on CPU instances, and gated in that same session
-configuration (:func:`pipeline.onnxrt.session_from_onnx` without ``exact_qdq``): the fused integer
+configuration (:func:`pipeline.backend.onnxrt.session_from_onnx` without ``exact_qdq``): the fused integer
 kernels' numbers are the ones judged, not the Q/DQ graph's.
 """
 
@@ -30,8 +30,8 @@ from pathlib import Path
 
 import numpy as np
 
-from pipeline.budget import DEFAULT_MAX_MEMORY_GIB
-from pipeline.errors import PipelineError, require
+from pipeline.backend.budget import DEFAULT_MAX_MEMORY_GIB
+from pipeline.core.errors import PipelineError, require
 from pipeline.stages.calibration import CalibrationData
 from pipeline.stages.fp16 import DEFAULT_FP32_OPS
 from pipeline.stages.cpu_kernels import record_cpu_kernels

@@ -1,7 +1,7 @@
 """Accuracy-aware INT8: quantize, gate, and where the gate does not pass, keep the costliest nodes in float until it does.
 
 The search Polygraphy's ``debug precision`` and Intel Neural Compressor's accuracy-driven tuning automate, wired to
-this project's gate (every output judged by its kind, with confidence bounds: :mod:`pipeline.judging`):
+this project's gate (every output judged by its kind, with confidence bounds: :mod:`pipeline.accuracy.judging`):
 
 1. the model is calibrated once (:class:`pipeline.stages.int8.Calibrated`) and quantized;
 2. it is judged against FP32 on the evaluation data exactly as the accuracy stage will judge it;
@@ -29,13 +29,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from pipeline.artifacts import Artifact
-from pipeline.atomic import write_text_atomic
-from pipeline.budget import DEFAULT_MAX_MEMORY_GIB
-from pipeline.evaldata import EvalData
-from pipeline.gates import Gates
-from pipeline.judging import VariantResult
-from pipeline.outputkinds import kinds_from_json
+from pipeline.data.artifacts import Artifact
+from pipeline.core.atomic import write_text_atomic
+from pipeline.backend.budget import DEFAULT_MAX_MEMORY_GIB
+from pipeline.accuracy.evaldata import EvalData
+from pipeline.accuracy.gates import Gates
+from pipeline.accuracy.judging import VariantResult
+from pipeline.accuracy.outputkinds import kinds_from_json
 from pipeline.stages.accuracy import judge_variant
 from pipeline.stages.calibration import CalibrationData
 from pipeline.stages.int8 import TENSORRT_RECIPE, Calibrated, log_kept

@@ -21,7 +21,7 @@ import json
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
-from pipeline.errors import PipelineError
+from pipeline.core.errors import PipelineError
 
 HDF5_MAGIC = b"\x89HDF\r\n\x1a\n"
 EXTRA = "keras2"
@@ -124,7 +124,7 @@ def savedmodel_from_tf_keras(model: Any, dst: Path, outputs: list[str], inputs: 
     ``serving_default`` signature keyed by ``inputs`` and ``outputs``, batch axis dynamic."""
     import tensorflow as tf
 
-    from pipeline.tensors import SIGNATURE
+    from pipeline.data.tensors import SIGNATURE
 
     specs = [tf.TensorSpec((None, *t.shape[1:]), t.dtype, name=n) for t, n in zip(model.inputs, inputs)]
 

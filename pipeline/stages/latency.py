@@ -21,9 +21,9 @@ from typing import Any
 
 import numpy as np
 
-from pipeline.artifacts import Artifact
-from pipeline.evaldata import EvalData
-from pipeline.progress import progress
+from pipeline.data.artifacts import Artifact
+from pipeline.accuracy.evaldata import EvalData
+from pipeline.core.progress import progress
 from pipeline.stages.trt_seam import TensorRT
 
 WARMUP = 2
@@ -54,7 +54,7 @@ def cpu_name() -> str:
 def latency_batches(onnx_fp32: Path, data: EvalData, max_batch: int, max_memory_gib: float) -> list[int]:
     """Batch 1 and the largest batch: the build's max batch, capped so that one model holding a batch of the
     largest samples stays within the memory budget."""
-    from pipeline.budget import batch_for_budget, memory_estimate
+    from pipeline.backend.budget import batch_for_budget, memory_estimate
 
     largest: dict[str, tuple[int, ...]] = {}
     for _, shapes, _ in data.sample_shapes():
@@ -115,8 +115,8 @@ def _variant_latency(artifact: Artifact, sample: Mapping[str, np.ndarray], batch
         with runner_for_artifact(artifact, tensorrt, allow_host_code) as runner:
             row["batches"] = [_timed(runner.infer, _feed(sample, dtypes, b), b, warmup, repeats) for b in usable]
         return row
-    from pipeline.onnxrt import session_from_onnx
-    from pipeline.tensors import signature_from_onnx
+    from pipeline.backend.onnxrt import session_from_onnx
+    from pipeline.data.tensors import signature_from_onnx
 
     exact = artifact.precision == "int8"  # as Triton serves it (pipeline.triton.config) and its gate judged it
     session = session_from_onnx(artifact.path, exact_qdq=exact, threads=threads)
@@ -160,6 +160,6 @@ def _timed(call: Callable[[dict[str, np.ndarray]], Any], feed: dict[str, np.ndar
 
 
 def _dt_now() -> str:
-    from pipeline.stagecache import now
+    from pipeline.core.stagecache import now
 
     return now()

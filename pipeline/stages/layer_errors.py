@@ -19,7 +19,7 @@ from pathlib import Path
 
 import numpy as np
 
-from pipeline.onnxrt import session_from_onnx
+from pipeline.backend.onnxrt import session_from_onnx
 from pipeline.stages.qdq_placement import WEIGHTED, float_source
 
 

@@ -47,7 +47,7 @@ def node_costs_from_models(fp32: Path, quantized: Path, feed: Mapping[str, np.nd
     relative to its FP32 spread (as a regression gate judges it), summed."""
     import onnx
 
-    from pipeline.onnxrt import session_from_onnx
+    from pipeline.backend.onnxrt import session_from_onnx
 
     jumps = {e.node: e for e in layer_errors_from_models(fp32, quantized, feed, op_types)}
     reference = session_from_onnx(fp32)

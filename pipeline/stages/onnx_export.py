@@ -17,12 +17,12 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from pipeline.atomic import atomic_path
-from pipeline.errors import PipelineError
-from pipeline.isolate import die_with_parent
+from pipeline.core.atomic import atomic_path
+from pipeline.core.errors import PipelineError
+from pipeline.core.isolate import die_with_parent
 from pipeline.stages.mixed import float32_from_mixed
 from pipeline.stages.tf2onnx_run import UNSUPPORTED_MARK
-from pipeline.tensors import SIGNATURE
+from pipeline.data.tensors import SIGNATURE
 
 if TYPE_CHECKING:
     import onnx  # imported lazily at run time
@@ -96,7 +96,7 @@ def unsupported_error(unsupported: dict, opset: int) -> PipelineError:
 
 def _keras_output_order(model: onnx.ModelProto, saved: Path) -> None:
     """tf2onnx emits a dict signature's outputs sorted by name; put them back in the Keras model's order."""
-    from pipeline.outputkinds import read_description
+    from pipeline.accuracy.outputkinds import read_description
 
     described = read_description(saved)
     if not described:

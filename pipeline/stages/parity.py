@@ -1,6 +1,6 @@
 """The parity gate: the ONNX model must compute what TensorFlow computes, on real samples.
 
-The gate runs in a child process (pipeline/isolate.py): TensorFlow's loaded SavedModel and its
+The gate runs in a child process (pipeline/core/isolate.py): TensorFlow's loaded SavedModel and its
 allocator leave with it, instead of staying in the build process (about 1.2 GB for ResNet50)
 underneath the INT8 calibration and the accuracy gates that follow.
 """
@@ -10,18 +10,18 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from pipeline.compare import Comparison, compare_runners
-from pipeline.errors import CheckFailed
-from pipeline.evaldata import EvalData
-from pipeline.progress import progress
-from pipeline.runners import SavedModelRunner, runner_for_onnx
+from pipeline.accuracy.compare import Comparison, compare_runners
+from pipeline.core.errors import CheckFailed
+from pipeline.accuracy.evaldata import EvalData
+from pipeline.core.progress import progress
+from pipeline.backend.runners import SavedModelRunner, runner_for_onnx
 
 
 def parity_report_from_models(saved: Path, onnx_path: Path, data: EvalData, dst: Path, *, atol: float, rtol: float, batch_size: int) -> Path:
     """Run the SavedModel (TF) and the ONNX model (ONNX Runtime) on ``data``; write per-output
     max abs/rel differences to ``dst`` (JSON) and raise if any element differs by more than
     ``atol + rtol·|tf|``. Runs in a child process, so TensorFlow does not stay in this one."""
-    from pipeline.isolate import call_in_child
+    from pipeline.core.isolate import call_in_child
 
     return call_in_child(_parity_report, saved, onnx_path, data, dst, atol=atol, rtol=rtol, batch_size=batch_size)
 

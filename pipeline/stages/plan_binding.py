@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from pipeline.errors import PipelineError
+from pipeline.core.errors import PipelineError
 
 AMPERE = (8, 0)  # the oldest compute capability an AMPERE_PLUS plan runs on
 
@@ -96,7 +96,7 @@ def served_plan_metadata(model_dir: Path) -> dict[str, Any] | None:
     beside the model, see pipeline.triton.repository); None for a model without one."""
     import json
 
-    from pipeline.workspace import BUILD_REPORT
+    from pipeline.data.workspace import BUILD_REPORT
 
     try:
         versions = json.loads((Path(model_dir) / BUILD_REPORT).read_text()).get("versions", {})

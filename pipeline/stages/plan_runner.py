@@ -16,7 +16,7 @@ from typing import Any
 
 from polygraphy.backend.base import BaseRunner
 
-from pipeline.errors import PipelineError
+from pipeline.core.errors import PipelineError
 from pipeline.stages.shapes import Shape, ShapeProfile, profiles_from_json
 from pipeline.stages.trt_seam import TensorRT
 

@@ -7,9 +7,9 @@ import shutil
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from pipeline._lazy import import_tensorflow
-from pipeline.tensors import SIGNATURE
-from pipeline.errors import PipelineError
+from pipeline.core.lazy import import_tensorflow
+from pipeline.data.tensors import SIGNATURE
+from pipeline.core.errors import PipelineError
 
 if TYPE_CHECKING:
     import keras
@@ -50,11 +50,11 @@ def savedmodel_from_keras(model: "keras.Model", dst: Path, compile_config: dict[
     """Export ``model`` to a SavedModel at ``dst`` whose ``serving_default`` signature names every
     input after its Keras input and every output after its Keras output layer, batch axis dynamic.
     Beside it, ``assets.extra/pipeline_outputs.json`` describes the outputs in Keras order
-    (pipeline.outputkinds), with the losses of ``compile_config`` where the model was compiled. A
+    (pipeline.accuracy.outputkinds), with the losses of ``compile_config`` where the model was compiled. A
     tf-keras model (a Keras 2 file only tf-keras reads) is exported through TensorFlow (stages/keras2.py)."""
     import keras
 
-    from pipeline.outputkinds import DESCRIPTION_FILE, describe_keras_outputs
+    from pipeline.accuracy.outputkinds import DESCRIPTION_FILE, describe_keras_outputs
     from pipeline.stages.keras2 import is_tf_keras, savedmodel_from_tf_keras
 
     tf = import_tensorflow("Exporting the Keras model to a SavedModel")
@@ -98,8 +98,8 @@ def savedmodel_from_keras(model: "keras.Model", dst: Path, compile_config: dict[
 def savedmodel_from_source(source: "ModelSource", dst: Path) -> Path:
     """Load the model ``source`` names (a .keras file or module:function) and export it to ``dst``, in a
     child process: TensorFlow and the Keras model leave with it, so the build does not hold them while
-    tf2onnx converts (pipeline/isolate.py)."""
-    from pipeline.isolate import call_in_child
+    tf2onnx converts (pipeline/core/isolate.py)."""
+    from pipeline.core.isolate import call_in_child
 
     return call_in_child(_export_source, source, dst)
 
@@ -115,10 +115,10 @@ def _deterministic() -> None:
 
 
 def _export_source(source: "ModelSource", dst: Path) -> Path:
-    from pipeline.pausepoints import pause_point
+    from pipeline.core.pausepoints import pause_point
 
     pause_point("savedmodel.export")
-    from pipeline.outputkinds import compile_config_of_archive, compile_config_of_model
+    from pipeline.accuracy.outputkinds import compile_config_of_archive, compile_config_of_model
     from pipeline.stages.source import keras_model_from_source
 
     if source.kind == "function":

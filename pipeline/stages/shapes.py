@@ -51,8 +51,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from pipeline.errors import PipelineError
-from pipeline.tensors import ModelSignature, TensorSpec
+from pipeline.core.errors import PipelineError
+from pipeline.data.tensors import ModelSignature, TensorSpec
 
 log = logging.getLogger(__name__)
 
@@ -80,7 +80,7 @@ SeenShapes = Sequence[SeenBucket]
 
 def seen_shapes(buckets: Iterable[tuple[str, Mapping[str, Shape], int]]) -> list[SeenBucket]:
     """:class:`SeenBucket` list from ``(origin, {input: per-sample shape}, samples)`` tuples
-    (what :meth:`pipeline.evaldata.EvalData.sample_shapes` returns)."""
+    (what :meth:`pipeline.accuracy.evaldata.EvalData.sample_shapes` returns)."""
     return [SeenBucket(origin, {k: tuple(int(d) for d in v) for k, v in shapes.items()}, int(n)) for origin, shapes, n in buckets]
 
 
@@ -362,7 +362,7 @@ def seen_in_files(path: Path, signature: ModelSignature) -> list[SeenBucket]:
     """The sample shapes of array data at ``path`` (an ``.npz``, a folder holding ``calib.npz``,
     or a folder of ``.npy`` files), read from headers only; [] for anything else (e.g. images,
     which are resized to the profile instead)."""
-    from pipeline.buckets import sample_shapes
+    from pipeline.data.buckets import sample_shapes
     from pipeline.stages.calibration import CALIB_FILE
 
     path = Path(path)

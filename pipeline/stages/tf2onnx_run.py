@@ -31,7 +31,7 @@ import os
 from collections import OrderedDict
 from typing import Any, Callable
 
-from pipeline.pausepoints import pause_point
+from pipeline.core.pausepoints import pause_point
 
 log = logging.getLogger("pipeline.tf2onnx_run")
 

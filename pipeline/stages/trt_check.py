@@ -11,7 +11,7 @@ The report (``trt_check.json``, and the build manifest's ``results``): per varia
 built, the network's layer count, the build's seconds and plan size, or each node the parser
 refused as one line (node, op, the parser's words). :func:`parser_problems` adds the
 version-gated hand-written rules; where neither TensorRT nor TensorRT-RTX is installed the build
-falls back to all the hand-written operator rules of :mod:`pipeline.trt_support`.
+falls back to all the hand-written operator rules of :mod:`pipeline.backend.trt_support`.
 """
 
 from __future__ import annotations
@@ -22,8 +22,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from pipeline.atomic import write_text_atomic
-from pipeline.errors import PipelineError
+from pipeline.core.atomic import write_text_atomic
+from pipeline.core.errors import PipelineError
 from pipeline.stages.engine import EngineSettings, engine_request
 from pipeline.stages.trt_compile import ParseFailed
 from pipeline.stages.trt_rtx import RtxTensorRT, rtx_version
@@ -79,12 +79,12 @@ def parser_problems(report: dict[str, Any] | None, onnx_of: dict[str, Path]) -> 
     """``{variant: [one line per problem]}`` and which check found them. With a TensorRT-RTX ``report``: its refusals and
     the version-gated hand-written rules (ops and types onnx-tensorrt added after the oldest TensorRT the engine stage
     builds with, which TensorRT-RTX's newer parser takes); without one (None), all the hand-written rules
-    (:func:`pipeline.trt_support.warn_unparsable`) on ``onnx_of`` (``{variant: ONNX path}``)."""
-    from pipeline.trt_support import support_data, warn_unparsable, warn_version_gated
+    (:func:`pipeline.backend.trt_support.warn_unparsable`) on ``onnx_of`` (``{variant: ONNX path}``)."""
+    from pipeline.backend.trt_support import support_data, warn_unparsable, warn_version_gated
 
     if report is None:
         log.info("checking the GPU variants against the hand-written ONNX parser rules (TensorRT-RTX is not installed)")
-        return warn_unparsable(onnx_of), f"hand-written rules for TensorRT {support_data()['default_target']} (pipeline/trt_support.py)"
+        return warn_unparsable(onnx_of), f"hand-written rules for TensorRT {support_data()['default_target']} (pipeline/backend/trt_support.py)"
     gated = warn_version_gated(onnx_of)
     problems = {variant: lines + gated.get(variant, []) for variant, lines in problems_of(report).items()}
     return problems, f"{report['checker']} (compute capability {report['compute_capability']})"

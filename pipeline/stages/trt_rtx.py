@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from pipeline.errors import PipelineError
+from pipeline.core.errors import PipelineError
 from pipeline.stages.tensorrt_env import GpuInfo
 from pipeline.stages.trt_compile import EngineRequest, compile_plan
 from pipeline.stages.trt_seam import BuiltEngine, EngineFacts, Platform

@@ -24,13 +24,13 @@ from pathlib import Path
 
 import numpy as np
 
-from pipeline.errors import CheckFailed, PipelineError, require
+from pipeline.core.errors import CheckFailed, PipelineError, require
 
 if TYPE_CHECKING:
     import onnx
 
-    from pipeline.evaldata import EvalData
-    from pipeline.tensors import ModelSignature
+    from pipeline.accuracy.evaldata import EvalData
+    from pipeline.data.tensors import ModelSignature
 
 log = logging.getLogger(__name__)
 
@@ -57,7 +57,7 @@ def uint8_input_onnx_from_onnx(src: Path, dst: Path, *, scale: float) -> Path:
     import onnx
     from onnx import TensorProto, helper, numpy_helper
 
-    from pipeline.tensors import load_onnx
+    from pipeline.data.tensors import load_onnx
 
     require(np.isfinite(scale) and scale > 0, f"--uint8-input scale must be a positive number, got {scale}", "e.g. --uint8-input 0.00392156862745098 (1/255)")
     model = load_onnx(Path(src))
@@ -97,7 +97,7 @@ def uint8_input_onnx_from_onnx(src: Path, dst: Path, *, scale: float) -> Path:
 
 def uint8_scales(path: Path) -> dict[str, float]:
     """The recorded scale per uint8 input of an ONNX model (empty for a model without them)."""
-    from pipeline.tensors import load_onnx
+    from pipeline.data.tensors import load_onnx
 
     model = load_onnx(Path(path), external_data=False)
     for prop in model.metadata_props:
@@ -130,7 +130,7 @@ def float_inputs(signature: ModelSignature, scales: Mapping[str, float], data: P
     wire's uint8), as uint8 where it gives integers (they already are what a client sends)."""
     from dataclasses import replace
 
-    from pipeline.buckets import BUCKET_SEP, array_headers
+    from pipeline.data.buckets import BUCKET_SEP, array_headers
 
     if not scales:
         return signature
@@ -142,7 +142,7 @@ def float_inputs(signature: ModelSignature, scales: Mapping[str, float], data: P
 def uint8_parity_from_models(fp32: Path, u8: Path, data: EvalData, dst: Path, *, atol: float, rtol: float, batch_size: int = 64) -> Path:
     """Gate the uint8 variant: its outputs on ``data``'s samples turned to uint8 against the FP32 model's on
     the same values as floats; write the report to ``dst`` (JSON); raise CheckFailed beyond ``atol + rtol·|FP32|``."""
-    from pipeline.onnxrt import session_from_onnx
+    from pipeline.backend.onnxrt import session_from_onnx
 
     scales = uint8_scales(u8)
     require(bool(scales), f"{u8} records no uint8 input scale", "rebuild it with --uint8-input")

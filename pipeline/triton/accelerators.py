@@ -65,7 +65,7 @@ import shlex
 from collections.abc import Iterable
 from typing import Any
 
-from pipeline.tensors import ModelSignature
+from pipeline.data.tensors import ModelSignature
 
 TRT_PRECISION = {"fp32": "FP32", "fp16": "FP16", "int8": "INT8", "u8": "FP32"}  # u8: FP32 with uint8 inputs
 TRT_WORKSPACE_BYTES = 1 << 30

@@ -23,7 +23,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from pipeline.atomic import write_bytes_atomic
+from pipeline.core.atomic import write_bytes_atomic
 from pipeline.triton.server_args import ADMIN_KEY_ENV, ServerArgs, shell_command, tritonserver_args
 
 log = logging.getLogger(__name__)

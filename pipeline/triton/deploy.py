@@ -28,8 +28,8 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from pipeline.errors import require
-from pipeline.objectstore import S3Url
+from pipeline.core.errors import require
+from pipeline.core.objectstore import S3Url
 from pipeline.triton.s3repository import readable
 from pipeline.triton.accelerators import cache_setup_shell
 from pipeline.triton.bundle_files import (
@@ -149,7 +149,7 @@ def write_deploy_bundle(
 
 def bundle_store(url: S3Url) -> tuple[str, str]:
     """The URL a bundled server reads ``url`` at (with the endpoint of an S3-compatible store) and the region."""
-    from pipeline.objectstore import DEFAULT_REGION, endpoint_of, s3_client
+    from pipeline.core.objectstore import DEFAULT_REGION, endpoint_of, s3_client
 
     client = s3_client(url)
     return url.triton_url(endpoint_of(client)), str(client.meta.region_name or DEFAULT_REGION)

@@ -33,14 +33,14 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from pipeline.errors import require
+from pipeline.core.errors import require
 from pipeline.stages.plan_runner import profile_for
 from pipeline.stages.shapes import ShapeProfile, profiles_from_json, profiles_to_json
 
 if TYPE_CHECKING:
     from tritonclient.grpc.model_config_pb2 import ModelConfig
 
-    from pipeline.evaldata import EvalData
+    from pipeline.accuracy.evaldata import EvalData
 
 PLAN_DIR = "plan"
 BUILD_JSON = f"{PLAN_DIR}/build.json"
@@ -109,7 +109,7 @@ def deploy_plan_files(onnx_path: Path, precision: str, cfg: ModelConfig, setting
     from polygraphy.comparator.struct import IterationResult
     from polygraphy.json import to_json
 
-    from pipeline.runners import runner_for_onnx
+    from pipeline.backend.runners import runner_for_onnx
     from pipeline.triton.config import config_text
 
     used = tuple(p for p in settings.profiles if p.shapes)

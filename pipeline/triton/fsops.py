@@ -12,7 +12,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from pipeline.errors import PipelineError, require
+from pipeline.core.errors import PipelineError, require
 
 _AT_FDCWD = -100
 RENAME_NOREPLACE = 1

@@ -70,7 +70,7 @@ from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
 
-from pipeline.errors import PipelineError
+from pipeline.core.errors import PipelineError
 
 log = logging.getLogger(__name__)
 

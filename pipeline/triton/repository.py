@@ -27,11 +27,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from pipeline.artifacts import Artifact
-from pipeline.errors import PipelineError, require
-from pipeline.fingerprint import hash_path
-from pipeline.pausepoints import pause_point
-from pipeline.workspace import BUILD_REPORT
+from pipeline.data.artifacts import Artifact
+from pipeline.core.errors import PipelineError, require
+from pipeline.core.fingerprint import hash_path
+from pipeline.core.pausepoints import pause_point
+from pipeline.data.workspace import BUILD_REPORT
 from pipeline.triton.config import (
     WARMUP_DIR,
     config_text,
@@ -57,7 +57,7 @@ log = logging.getLogger(__name__)
 
 CONFIG = "config.pbtxt"
 OWNED = ".pipeline-owned.json"
-REPORT = BUILD_REPORT  # beside each published model (pipeline.workspace)
+REPORT = BUILD_REPORT  # beside each published model (pipeline.data.workspace)
 POLICIES = ("new", "replace")
 _RESERVED = (CONFIG, OWNED, REPORT)
 
@@ -124,7 +124,7 @@ def publish_repository(
                     continue
                 staged.append(_stage_model(artifact, name, repository, staging_root, configs[name], extra_files.get(name, {}), version_policy, report, reproduce))
             for item in staged:
-                pause_point("publish.swap")  # tests hold the publish here to kill it (pipeline/pausepoints.py)
+                pause_point("publish.swap")  # tests hold the publish here to kill it (pipeline/core/pausepoints.py)
                 _swap_in(item, repository / item.name)
                 published[item.name] = repository / item.name / str(item.version)
                 log.info("published %s version %d", item.name, item.version)

@@ -29,11 +29,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from pipeline.artifacts import Artifact
-from pipeline.errors import PipelineError, require
-from pipeline.fingerprint import hash_path
-from pipeline.objectstore import S3Url, s3_client
-from pipeline.pausepoints import pause_point
+from pipeline.data.artifacts import Artifact
+from pipeline.core.errors import PipelineError, require
+from pipeline.core.fingerprint import hash_path
+from pipeline.core.objectstore import S3Url, s3_client
+from pipeline.core.pausepoints import pause_point
 from pipeline.triton.config import config_text, parse_config
 from pipeline.triton.fsops import copy_artifact, write_synced
 from pipeline.triton.repository import CONFIG, OWNED, REPORT, checked_request, check_staged, model_filename, version_report
@@ -172,7 +172,7 @@ def publish_s3_repository(
             during = {"versions": sorted(item.remote.owned_versions), "files": listed, "uploading": item.version}
             store.put(item.remote.url.key(OWNED), json.dumps(during, indent=2).encode())
             for path in sorted(p for p in item.stage.rglob("*") if p.is_file() and p.relative_to(item.stage).as_posix() != CONFIG):
-                pause_point("publish.upload")  # tests hold the publish here to kill it mid-upload (pipeline/pausepoints.py)
+                pause_point("publish.upload")  # tests hold the publish here to kill it mid-upload (pipeline/core/pausepoints.py)
                 store.upload(path, item.remote.url.key(path.relative_to(item.stage).as_posix()))
         for item in uploads:
             pause_point("publish.swap")
@@ -338,7 +338,7 @@ def serving_target(url: S3Url, local: Path, models: Sequence[str], config_name: 
     """The URL a tritonserver reads ``url`` at (``local``: :func:`local_copy` of its configs) and the environment
     it needs for that (credentials: never its command line); PipelineError for ``models`` that ask for
     KIND_GPU instances without a GPU (Triton reads the bucket itself: its configs cannot be rewritten for a CPU)."""
-    from pipeline.objectstore import server_environment
+    from pipeline.core.objectstore import server_environment
     from pipeline.triton.config import read_model_config
 
     if not gpu:

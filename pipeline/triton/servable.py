@@ -15,7 +15,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from pipeline.errors import require
+from pipeline.core.errors import require
 from pipeline.triton.config import config_text, model_config_path, read_model_config
 from pipeline.triton.repository import model_dirs
 
@@ -77,7 +77,7 @@ def servable_models(
 def cpu_int8_files(repository: Path, models: list[str]) -> dict[str, Path]:
     """The model file Triton serves of each CPU INT8 variant (``*_int8cpu``) among ``models``: its latest version (the
     version policy the pipeline publishes), by "name/version"."""
-    from pipeline.artifacts import parse_variant
+    from pipeline.data.artifacts import parse_variant
 
     files = {}
     for name in models:

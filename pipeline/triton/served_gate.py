@@ -10,10 +10,10 @@ from dataclasses import dataclass, field, fields
 
 import numpy as np
 
-from pipeline.compare import Comparison, new_comparison
-from pipeline.gates import Gates, tolerance_for
-from pipeline.judging import judge_comparison
-from pipeline.outputkinds import OutputKind
+from pipeline.accuracy.compare import Comparison, new_comparison
+from pipeline.accuracy.gates import Gates, tolerance_for
+from pipeline.accuracy.judging import judge_comparison
+from pipeline.accuracy.outputkinds import OutputKind
 
 SERVED_ATOL = 1e-3  # max abs difference served vs in process (verify --atol, build --verify-served)
 AGAINST_FP32 = "served vs served FP32: "  # how a failure of the judgement against served FP32 starts
@@ -30,7 +30,7 @@ class ServedResult:
     outputs: dict[str, dict]  # per output: kind, max abs served vs in-process, NaN/Inf, served and in-process task metric
     failures: list[str]
     notes: list[str] = field(default_factory=list)
-    gates: list[dict] = field(default_factory=list)  # each output's figures against served FP32 (pipeline.judging)
+    gates: list[dict] = field(default_factory=list)  # each output's figures against served FP32 (pipeline.accuracy.judging)
     kinds: dict[str, OutputKind] = field(default_factory=dict, repr=False)
     served: list[dict[str, np.ndarray]] = field(default_factory=list, repr=False)  # per batch, for the comparison with FP32
     targets: list[dict[str, np.ndarray]] = field(default_factory=list, repr=False)  # the labels of those batches
@@ -57,7 +57,7 @@ def served_against_inprocess(comparison: Comparison, kinds: Mapping[str, OutputK
 
 def gate_against_fp32(results: Sequence[ServedResult], gates: Mapping[str, Gates]) -> None:
     """Each served variant against served FP32 on the same samples, every output judged by its kind as the
-    build's gate (pipeline.judging): a failure fails; a set too small to decide is noted (the build judged it)."""
+    build's gate (pipeline.accuracy.judging): a failure fails; a set too small to decide is noted (the build judged it)."""
     fp32 = {r.base: r for r in results if r.precision == "fp32"}
     for result in results:
         ref = fp32.get(result.base)

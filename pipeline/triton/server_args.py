@@ -23,7 +23,7 @@ import shlex
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from pipeline.errors import require
+from pipeline.core.errors import require
 
 RESTRICTED_APIS = ("model-repository", "model-config", "shared-memory", "trace", "logging")
 ADMIN_KEY_ENV = "TRITON_ADMIN_KEY"

@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from pipeline.errors import PipelineError
+from pipeline.core.errors import PipelineError
 
 _FAILED_LOAD = re.compile(r"failed to load '([^']+)' version \d+: (.*?)\"?$")
 class PortInUseError(PipelineError):

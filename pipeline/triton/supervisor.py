@@ -16,7 +16,7 @@ import threading
 import time
 from collections.abc import Sequence
 
-from pipeline.errors import PipelineError
+from pipeline.core.errors import PipelineError
 from pipeline.triton.server import TritonServer
 from pipeline.triton.server_log import last_errors
 

@@ -18,13 +18,13 @@ from typing import Any
 
 import numpy as np
 
-from pipeline.artifacts import WIRE_PRECISIONS, parse_variant
-from pipeline.errors import CheckFailed, PipelineError
-from pipeline.objectstore import S3Url
-from pipeline.evaldata import EvalData
-from pipeline.progress import progress
-from pipeline.gates import Gates
-from pipeline.outputkinds import OutputKind
+from pipeline.data.artifacts import WIRE_PRECISIONS, parse_variant
+from pipeline.core.errors import CheckFailed, PipelineError
+from pipeline.core.objectstore import S3Url
+from pipeline.accuracy.evaldata import EvalData
+from pipeline.core.progress import progress
+from pipeline.accuracy.gates import Gates
+from pipeline.accuracy.outputkinds import OutputKind
 from pipeline.stages.trt_seam import PolygraphyTensorRT, TensorRT
 from pipeline.triton.served_gate import AGAINST_FP32, ServedResult, gate_against_fp32, results_as_json, served_against_inprocess
 
@@ -63,8 +63,8 @@ def served_against_file(
 ) -> ServedResult:
     """What Triton served for ``model`` (``served``: every output, per batch of ``data`` at ``batch_size``) against its own
     model file run in process (Q/DQ-exact for INT8)."""
-    from pipeline.compare import new_comparison
-    from pipeline.onnxrt import session_from_onnx
+    from pipeline.accuracy.compare import new_comparison
+    from pipeline.backend.onnxrt import session_from_onnx
 
     base, precision = parse_variant(model) or (model, "fp32")
     session = session_from_onnx(model_file, exact_qdq=precision == "int8")
@@ -249,11 +249,11 @@ def _planned(chosen: Mapping[str, Any], not_verified: dict[str, str], eval_data:
 
 def _plan(name: str, model: Any, base: str, given: EvalData | Path | None, calibration_root: Path) -> tuple | str:
     """(version, model file, data with labels named, kinds) of one served model, or why it cannot be verified."""
-    from pipeline.evaldata import check_targets, eval_data_from_path, plain_labels_owner
-    from pipeline.outputkinds import decide_kinds, kinds_from_json, onnx_producers, output_info
+    from pipeline.accuracy.evaldata import check_targets, eval_data_from_path, plain_labels_owner
+    from pipeline.accuracy.outputkinds import decide_kinds, kinds_from_json, onnx_producers, output_info
     from pipeline.stages.uint8_input import SCALE_KEY, float_inputs, quantized, uint8_scales
-    from pipeline.tensors import load_onnx, signature_from_onnx
-    from pipeline.workspace import build_record_of_served, eval_data_of_served
+    from pipeline.data.tensors import load_onnx, signature_from_onnx
+    from pipeline.data.workspace import build_record_of_served, eval_data_of_served
 
     version = max(model.versions)
     model_file = model.path / str(version) / (model.config.default_model_filename or "model.onnx")
@@ -292,7 +292,7 @@ def _recorded_gates(model_dir: Path, gates: Gates) -> Gates:
     """The limits the model's build was judged with, with this command's drop limits and confidence."""
     from dataclasses import fields, replace
 
-    from pipeline.workspace import build_record_of_served
+    from pipeline.data.workspace import build_record_of_served
 
     recorded = build_record_of_served(model_dir).get("gates") or {}
     known = {f.name for f in fields(Gates)}

@@ -15,8 +15,8 @@ import os
 from pathlib import Path
 from typing import Any
 
-from pipeline.fingerprint import hash_settings
-from pipeline.pausepoints import pause_point
+from pipeline.core.fingerprint import hash_settings
+from pipeline.core.pausepoints import pause_point
 
 log = logging.getLogger(__name__)
 
@@ -63,7 +63,7 @@ class TrialCache:
             fh.flush()
             os.fsync(fh.fileno())
         self.entries[key] = trial
-        pause_point("tune.trial-cached")  # tests hold a tune here, its n-th trial durable, to kill it (pipeline/pausepoints.py)
+        pause_point("tune.trial-cached")  # tests hold a tune here, its n-th trial durable, to kill it (pipeline/core/pausepoints.py)
 
     def _ends_with_newline(self) -> bool:
         with open(self.path, "rb") as fh:

@@ -17,7 +17,7 @@ import math
 from collections.abc import Mapping
 from typing import Protocol
 
-from pipeline.errors import PipelineError
+from pipeline.core.errors import PipelineError
 from pipeline.tune.space import Candidate, SearchSpace
 
 SEARCHES = ("quick", "grid")

@@ -9,7 +9,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from pipeline.artifacts import VARIANT_NAME
+from pipeline.data.artifacts import VARIANT_NAME
 from pipeline.tune.gpu_memory import MIB
 from pipeline.tune.trial import Trial
 from pipeline.tune.tuner import ModelTune, summary

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from pipeline.errors import PipelineError, require
+from pipeline.core.errors import PipelineError, require
 from pipeline.triton.accelerators import refit_trt_profile
 
 if TYPE_CHECKING:
@@ -279,7 +279,7 @@ def batch_limit(model_dir: Path, cfg: ModelConfig) -> int | None:
         except (OSError, ValueError, KeyError, TypeError):
             return cfg.max_batch_size
     if path.suffix == ".onnx" and path.is_file():
-        from pipeline.tensors import signature_from_onnx
+        from pipeline.data.tensors import signature_from_onnx
 
         first = signature_from_onnx(path).inputs[0].shape
         return first[0] if first and isinstance(first[0], int) and first[0] > 0 else None

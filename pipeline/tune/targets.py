@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 from urllib.parse import quote
 
-from pipeline.errors import PipelineError, require
+from pipeline.core.errors import PipelineError, require
 from pipeline.loadtest.client import Endpoint, endpoint_from_url
 from pipeline.loadtest.metrics import default_metrics_endpoint
 from pipeline.loadtest.payload import ModelIO

@@ -10,10 +10,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from pipeline.errors import PipelineError, require
-from pipeline.fingerprint import hash_path, hash_settings
+from pipeline.core.errors import PipelineError, require
+from pipeline.core.fingerprint import hash_path, hash_settings
 from pipeline.loadtest import payload as pl
-from pipeline.options import CALIBRATION_ROOT, DEFAULT_REPOSITORY
+from pipeline.core.options import CALIBRATION_ROOT, DEFAULT_REPOSITORY
 from pipeline.tune.cache import TrialCache, trial_key
 from pipeline.tune.policy import search_policy
 from pipeline.tune.space import (

@@ -6,7 +6,7 @@ import re
 
 import pytest
 
-from pipeline.errors import PipelineError
+from pipeline.core.errors import PipelineError
 from pipeline.loadtest.client import (
     Endpoint,
     endpoint_from_url,

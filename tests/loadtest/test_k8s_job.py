@@ -9,7 +9,7 @@ import kubernetes_validate
 import pytest
 import yaml
 
-from pipeline.errors import PipelineError
+from pipeline.core.errors import PipelineError
 
 from .test_cli import run_cli
 

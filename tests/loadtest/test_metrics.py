@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from pipeline.loadtest.loadtest_cli import register
+from pipeline.commands.loadtest import register
 from pipeline.loadtest.client import Endpoint
 from pipeline.loadtest.metrics import NO_GPU_METRICS, parse_metrics, point_metrics, scrape
 

@@ -7,7 +7,7 @@ import re
 import numpy as np
 import pytest
 
-from pipeline.errors import PipelineError
+from pipeline.core.errors import PipelineError
 from pipeline.loadtest.policy import (
     ClosedLoop,
     OpenLoop,

@@ -14,7 +14,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from pipeline.errors import PipelineError
+from pipeline.core.errors import PipelineError
 from pipeline.loadtest.client import endpoint_from_url
 from pipeline.loadtest.merge import merge_shards
 from pipeline.loadtest.server_stats import fetch_counters

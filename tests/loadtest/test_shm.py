@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from pipeline.errors import PipelineError
+from pipeline.core.errors import PipelineError
 from pipeline.loadtest.client import endpoint_from_url, post_request_bytes
 from pipeline.loadtest.payload import ModelIO, TensorInfo, load_samples, request_batches
 from pipeline.loadtest.request_check import raw_exchange

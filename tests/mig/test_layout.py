@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from pipeline.errors import PipelineError
+from pipeline.core.errors import PipelineError
 from pipeline.mig.layout import layout_from_devices, layout_of, parse_layout
 from pipeline.mig.profiles import GpuMig, MigProfile, builtin_gpu
 

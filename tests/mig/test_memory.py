@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from pipeline.errors import PipelineError
+from pipeline.core.errors import PipelineError
 from pipeline.triton.accelerators import TRT_WORKSPACE_BYTES
 from pipeline.mig.memory import (
     INSTANCE_OVERHEAD_BYTES,
@@ -157,7 +157,7 @@ def test_memory_from_published_repository_report(tmp_path: Path) -> None:
 
 def test_memory_for_build_artifacts(tmp_path: Path, tiny_onnx: Path) -> None:
     """The build's Artifact objects; the plan and its metadata are hand-written (no TensorRT here)."""
-    from pipeline.artifacts import Artifact
+    from pipeline.data.artifacts import Artifact
     from pipeline.mig.memory import memory_for_artifact
 
     onnx_est = memory_for_artifact(Artifact("fp32", "onnx", tiny_onnx), 8)
@@ -179,8 +179,8 @@ def test_memory_for_build_artifacts(tmp_path: Path, tiny_onnx: Path) -> None:
 def test_a_published_onnx_model_counts_the_workspace_its_config_gives_tensorrt(tmp_path: Path, tiny_onnx: Path) -> None:
     """The workspace comes from the model's real config.pbtxt (written by the config generator), and the
     estimate says so; a config without the tensorrt accelerator (CPU instances) adds nothing."""
-    from pipeline.artifacts import Artifact
-    from pipeline.tensors import signature_from_onnx
+    from pipeline.data.artifacts import Artifact
+    from pipeline.data.tensors import signature_from_onnx
     from pipeline.triton.config import config_text, model_config_from_artifact
 
     model_dir = tmp_path / "tiny_fp32"

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from pipeline.errors import PipelineError
+from pipeline.core.errors import PipelineError
 from pipeline.mig.nvidia_smi import gpu_from_lgip, parse_lgip
 from pipeline.mig.profiles import (
     BUILTIN_GPUS,

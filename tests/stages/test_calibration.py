@@ -8,9 +8,9 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from pipeline.errors import PipelineError
+from pipeline.core.errors import PipelineError
 from pipeline.stages.calibration import CalibrationData, calibration_from_path
-from pipeline.tensors import ModelSignature, TensorSpec
+from pipeline.data.tensors import ModelSignature, TensorSpec
 
 F32 = np.dtype(np.float32)
 IMAGE = ModelSignature(inputs=(TensorSpec("image", F32, ("batch", 8, 8, 1)),), outputs=(TensorSpec("probs", F32, ("batch", 10)),))
@@ -226,7 +226,7 @@ def test_npy_buckets_in_a_folder(tmp_path: Path) -> None:
 
 
 def test_float64_arrays_are_cast_with_one_line(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
-    caplog.set_level("INFO", logger="pipeline.arrays")
+    caplog.set_level("INFO", logger="pipeline.data.arrays")
     np.savez(tmp_path / "calib.npz", image=_images().astype(np.float64))
     data = calibration_from_path(tmp_path / "calib.npz", IMAGE)
     assert data.batch(0, 8)["image"].dtype == np.float32

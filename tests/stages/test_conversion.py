@@ -1,7 +1,7 @@
 """Keras → SavedModel (stages/savedmodel.py) → ONNX (stages/onnx_export.py) → parity gate (stages/parity.py).
 
 Stage by stage on tiny Keras models built here (tests/keras_models.py): real TensorFlow, real
-tf2onnx, real ONNX Runtime; the SavedModel runner of pipeline/runners.py runs TensorFlow for parity.
+tf2onnx, real ONNX Runtime; the SavedModel runner of pipeline/backend/runners.py runs TensorFlow for parity.
 """
 
 from __future__ import annotations
@@ -15,12 +15,12 @@ import onnx
 import pytest
 from onnx import numpy_helper
 
-from pipeline.errors import PipelineError
-from pipeline.evaldata import synthetic_eval_data
+from pipeline.core.errors import PipelineError
+from pipeline.accuracy.evaldata import synthetic_eval_data
 from pipeline.stages.onnx_export import MIN_OPSET, onnx_from_savedmodel, tf2onnx_command
 from pipeline.stages.parity import parity_report_from_models
 from pipeline.stages.savedmodel import input_names, output_names, savedmodel_from_keras
-from pipeline.tensors import SIGNATURE, signature_from_onnx
+from pipeline.data.tensors import SIGNATURE, signature_from_onnx
 
 pytestmark = pytest.mark.slow
 
@@ -224,7 +224,7 @@ def test_exact_gelu_converts_through_erf_and_matches_tensorflow(tmp_path: Path) 
     rng = np.random.default_rng(4)
     features = (rng.normal(size=(256, 6)) * 8).astype(np.float32)
     np.savez(tmp_path / "eval.npz", features=features)
-    from pipeline.evaldata import eval_data_from_npz
+    from pipeline.accuracy.evaldata import eval_data_from_npz
 
     data = eval_data_from_npz(tmp_path / "eval.npz", signature_from_onnx(onnx_path))
     report = json.loads(parity_report_from_models(saved, onnx_path, data, tmp_path / "parity.json", atol=1e-5, rtol=1e-4, batch_size=64).read_text())

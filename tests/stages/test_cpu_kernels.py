@@ -19,13 +19,13 @@ import onnxruntime as ort
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from pipeline.errors import PipelineError
+from pipeline.core.errors import PipelineError
 from pipeline.stages.calibration import calibration_from_path
 from pipeline.stages.cpu_kernels import (METADATA_KEY, SAFE_WEIGHT, check_runs_here, cpu_flags, describe_cpu, has_vnni, kernels_from_weights,
                                          kernels_of_model)
 from pipeline.stages.int8 import quantized_onnx_from_onnx
 from pipeline.stages.int8_cpu import CPU_RECIPE, cpu_int8_onnx_from_onnx
-from pipeline.tensors import signature_from_onnx
+from pipeline.data.tensors import signature_from_onnx
 
 K = 64
 
@@ -107,7 +107,7 @@ def test_a_model_needing_vnni_is_refused_in_one_line_on_a_cpu_without_it(both_fo
 def test_the_seven_bit_variant_computes_as_its_exact_qdq_graph_on_this_cpu(both_forms: tuple[Path, Path], digits_convnet: Any) -> None:
     """Whatever this CPU is: ORT's fused integer kernels (as served) agree with the Q/DQ graph's float arithmetic, which
     is what a VNNI CPU computes; the 8-bit form does too only where VNNI is present (or where nothing saturates)."""
-    from pipeline.onnxrt import session_from_onnx
+    from pipeline.backend.onnxrt import session_from_onnx
 
     seven, _ = both_forms
     images = digits_convnet.eval_images[:128]
@@ -121,7 +121,7 @@ def test_the_seven_bit_variant_computes_as_its_exact_qdq_graph_on_this_cpu(both_
 def test_the_embedded_server_refuses_an_8_bit_model_exactly_where_it_would_saturate(both_forms: tuple[Path, Path], tmp_path: Path) -> None:
     """Published as ``digits_int8cpu``, the 8-bit form is refused in one line on a CPU without VNNI (serve and verify
     start the embedded server this way) and served on one with VNNI; the 7-bit form is served on either."""
-    from pipeline.artifacts import Artifact
+    from pipeline.data.artifacts import Artifact
     from pipeline.triton.config import model_config_from_artifact
     from pipeline.triton.repository import publish_repository
     from pipeline.triton.server import TritonServer

@@ -19,7 +19,7 @@ from typing import Any
 
 import pytest
 
-from pipeline.errors import PipelineError
+from pipeline.core.errors import PipelineError
 from pipeline.stages import tensorrt_env
 from pipeline.stages.engine import (
     EngineSettings,
@@ -34,7 +34,7 @@ from pipeline.stages.plan_runner import runner_for_plan
 from pipeline.stages.trt_seam import PolygraphyTensorRT
 from pipeline.stages.tensorrt_env import GpuInfo, tensorrt_status
 from pipeline.stages.shapes import ShapeProfile, profiles_from_args
-from pipeline.tensors import signature_from_onnx
+from pipeline.data.tensors import signature_from_onnx
 
 ROOT = Path(__file__).resolve().parents[2]
 NO_TENSORRT = importlib.util.find_spec("tensorrt") is None
@@ -123,7 +123,7 @@ def test_stub_only_tensorrt_package_is_detected(tmp_path: Path) -> None:
     result = run_python(
         f"""
         import json, tensorrt
-        from pipeline.errors import PipelineError
+        from pipeline.core.errors import PipelineError
         from pipeline.stages.engine import EngineSettings, engine_from_onnx
         from pipeline.stages.tensorrt_env import tensorrt_status
         from pipeline.stages.trt_seam import PolygraphyTensorRT

@@ -1,5 +1,5 @@
 """The accuracy-aware fallback's search, on a scripted judge: how many nodes it keeps, what it tries, where it stops.
-(The real thing, on a real model with a quantization-hostile layer, is tests/test_int8_user_models.py.)"""
+(The real thing, on a real model with a quantization-hostile layer, is tests/build/test_int8_user_models.py.)"""
 
 from __future__ import annotations
 
@@ -77,15 +77,15 @@ def test_an_optional_variant_that_fails_its_gate_is_marked_left_out_not_raised(d
     optional (the build drops it), and fails the stage when it was asked for."""
     import json
 
-    from pipeline.artifacts import Artifact
-    from pipeline.errors import CheckFailed
-    from pipeline.evaldata import EvalData
-    from pipeline.gates import Gates
-    from pipeline.outputkinds import decide_kinds, kinds_to_json
+    from pipeline.data.artifacts import Artifact
+    from pipeline.core.errors import CheckFailed
+    from pipeline.accuracy.evaldata import EvalData
+    from pipeline.accuracy.gates import Gates
+    from pipeline.accuracy.outputkinds import decide_kinds, kinds_to_json
     from pipeline.stages.accuracy import accuracy_report_from_variants
     from pipeline.stages.calibration import calibration_from_path
     from pipeline.stages.int8_cpu import cpu_int8_onnx_from_onnx
-    from pipeline.tensors import signature_from_onnx
+    from pipeline.data.tensors import signature_from_onnx
 
     signature = signature_from_onnx(digits_convnet.model)
     cpu = cpu_int8_onnx_from_onnx(digits_convnet.model, tmp_path / "int8cpu.onnx", calibration_from_path(digits_convnet.calib, signature))

@@ -9,7 +9,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from pipeline.compare import Comparison
+from pipeline.accuracy.compare import Comparison
 from pipeline.stages.parity import parity_failures
 
 

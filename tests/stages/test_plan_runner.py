@@ -11,8 +11,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from pipeline.artifacts import Artifact
-from pipeline.errors import PipelineError
+from pipeline.data.artifacts import Artifact
+from pipeline.core.errors import PipelineError
 from pipeline.stages.accuracy import gate_batch
 from pipeline.stages.engine import EngineSettings, engine_from_onnx, metadata_path, read_engine_metadata
 from pipeline.stages.plan_runner import plan_max_batch, profile_for, runner_for_plan

@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from pipeline.errors import PipelineError
+from pipeline.core.errors import PipelineError
 from pipeline.stages.shapes import (
     SeenBucket,
     ShapeProfile,
@@ -21,7 +21,7 @@ from pipeline.stages.shapes import (
     seen_in_files,
     calibration_hints,
 )
-from pipeline.tensors import ModelSignature, TensorSpec, signature_from_onnx
+from pipeline.data.tensors import ModelSignature, TensorSpec, signature_from_onnx
 
 F32 = np.dtype("float32")
 IMAGE = TensorSpec("image", F32, ("batch", 8, 8, 1))

@@ -19,7 +19,7 @@ from onnx import TensorProto, helper
 from pipeline.stages.engine import EngineSettings
 from pipeline.stages.shapes import ShapeProfile
 from pipeline.stages.trt_check import problems_of, trt_check_from_onnx
-from pipeline.trt_support import summarize, version_gated
+from pipeline.backend.trt_support import summarize, version_gated
 from tests.conftest import cli, one_line_error
 from tests.trt_standin import has_real_builder, real_builder
 
@@ -99,13 +99,13 @@ def test_a_graph_tensorrt_refuses_is_recorded_and_fatal_only_when_asked(tmp_path
 
 
 def test_without_tensorrt_rtx_the_hand_written_rules_decide_and_refusal_is_one_line(tmp_path: Path) -> None:
-    from pipeline.errors import PipelineError
+    from pipeline.core.errors import PipelineError
     from pipeline.stages.trt_check import parser_problems, refusal
 
     bad = _graph(tmp_path / "bad.onnx", helper.make_node("Unique", ["x"], ["u"], name="uniq"))
     good = _graph(tmp_path / "good.onnx", helper.make_node("Relu", ["x"], ["u"], name="relu"))
     problems, checker = parser_problems(None, {"fp32": good, "fp16": bad})
-    assert checker == "hand-written rules for TensorRT 10.8 (pipeline/trt_support.py)"
+    assert checker == "hand-written rules for TensorRT 10.8 (pipeline/backend/trt_support.py)"
     assert problems == {"fp32": [], "fp16": ["Unique: not supported by TensorRT's ONNX parser (not supported by the ONNX parser) (1 node, e.g. 'uniq')"]}
     refusal({"fp32": []}, checker)  # nothing refused: nothing raised
     with pytest.raises(PipelineError, match="^the fp16 graph does not build with TensorRT \\(hand-written rules .*\\): Unique: not supported"):
@@ -115,7 +115,7 @@ def test_without_tensorrt_rtx_the_hand_written_rules_decide_and_refusal_is_one_l
 
 
 def test_the_report_table_shows_layers_or_each_problem() -> None:
-    from pipeline.build_tables import tensorrt_data
+    from pipeline.reports.build_tables import tensorrt_data
 
     report = {"checker": "TensorRT-RTX 1.7.1.116", "compute_capability": "8.0",
               "variants": {"fp32": {"built": True, "layers": 26, "seconds": 0.26, "errors": []},

@@ -64,8 +64,8 @@ def publish_two(onnx_path: Path, repo: Path, policy: str, *, labels: bool = True
     ``delay_us`` (the batching window) changes the config: a model whose files are all unchanged is
     not republished, so callers that need a new version pass another value.
     """
-    from pipeline.artifacts import Artifact
-    from pipeline.tensors import signature_from_onnx
+    from pipeline.data.artifacts import Artifact
+    from pipeline.data.tensors import signature_from_onnx
     from pipeline.triton.config import model_config_from_artifact, warmup_files
     from pipeline.triton.repository import publish_repository
 

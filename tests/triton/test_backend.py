@@ -18,7 +18,7 @@ import onnxruntime as ort
 import pytest
 from tritonclient.grpc import model_config_pb2 as mc
 
-from pipeline.errors import PipelineError
+from pipeline.core.errors import PipelineError
 from pipeline.triton.config import ORT_LEVEL_BY_GRAPH_LEVEL
 from pipeline.triton.server import OUR_BACKENDS, TritonServer
 from tests.triton.conftest import EMBEDDING_TABLE, SOFTMAX_WEIGHTS, child_pids, softmax_config, write_model

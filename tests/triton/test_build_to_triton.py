@@ -26,7 +26,7 @@ import yaml
 from google.protobuf import text_format
 from tritonclient.grpc import model_config_pb2 as mc
 
-from pipeline.onnxrt import session_from_onnx
+from pipeline.backend.onnxrt import session_from_onnx
 from pipeline.triton.config import check_config_against_onnx, parse_config
 from pipeline.triton.repository import read_repository
 from pipeline.triton.server import TritonServer
@@ -211,7 +211,7 @@ def serve_one_sample_each(repository: Path, log_path: Path) -> None:
 
 
 def start_paused(command: list[str], env: dict[str, str], pause_at: str, marker: Path, log_path: Path) -> subprocess.Popen[bytes]:
-    """Start ``command`` with the pause-point test hook (pipeline/pausepoints.py) and return once it holds at ``pause_at``."""
+    """Start ``command`` with the pause-point test hook (pipeline/core/pausepoints.py) and return once it holds at ``pause_at``."""
     marker.unlink(missing_ok=True)
     with open(log_path, "wb") as log:
         proc = subprocess.Popen(command, cwd=ROOT, env=dict(env, PIPELINE_PAUSE_AT=pause_at, PIPELINE_PAUSE_FILE=str(marker)),
@@ -241,7 +241,7 @@ def test_build_killed_midway_leaves_the_previous_repository_servable(built: Buil
 
     The workdir starts as a copy of the shared build's FP32 stages, so those are cached and each killed
     build reaches the INT8 and publish stages within seconds. The build holds at named pause points
-    (the test hook in pipeline/pausepoints.py) until it is killed, so every moment is hit exactly:
+    (the test hook in pipeline/core/pausepoints.py) until it is killed, so every moment is hit exactly:
     during start-up (before any stage), between two INT8 calibration batches, with every model staged
     beside the repository and none swapped in, and between the first and second model swap.
     """

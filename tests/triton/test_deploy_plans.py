@@ -17,10 +17,10 @@ import pytest
 import yaml
 from onnx import TensorProto, helper
 
-from pipeline.artifacts import Artifact
-from pipeline.evaldata import EvalBucket, EvalData
-from pipeline.errors import PipelineError
-from pipeline.publish import PublishSettings, repository_from_artifacts
+from pipeline.data.artifacts import Artifact
+from pipeline.accuracy.evaldata import EvalBucket, EvalData
+from pipeline.core.errors import PipelineError
+from pipeline.build.publish import PublishSettings, repository_from_artifacts
 from pipeline.stages.shapes import ShapeProfile
 from pipeline.triton.config import parse_config
 from pipeline.triton.deploy import write_deploy_bundle

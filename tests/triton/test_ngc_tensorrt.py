@@ -9,10 +9,10 @@ from pathlib import Path
 
 import pytest
 
-from pipeline.build import check_plans_load_in_image
-from pipeline.build_cli import config_from_args, run_build
+from pipeline.build.orchestrator import check_plans_load_in_image
+from pipeline.commands.build import config_from_args, run_build
 from pipeline.cli import make_parser
-from pipeline.errors import PipelineError
+from pipeline.core.errors import PipelineError
 from pipeline.triton.ngc_releases import (
     RELEASES,
     TENSORRT_UNSOURCED,

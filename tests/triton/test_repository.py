@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 from publish_harness import LABELS, publish_two, two_io_onnx
 
-from pipeline.errors import PipelineError
+from pipeline.core.errors import PipelineError
 from pipeline.triton.config import WARMUP_DIR, parse_config, warmup_input_bytes
 from pipeline.triton.repository import OWNED, REPORT, read_repository
 
@@ -157,8 +157,8 @@ def test_leftover_staging_folders_are_removed(onnx_file: Path, tmp_path: Path) -
 
 
 def test_extra_files_cannot_create_versions_or_escape(onnx_file: Path, tmp_path: Path) -> None:
-    from pipeline.artifacts import Artifact
-    from pipeline.tensors import signature_from_onnx
+    from pipeline.data.artifacts import Artifact
+    from pipeline.data.tensors import signature_from_onnx
     from pipeline.triton.config import model_config_from_artifact
     from pipeline.triton.repository import publish_repository
 
@@ -182,8 +182,8 @@ def test_unchanged_models_keep_their_version_and_only_changed_ones_get_a_new_one
     onnx_file: Path, tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     """As a rebuild where only INT8 changed: the byte-identical models are not republished."""
-    from pipeline.artifacts import Artifact
-    from pipeline.tensors import signature_from_onnx
+    from pipeline.data.artifacts import Artifact
+    from pipeline.data.tensors import signature_from_onnx
     from pipeline.triton.config import model_config_from_artifact
     from pipeline.triton.repository import publish_repository
 

@@ -24,9 +24,9 @@ import onnx
 import pytest
 from onnx import numpy_helper
 
-from pipeline.artifacts import Artifact
-from pipeline.errors import PipelineError
-from pipeline.objectstore import S3Url, repository_from_text
+from pipeline.data.artifacts import Artifact
+from pipeline.core.errors import PipelineError
+from pipeline.core.objectstore import S3Url, repository_from_text
 from pipeline.triton.config import parse_config
 from pipeline.triton.s3repository import local_copy, publish_s3_repository
 from pipeline.triton.server import TritonServer
@@ -165,7 +165,7 @@ def test_a_killed_publish_leaves_the_previous_version_served_and_the_next_one_cl
     publish(url, softmax_file(tmp_path / "a.onnx", 1.0))
     second = softmax_file(tmp_path / "b.onnx", 2.0)
     marker = tmp_path / "paused"
-    script = ("import sys; from pathlib import Path; from tests.triton.test_s3 import publish; from pipeline.objectstore import S3Url; "
+    script = ("import sys; from pathlib import Path; from tests.triton.test_s3 import publish; from pipeline.core.objectstore import S3Url; "
               f"publish(S3Url({bucket!r}, 'repo'), Path({str(second)!r}))")
     # Held after the first object of version 2 (its model file) is uploaded, before the labels and the config.
     env = dict(os.environ, PYTHONPATH=str(ROOT), PIPELINE_PAUSE_AT="publish.upload#2", PIPELINE_PAUSE_FILE=str(marker))
@@ -327,7 +327,7 @@ def test_the_bundled_model_builds_into_a_bucket_and_serves_from_it_as_from_a_fol
 def test_loadtest_starts_the_embedded_server_on_the_bucket(s3: S3Endpoint, tmp_path: Path) -> None:
     import argparse
 
-    from pipeline.loadtest.loadtest_cli import register
+    from pipeline.commands.loadtest import register
 
     url = S3Url(s3.bucket(), "load")
     publish(url, softmax_file(tmp_path / "a.onnx", 1.0))

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from pipeline.triton.serve_cli import cpu_shares
+from pipeline.commands.serve import cpu_shares
 from tests.conftest import ROOT
 from tests.triton.conftest import shm_entries
 

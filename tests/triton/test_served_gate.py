@@ -10,9 +10,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from pipeline.compare import new_comparison
-from pipeline.gates import Gates
-from pipeline.outputkinds import OutputKind
+from pipeline.accuracy.compare import new_comparison
+from pipeline.accuracy.gates import Gates
+from pipeline.accuracy.outputkinds import OutputKind
 from pipeline.triton.served_gate import ServedResult, gate_against_fp32, results_as_json, served_against_inprocess
 
 KINDS = {"probs": OutputKind("probs", "classes", "test", classes=10), "score": OutputKind("score", "regression", "test")}

@@ -17,7 +17,7 @@ import numpy as np
 import onnxruntime as ort
 import pytest
 
-from pipeline.errors import PipelineError
+from pipeline.core.errors import PipelineError
 from pipeline.triton.server import TritonServer
 from tests.triton.conftest import child_pids, shm_entries, softmax_config, write_model
 

@@ -20,10 +20,10 @@ import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from pipeline.errors import CheckFailed, PipelineError
-from pipeline.evaldata import EvalBucket, EvalData
-from pipeline.gates import Gates
-from pipeline.outputkinds import OutputKind
+from pipeline.core.errors import CheckFailed, PipelineError
+from pipeline.accuracy.evaldata import EvalBucket, EvalData
+from pipeline.accuracy.gates import Gates
+from pipeline.accuracy.outputkinds import OutputKind
 from pipeline.stages.tensorrt_env import GpuInfo
 from pipeline.stages.trt_seam import PolygraphyTensorRT
 from pipeline.triton.repository import read_repository
@@ -289,7 +289,7 @@ def test_a_uint8_input_variant_is_verified_on_the_float_samples_as_a_client_send
 
 
 def onnxruntime_run(path: Path, feed: dict[str, np.ndarray]) -> list[np.ndarray]:
-    from pipeline.onnxrt import session_from_onnx
+    from pipeline.backend.onnxrt import session_from_onnx
 
     return session_from_onnx(path).run(None, feed)
 

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from pipeline.errors import PipelineError
+from pipeline.core.errors import PipelineError
 from pipeline.mig.measured import is_cpu_rehearsal, profile_rows, rank_layouts, read_tune_runs, with_whole_gpu_estimates
 from pipeline.mig.plan import budget_bytes
 from pipeline.mig.profiles import builtin_gpu

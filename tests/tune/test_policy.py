@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from pipeline.errors import PipelineError
+from pipeline.core.errors import PipelineError
 from pipeline.tune.policy import GridSearch, QuickSearch, search_policy
 from pipeline.tune.space import Candidate, search_space
 

@@ -96,7 +96,7 @@ def test_the_pareto_table_names_what_the_accuracy_is(tmp_path: Path) -> None:
 def test_apply_is_refused_before_any_measurement_when_it_could_not_write(tmp_path: Path) -> None:
     import pytest
 
-    from pipeline.errors import PipelineError
+    from pipeline.core.errors import PipelineError
     from pipeline.tune.apply import check_can_apply
 
     published = [trial(Candidate(1, 64, (32, 64), 100), [point(1, 500, 3)], baseline=True)]

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from tritonclient.grpc import model_config_pb2 as mc
 
-from pipeline.errors import PipelineError
+from pipeline.core.errors import PipelineError
 from pipeline.tune.space import (
     Candidate,
     candidate_from_config,

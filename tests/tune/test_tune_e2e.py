@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from pipeline.fingerprint import hash_path
+from pipeline.core.fingerprint import hash_path
 from pipeline.triton.config import parse_config
 from pipeline.tune.space import Candidate, candidate_from_config
 from tests.conftest import ROOT, Built, cli, one_line_error
@@ -107,7 +107,7 @@ def test_a_tune_killed_with_sigkill_resumes_from_its_cache(built: Built, tmp_pat
     args = ["tune", *FAST, "--cache", str(cache), "--repository", str(built.repository), "--model", "digits_fp32",
             "--slo-p99-ms", "1000", "--search", "grid", "--instances", "1,2", "--max-batch", "64", "--preferred", "half+max",
             "--queue-delay-us", "0,100", "--max-trials", "4", "--cores", "1"]
-    paused = tmp_path / "paused"  # held right after its second trial is durable (pipeline/pausepoints.py): no race with trial 3
+    paused = tmp_path / "paused"  # held right after its second trial is durable (pipeline/core/pausepoints.py): no race with trial 3
     env = dict(os.environ, PYTHONPATH=str(ROOT), TF_CPP_MIN_LOG_LEVEL="3", PIPELINE_PAUSE_AT="tune.trial-cached#2", PIPELINE_PAUSE_FILE=str(paused))
     with open(tmp_path / "killed.log", "w") as log:
         proc = subprocess.Popen([sys.executable, "-m", "pipeline", *args, "--report-dir", str(tmp_path / "killed")],

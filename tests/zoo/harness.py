@@ -149,8 +149,8 @@ def _gates(report: dict) -> dict[str, dict]:
 
 def serve_zoo_model(entry: ZooModel, root: Path, run: ZooRun) -> ZooRun:
     """Start the embedded tritonserver on the repository, `verify` every variant, load-test once at c=4."""
-    from pipeline.errors import PipelineError
-    from pipeline.gates import Gates
+    from pipeline.core.errors import PipelineError
+    from pipeline.accuracy.gates import Gates
     from pipeline.triton.server import TritonServer
     from pipeline.triton.served_gate import SERVED_ATOL
     from pipeline.triton.verify import verify_repository
@@ -195,10 +195,10 @@ def served_per_length(url: str, repository: Path, model: str, eval_npz: Path) ->
     import tritonclient.http as http
     from tritonclient.utils import np_to_triton_dtype
 
-    from pipeline.arrays import load_npz
-    from pipeline.buckets import split_buckets
-    from pipeline.onnxrt import session_from_onnx
-    from pipeline.tensors import signature_from_onnx
+    from pipeline.data.arrays import load_npz
+    from pipeline.data.buckets import split_buckets
+    from pipeline.backend.onnxrt import session_from_onnx
+    from pipeline.data.tensors import signature_from_onnx
 
     version = max(int(p.name) for p in (repository / model).iterdir() if p.name.isdigit())
     model_file = repository / model / str(version) / "model.onnx"

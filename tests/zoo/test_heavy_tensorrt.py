@@ -27,7 +27,7 @@ from pipeline.stages.onnx_export import onnx_from_savedmodel
 from pipeline.stages.savedmodel import savedmodel_from_keras
 from pipeline.stages.shapes import profiles_from_args
 from pipeline.stages.trt_check import trt_check_from_onnx
-from pipeline.tensors import signature_from_onnx
+from pipeline.data.tensors import signature_from_onnx
 from tests.trt_standin import real_builder
 from tests.zoo.models import ZOO, write_data
 

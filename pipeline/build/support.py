@@ -1,0 +1,80 @@
+"""What the build orchestrator (pipeline/build/orchestrator.py) needs beside its stages: output kinds decided against the labels,
+the evaluation batch size, the bundled model's data, the tool versions recorded in the manifest."""
+
+from __future__ import annotations
+
+import logging
+import platform
+from importlib import metadata
+from pathlib import Path
+
+import numpy as np
+
+from pipeline.data.buckets import read_arrays
+from pipeline.build.config import BuildConfig
+from pipeline.accuracy.evaldata import UNNAMED, EvalData, check_targets, label_arrays, plain_labels_owner
+from pipeline.accuracy.outputkinds import OutputKind, decide_kinds, output_info, parse_output_kinds
+from pipeline.data.tensors import ModelSignature
+from pipeline.data.workspace import ModelData
+
+log = logging.getLogger(__name__)
+
+TOOLS = ("tensorflow-cpu", "tensorflow", "keras", "tf2onnx", "onnx", "onnxruntime", "onnxconverter-common", "polygraphy", "tritonclient", "nvidia-pytriton", "numpy", "tensorrt")
+EVAL_BATCH = 64
+
+
+def decided_kinds(signature: ModelSignature, described: list[dict] | None, producers: dict[str, str], targets: list[dict[str, np.ndarray]],
+                   cfg: BuildConfig, where: str) -> tuple[dict[str, OutputKind], str | None]:
+    """Kinds from the model (and the labels' types, for linear outputs), with every bucket's labels checked against them."""
+    overrides = parse_output_kinds(cfg.output_kinds)
+    first = decide_kinds(signature, described=described, producers=producers, overrides=overrides)
+    owner = plain_labels_owner(sorted({k for t in targets for k in t}), output_info(signature, first), where)
+    named = [{(owner if k == UNNAMED and owner else k): v for k, v in t.items()} for t in targets]  # owner is set where labels are plain
+    kinds = decide_kinds(signature, described=described, producers=producers, overrides=overrides, targets=named[0] if named else None)
+    for bucket in named:
+        check_targets(bucket, output_info(signature, kinds), where)
+    return kinds, owner
+
+
+def early_labels(path: Path) -> list[dict[str, np.ndarray]]:
+    """The label arrays of the evaluation file, checked for what needs no model (numbers, finite), one dict per bucket."""
+    if not path.exists():
+        return []
+    by_bucket: dict[str, dict[str, np.ndarray]] = {}
+    for (output, bucket), array in label_arrays(path, read_arrays(path)).items():
+        by_bucket.setdefault(bucket, {})[output] = array
+    return list(by_bucket.values())
+
+
+def ensure_default_data(data_dir: ModelData) -> None:
+    """The bundled model's eval/calibration data, regenerated (deterministically, offline) where missing,
+    e.g. when building outside the source tree."""
+    from pipeline.models import digits
+
+    if not data_dir.complete():
+        log.info("writing the bundled model's evaluation and calibration data to %s", data_dir.folder)
+        digits.write_data(data_dir.folder)
+
+
+def eval_batch(onnx_path: Path, data: EvalData, max_memory_gib: float, *, runners: int) -> int:
+    """The parity/accuracy batch: at most EVAL_BATCH, and small enough that ``runners`` models holding
+    a batch of the largest samples stay within the memory budget together."""
+    from pipeline.backend.budget import batch_for_budget, memory_estimate
+
+    largest: dict[str, tuple[int, ...]] = {}
+    for _, shapes, _ in data.sample_shapes():
+        for name, shape in shapes.items():
+            old = largest.get(name)
+            largest[name] = shape if old is None else tuple(max(a, b) for a, b in zip(old, shape))
+    return batch_for_budget(memory_estimate(onnx_path, largest), max_memory_gib, max_batch=EVAL_BATCH, runners=runners)
+
+
+def tool_versions() -> dict[str, str]:
+    """Versions of Python and of the installed tools the build uses."""
+    versions = {"python": platform.python_version()}
+    for dist in TOOLS:
+        try:
+            versions[dist] = metadata.version(dist)
+        except metadata.PackageNotFoundError:
+            continue
+    return versions
