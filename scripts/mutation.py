@@ -28,7 +28,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 MUTMUT = [sys.executable, "-m", "mutmut"]
 MODULES = (
-    "pipeline.accuracy.taskstats", "pipeline.accuracy.gates", "pipeline.accuracy.bounds", "pipeline.accuracy.judging", "pipeline.accuracy.compare", "pipeline.accuracy.outputkinds",
+    "pipeline.accuracy.taskstats", "pipeline.accuracy.gates", "pipeline.accuracy.bounds", "pipeline.accuracy.judging",
+    "pipeline.accuracy.compare", "pipeline.accuracy.outputkinds",
     "pipeline.triton.verify", "pipeline.triton.served_gate", "pipeline.stages.parity",
 )
 # Mutants no test can kill because the mutated program behaves the same (name → why). docs/mutation.md lists them.
@@ -36,7 +37,8 @@ EQUIVALENT: dict[str, str] = json.loads((ROOT / "scripts" / "mutation_equivalent
 # Functions called once, when their module is imported (they make dataclass fields): mutmut runs each mutant in a
 # process forked after the import, so no test there can see it. tests/accuracy/test_gates.py reads these options in a fresh
 # interpreter (test_build_and_verify_share_the_documented_drop_limits_and_refuse_bad_ones); checked by hand there.
-IMPORT_TIME = ("pipeline.accuracy.gates.x_fp16_max_drop_option", "pipeline.accuracy.gates.x_int8_max_drop_option", "pipeline.accuracy.gates.x_confidence_option")
+IMPORT_TIME = ("pipeline.accuracy.gates.x_fp16_max_drop_option", "pipeline.accuracy.gates.x_int8_max_drop_option",
+               "pipeline.accuracy.gates.x_confidence_option")
 
 
 def run_module(module: str, only_survivors: bool = False) -> int:

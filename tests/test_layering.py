@@ -133,6 +133,14 @@ def test_every_package_states_its_job_and_its_rules() -> None:
     assert not wrong, wrong
 
 
+def test_the_design_notes_draw_the_same_packages_and_rules() -> None:
+    """docs/design.md's package table: one row per package, its "may import" column equal to ``ALLOWED``."""
+    text = (REPO / "docs" / "design.md").read_text()
+    rows = re.findall(r"^\| `(\w+)/` \| [^|]+ \| ([^|]+) \|", text, re.M)
+    drawn = {name: frozenset() if allowed.strip() == "nothing" else frozenset(re.findall(r"\w+", allowed)) for name, allowed in rows}
+    assert drawn == ALLOWED
+
+
 def test_only_the_command_line_stays_at_the_top() -> None:
     top = sorted(p.name for p in ROOT.glob("*.py"))
     assert len(top) <= MAX_TOP_MODULES, top
