@@ -54,7 +54,7 @@ if [ "${1:-}" = "--stubs-only" ]; then  # scripts/setup.sh fetches them, so the 
 fi
 
 MYPYPATH="$STUBS" "$PYTHON" -m mypy --strict --follow-imports=silent \
-    pipeline/stages/engine.py pipeline/stages/tensorrt_env.py pipeline/stages/shapes.py \
-    pipeline/stages/trt_seam.py pipeline/stages/trt_compile.py pipeline/stages/plan_runner.py pipeline/stages/plan_binding.py
+    pipeline/stages/engine.py pipeline/backend/tensorrt_env.py pipeline/stages/shapes.py pipeline/data/profiles.py \
+    pipeline/backend/trt_seam.py pipeline/backend/trt_compile.py pipeline/backend/plan_runner.py pipeline/backend/plan_binding.py
 # The whole package, at the default strictness (pyproject.toml's [tool.mypy]): no module's types may drift.
 "$PYTHON" -m mypy pipeline

@@ -11,7 +11,7 @@ one way, from the command line down to the plumbing (checked by tests/test_layer
     loadtest/  mig/       load tests of a Triton server; instances per MIG slice
     triton/   inspect/    configs, repositories, the server, served verification; what a model is
     stages/   models/     build stages (a path in, a path out); the bundled model
-    accuracy/ backend/    judging a variant against FP32; running models (ONNX Runtime, Polygraphy)
+    accuracy/ backend/    judging a variant against FP32; running models (ONNX Runtime, TensorRT)
     data/                 a model's inputs and outputs, sample files, a build's files on disk
     core/                 plumbing: errors, atomic files, the stage cache, logs, options
 

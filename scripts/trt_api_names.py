@@ -7,7 +7,7 @@ every class, method, property and enum value of that version's API. (The ``-libs
 stubs that download the libraries; they are not needed here.)
 
 This script reads those strings once and writes one name per line to
-``tests/fixtures/tensorrt-api-<version>.txt``; tests/stages/test_trt_api.py checks every TensorRT name the
+``tests/fixtures/tensorrt-api-<version>.txt``; tests/backend/test_trt_api.py checks every TensorRT name the
 pipeline uses against each file. Only identifier-shaped strings are kept (no C++ mangled symbols).
 The linker merges string tails (``INPUT`` may be stored only as the end of ``SOME_INPUT``), so the test
 matches a name as a *suffix* of a kept string, never as a whole line. The wheel's own Python files add
@@ -19,7 +19,7 @@ Usage (from the repository root)::
         --platform manylinux_2_28_x86_64 -d /tmp/trt 'tensorrt-cu12-bindings>=10,<11' 'tensorrt-cu13-bindings>=11,<12'
     python scripts/trt_api_names.py /tmp/trt/tensorrt_cu1*_bindings-*.whl
 
-Rerun it for a new TensorRT release and update ``CHECKED`` in tests/stages/test_trt_api.py.
+Rerun it for a new TensorRT release and update ``CHECKED`` in tests/backend/test_trt_api.py.
 """
 
 from __future__ import annotations

@@ -29,7 +29,7 @@ ALLOWED: dict[str, frozenset[str]] = {
     "inspect": frozenset({"core", "data", "backend", "stages"}),
     "triton": frozenset({"core", "data", "backend", "accuracy", "stages"}),
     "loadtest": frozenset({"core", "data", "backend", "stages", "triton"}),
-    "mig": frozenset({"core", "data", "backend", "stages", "triton"}),
+    "mig": frozenset({"core", "data", "backend", "triton"}),
     "tune": frozenset({"core", "data", "backend", "stages", "triton", "loadtest", "mig"}),
     "reports": frozenset({"core", "data", "accuracy", "loadtest", "tune"}),
     "build": frozenset({"core", "data", "backend", "accuracy", "models", "stages", "triton", "mig"}),

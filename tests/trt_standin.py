@@ -1,4 +1,4 @@
-"""A stand-in for TensorRT behind the pipeline's seam (pipeline.stages.trt_seam.TensorRT).
+"""A stand-in for TensorRT behind the pipeline's seam (pipeline.backend.trt_seam.TensorRT).
 
 TensorRT cannot run here: it needs an NVIDIA GPU and driver, and neither can exist on these
 machines. So the tests pass this implementation of the seam through ``BuildConfig.tensorrt``
@@ -12,7 +12,7 @@ What it does instead of TensorRT:
   dynamic input in every profile and no unknown one, a known hardware-compatibility level, an
   optimization level 0..5, a workspace of at least 1 MiB) and writes a plan-shaped file: a magic
   header and JSON naming the ONNX model it stands for and the profiles. Given a ``builder`` (a real
-  one: :class:`pipeline.stages.trt_rtx.RtxTensorRT`, TensorRT-RTX compiling ahead of time), it checks
+  one: :class:`pipeline.backend.trt_rtx.RtxTensorRT`, TensorRT-RTX compiling ahead of time), it checks
   the same and then builds for real through it: the plan, timing cache and facts are the builder's,
   and the runner finds the ONNX model and profiles in the plan's metadata JSON;
 * its runner refuses input shapes outside the active optimization profile (as TensorRT's
@@ -35,9 +35,9 @@ from polygraphy.backend.base import BaseRunner
 from pipeline.data.artifacts import PRECISIONS
 from pipeline.backend.runners import runner_for_onnx
 from pipeline.stages.engine import metadata_path
-from pipeline.stages.shapes import ShapeProfile, profiles_from_json, profiles_to_json
-from pipeline.stages.tensorrt_env import GpuInfo
-from pipeline.stages.trt_seam import (HARDWARE_LEVELS, MAX_OPTIMIZATION_LEVEL, BuiltEngine, EngineFacts, EngineRequest, IOTensor,
+from pipeline.data.profiles import ShapeProfile, profiles_from_json, profiles_to_json
+from pipeline.backend.tensorrt_env import GpuInfo
+from pipeline.backend.trt_seam import (HARDWARE_LEVELS, MAX_OPTIMIZATION_LEVEL, BuiltEngine, EngineFacts, EngineRequest, IOTensor,
                                       Platform, TensorRT)
 from pipeline.data.tensors import signature_from_onnx
 
@@ -212,7 +212,7 @@ def has_real_builder() -> bool:
 
     import pytest
 
-    from pipeline.stages.trt_rtx import EXTRA_HINT, rtx_module
+    from pipeline.backend.trt_rtx import EXTRA_HINT, rtx_module
 
     if rtx_module() is not None:
         return True
@@ -222,11 +222,11 @@ def has_real_builder() -> bool:
 
 
 def real_builder(compute_capability: str = "8.0") -> TensorRT:
-    """TensorRT-RTX (:class:`pipeline.stages.trt_rtx.RtxTensorRT`) for ``compute_capability``; the test skips on a
+    """TensorRT-RTX (:class:`pipeline.backend.trt_rtx.RtxTensorRT`) for ``compute_capability``; the test skips on a
     developer's machine without it and fails in CI (:func:`has_real_builder`)."""
     import pytest
 
-    from pipeline.stages.trt_rtx import RtxTensorRT
+    from pipeline.backend.trt_rtx import RtxTensorRT
 
     if not has_real_builder():
         pytest.skip("TensorRT-RTX is not installed (pip install '.[trt-check]')")

@@ -29,8 +29,8 @@ from pipeline.stages.int8 import CALIBRATION_METHODS
 from pipeline.stages.int8_fallback import FallbackSettings
 from pipeline.stages.shapes import SHAPE_SYNTAX, well_formed
 from pipeline.stages.source import DEFAULT_MODEL, ModelSource
-from pipeline.stages.trt_rtx import COMPUTE_CAPABILITIES, DEFAULT_COMPUTE_CAPABILITY
-from pipeline.stages.trt_seam import PolygraphyTensorRT, TensorRT
+from pipeline.backend.trt_rtx import COMPUTE_CAPABILITIES, DEFAULT_COMPUTE_CAPABILITY
+from pipeline.backend.trt_seam import PolygraphyTensorRT, TensorRT
 from pipeline.data.workspace import Workspace
 
 __all__ = ["BuildConfig", "Gates", "Workspace"]
@@ -152,7 +152,7 @@ class BuildConfig:
     gpu_product: str | None = option(None, "with --k8s-job: the GPU the engines are built on and served on (node label "
                                            "nvidia.com/gpu.product, e.g. NVIDIA-H200); needed unless --no-engine", metavar="PRODUCT", group=FLEET)
     gates: Gates = field(default_factory=Gates)
-    # The TensorRT every engine step goes through (pipeline.stages.trt_seam); not an option: a caller
+    # The TensorRT every engine step goes through (pipeline.backend.trt_seam); not an option: a caller
     # without TensorRT (the CI tests) passes its own implementation here.
     tensorrt: TensorRT = field(default_factory=PolygraphyTensorRT, repr=False, compare=False)
     # How this build was asked for: recorded in the manifest and beside artifacts; not an option.

@@ -36,7 +36,8 @@ from pipeline.stages.int8_fallback import describe_fallback, gated_int8_onnx_fro
 from pipeline.stages.onnx_export import onnx_from_savedmodel, tf2onnx_command
 from pipeline.stages.parity import parity_report_from_models
 from pipeline.stages.savedmodel import savedmodel_from_source
-from pipeline.stages.shapes import ShapeProfile, calibration_hints, profiles_from_args, seen_in_files, seen_shapes
+from pipeline.data.profiles import ShapeProfile
+from pipeline.stages.shapes import calibration_hints, profiles_from_args, seen_in_files, seen_shapes
 from pipeline.stages.source import DEFAULT_MODEL, ModelSource, model_source
 from pipeline.stages.uint8_input import uint8_input_onnx_from_onnx, uint8_parity_from_models
 from pipeline.data.tensors import ModelSignature, load_onnx, signature_from_onnx
@@ -296,7 +297,7 @@ def _trt_check_stage(variants: list[Artifact], profiles: list[ShapeProfile], ctx
     """Where TensorRT cannot build here, build each GPU variant with TensorRT-RTX and the engine stage's settings, else
     check the hand-written parser rules (pipeline/stages/trt_check.py); a refusal is fatal only with --require-tensorrt."""
     from pipeline.stages.trt_check import CHECK_FILE, parser_problems, refusal, trt_check_from_onnx
-    from pipeline.stages.trt_rtx import RtxTensorRT
+    from pipeline.backend.trt_rtx import RtxTensorRT
 
     cfg = ctx.cfg
     if cfg.engine and cfg.tensorrt.status()[0]:

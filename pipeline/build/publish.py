@@ -138,7 +138,7 @@ def check_repository_plans(artifacts: Sequence[Artifact], settings: PublishSetti
     must load where this build's plans load (same TensorRT major.minor, a GPU they run on); PipelineError
     (one line) naming the first that cannot."""
     from pipeline.stages.engine import read_engine_metadata
-    from pipeline.stages.plan_binding import PlanBinding, check_plan_models
+    from pipeline.backend.plan_binding import PlanBinding, check_plan_models
     from pipeline.triton.repository import read_repository
 
     plans = [a for a in artifacts if a.kind == "plan" and a.metadata is not None]

@@ -21,8 +21,9 @@ from pathlib import Path
 from typing import Any
 
 from pipeline.core.errors import PipelineError
-from pipeline.stages.shapes import SeenBucket, ShapeProfile, profiles_from_args, profiles_from_json, seen_in_files
-from pipeline.stages.trt_seam import PolygraphyTensorRT, TensorRT
+from pipeline.data.profiles import ShapeProfile, profiles_from_json
+from pipeline.stages.shapes import SeenBucket, profiles_from_args, seen_in_files
+from pipeline.backend.trt_seam import PolygraphyTensorRT, TensorRT
 from pipeline.data.tensors import TensorSpec, load_onnx, signature_from_onnx
 
 log = logging.getLogger(__name__)
@@ -84,7 +85,7 @@ def inspection_from_model(
     compute_capability: str | None = None,
 ) -> Inspection:
     """Inspect ``model`` (see the module docstring); PipelineError for anything unreadable.
-    A plan is read through ``tensorrt`` (default: the installed TensorRT, pipeline.stages.trt_seam);
+    A plan is read through ``tensorrt`` (default: the installed TensorRT, pipeline.backend.trt_seam);
     ``allow_lambda``: load Lambda layers of a .keras/.h5 file (pipeline/stages/keras2.py)."""
     path = Path(model)
     if path.suffix == ".plan" or path.suffix == ".engine":
@@ -140,7 +141,7 @@ def inspection_from_onnx(
     is built with it for ``compute_capability`` (default: build's) with the profiles shown, and of the hand-written
     rules only the version-gated ones are kept (:func:`pipeline.backend.trt_support.version_gated`); with ``targets``, the
     hand-written rules of those TensorRT versions."""
-    from pipeline.stages.trt_rtx import DEFAULT_COMPUTE_CAPABILITY, rtx_module
+    from pipeline.backend.trt_rtx import DEFAULT_COMPUTE_CAPABILITY, rtx_module
     from pipeline.backend.trt_support import check_onnx, op_counts, summarize, support_data, version_gated
 
     model = load_onnx(path)

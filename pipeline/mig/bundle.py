@@ -237,7 +237,7 @@ def _check_image(image: str, repository: Path, names: list[str], gpu: GpuMig) ->
     """The NGC release check of ``deploy`` for the planned models (the servers also need
     ``--model-config-name``, which every release the check accepts reads), and every planned
     TensorRT plan checked against ``gpu``'s compute capability where the GPU table gives it."""
-    from pipeline.stages.plan_binding import check_plan_models
+    from pipeline.backend.plan_binding import check_plan_models
     from pipeline.triton.ngc_releases import check_image, repository_needs
     from pipeline.triton.repository import read_repository
 

@@ -1,6 +1,7 @@
-"""Build stages: each takes a path in and writes a path out (SavedModel, ONNX, parity, FP16, INT8,
-the CPU INT8, the TensorRT check and engine, accuracy, latency), with the helpers only they use and
-TensorRT's seam (tensorrt_env, trt_seam, trt_compile, trt_rtx, plan_runner, plan_binding).
+"""Build stages: each takes a path in and writes a path out (the model's source, SavedModel, ONNX,
+parity, FP16, INT8 and the CPU INT8, uint8 inputs, the TensorRT check and engine, accuracy, latency),
+with the helpers only they use (calibration, Q/DQ placement, the accuracy-aware fallback, dynamic
+shape profiles from ``--shape`` and the data).
 
 May import: core, data, backend, accuracy.
 """

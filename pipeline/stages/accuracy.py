@@ -28,8 +28,8 @@ from pipeline.accuracy.outputkinds import OutputKind, kinds_from_json
 from pipeline.backend.runners import runner_for_onnx
 from pipeline.stages.engine import metadata_path, read_engine_metadata
 from pipeline.stages.layer_errors import LayerError, describe, layer_errors_from_models
-from pipeline.stages.plan_runner import plan_max_batch, plan_profiles, runner_for_plan
-from pipeline.stages.trt_seam import TensorRT
+from pipeline.backend.plan_runner import plan_max_batch, plan_profiles, runner_for_plan
+from pipeline.backend.trt_seam import TensorRT
 
 log = logging.getLogger(__name__)
 

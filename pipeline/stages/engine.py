@@ -6,8 +6,8 @@ removed both, and strongly typed is its only mode). Beside each plan goes ``<pla
 TensorRT version, GPU and compute capability, hardware-compatibility level, TF32 and host-code
 settings, I/O tensors, profiles read back from the engine, device memory and build time.
 
-Every call into TensorRT goes through the :class:`~pipeline.stages.trt_seam.TensorRT` seam the
-caller passes in (the product's :class:`~pipeline.stages.trt_seam.PolygraphyTensorRT`); this module
+Every call into TensorRT goes through the :class:`~pipeline.backend.trt_seam.TensorRT` seam the
+caller passes in (the product's :class:`~pipeline.backend.trt_seam.PolygraphyTensorRT`); this module
 only checks the request, writes the files atomically and records the metadata. So it imports and
 runs its own logic without TensorRT.
 """
@@ -26,9 +26,9 @@ from pipeline.data.artifacts import PRECISIONS, Artifact
 from pipeline.core.atomic import write_bytes_atomic
 from pipeline.core.errors import PipelineError
 from pipeline.core.fingerprint import hash_path
-from pipeline.stages.shapes import ShapeProfile, profiles_to_json
-from pipeline.stages.tensorrt_env import GpuInfo
-from pipeline.stages.trt_seam import HARDWARE_LEVELS, MAX_OPTIMIZATION_LEVEL, EngineRequest, IOTensor, TensorRT
+from pipeline.data.profiles import ShapeProfile, profiles_to_json
+from pipeline.backend.tensorrt_env import GpuInfo
+from pipeline.backend.trt_seam import HARDWARE_LEVELS, MAX_OPTIMIZATION_LEVEL, EngineRequest, IOTensor, TensorRT
 
 log = logging.getLogger(__name__)
 

@@ -34,7 +34,7 @@ from pipeline.backend.budget import DEFAULT_MAX_MEMORY_GIB
 from pipeline.core.errors import PipelineError, require
 from pipeline.stages.calibration import CalibrationData
 from pipeline.stages.fp16 import DEFAULT_FP32_OPS
-from pipeline.stages.cpu_kernels import record_cpu_kernels
+from pipeline.backend.cpu_kernels import record_cpu_kernels
 from pipeline.stages.int8 import output_layers, quantized_onnx_from_onnx
 from pipeline.stages.int8_calibrate import QuantRecipe
 

@@ -24,7 +24,7 @@ import numpy as np
 from pipeline.data.artifacts import Artifact
 from pipeline.accuracy.evaldata import EvalData
 from pipeline.core.progress import progress
-from pipeline.stages.trt_seam import TensorRT
+from pipeline.backend.trt_seam import TensorRT
 
 WARMUP = 2
 REPEATS = 7
@@ -105,7 +105,7 @@ def _variant_latency(artifact: Artifact, sample: Mapping[str, np.ndarray], batch
     if artifact.kind == "plan":
         from pipeline.stages.accuracy import runner_for_artifact
         from pipeline.stages.engine import metadata_path, read_engine_metadata
-        from pipeline.stages.plan_runner import plan_max_batch, plan_profiles
+        from pipeline.backend.plan_runner import plan_max_batch, plan_profiles
 
         meta = read_engine_metadata(artifact.metadata or metadata_path(artifact.path))
         top = plan_max_batch(plan_profiles(meta))

@@ -49,15 +49,12 @@ from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from pipeline.core.errors import PipelineError
+from pipeline.data.profiles import Shape, ShapeProfile, ShapeRange, format_shape_spec
 from pipeline.data.tensors import ModelSignature, TensorSpec
 
 log = logging.getLogger(__name__)
-
-Shape = tuple[int, ...]
-ShapeRange = tuple[Shape, Shape, Shape]  # (min, opt, max)
 
 DEFAULT_DYNAMIC_DIM = 64
 SHAPE_SYNTAX = "INPUT:MIN/OPT/MAX with dims joined by 'x'"
@@ -82,21 +79,6 @@ def seen_shapes(buckets: Iterable[tuple[str, Mapping[str, Shape], int]]) -> list
     """:class:`SeenBucket` list from ``(origin, {input: per-sample shape}, samples)`` tuples
     (what :meth:`pipeline.accuracy.evaldata.EvalData.sample_shapes` returns)."""
     return [SeenBucket(origin, {k: tuple(int(d) for d in v) for k, v in shapes.items()}, int(n)) for origin, shapes, n in buckets]
-
-
-@dataclass(frozen=True)
-class ShapeProfile:
-    """One optimization profile: for each dynamic input name, its (min, opt, max) shapes."""
-
-    shapes: Mapping[str, ShapeRange]
-
-    def __str__(self) -> str:
-        return " ".join(format_shape_spec(name, rng) for name, rng in self.shapes.items())
-
-
-def format_shape_spec(name: str, shape_range: ShapeRange) -> str:
-    """``image:1x8x8x1/64x8x8x1/64x8x8x1`` — the ``--shape`` text for one input's range."""
-    return f"{name}:" + "/".join("x".join(str(d) for d in shape) for shape in shape_range)
 
 
 def batch_axis(spec: TensorSpec) -> int | None:
@@ -379,35 +361,3 @@ def calibration_hints(specs: Sequence[str], signature: ModelSignature, *, max_ba
     dynamic. Array data never needs them (each array keeps its own size)."""
     profiles = profiles_from_args(specs, signature, max_batch=max_batch, quiet=True)
     return {name: r[1][1:] for name, r in profiles[0].shapes.items()} if profiles else {}
-
-
-def profiles_to_json(profiles: Sequence[ShapeProfile]) -> list[dict[str, dict[str, list[int]]]]:
-    """JSON-able form for metadata: ``[{input: {"min": [...], "opt": [...], "max": [...]}}, ...]``."""
-    return [
-        {name: {"min": list(lo), "opt": list(opt), "max": list(hi)} for name, (lo, opt, hi) in p.shapes.items()}
-        for p in profiles
-    ]
-
-
-def profiles_from_json(data: Any) -> list[ShapeProfile]:
-    """Inverse of :func:`profiles_to_json`; raises PipelineError if ``data`` is not in that form."""
-    problem = PipelineError(
-        "the optimization profiles in the engine metadata are not in the expected form",
-        "rebuild the engine so its metadata JSON is rewritten",
-    )
-    if not isinstance(data, list):
-        raise problem
-    profiles = []
-    for entry in data:
-        if not isinstance(entry, dict):
-            raise problem
-        shapes: dict[str, ShapeRange] = {}
-        for name, levels in entry.items():
-            if not isinstance(levels, dict) or set(levels) != {"min", "opt", "max"}:
-                raise problem
-            dims = [levels[key] for key in ("min", "opt", "max")]
-            if not all(isinstance(d, list) and all(isinstance(v, int) for v in d) for d in dims):
-                raise problem
-            shapes[str(name)] = (tuple(dims[0]), tuple(dims[1]), tuple(dims[2]))
-        profiles.append(ShapeProfile(shapes))
-    return profiles

@@ -1,10 +1,10 @@
 """Will TensorRT parse and build each GPU variant? Checked with a real builder where TensorRT cannot run.
 
 :func:`trt_check_from_onnx` builds every GPU-bound ONNX variant (fp32, fp16, int8 Q/DQ; never the
-CPU-only uint8 variants) through TensorRT-RTX (:class:`~pipeline.stages.trt_rtx.RtxTensorRT`),
+CPU-only uint8 variants) through TensorRT-RTX (:class:`~pipeline.backend.trt_rtx.RtxTensorRT`),
 ahead of time for a named compute capability, with the engine stage's own settings
 (:class:`~pipeline.stages.engine.EngineSettings`: the same optimization profiles, optimization level,
-workspace, TF32 and hardware compatibility) and the same code (:func:`~pipeline.stages.trt_compile.compile_plan`).
+workspace, TF32 and hardware compatibility) and the same code (:func:`~pipeline.backend.trt_compile.compile_plan`).
 The plans are dropped: TensorRT-RTX plans are not what Triton's TensorRT backend loads.
 
 The report (``trt_check.json``, and the build manifest's ``results``): per variant whether it
@@ -25,8 +25,8 @@ from typing import Any
 from pipeline.core.atomic import write_text_atomic
 from pipeline.core.errors import PipelineError
 from pipeline.stages.engine import EngineSettings, engine_request
-from pipeline.stages.trt_compile import ParseFailed
-from pipeline.stages.trt_rtx import RtxTensorRT, rtx_version
+from pipeline.backend.trt_compile import ParseFailed
+from pipeline.backend.trt_rtx import RtxTensorRT, rtx_version
 
 log = logging.getLogger(__name__)
 

@@ -34,8 +34,8 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from pipeline.core.errors import require
-from pipeline.stages.plan_runner import profile_for
-from pipeline.stages.shapes import ShapeProfile, profiles_from_json, profiles_to_json
+from pipeline.backend.plan_runner import profile_for
+from pipeline.data.profiles import ShapeProfile, profiles_from_json, profiles_to_json
 
 if TYPE_CHECKING:
     from tritonclient.grpc.model_config_pb2 import ModelConfig

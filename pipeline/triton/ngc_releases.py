@@ -241,7 +241,7 @@ def repository_needs(models: dict[str, Any], names: list[str]) -> list[ModelNeed
 
 
 def _plan_tensorrt(model_dir: Path) -> str:
-    from pipeline.stages.plan_binding import served_plan_metadata
+    from pipeline.backend.plan_binding import served_plan_metadata
 
     meta = served_plan_metadata(model_dir) or {}
     return str(meta.get("tensorrt_version") or "")
@@ -264,7 +264,7 @@ def sourced_tensorrt(release: NgcRelease) -> str | None:
 
 def tags_running_tensorrt(version: str, releases: tuple[NgcRelease, ...] = RELEASES) -> list[str]:
     """The tags whose -py3 image runs TensorRT ``version``'s major.minor by a source: the tags offered for such plans."""
-    from pipeline.stages.plan_binding import same_tensorrt
+    from pipeline.backend.plan_binding import same_tensorrt
 
     return [r.tag for r in releases if (v := sourced_tensorrt(r)) and same_tensorrt(version, v)]
 
@@ -273,8 +273,8 @@ def check_plan_tensorrt(image: str, version: str, releases: tuple[NgcRelease, ..
     """Refuse (PipelineError, one line) ``image`` for plans built with TensorRT ``version``: an image not in the
     table, a release whose TensorRT differs, or one whose TensorRT no source gives. The fix names the way out:
     the NGC TensorRT container of the same release, or a pinned wheel."""
-    from pipeline.stages.plan_binding import same_tensorrt
-    from pipeline.stages.tensorrt_env import MIN_TENSORRT, tensorrt_version_tuple
+    from pipeline.backend.plan_binding import same_tensorrt
+    from pipeline.backend.tensorrt_env import MIN_TENSORRT, tensorrt_version_tuple
 
     tag = ngc_tag(image)
     release = next((r for r in releases if r.tag == tag), None)
@@ -371,7 +371,7 @@ def check_image(image: str, models: list[ModelNeeds], releases: tuple[NgcRelease
 
 
 def _check_plan(release: NgcRelease, needs: ModelNeeds, releases: tuple[NgcRelease, ...]) -> list[str]:
-    from pipeline.stages.plan_binding import same_tensorrt
+    from pipeline.backend.plan_binding import same_tensorrt
 
     if not needs.plan_tensorrt:
         raise PipelineError(
@@ -386,7 +386,7 @@ def _check_plan(release: NgcRelease, needs: ModelNeeds, releases: tuple[NgcRelea
             f"model {needs.name} is a TensorRT plan built with TensorRT {needs.plan_tensorrt}, and the TensorRT of {release.image} "
             f"is not known from a source ({TENSORRT_UNSOURCED})", known)
     if not same_tensorrt(needs.plan_tensorrt, release.tensorrt):
-        from pipeline.stages.tensorrt_env import MIN_TENSORRT, tensorrt_version_tuple
+        from pipeline.backend.tensorrt_env import MIN_TENSORRT, tensorrt_version_tuple
 
         # A plan loads only on the TensorRT that built it; compared on as many parts as the table gives.
         runs = f"TensorRT {release.tensorrt}" + (" (the table's value, not verified)" if "tensorrt" in release.unverified else "")

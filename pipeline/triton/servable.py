@@ -92,11 +92,11 @@ def cpu_int8_files(repository: Path, models: list[str]) -> dict[str, Path]:
 
 def require_cpu_int8_runs_here(repository: Any, local: Path, models: list[str]) -> None:
     """PipelineError (one line) when a CPU INT8 model's weights need VNNI and this x86 CPU has none
-    (:mod:`pipeline.stages.cpu_kernels`): served here it would not compute what its gate judged. ``local`` is
+    (:mod:`pipeline.backend.cpu_kernels`): served here it would not compute what its gate judged. ``local`` is
     ``repository`` itself, or a bucket's configs copied (then the CPU INT8 models' files are fetched)."""
     import contextlib
 
-    from pipeline.stages.cpu_kernels import check_runs_here
+    from pipeline.backend.cpu_kernels import check_runs_here
     from pipeline.triton.s3repository import readable
 
     bucket = local != repository and any(name.endswith("_int8cpu") for name in models)

@@ -25,7 +25,7 @@ from pipeline.accuracy.evaldata import EvalData
 from pipeline.core.progress import progress
 from pipeline.accuracy.gates import Gates
 from pipeline.accuracy.outputkinds import OutputKind
-from pipeline.stages.trt_seam import PolygraphyTensorRT, TensorRT
+from pipeline.backend.trt_seam import PolygraphyTensorRT, TensorRT
 from pipeline.triton.served_gate import AGAINST_FP32, ServedResult, gate_against_fp32, results_as_json, served_against_inprocess
 
 log = logging.getLogger(__name__)
@@ -192,7 +192,7 @@ def _fix_for(failed: Sequence[ServedResult]) -> str:
 
 def _check_plans_at_hand(plans: Mapping[str, Path], tensorrt: TensorRT) -> None:
     """Refuse, in one line, a plan the TensorRT and GPU at hand cannot load (nothing to check without them)."""
-    from pipeline.stages.plan_binding import check_plan_models
+    from pipeline.backend.plan_binding import check_plan_models
 
     platform = tensorrt.platform()
     if platform is None:

@@ -1,7 +1,7 @@
 """`build --fp16 --int8` through the TensorRT engine stage, its metadata, its gate and publishing.
 
 TensorRT cannot run here (no GPU, no driver). The build half is real: the seam's build
-(pipeline.stages.trt_compile.compile_plan: strongly typed network, profiles, optimization level,
+(pipeline.backend.trt_compile.compile_plan: strongly typed network, profiles, optimization level,
 workspace, TF32, timing cache) runs through TensorRT-RTX, which parses and compiles ahead of time
 for compute capability 8.0 without a GPU. Only execution is the stand-in of tests/trt_standin.py
 (it runs the plan's ONNX model with ONNX Runtime, refusing shapes outside the active profile),
@@ -22,8 +22,8 @@ import pytest
 
 from pipeline.commands.build import config_from_args, run_build
 from pipeline.cli import make_parser
-from pipeline.stages.shapes import ShapeProfile, profiles_from_json
-from pipeline.stages.trt_rtx import rtx_version
+from pipeline.data.profiles import ShapeProfile, profiles_from_json
+from pipeline.backend.trt_rtx import rtx_version
 from pipeline.triton.config import parse_config
 from tests.trt_standin import StandInTensorRT, real_builder
 

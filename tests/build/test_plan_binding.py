@@ -19,8 +19,8 @@ from pipeline.accuracy.gates import Gates
 from pipeline.inspect.report import inspection_from_model
 from pipeline.build.publish import PublishSettings, check_repository_plans
 from pipeline.stages.engine import metadata_path
-from pipeline.stages.plan_binding import PlanBinding, check_plan, same_tensorrt
-from pipeline.stages.tensorrt_env import GpuInfo
+from pipeline.backend.plan_binding import PlanBinding, check_plan, same_tensorrt
+from pipeline.backend.tensorrt_env import GpuInfo
 from pipeline.triton.verify import verify_repository
 from tests.trt_standin import StandInTensorRT
 

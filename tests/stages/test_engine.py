@@ -20,7 +20,7 @@ from typing import Any
 import pytest
 
 from pipeline.core.errors import PipelineError
-from pipeline.stages import tensorrt_env
+from pipeline.backend import tensorrt_env
 from pipeline.stages.engine import (
     EngineSettings,
     IOTensor,
@@ -30,10 +30,11 @@ from pipeline.stages.engine import (
     read_engine_metadata,
     write_engine_metadata,
 )
-from pipeline.stages.plan_runner import runner_for_plan
-from pipeline.stages.trt_seam import PolygraphyTensorRT
-from pipeline.stages.tensorrt_env import GpuInfo, tensorrt_status
-from pipeline.stages.shapes import ShapeProfile, profiles_from_args
+from pipeline.backend.plan_runner import runner_for_plan
+from pipeline.backend.trt_seam import PolygraphyTensorRT
+from pipeline.backend.tensorrt_env import GpuInfo, tensorrt_status
+from pipeline.data.profiles import ShapeProfile
+from pipeline.stages.shapes import profiles_from_args
 from pipeline.data.tensors import signature_from_onnx
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -125,8 +126,8 @@ def test_stub_only_tensorrt_package_is_detected(tmp_path: Path) -> None:
         import json, tensorrt
         from pipeline.core.errors import PipelineError
         from pipeline.stages.engine import EngineSettings, engine_from_onnx
-        from pipeline.stages.tensorrt_env import tensorrt_status
-        from pipeline.stages.trt_seam import PolygraphyTensorRT
+        from pipeline.backend.tensorrt_env import tensorrt_status
+        from pipeline.backend.trt_seam import PolygraphyTensorRT
         try:
             engine_from_onnx({str(onnx_path)!r}, {str(tmp_path / 'm.plan')!r}, settings=EngineSettings("fp32", ()),
                              timing_cache={str(tmp_path / 'tc')!r}, tensorrt=PolygraphyTensorRT())
@@ -165,7 +166,7 @@ def test_status_after_import_checks_version_then_gpu(tmp_path: Path, source: str
     (tmp_path / "tensorrt").mkdir()
     (tmp_path / "tensorrt" / "__init__.py").write_text(source)
     result = run_python(
-        "import json\nfrom pipeline.stages.tensorrt_env import tensorrt_status\nprint(json.dumps(tensorrt_status()))",
+        "import json\nfrom pipeline.backend.tensorrt_env import tensorrt_status\nprint(json.dumps(tensorrt_status()))",
         tmp_path,
     )
     ok, reason = result
@@ -184,7 +185,7 @@ def test_gpu_probe_reports_a_gpu_or_why_not() -> None:
 
 
 def test_module_imports_without_tensorrt_or_polygraphy_trt() -> None:
-    code = "import sys, pipeline.stages.engine, pipeline.stages.trt_seam, pipeline.stages.plan_runner; print(sorted(m for m in sys.modules if m.split('.')[0] == 'tensorrt' or m.startswith('polygraphy.backend.trt')))"
+    code = "import sys, pipeline.stages.engine, pipeline.backend.trt_seam, pipeline.backend.plan_runner; print(sorted(m for m in sys.modules if m.split('.')[0] == 'tensorrt' or m.startswith('polygraphy.backend.trt')))"
     proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.strip() == "[]"
@@ -194,7 +195,7 @@ def test_engine_never_sets_precision_builder_flags() -> None:
     """Precision comes from the ONNX graph: the build half (trt_compile) sets and clears only BuilderFlag.TF32, never
     FP16/INT8/BF16/FP8; every timing cache is attached with ignore_mismatch=False (TensorRT-RTX ignores timing caches, so
     only this reading of the source sees a mismatched cache allowed in)."""
-    from pipeline.stages import trt_compile, trt_seam
+    from pipeline.backend import trt_compile, trt_seam
 
     seam = ast.parse(Path(trt_seam.__file__).read_text())
     assert not {n.attr for n in ast.walk(seam) if isinstance(n, ast.Attribute)} & {"BuilderFlag", "set_flag", "clear_flag"}
@@ -209,7 +210,7 @@ def test_engine_never_sets_precision_builder_flags() -> None:
 
 
 def test_parser_words_are_one_line_without_the_driver_noise() -> None:
-    from pipeline.stages.trt_compile import ParserFailure, parser_words
+    from pipeline.backend.trt_compile import ParserFailure, parser_words
 
     desc = ("Invalid Node - conv_DequantizeLinear\nITensor::getDimensions: Error Code 4: API Usage Error (conv_DequantizeLinear: input has "
             "type Int32 but must have type FP8, FP4, Int4, Int8, or UInt8. In checkType at /_src/optimizer/common/nodeBase.cpp:456)\n"
@@ -233,14 +234,14 @@ def test_parser_words_are_one_line_without_the_driver_noise() -> None:
     ],
 )
 def test_profiles_are_checked_against_the_network_before_tensorrt(profiles: list[ShapeProfile], message: str) -> None:
-    from pipeline.stages.trt_seam import check_profiles
+    from pipeline.backend.trt_seam import check_profiles
 
     with pytest.raises(PipelineError, match=message):
         check_profiles({"image": (-1, 8, 8, 1)}, profiles)
 
 
 def test_checked_profiles_drop_empty_ones() -> None:
-    from pipeline.stages.trt_seam import check_profiles
+    from pipeline.backend.trt_seam import check_profiles
 
     good = ShapeProfile({"image": ((1, 8, 8, 1), (32, 8, 8, 1), (64, 8, 8, 1))})
     assert check_profiles({"image": (-1, 8, 8, 1)}, [ShapeProfile({}), good]) == [good]
@@ -309,7 +310,7 @@ def test_plans_are_never_deserialized_through_polygraphys_engine_from_bytes() ->
                 | {a.name for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) for a in n.names})
 
     assert not [p for p in (ROOT / "pipeline").rglob("*.py") if "EngineFromBytes" in names(ast.parse(p.read_text()))]
-    from pipeline.stages import trt_seam
+    from pipeline.backend import trt_seam
 
     tree = ast.parse(Path(trt_seam.__file__).read_text())
     assigned = [n for n in ast.walk(tree) if isinstance(n, ast.Assign) and any(isinstance(t, ast.Attribute) and t.attr == "engine_host_code_allowed" for t in n.targets)]

@@ -9,18 +9,8 @@ import numpy as np
 import pytest
 
 from pipeline.core.errors import PipelineError
-from pipeline.stages.shapes import (
-    SeenBucket,
-    ShapeProfile,
-    batch_axis,
-    data_range,
-    format_shape_spec,
-    profiles_from_args,
-    profiles_from_json,
-    profiles_to_json,
-    seen_in_files,
-    calibration_hints,
-)
+from pipeline.data.profiles import ShapeProfile, format_shape_spec, profiles_from_json, profiles_to_json
+from pipeline.stages.shapes import SeenBucket, batch_axis, data_range, profiles_from_args, seen_in_files, calibration_hints
 from pipeline.data.tensors import ModelSignature, TensorSpec, signature_from_onnx
 
 F32 = np.dtype("float32")

@@ -17,7 +17,7 @@ import pytest
 from onnx import TensorProto, helper
 
 from pipeline.stages.engine import EngineSettings
-from pipeline.stages.shapes import ShapeProfile
+from pipeline.data.profiles import ShapeProfile
 from pipeline.stages.trt_check import problems_of, trt_check_from_onnx
 from pipeline.backend.trt_support import summarize, version_gated
 from tests.conftest import cli, one_line_error

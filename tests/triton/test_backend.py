@@ -377,7 +377,7 @@ def test_batches_run_at_fixed_sizes_come_back_unpadded(server: TritonServer) -> 
 
 
 def test_both_supported_tensorrt_majors_are_looked_for(backend: SimpleNamespace) -> None:
-    from pipeline.stages.tensorrt_env import MAX_TENSORRT, MIN_TENSORRT
+    from pipeline.backend.tensorrt_env import MAX_TENSORRT, MIN_TENSORRT
 
     majors = range(MIN_TENSORRT[0], MAX_TENSORRT[0])  # MAX_TENSORRT is exclusive
     assert sorted(backend.NVINFER_LIBRARIES) == sorted(f"libnvinfer.so.{m}" for m in majors)

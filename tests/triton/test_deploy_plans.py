@@ -21,7 +21,7 @@ from pipeline.data.artifacts import Artifact
 from pipeline.accuracy.evaldata import EvalBucket, EvalData
 from pipeline.core.errors import PipelineError
 from pipeline.build.publish import PublishSettings, repository_from_artifacts
-from pipeline.stages.shapes import ShapeProfile
+from pipeline.data.profiles import ShapeProfile
 from pipeline.triton.config import parse_config
 from pipeline.triton.deploy import write_deploy_bundle
 from pipeline.triton.deploy_plans import DeployPlans, build_plans_script, plan_builds

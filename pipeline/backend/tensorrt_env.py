@@ -3,7 +3,7 @@ supported version, an NVIDIA driver new enough for that TensorRT's CUDA, and a C
 driver (through ctypes, so no CUDA toolkit is needed), with one line of why not.
 
 The supported range (:data:`MIN_TENSORRT` up to, not including, :data:`MAX_TENSORRT`) is what the
-``tensorrt`` extra in pyproject.toml pins, and what tests/stages/test_trt_api.py checks the code's TensorRT
+``tensorrt`` extra in pyproject.toml pins, and what tests/backend/test_trt_api.py checks the code's TensorRT
 names against (the latest 10.x and 11.x bindings). TensorRT removes APIs only at major versions
 (TensorRT docs, "Version Compatibility"), so a new 11.x keeps the names checked for 11.
 """

@@ -1,5 +1,5 @@
 """The one seam between the pipeline and TensorRT: every call into ``tensorrt`` and into Polygraphy's
-TensorRT backend is in this module or in its build half (:mod:`pipeline.stages.trt_compile`), behind
+TensorRT backend is in this module or in its build half (:mod:`pipeline.backend.trt_compile`), behind
 the :class:`TensorRT` interface.
 
 * :meth:`TensorRT.build`: parse an ONNX model into a strongly typed network, build a plan with the
@@ -8,16 +8,16 @@ the :class:`TensorRT` interface.
 * :meth:`TensorRT.runner`: a Polygraphy runner over a plan, with ``set_profile(index)``;
 * :meth:`TensorRT.describe`: Polygraphy's text summary of a plan (``inspect``);
 * :meth:`TensorRT.status` / :meth:`TensorRT.platform`: can engines be built here, and for what (the
-  real one asks :mod:`pipeline.stages.tensorrt_env`, the availability probe: the module's version,
+  real one asks :mod:`pipeline.backend.tensorrt_env`, the availability probe: the module's version,
   the driver's CUDA version and the GPU, through ctypes).
 
 The product uses :class:`PolygraphyTensorRT` (the default of ``BuildConfig.tensorrt``, not a
 command-line option). A caller that cannot have TensorRT (the CI tests) passes another
 implementation of the same interface through the config; nothing is patched.
 
-The build half (parse, configure, build) is :func:`pipeline.stages.trt_compile.compile_plan`, which
+The build half (parse, configure, build) is :func:`pipeline.backend.trt_compile.compile_plan`, which
 takes the TensorRT module as an argument, so the check without a GPU (TensorRT-RTX,
-:mod:`pipeline.stages.trt_rtx`) runs the same code. Deserializing is done by hand rather than by
+:mod:`pipeline.backend.trt_rtx`) runs the same code. Deserializing is done by hand rather than by
 Polygraphy's ``EngineFromBytes``, which sets ``IRuntime.engine_host_code_allowed = True`` for every
 plan (loader.py, "to deserialize version compatible engines"), so a plan from elsewhere could run
 its embedded host code. Here host code is allowed only when asked for.
@@ -31,9 +31,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
 
 from pipeline.core.errors import PipelineError
-from pipeline.stages.shapes import ShapeProfile
-from pipeline.stages.tensorrt_env import GpuInfo, cuda_gpu, require_tensorrt, tensorrt_status
-from pipeline.stages.trt_compile import (HARDWARE_LEVELS, MAX_OPTIMIZATION_LEVEL, EngineRequest, IOTensor, ParseFailed, _shape,
+from pipeline.data.profiles import ShapeProfile
+from pipeline.backend.tensorrt_env import GpuInfo, cuda_gpu, require_tensorrt, tensorrt_status
+from pipeline.backend.trt_compile import (HARDWARE_LEVELS, MAX_OPTIMIZATION_LEVEL, EngineRequest, IOTensor, ParseFailed, _shape,
                                          check_profiles, compile_plan)
 
 if TYPE_CHECKING:
@@ -105,7 +105,7 @@ class PolygraphyTensorRT:
     """The product's :class:`TensorRT`: the ``tensorrt`` module through Polygraphy's loaders."""
 
     def status(self) -> tuple[bool, str]:
-        """See :func:`pipeline.stages.tensorrt_env.tensorrt_status`."""
+        """See :func:`pipeline.backend.tensorrt_env.tensorrt_status`."""
         return tensorrt_status()
 
     def platform(self) -> Platform | None:
@@ -117,7 +117,7 @@ class PolygraphyTensorRT:
         return Platform(str(trt.__version__), cuda_gpu())
 
     def build(self, request: EngineRequest) -> BuiltEngine:
-        """:func:`~pipeline.stages.trt_compile.compile_plan` with the installed ``tensorrt``, then the plan
+        """:func:`~pipeline.backend.trt_compile.compile_plan` with the installed ``tensorrt``, then the plan
         deserialized on this GPU to read back what the engine holds."""
         require_tensorrt()
         gpu = cuda_gpu()

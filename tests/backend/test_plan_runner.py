@@ -15,8 +15,8 @@ from pipeline.data.artifacts import Artifact
 from pipeline.core.errors import PipelineError
 from pipeline.stages.accuracy import gate_batch
 from pipeline.stages.engine import EngineSettings, engine_from_onnx, metadata_path, read_engine_metadata
-from pipeline.stages.plan_runner import plan_max_batch, profile_for, runner_for_plan
-from pipeline.stages.shapes import ShapeProfile
+from pipeline.backend.plan_runner import plan_max_batch, profile_for, runner_for_plan
+from pipeline.data.profiles import ShapeProfile
 from tests.stages.test_engine import tiny_onnx
 from tests.trt_standin import StandInRefused, StandInTensorRT
 

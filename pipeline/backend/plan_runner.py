@@ -17,8 +17,8 @@ from typing import Any
 from polygraphy.backend.base import BaseRunner
 
 from pipeline.core.errors import PipelineError
-from pipeline.stages.shapes import Shape, ShapeProfile, profiles_from_json
-from pipeline.stages.trt_seam import TensorRT
+from pipeline.data.profiles import Shape, ShapeProfile, profiles_from_json
+from pipeline.backend.trt_seam import TensorRT
 
 
 def profile_for(profiles: Sequence[ShapeProfile], shapes: Mapping[str, Shape]) -> int | None:

@@ -8,8 +8,8 @@ proper): they are never written to the model repository. What a build through it
 graph parses and builds with the profiles and settings the engine stage uses; where it differs from
 TensorRT's own parser is noted in docs/tensorrt.md.
 
-:class:`RtxTensorRT` is the build half of the :class:`~pipeline.stages.trt_seam.TensorRT` seam
-(:func:`~pipeline.stages.trt_compile.compile_plan`, the code the GPU build runs); it cannot
+:class:`RtxTensorRT` is the build half of the :class:`~pipeline.backend.trt_seam.TensorRT` seam
+(:func:`~pipeline.backend.trt_compile.compile_plan`, the code the GPU build runs); it cannot
 deserialize or run plans.
 """
 
@@ -22,9 +22,9 @@ from pathlib import Path
 from typing import Any
 
 from pipeline.core.errors import PipelineError
-from pipeline.stages.tensorrt_env import GpuInfo
-from pipeline.stages.trt_compile import EngineRequest, compile_plan
-from pipeline.stages.trt_seam import BuiltEngine, EngineFacts, Platform
+from pipeline.backend.tensorrt_env import GpuInfo
+from pipeline.backend.trt_compile import EngineRequest, compile_plan
+from pipeline.backend.trt_seam import BuiltEngine, EngineFacts, Platform
 
 MODULE = "tensorrt_rtx"
 EXTRA_HINT = "pip install '.[trt-check]' (TensorRT-RTX from PyPI; scripts/setup.sh installs it)"

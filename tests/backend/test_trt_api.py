@@ -23,9 +23,9 @@ from pathlib import Path
 
 import pytest
 
-from pipeline.stages import trt_compile, trt_seam
-from pipeline.stages.tensorrt_env import CUDA_OF_TENSORRT, MAX_TENSORRT, MIN_TENSORRT
-from pipeline.stages.trt_seam import HARDWARE_LEVELS
+from pipeline.backend import trt_compile, trt_seam
+from pipeline.backend.tensorrt_env import CUDA_OF_TENSORRT, MAX_TENSORRT, MIN_TENSORRT
+from pipeline.backend.trt_seam import HARDWARE_LEVELS
 
 ROOT = Path(__file__).resolve().parents[2]
 PACKAGE = ROOT / "pipeline"
@@ -33,7 +33,7 @@ FIXTURES = ROOT / "tests" / "fixtures"
 CHECKED = {10: "10.16.1.11", 11: "11.4.0.106"}  # the latest release of each supported major when extracted
 
 # Used on TensorRT objects (engine, network, builder, builder config, parser errors, runtime, tensors, enum values) in
-# pipeline/stages/trt_seam.py and pipeline/stages/trt_compile.py (the build half, which takes the module as an argument).
+# pipeline/backend/trt_seam.py and pipeline/backend/trt_compile.py (the build half, which takes the module as an argument).
 OBJECT_NAMES = {
     "get_input", "num_inputs", "get_output", "num_outputs", "num_layers", "name", "shape", "dtype", "get_flag",  # INetworkDefinition, ITensor
     "create_network", "create_builder_config", "create_optimization_profile", "build_serialized_network",  # IBuilder

@@ -1,12 +1,12 @@
 """The build half of the TensorRT seam: ONNX → strongly typed network → builder config → serialized plan.
 
 :func:`compile_plan` takes the TensorRT module as an argument: the product's seam
-(:class:`~pipeline.stages.trt_seam.PolygraphyTensorRT`) passes ``tensorrt`` and reads the engine
-back on its GPU; the check without a GPU (:mod:`pipeline.stages.trt_rtx`) passes ``tensorrt_rtx``,
+(:class:`~pipeline.backend.trt_seam.PolygraphyTensorRT`) passes ``tensorrt`` and reads the engine
+back on its GPU; the check without a GPU (:mod:`pipeline.backend.trt_rtx`) passes ``tensorrt_rtx``,
 whose builder compiles ahead of time for a named compute capability. Both run this same code: the
 network and its creation flag, the optimization profiles, optimization level, workspace limit,
 TF32, hardware compatibility and timing cache. Every name used here exists in TensorRT 10 and 11
-(tests/stages/test_trt_api.py) and in TensorRT-RTX 1.7.
+(tests/backend/test_trt_api.py) and in TensorRT-RTX 1.7.
 
 Precision comes from the ONNX graph (FP16 tensors, explicit INT8 Q/DQ), never from builder flags:
 the network is strongly typed and no ``BuilderFlag.FP16``/``INT8`` is set (TensorRT 11 removed
@@ -30,8 +30,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from pipeline.core.errors import PipelineError
-from pipeline.stages.shapes import Shape, ShapeProfile, format_shape_spec
-from pipeline.stages.tensorrt_env import tensorrt_version_tuple
+from pipeline.data.profiles import Shape, ShapeProfile, format_shape_spec
+from pipeline.backend.tensorrt_env import tensorrt_version_tuple
 
 if TYPE_CHECKING:
     import tensorrt as trt

@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from pipeline.stages import tensorrt_env
-from pipeline.stages.tensorrt_env import CUDA_OF_TENSORRT, MAX_TENSORRT, MIN_TENSORRT, driver_problem
+from pipeline.backend import tensorrt_env
+from pipeline.backend.tensorrt_env import CUDA_OF_TENSORRT, MAX_TENSORRT, MIN_TENSORRT, driver_problem
 
 ROOT = Path(__file__).resolve().parents[2]
 
