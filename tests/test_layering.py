@@ -141,6 +141,19 @@ def test_the_design_notes_draw_the_same_packages_and_rules() -> None:
     assert drawn == ALLOWED
 
 
+def test_every_test_folder_is_collected() -> None:
+    """Tests mirror the packages (tests/build/ for pipeline/build/): no folder holding tests may match pytest's
+    ``norecursedirs``, whose default would skip a folder named ``build`` without a word."""
+    import fnmatch
+    import tomllib
+
+    patterns = tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["pytest"]["ini_options"]["norecursedirs"]
+    folders = {p.parent.relative_to(REPO / "tests") for p in (REPO / "tests").rglob("test_*.py")}
+    skipped = sorted(str(f) for f in folders for part in f.parts for pattern in patterns if fnmatch.fnmatch(part, pattern))
+    assert skipped == []
+    assert Path("build") in folders and not any(fnmatch.fnmatch("build", pattern) for pattern in patterns)
+
+
 def test_only_the_command_line_stays_at_the_top() -> None:
     top = sorted(p.name for p in ROOT.glob("*.py"))
     assert len(top) <= MAX_TOP_MODULES, top
