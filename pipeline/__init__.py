@@ -3,7 +3,7 @@
 The packages, each importing only what its ``__init__`` names (``May import:``), so the imports run
 one way, from the command line down to the plumbing (checked by tests/test_layering.py)::
 
-    cli.py, __main__.py   the command line: one subcommand per module of commands/
+    cli.py, __main__.py   the command line: registers the commands of commands/
     commands/             the commands: flags and config files turned into calls of what is below
     build/                the build: its options, the orchestrator, publishing
     reports/              what a person reads: terminal tables, the HTML page, charts

@@ -1,4 +1,4 @@
-"""The command line: `python -m pipeline {build,serve,verify,loadtest,mig-plan}`.
+"""The command line: `python -m pipeline {build,serve,verify,deploy,loadtest,mig-plan,inspect,report,tune}`.
 
 User errors (PipelineError) print one line and exit 2, failed checks (CheckFailed) exit 1, Ctrl-C exits 130; no traceback.
 """
@@ -29,12 +29,12 @@ def make_parser() -> argparse.ArgumentParser:
     parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND", parser_class=_Parser)
     from pipeline.commands.build import register as register_build
+    from pipeline.commands.configfile import add_config_options
+    from pipeline.commands.deploy import register as register_deploy
     from pipeline.commands.inspect import register as register_inspect
     from pipeline.commands.loadtest import register as register_loadtest
     from pipeline.commands.mig_plan import register as register_mig_plan
-    from pipeline.commands.configfile import add_config_options
     from pipeline.commands.report import register as register_report
-    from pipeline.commands.deploy import register as register_deploy
     from pipeline.commands.serve import register as register_serve
     from pipeline.commands.verify import register as register_verify
 
@@ -55,8 +55,8 @@ def make_parser() -> argparse.ArgumentParser:
 
 def refresh_page(workdir: Path, folder: Path) -> Path | None:
     """The HTML page of ``workdir`` in ``folder``, refreshed after a command that wrote a report: the
-    command line passes it to those commands (the page reads every command's reports, so no command
-    module imports it)."""
+    command line passes it to ``verify``, ``loadtest`` and ``tune`` when it registers them (a program that
+    registers them without it gets no page)."""
     from pipeline.reports.html import refresh_html_report
 
     return refresh_html_report(workdir, folder)

@@ -59,8 +59,8 @@ def _worker(stage: str, model: str, workdir: Path, samples: int, budget: float, 
     """Run one stage in this (child) process."""
     import numpy as np
 
-    from pipeline.build.orchestrator import eval_batch
     from pipeline.accuracy.evaldata import synthetic_eval_data
+    from pipeline.build.support import eval_batch
     from pipeline.data.tensors import signature_from_onnx
 
     p = _paths(workdir, model)
@@ -100,8 +100,8 @@ def _worker(stage: str, model: str, workdir: Path, samples: int, budget: float, 
         data = calibration_from_path(p["calib"], signature_from_onnx(p["fp32"]))
         qdq_onnx_from_onnx(p["fp32"], p["int8"], data, max_memory_gib=budget, batch_size=batch)
     elif stage == "accuracy":
-        from pipeline.data.artifacts import Artifact
         from pipeline.build.config import Gates
+        from pipeline.data.artifacts import Artifact
         from pipeline.stages.accuracy import accuracy_report_from_variants
 
         signature = signature_from_onnx(p["fp32"])

@@ -28,14 +28,14 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from pipeline.backend.budget import DEFAULT_MAX_MEMORY_GIB
-from pipeline.core.errors import PipelineError
 from pipeline.backend.onnxrt import session_from_onnx
+from pipeline.core.errors import PipelineError
+from pipeline.data.tensors import signature_from_onnx
 from pipeline.stages.calibration import calibration_from_path
 from pipeline.stages.int8 import (
     CALIBRATION_METHODS,
     qdq_onnx_from_onnx,
 )
-from pipeline.data.tensors import signature_from_onnx
 
 
 def _peak_rss_mib() -> float:

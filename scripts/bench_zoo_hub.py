@@ -38,9 +38,9 @@ def cpu_latency_ms(workdir: Path, name: str, eval_npz: Path, runs: int = 30) -> 
     length bucket of the evaluation data."""
     import numpy as np
 
+    from pipeline.backend.onnxrt import session_from_onnx
     from pipeline.data.arrays import load_npz
     from pipeline.data.buckets import split_buckets
-    from pipeline.backend.onnxrt import session_from_onnx
     from pipeline.data.tensors import signature_from_onnx
 
     result: dict[str, dict[str, float]] = {}

@@ -32,14 +32,14 @@ from typing import Any
 import numpy as np
 from polygraphy.backend.base import BaseRunner
 
-from pipeline.data.artifacts import PRECISIONS
 from pipeline.backend.runners import runner_for_onnx
-from pipeline.stages.engine import metadata_path
-from pipeline.data.profiles import ShapeProfile, profiles_from_json, profiles_to_json
 from pipeline.backend.tensorrt_env import GpuInfo
 from pipeline.backend.trt_seam import (HARDWARE_LEVELS, MAX_OPTIMIZATION_LEVEL, BuiltEngine, EngineFacts, EngineRequest, IOTensor,
                                       Platform, TensorRT)
+from pipeline.data.artifacts import PRECISIONS
+from pipeline.data.profiles import ShapeProfile, profiles_from_json, profiles_to_json
 from pipeline.data.tensors import signature_from_onnx
+from pipeline.stages.engine import metadata_path
 
 MAGIC = b"STAND-IN TENSORRT PLAN\0"
 _TRT_DTYPES = {"float32": "FLOAT", "float16": "HALF", "int8": "INT8", "uint8": "UINT8", "int32": "INT32", "int64": "INT64", "bool": "BOOL"}

@@ -16,9 +16,9 @@ from dataclasses import asdict, dataclass, field
 import numpy as np
 from polygraphy.backend.base import BaseRunner
 
-from pipeline.core.errors import PipelineError
 from pipeline.accuracy.outputkinds import OutputKind
 from pipeline.accuracy.taskstats import TaskStats, task_stats_for
+from pipeline.core.errors import PipelineError
 
 log = logging.getLogger(__name__)
 

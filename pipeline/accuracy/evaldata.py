@@ -28,10 +28,10 @@ from pathlib import Path
 
 import numpy as np
 
-from pipeline.data.arrays import checked_inputs, is_label_key
-from pipeline.data.buckets import BUCKET_SEP, read_arrays, split_buckets
 from pipeline.core.errors import PipelineError
 from pipeline.core.fingerprint import hash_path
+from pipeline.data.arrays import checked_inputs, is_label_key
+from pipeline.data.buckets import BUCKET_SEP, read_arrays, split_buckets
 from pipeline.data.tensors import ModelSignature
 
 

@@ -1,8 +1,8 @@
 """The accuracy tolerances: one typed source of their options and defaults (:class:`Gates`), and what
 one variant is held to (:class:`Tolerance`, picked by precision).
 
-How a figure is measured is pipeline.accuracy.taskstats, its confidence bounds pipeline.accuracy.bounds, and how it is
-judged against these limits pipeline.accuracy.judging; the build's accuracy stage and ``verify`` (served
+How a figure is measured is pipeline.accuracy.taskstats, its confidence bounds pipeline.accuracy.bounds,
+and how it is judged against these limits pipeline.accuracy.judging; the build's accuracy stage and ``verify`` (served
 accuracy) use the same three. ``--fp16-max-drop`` and ``--int8-max-drop`` limit every labeled task
 metric in points (top-1 or decision accuracy, R², mean IoU) and, without labels, the share of
 decisions that change. Non-finite values (NaN, ±Inf) where FP32 has finite ones fail every gate.

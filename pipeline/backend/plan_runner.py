@@ -1,7 +1,7 @@
 """Running a TensorRT plan on batches of any size and shape its profiles admit.
 
 TensorRT rejects an input shape outside the active optimization profile, and Polygraphy's TrtRunner
-stays on profile 0 unless ``set_profile`` is called (backend/trt/runner.py, 0.53.6). A multi-profile
+stays on profile 0 unless ``set_profile`` is called (polygraphy/backend/trt/runner.py, 0.53.6). A multi-profile
 engine evaluated as-is would run every batch in profile 0, and a batch larger than the profile's MAX
 batch would fail. :class:`ProfiledRunner` picks, for every batch, the first profile that admits all
 its input shapes, and :func:`plan_max_batch` is the largest batch every profile admits (the
@@ -16,9 +16,9 @@ from typing import Any
 
 from polygraphy.backend.base import BaseRunner
 
+from pipeline.backend.trt_seam import TensorRT
 from pipeline.core.errors import PipelineError
 from pipeline.data.profiles import Shape, ShapeProfile, profiles_from_json
-from pipeline.backend.trt_seam import TensorRT
 
 
 def profile_for(profiles: Sequence[ShapeProfile], shapes: Mapping[str, Shape]) -> int | None:

@@ -29,9 +29,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from pipeline.backend.tensorrt_env import tensorrt_version_tuple
 from pipeline.core.errors import PipelineError
 from pipeline.data.profiles import Shape, ShapeProfile, format_shape_spec
-from pipeline.backend.tensorrt_env import tensorrt_version_tuple
 
 if TYPE_CHECKING:
     import tensorrt as trt

@@ -21,10 +21,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from pipeline.core.errors import PipelineError
 from pipeline.backend.tensorrt_env import GpuInfo
 from pipeline.backend.trt_compile import EngineRequest, compile_plan
 from pipeline.backend.trt_seam import BuiltEngine, EngineFacts, Platform
+from pipeline.core.errors import PipelineError
 
 MODULE = "tensorrt_rtx"
 EXTRA_HINT = "pip install '.[trt-check]' (TensorRT-RTX from PyPI; scripts/setup.sh installs it)"

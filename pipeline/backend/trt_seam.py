@@ -30,11 +30,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
 
-from pipeline.core.errors import PipelineError
-from pipeline.data.profiles import ShapeProfile
 from pipeline.backend.tensorrt_env import GpuInfo, cuda_gpu, require_tensorrt, tensorrt_status
 from pipeline.backend.trt_compile import (HARDWARE_LEVELS, MAX_OPTIMIZATION_LEVEL, EngineRequest, IOTensor, ParseFailed, _shape,
                                          check_profiles, compile_plan)
+from pipeline.core.errors import PipelineError
+from pipeline.data.profiles import ShapeProfile
 
 if TYPE_CHECKING:
     import tensorrt as trt
@@ -172,7 +172,7 @@ def _deserialize(plan: bytes, where: str, allow_host_code: bool) -> trt.ICudaEng
     logger = get_trt_logger()
     # TensorRT's standard plugins (what the ONNX parser falls back to for some ops) must be registered before a plan
     # that uses one deserializes; the build registered them while parsing, a fresh process (inspect, verify) has not.
-    # Polygraphy's EngineFromBytes does the same (backend/trt/loader.py, 0.53.6).
+    # Polygraphy's EngineFromBytes does the same (polygraphy/backend/trt/loader.py, 0.53.6).
     trt.init_libnvinfer_plugins(logger, "")
     runtime = trt.Runtime(logger)
     # Host code in a plan (the lean runtime of a version-compatible plan) runs with this process's

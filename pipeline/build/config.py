@@ -10,10 +10,13 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from pipeline.core.objectstore import S3Url, local_only
-from pipeline.core.errors import PipelineError
 from pipeline.accuracy.gates import Gates
 from pipeline.accuracy.outputkinds import KINDS, parse_output_kinds
+from pipeline.backend.budget import DEFAULT_MAX_MEMORY_GIB
+from pipeline.backend.trt_rtx import COMPUTE_CAPABILITIES, DEFAULT_COMPUTE_CAPABILITY
+from pipeline.backend.trt_seam import PolygraphyTensorRT, TensorRT
+from pipeline.core.errors import PipelineError
+from pipeline.core.objectstore import S3Url, local_only
 from pipeline.core.options import (
     at_least,
     calibration_root_option,
@@ -23,15 +26,12 @@ from pipeline.core.options import (
     option,
     repository_option,
 )
-from pipeline.backend.budget import DEFAULT_MAX_MEMORY_GIB
+from pipeline.data.profiles import SHAPE_SYNTAX, well_formed
+from pipeline.data.workspace import Workspace
 from pipeline.stages.calibration import ASPECT_TOLERANCE, PREPROCESS_MODES, RESIZE_MODES
 from pipeline.stages.int8 import CALIBRATION_METHODS
 from pipeline.stages.int8_fallback import FallbackSettings
-from pipeline.stages.shapes import SHAPE_SYNTAX, well_formed
 from pipeline.stages.source import DEFAULT_MODEL, ModelSource
-from pipeline.backend.trt_rtx import COMPUTE_CAPABILITIES, DEFAULT_COMPUTE_CAPABILITY
-from pipeline.backend.trt_seam import PolygraphyTensorRT, TensorRT
-from pipeline.data.workspace import Workspace
 
 __all__ = ["BuildConfig", "Gates", "Workspace"]
 

@@ -15,38 +15,38 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 
-from pipeline.data.artifacts import PRECISIONS, WIRE_PRECISIONS, Artifact
-from pipeline.build.config import BuildConfig
-from pipeline.core.errors import PipelineError, require_creatable
-from pipeline.core.fingerprint import hash_path
 from pipeline.accuracy.evaldata import EvalData
 from pipeline.accuracy.outputkinds import (OutputKind, kinds_to_json, log_kinds, onnx_producers, primary_classes_output, read_description, signature_from_description)
-from pipeline.core.objectstore import S3Url
+from pipeline.build.config import BuildConfig
 from pipeline.build.publish import PublishSettings, published_configs, published_from_artifacts, require_publishable
+from pipeline.build.support import EVAL_BATCH, decided_kinds, early_labels, ensure_default_data, eval_batch, tool_versions
+from pipeline.core.errors import PipelineError, require_creatable
+from pipeline.core.fingerprint import hash_path
+from pipeline.core.objectstore import S3Url
+from pipeline.core.options import CALIBRATION_ROOT
 from pipeline.core.stagecache import Manifest, Stage, run_stage
+from pipeline.data.artifacts import PRECISIONS, WIRE_PRECISIONS, Artifact
+from pipeline.data.profiles import ShapeProfile
+from pipeline.data.tensors import ModelSignature, load_onnx, signature_from_onnx
+from pipeline.data.workspace import ModelData, Workspace, bundled_model_data
 from pipeline.stages.accuracy import accuracy_report_from_variants
 from pipeline.stages.calibration import CalibrationData, calibration_from_path
 from pipeline.stages.engine import EngineSettings, engine_from_onnx, metadata_path
 from pipeline.stages.eval_data import eval_data_for
 from pipeline.stages.fp16 import DEFAULT_FP32_OPS, fp16_onnx_from_onnx
-from pipeline.stages.mixed import was_mixed
 from pipeline.stages.int8 import check_qdq_int8_symmetric
 from pipeline.stages.int8_cpu import check_qdq_uint8_activations
 from pipeline.stages.int8_fallback import describe_fallback, gated_int8_onnx_from_onnx
+from pipeline.stages.mixed import was_mixed
 from pipeline.stages.onnx_export import onnx_from_savedmodel, tf2onnx_command
 from pipeline.stages.parity import parity_report_from_models
 from pipeline.stages.savedmodel import savedmodel_from_source
-from pipeline.data.profiles import ShapeProfile
 from pipeline.stages.shapes import calibration_hints, profiles_from_args, seen_in_files, seen_shapes
 from pipeline.stages.source import DEFAULT_MODEL, ModelSource, model_source
 from pipeline.stages.uint8_input import uint8_input_onnx_from_onnx, uint8_parity_from_models
-from pipeline.data.tensors import ModelSignature, load_onnx, signature_from_onnx
 from pipeline.triton.deploy_plans import DeployPlans
 from pipeline.triton.served_gate import SERVED_ATOL
 from pipeline.triton.verify import verify_repository
-from pipeline.core.options import CALIBRATION_ROOT
-from pipeline.data.workspace import ModelData, Workspace, bundled_model_data
-from pipeline.build.support import EVAL_BATCH, decided_kinds, early_labels, ensure_default_data, eval_batch, tool_versions
 
 log = logging.getLogger(__name__)
 
@@ -296,8 +296,8 @@ def _engine_settings(precision: str, profiles: list[ShapeProfile], cfg: BuildCon
 def _trt_check_stage(variants: list[Artifact], profiles: list[ShapeProfile], ctx: BuildContext) -> None:
     """Where TensorRT cannot build here, build each GPU variant with TensorRT-RTX and the engine stage's settings, else
     check the hand-written parser rules (pipeline/stages/trt_check.py); a refusal is fatal only with --require-tensorrt."""
-    from pipeline.stages.trt_check import CHECK_FILE, parser_problems, refusal, trt_check_from_onnx
     from pipeline.backend.trt_rtx import RtxTensorRT
+    from pipeline.stages.trt_check import CHECK_FILE, parser_problems, refusal, trt_check_from_onnx
 
     cfg = ctx.cfg
     if cfg.engine and cfg.tensorrt.status()[0]:

@@ -11,13 +11,13 @@ from typing import Any
 
 import numpy as np
 
-from pipeline.data.artifacts import PRECISIONS, Artifact
-from pipeline.core.errors import require_creatable
 from pipeline.accuracy.evaldata import EvalData
+from pipeline.core.errors import require_creatable
 from pipeline.core.objectstore import S3Url, local_only
+from pipeline.data.artifacts import PRECISIONS, Artifact
 from pipeline.data.tensors import signature_from_onnx
-from pipeline.triton.deploy_plans import DeployPlans
 from pipeline.data.workspace import ModelData
+from pipeline.triton.deploy_plans import DeployPlans
 
 log = logging.getLogger(__name__)
 
@@ -59,7 +59,7 @@ def repository_from_artifacts(
     With ``settings.deploy_plans``, each GPU ONNX variant also gets what the deploy bundle builds its plan
     from, golden outputs computed on ``golden`` (:mod:`pipeline.triton.deploy_plans`).
     """
-    from pipeline.stages.uint8_input import quantized, uint8_scales
+    from pipeline.data.uint8_wire import quantized, uint8_scales
     from pipeline.triton.config import model_config_from_artifact, warmup_files
     from pipeline.triton.deploy import DEFAULT_IMAGE, write_deploy_bundle
     from pipeline.triton.repository import publish_repository
@@ -137,8 +137,8 @@ def check_repository_plans(artifacts: Sequence[Artifact], settings: PublishSetti
     """One server loads a repository: the plans already published there (other models' newest versions)
     must load where this build's plans load (same TensorRT major.minor, a GPU they run on); PipelineError
     (one line) naming the first that cannot."""
-    from pipeline.stages.engine import read_engine_metadata
     from pipeline.backend.plan_binding import PlanBinding, check_plan_models
+    from pipeline.stages.engine import read_engine_metadata
     from pipeline.triton.repository import read_repository
 
     plans = [a for a in artifacts if a.kind == "plan" and a.metadata is not None]
@@ -193,9 +193,9 @@ def deploy_dir(repository: Path | S3Url) -> Path:
 
 def _mig_files(artifacts: Sequence[Artifact], configs: Mapping[str, Any], settings: PublishSettings) -> dict[str, dict[str, bytes]]:
     from pipeline.mig.bundle import write_bundle
-    from pipeline.mig.servers import BundleSettings
     from pipeline.mig.configs import mig_configs_for_repository
     from pipeline.mig.memory import memory_for_artifact
+    from pipeline.mig.servers import BundleSettings
 
     gpu, _, layout = (settings.mig or "").partition(":")
     on_gpu = [a for a in artifacts if not a.cpu_only]  # CPU-only variants take no MIG slice

@@ -1,5 +1,6 @@
-"""What the build orchestrator (pipeline/build/orchestrator.py) needs beside its stages: output kinds decided against the labels,
-the evaluation batch size, the bundled model's data, the tool versions recorded in the manifest."""
+"""What the build orchestrator (pipeline/build/orchestrator.py) needs beside its stages: output kinds
+decided against the labels, the evaluation batch size, the bundled model's data, the tool versions
+recorded in the manifest."""
 
 from __future__ import annotations
 
@@ -10,10 +11,10 @@ from pathlib import Path
 
 import numpy as np
 
-from pipeline.data.buckets import read_arrays
-from pipeline.build.config import BuildConfig
 from pipeline.accuracy.evaldata import UNNAMED, EvalData, check_targets, label_arrays, plain_labels_owner
 from pipeline.accuracy.outputkinds import OutputKind, decide_kinds, output_info, parse_output_kinds
+from pipeline.build.config import BuildConfig
+from pipeline.data.buckets import read_arrays
 from pipeline.data.tensors import ModelSignature
 from pipeline.data.workspace import ModelData
 

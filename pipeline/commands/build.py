@@ -70,8 +70,8 @@ def run_build(cfg: BuildConfig) -> int:
     """Build ``cfg`` (e.g. a parsed command line with another ``tensorrt``) and print its summary; 0 on success."""
     from pipeline.build.orchestrator import build, workspace_of
     from pipeline.core.errors import PipelineError
-    from pipeline.reports.terminal import print_build_summary
     from pipeline.reports.dirs import page_dir
+    from pipeline.reports.terminal import print_build_summary
 
     started = time.time()
     try:

@@ -1,4 +1,5 @@
-"""``python -m pipeline build --fleet FILE``: many models, each built by :func:`pipeline.build.orchestrator.build`, into one repository.
+"""``python -m pipeline build --fleet FILE``: many models, each built by
+:func:`pipeline.build.orchestrator.build`, into one repository.
 
 A fleet file lists the models as ``[[model]]`` tables whose keys are ``build``'s options (as in a
 ``--config`` file); each table's values override the command line's for that model::
@@ -100,8 +101,8 @@ def run_fleet(cfg: BuildConfig) -> int:
             log.warning("fleet: %s failed: %s", label, exc)
             rows.append((label, "failed", time.perf_counter() - started, str(exc)))
     console().print(_summary(rows))
-    from pipeline.reports.html import refresh_html_report
     from pipeline.reports.dirs import page_dir
+    from pipeline.reports.html import refresh_html_report
 
     page = refresh_html_report(cfg.workdir, page_dir(cfg.report_dir, cfg.workdir))  # one page: every model's build
     if page:

@@ -9,7 +9,7 @@ from pathlib import Path
 
 from pipeline.core.errors import require
 from pipeline.core.options import add_options, check_options, config_from_values, in_range, option, values_from_namespace
-from pipeline.stages.shapes import SHAPE_SYNTAX, well_formed
+from pipeline.data.profiles import SHAPE_SYNTAX, well_formed
 
 
 def _trt_versions() -> tuple[str, ...]:

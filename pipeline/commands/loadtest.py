@@ -12,6 +12,8 @@ from pathlib import Path
 from typing import Any
 
 from pipeline.core.errors import EXIT_CHECK_FAILED, PipelineError, require, require_creatable
+from pipeline.core.objectstore import S3Url
+from pipeline.core.options import CALIBRATION_ROOT, DEFAULT_REPOSITORY, repository_arg
 from pipeline.loadtest.client import Endpoint, endpoint_from_url
 from pipeline.loadtest.measure import WindowSettings
 from pipeline.loadtest.metrics import default_metrics_endpoint
@@ -20,8 +22,6 @@ from pipeline.loadtest.policy import ARRIVALS, policies_from_options
 from pipeline.loadtest.results import RunResult, best_point, unstable_hint
 from pipeline.loadtest.runner import PROTOCOLS, LoadTestSettings, run_loadtest
 from pipeline.loadtest.shm import SHARED_MEMORY
-from pipeline.core.objectstore import S3Url
-from pipeline.core.options import CALIBRATION_ROOT, DEFAULT_REPOSITORY, repository_arg
 from pipeline.reports.dirs import REPORT_DIR_HELP, PageRefresher, run_report_dirs
 
 log = logging.getLogger(__name__)

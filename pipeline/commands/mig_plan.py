@@ -9,11 +9,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from pipeline.core.objectstore import S3Url, repository_from_text
 from pipeline.core.errors import PipelineError, require
+from pipeline.core.objectstore import S3Url, repository_from_text
+from pipeline.core.options import add_options, at_least, checked_config, option
 from pipeline.mig import nvidia_smi
 from pipeline.mig.bundle import LAUNCH_SCRIPT, write_bundle
-from pipeline.mig.servers import BundleSettings
 from pipeline.mig.configs import profile_configs, write_profile_configs
 from pipeline.mig.layout import Layout, layout_from_devices, parse_layout
 from pipeline.mig.memory import (
@@ -24,7 +24,7 @@ from pipeline.mig.memory import (
 )
 from pipeline.mig.plan import GIB, HEURISTIC, MigPlan, plan_instances
 from pipeline.mig.profiles import BUILTIN_GPUS, GpuMig, builtin_gpu
-from pipeline.core.options import add_options, at_least, checked_config, option
+from pipeline.mig.servers import BundleSettings
 from pipeline.triton.config import config_text
 from pipeline.triton.repository import read_repository
 

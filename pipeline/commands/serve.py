@@ -12,11 +12,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from types import FrameType
 
-from pipeline.core.objectstore import S3Url
 from pipeline.core.errors import PipelineError, require
+from pipeline.core.objectstore import S3Url
 from pipeline.core.options import add_options, at_least, checked_config, option, port_option, repository_option
-from pipeline.triton.server_args import ADMIN_HEADER, ADMIN_KEY_ENV
 from pipeline.triton.server import MODEL_CONTROL_MODES, TritonServer
+from pipeline.triton.server_args import ADMIN_HEADER, ADMIN_KEY_ENV
 from pipeline.triton.supervisor import RESTART_BACKOFF_S, Supervisor
 
 log = logging.getLogger(__name__)

@@ -12,9 +12,9 @@ from pathlib import Path
 from typing import Any
 
 from pipeline.core.errors import require, require_creatable
+from pipeline.core.options import CALIBRATION_ROOT, DEFAULT_REPOSITORY
 from pipeline.loadtest.measure import WindowSettings
 from pipeline.loadtest.policy import ARRIVALS
-from pipeline.core.options import CALIBRATION_ROOT, DEFAULT_REPOSITORY
 from pipeline.reports.dirs import REPORT_DIR_HELP, PageRefresher, run_report_dirs
 from pipeline.tune.policy import SEARCHES
 from pipeline.tune.space import PREFERRED_RULES
@@ -163,8 +163,8 @@ def settings_from_args(args: argparse.Namespace) -> TuneSettings:
 def run(args: argparse.Namespace) -> int:
     """Tune, show the table, write the reports, print the diff or apply; see the exit status in --help."""
     from pipeline.core.console import console as make_console
-    from pipeline.tune.cache import TrialCache
     from pipeline.core.progress import progress
+    from pipeline.tune.cache import TrialCache
     from pipeline.tune.results import progress_line
     from pipeline.tune.targets import EmbeddedTarget, Target, remote_target
     from pipeline.tune.tuner import prepare, tune_model

@@ -7,10 +7,9 @@ import logging
 from dataclasses import dataclass
 from pathlib import Path
 
-from pipeline.core.objectstore import S3Url
-from pipeline.reports.build_tables import served_data
-from pipeline.core.console import console
 from pipeline.accuracy.gates import Gates, confidence_option, fp16_max_drop_option, int8_max_drop_option
+from pipeline.core.console import console
+from pipeline.core.objectstore import S3Url
 from pipeline.core.options import (
     add_options,
     calibration_root_option,
@@ -21,8 +20,9 @@ from pipeline.core.options import (
     option,
     repository_option,
 )
-from pipeline.reports.dirs import PageRefresher, page_dir
 from pipeline.core.tables import to_rich
+from pipeline.reports.build_tables import served_data
+from pipeline.reports.dirs import PageRefresher, page_dir
 from pipeline.triton.served_gate import SERVED_ATOL
 
 log = logging.getLogger(__name__)

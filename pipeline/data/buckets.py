@@ -15,8 +15,8 @@ import numpy as np
 
 from collections.abc import Mapping
 
-from pipeline.data.arrays import IGNORED_KEYS, is_label_key, load_npy, load_npz, unknown_arrays_fix
 from pipeline.core.errors import PipelineError, require
+from pipeline.data.arrays import IGNORED_KEYS, is_label_key, load_npy, load_npz, unknown_arrays_fix
 from pipeline.data.tensors import ModelSignature
 
 BUCKET_SEP = "__"  # ``tokens__16``: input ``tokens`` of bucket ``16``

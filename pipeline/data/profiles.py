@@ -1,9 +1,11 @@
 """Optimization profiles as values: an input's (MIN, OPT, MAX) shapes, a profile of them, their
-``--shape`` text and their JSON form (the engine metadata). How a build chooses them from ``--shape``
-options, the model and its data is :mod:`pipeline.stages.shapes`."""
+``--shape`` text (its syntax, checked before the model is known, and its formatting) and their JSON
+form (the engine metadata). How a build chooses them from ``--shape`` options, the model and its data
+is :mod:`pipeline.stages.shapes`."""
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -12,6 +14,9 @@ from pipeline.core.errors import PipelineError
 
 Shape = tuple[int, ...]
 ShapeRange = tuple[Shape, Shape, Shape]  # (min, opt, max)
+
+SHAPE_SYNTAX = "INPUT:MIN/OPT/MAX with dims joined by 'x'"
+_DIMS = re.compile(r"^-?\d+(x-?\d+)*$")
 
 
 @dataclass(frozen=True)
@@ -27,6 +32,13 @@ class ShapeProfile:
 def format_shape_spec(name: str, shape_range: ShapeRange) -> str:
     """``image:1x8x8x1/64x8x8x1/64x8x8x1`` — the ``--shape`` text for one input's range."""
     return f"{name}:" + "/".join("x".join(str(d) for d in shape) for shape in shape_range)
+
+
+def well_formed(text: str) -> bool:
+    """Whether ``text`` has the ``INPUT:MIN/OPT/MAX`` form (checkable before the model is known)."""
+    name, sep, ranges = text.rpartition(":")
+    levels = ranges.split("/")
+    return bool(sep and name and len(levels) == 3 and all(_DIMS.match(level) for level in levels))
 
 
 def profiles_to_json(profiles: Sequence[ShapeProfile]) -> list[dict[str, dict[str, list[int]]]]:

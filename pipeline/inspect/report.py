@@ -20,11 +20,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from pipeline.backend.trt_seam import PolygraphyTensorRT, TensorRT
 from pipeline.core.errors import PipelineError
 from pipeline.data.profiles import ShapeProfile, profiles_from_json
-from pipeline.stages.shapes import SeenBucket, profiles_from_args, seen_in_files
-from pipeline.backend.trt_seam import PolygraphyTensorRT, TensorRT
 from pipeline.data.tensors import TensorSpec, load_onnx, signature_from_onnx
+from pipeline.stages.shapes import SeenBucket, profiles_from_args, seen_in_files
 
 log = logging.getLogger(__name__)
 

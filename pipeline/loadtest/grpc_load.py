@@ -27,8 +27,8 @@ from typing import Any
 
 import numpy as np
 
-from pipeline.core.lazy import import_optional
 from pipeline.core.errors import PipelineError
+from pipeline.core.lazy import import_optional
 from pipeline.loadtest.client import Endpoint
 from pipeline.loadtest.payload import ModelIO
 from pipeline.loadtest.policy import ClosedLoop, OpenLoop, Policy, backoff_ns

@@ -19,10 +19,10 @@ from typing import Protocol
 
 import numpy as np
 
+from pipeline.core.pausepoints import pause_point
 from pipeline.loadtest.recorder import Recorder
 from pipeline.loadtest.server_stats import ServerCounters
 from pipeline.loadtest.window import Mark, Window, is_stable
-from pipeline.core.pausepoints import pause_point
 
 log = logging.getLogger(__name__)
 

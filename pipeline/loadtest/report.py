@@ -8,8 +8,8 @@ import math
 from pathlib import Path
 from typing import Any
 
-from pipeline.loadtest.results import EndpointResult, PointResult, RunResult, best_point
 from pipeline.core.tables import TableData, to_rich
+from pipeline.loadtest.results import EndpointResult, PointResult, RunResult, best_point
 
 CSV_FIELDS = (
     "model", "endpoint", "protocol", "encoding", "policy", "load", "arrivals", "batch_size", "stable", "overloaded", "aborted",

@@ -14,8 +14,8 @@ from typing import Any
 
 import numpy as np
 
-from pipeline.core.lazy import import_optional
 from pipeline.core.errors import PipelineError
+from pipeline.core.lazy import import_optional
 from pipeline.loadtest.client import Endpoint, response_frame
 from pipeline.loadtest.payload import ModelIO
 

@@ -17,9 +17,11 @@ from typing import Any
 import numpy as np
 
 from pipeline.core.errors import PipelineError
+from pipeline.core.progress import progress
+from pipeline.data.uint8_wire import quantized, served_uint8_scales
 from pipeline.loadtest import payload as pl
-from pipeline.loadtest.client import Endpoint, post_request_bytes
 from pipeline.loadtest import metrics as pm
+from pipeline.loadtest.client import Endpoint, post_request_bytes
 from pipeline.loadtest.measure import (
     Measurement,
     WindowSettings,
@@ -28,8 +30,10 @@ from pipeline.loadtest.measure import (
     window_latencies,
 )
 from pipeline.loadtest.policy import OpenLoop, Policy
+from pipeline.loadtest.request_check import check_request, check_shm_request
 from pipeline.loadtest.results import EndpointResult, PointResult, RunResult
 from pipeline.loadtest.server_stats import ServerCounters, fetch_counters
+from pipeline.loadtest.shm import SHARED_MEMORY, SharedMemoryRegions, output_byte_sizes, shm_requests
 from pipeline.loadtest.stats import summarize_ns
 from pipeline.loadtest.targets import (
     model_io,
@@ -37,12 +41,8 @@ from pipeline.loadtest.targets import (
     require_ready,
     server_metadata,
 )
-from pipeline.loadtest.request_check import check_request, check_shm_request
-from pipeline.stages.uint8_input import quantized, served_uint8_scales
-from pipeline.loadtest.shm import SHARED_MEMORY, SharedMemoryRegions, output_byte_sizes, shm_requests
 from pipeline.loadtest.window import spread
 from pipeline.loadtest.workers import EngineSpec, WorkerPool, build_engine
-from pipeline.core.progress import progress
 
 log = logging.getLogger(__name__)
 

@@ -27,8 +27,8 @@ from urllib.parse import quote
 
 import numpy as np
 
-from pipeline.core.lazy import import_optional
 from pipeline.core.errors import PipelineError
+from pipeline.core.lazy import import_optional
 from pipeline.loadtest.client import Endpoint, request_json
 from pipeline.loadtest.payload import NUMPY_OF, ModelIO, TensorInfo
 

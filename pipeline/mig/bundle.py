@@ -30,10 +30,13 @@ import logging
 from dataclasses import replace
 from pathlib import Path
 
+from pipeline.core.objectstore import S3Url
 from pipeline.mig.k8s import k8s_manifests
 from pipeline.mig.nvidia_smi import MigDevice
 from pipeline.mig.plan import MigPlan, ProfilePlan
 from pipeline.mig.profiles import GpuMig
+from pipeline.mig.servers import BundleSettings, S3Bundle, container_ports, k8s_name, profile_server
+from pipeline.triton.accelerators import cache_setup_shell
 from pipeline.triton.bundle_files import (
     BIND_ADDRESS,
     BIND_ENV,
@@ -48,9 +51,6 @@ from pipeline.triton.bundle_files import (
     exposure_note,
     write_bundle_files,
 )
-from pipeline.mig.servers import BundleSettings, S3Bundle, container_ports, k8s_name, profile_server
-from pipeline.core.objectstore import S3Url
-from pipeline.triton.accelerators import cache_setup_shell
 from pipeline.triton.server_args import ADMIN_KEY_ENV, shell_command, tritonserver_args
 
 log = logging.getLogger(__name__)

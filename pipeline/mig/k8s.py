@@ -47,8 +47,8 @@ import math
 
 import yaml
 
-from pipeline.mig.servers import BundleSettings, container_ports, k8s_name, mig_resource, profile_server
 from pipeline.mig.plan import MigPlan, ProfilePlan
+from pipeline.mig.servers import BundleSettings, container_ports, k8s_name, mig_resource, profile_server
 from pipeline.triton.accelerators import cache_setup_shell
 from pipeline.triton.bundle_files import AWS_SECRETS, CONTAINER_ADDRESS, CONTAINER_REPOSITORY
 from pipeline.triton.server_args import ADMIN_KEY_ENV, K8S_ADMIN_KEY, tritonserver_args

@@ -49,8 +49,8 @@ from typing import Any
 
 import numpy as np
 
-from pipeline.data.artifacts import Artifact
 from pipeline.core.errors import PipelineError
+from pipeline.data.artifacts import Artifact
 from pipeline.data.tensors import load_onnx
 from pipeline.triton.accelerators import TRT_WORKSPACE_BYTES, gpu_accelerator_parameters
 

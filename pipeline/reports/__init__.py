@@ -2,5 +2,5 @@
 variants (build_tables, variants), the variants' chart (variant_chart), the one-page HTML report of
 builds, load tests and tune runs (html), and where the reports go (dirs).
 
-May import: core, data, accuracy, loadtest, tune.
+May import: core, loadtest.
 """

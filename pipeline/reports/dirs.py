@@ -17,7 +17,7 @@ from pathlib import Path
 
 REPORTS = "reports"
 # (workdir, page folder) → the refreshed page (None: nothing to show). The command line (pipeline.cli) passes
-# pipeline.reports.html's to the commands it registers, so no command module imports the page, which imports them.
+# pipeline.reports.html's to verify, loadtest and tune when it registers them; registered without it, they write no page.
 PageRefresher = Callable[[Path, Path], "Path | None"]
 REPORT_DIR_HELP = "this run's reports and the HTML page index.html (default: <workdir>/reports/{run}, the page in <workdir>/reports)"
 

@@ -24,10 +24,10 @@ from pathlib import Path
 from typing import Any
 
 from pipeline.core.atomic import write_text_atomic
-from pipeline.reports.build_tables import accuracy_data, served_data, stage_data, stage_total, tensorrt_data
-from pipeline.reports.variants import published_data, variant_notes, variant_rows, variants_data
 from pipeline.core.errors import PipelineError
 from pipeline.core.tables import TableData
+from pipeline.reports.build_tables import accuracy_data, served_data, stage_data, stage_total, tensorrt_data
+from pipeline.reports.variants import published_data, variant_notes, variant_rows, variants_data
 
 log = logging.getLogger(__name__)
 

@@ -14,11 +14,11 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
+from pipeline.core.console import console as make_console
 from pipeline.core.objectstore import S3Url
+from pipeline.core.tables import to_rich
 from pipeline.reports.build_tables import accuracy_data, served_data, stage_data, tensorrt_data
 from pipeline.reports.variants import variant_notes, variant_rows, variants_data
-from pipeline.core.console import console as make_console
-from pipeline.core.tables import to_rich
 
 
 def stage_table(manifest: dict[str, Any], title: str) -> Table:

@@ -12,8 +12,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from pipeline.reports.build_tables import figure_text, limit_text
 from pipeline.core.tables import TableData
+from pipeline.reports.build_tables import figure_text, limit_text
 
 # What a variant is, in one line, where the name alone does not say it.
 VARIANT_NOTES = {

@@ -4,7 +4,8 @@ INT8 Q/DQ models are evaluated with Q/DQ semantics (quantize → dequantize in f
 kernels, what TensorRT computes), never through ONNX Runtime's fused integer CPU kernels, so
 the gate predicts the engine and not a quirk of this CPU. Engines, where built, run through
 Polygraphy's TrtRunner against the same reference and gates. How a variant is judged (the drop
-with its confidence bounds per output kind) is pipeline.accuracy.judging, what each kind measures pipeline.accuracy.taskstats.
+with its confidence bounds per output kind) is pipeline.accuracy.judging, what each kind measures
+pipeline.accuracy.taskstats.
 """
 
 from __future__ import annotations
@@ -17,19 +18,19 @@ from typing import Any
 
 from polygraphy.backend.base import BaseRunner
 
-from pipeline.data.artifacts import Artifact
 from pipeline.accuracy.compare import compare_runners
-from pipeline.core.errors import CheckFailed, PipelineError
 from pipeline.accuracy.evaldata import EvalData
-from pipeline.core.progress import progress
 from pipeline.accuracy.gates import Gates, tolerance_for
 from pipeline.accuracy.judging import VariantResult, judge_comparison
 from pipeline.accuracy.outputkinds import OutputKind, kinds_from_json
+from pipeline.backend.plan_runner import plan_max_batch, plan_profiles, runner_for_plan
 from pipeline.backend.runners import runner_for_onnx
+from pipeline.backend.trt_seam import TensorRT
+from pipeline.core.errors import CheckFailed, PipelineError
+from pipeline.core.progress import progress
+from pipeline.data.artifacts import Artifact
 from pipeline.stages.engine import metadata_path, read_engine_metadata
 from pipeline.stages.layer_errors import LayerError, describe, layer_errors_from_models
-from pipeline.backend.plan_runner import plan_max_batch, plan_profiles, runner_for_plan
-from pipeline.backend.trt_seam import TensorRT
 
 log = logging.getLogger(__name__)
 

@@ -27,10 +27,12 @@ from pathlib import Path
 
 import numpy as np
 
-from pipeline.data.arrays import PerSample, checked_inputs, load_npy, load_npz
-from pipeline.data.buckets import split_buckets
 from pipeline.core.errors import PipelineError, require
 from pipeline.core.fingerprint import hash_path, hash_settings
+from pipeline.data.arrays import PerSample, checked_inputs, load_npy, load_npz
+from pipeline.data.buckets import split_buckets
+from pipeline.data.tensors import ModelSignature
+from pipeline.data.workspace import ModelData
 from pipeline.stages.calibration_images import (  # noqa: F401 - PREPROCESS_MODES, RESIZE_MODES, ASPECT_TOLERANCE are this stage's options
     ASPECT_TOLERANCE,
     IMAGE_SUFFIXES,
@@ -41,8 +43,6 @@ from pipeline.stages.calibration_images import (  # noqa: F401 - PREPROCESS_MODE
     image_summary,
     scan_images,
 )
-from pipeline.data.tensors import ModelSignature
-from pipeline.data.workspace import ModelData
 
 log = logging.getLogger(__name__)
 

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import numpy as np
 
-from pipeline.data.arrays import fmt_shape
 from pipeline.core.errors import PipelineError, require
+from pipeline.data.arrays import fmt_shape
 from pipeline.data.tensors import TensorSpec
 
 PREPROCESS_MODES = ("unit", "symmetric", "imagenet", "raw")

@@ -22,13 +22,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from pipeline.data.artifacts import PRECISIONS, Artifact
+from pipeline.backend.tensorrt_env import GpuInfo
+from pipeline.backend.trt_seam import HARDWARE_LEVELS, MAX_OPTIMIZATION_LEVEL, EngineRequest, IOTensor, TensorRT
 from pipeline.core.atomic import write_bytes_atomic
 from pipeline.core.errors import PipelineError
 from pipeline.core.fingerprint import hash_path
+from pipeline.data.artifacts import PRECISIONS, Artifact
 from pipeline.data.profiles import ShapeProfile, profiles_to_json
-from pipeline.backend.tensorrt_env import GpuInfo
-from pipeline.backend.trt_seam import HARDWARE_LEVELS, MAX_OPTIMIZATION_LEVEL, EngineRequest, IOTensor, TensorRT
 
 log = logging.getLogger(__name__)
 

@@ -10,10 +10,10 @@ from __future__ import annotations
 import logging
 from pathlib import Path
 
-from pipeline.core.errors import PipelineError
 from pipeline.accuracy.evaldata import EvalBucket, EvalData, eval_data_from_path, synthetic_eval_data
-from pipeline.stages.calibration import MIN_SAMPLES, CalibrationData, calibration_from_path
+from pipeline.core.errors import PipelineError
 from pipeline.data.tensors import ModelSignature
+from pipeline.stages.calibration import MIN_SAMPLES, CalibrationData, calibration_from_path
 
 log = logging.getLogger(__name__)
 

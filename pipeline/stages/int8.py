@@ -25,13 +25,13 @@ from pathlib import Path
 
 import numpy as np
 
-from pipeline.core.atomic import clear_leftovers
 from pipeline.backend.budget import DEFAULT_MAX_MEMORY_GIB, batch_for_budget, memory_estimate
+from pipeline.core.atomic import clear_leftovers
 from pipeline.core.errors import PipelineError, require
+from pipeline.data.tensors import signature_from_onnx
 from pipeline.stages.calibration import CalibrationData
 from pipeline.stages.int8_calibrate import QuantRecipe, calibrate, calibration_batch, drop_unused_opsets, ort_method, ort_prints_to_log, prepared_model
 from pipeline.stages.qdq_placement import CALIBRATED_OP_TYPES, place_qdq
-from pipeline.data.tensors import signature_from_onnx
 
 log = logging.getLogger(__name__)
 

@@ -19,8 +19,8 @@ import numpy as np
 from pipeline.core.errors import require
 from pipeline.core.pausepoints import pause_point
 from pipeline.core.progress import progress
-from pipeline.stages.calibration import CalibrationData
 from pipeline.data.tensors import ModelSignature
+from pipeline.stages.calibration import CalibrationData
 
 log = logging.getLogger(__name__)
 

@@ -31,10 +31,10 @@ from pathlib import Path
 import numpy as np
 
 from pipeline.backend.budget import DEFAULT_MAX_MEMORY_GIB
+from pipeline.backend.cpu_kernels import record_cpu_kernels
 from pipeline.core.errors import PipelineError, require
 from pipeline.stages.calibration import CalibrationData
 from pipeline.stages.fp16 import DEFAULT_FP32_OPS
-from pipeline.backend.cpu_kernels import record_cpu_kernels
 from pipeline.stages.int8 import output_layers, quantized_onnx_from_onnx
 from pipeline.stages.int8_calibrate import QuantRecipe
 

@@ -29,13 +29,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from pipeline.data.artifacts import Artifact
-from pipeline.core.atomic import write_text_atomic
-from pipeline.backend.budget import DEFAULT_MAX_MEMORY_GIB
 from pipeline.accuracy.evaldata import EvalData
 from pipeline.accuracy.gates import Gates
 from pipeline.accuracy.judging import VariantResult
 from pipeline.accuracy.outputkinds import kinds_from_json
+from pipeline.backend.budget import DEFAULT_MAX_MEMORY_GIB
+from pipeline.core.atomic import write_text_atomic
+from pipeline.data.artifacts import Artifact
 from pipeline.stages.accuracy import judge_variant
 from pipeline.stages.calibration import CalibrationData
 from pipeline.stages.int8 import TENSORRT_RECIPE, Calibrated, log_kept

@@ -21,10 +21,10 @@ from typing import Any
 
 import numpy as np
 
-from pipeline.data.artifacts import Artifact
 from pipeline.accuracy.evaldata import EvalData
-from pipeline.core.progress import progress
 from pipeline.backend.trt_seam import TensorRT
+from pipeline.core.progress import progress
+from pipeline.data.artifacts import Artifact
 
 WARMUP = 2
 REPEATS = 7
@@ -103,9 +103,9 @@ def _variant_latency(artifact: Artifact, sample: Mapping[str, np.ndarray], batch
     row: dict[str, Any] = {"variant": f"{artifact.precision}-{artifact.kind}", "precision": artifact.precision, "kind": artifact.kind,
                            "file": str(artifact.path), "bytes": artifact.path.stat().st_size}
     if artifact.kind == "plan":
+        from pipeline.backend.plan_runner import plan_max_batch, plan_profiles
         from pipeline.stages.accuracy import runner_for_artifact
         from pipeline.stages.engine import metadata_path, read_engine_metadata
-        from pipeline.backend.plan_runner import plan_max_batch, plan_profiles
 
         meta = read_engine_metadata(artifact.metadata or metadata_path(artifact.path))
         top = plan_max_batch(plan_profiles(meta))

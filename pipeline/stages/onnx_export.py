@@ -20,9 +20,9 @@ from typing import TYPE_CHECKING
 from pipeline.core.atomic import atomic_path
 from pipeline.core.errors import PipelineError
 from pipeline.core.isolate import die_with_parent
+from pipeline.data.tensors import SIGNATURE
 from pipeline.stages.mixed import float32_from_mixed
 from pipeline.stages.tf2onnx_run import UNSUPPORTED_MARK
-from pipeline.data.tensors import SIGNATURE
 
 if TYPE_CHECKING:
     import onnx  # imported lazily at run time

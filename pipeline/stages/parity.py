@@ -11,10 +11,10 @@ import json
 from pathlib import Path
 
 from pipeline.accuracy.compare import Comparison, compare_runners
-from pipeline.core.errors import CheckFailed
 from pipeline.accuracy.evaldata import EvalData
-from pipeline.core.progress import progress
 from pipeline.backend.runners import SavedModelRunner, runner_for_onnx
+from pipeline.core.errors import CheckFailed
+from pipeline.core.progress import progress
 
 
 def parity_report_from_models(saved: Path, onnx_path: Path, data: EvalData, dst: Path, *, atol: float, rtol: float, batch_size: int) -> Path:

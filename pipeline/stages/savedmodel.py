@@ -7,9 +7,9 @@ import shutil
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from pipeline.core.errors import PipelineError
 from pipeline.core.lazy import import_tensorflow
 from pipeline.data.tensors import SIGNATURE
-from pipeline.core.errors import PipelineError
 
 if TYPE_CHECKING:
     import keras

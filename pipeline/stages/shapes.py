@@ -44,22 +44,19 @@ size and a ``--shape`` that covers it.
 from __future__ import annotations
 
 import logging
-import re
 from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 from pipeline.core.errors import PipelineError
-from pipeline.data.profiles import Shape, ShapeProfile, ShapeRange, format_shape_spec
+from pipeline.data.profiles import SHAPE_SYNTAX, Shape, ShapeProfile, ShapeRange, format_shape_spec, well_formed
 from pipeline.data.tensors import ModelSignature, TensorSpec
 
 log = logging.getLogger(__name__)
 
 DEFAULT_DYNAMIC_DIM = 64
-SHAPE_SYNTAX = "INPUT:MIN/OPT/MAX with dims joined by 'x'"
 _LEVELS = ("MIN", "OPT", "MAX")
-_DIMS = re.compile(r"^-?\d+(x-?\d+)*$")
 
 
 @dataclass(frozen=True)
@@ -276,13 +273,6 @@ def _syntax_fix(signature: ModelSignature, max_batch: int) -> str:
         first = signature.inputs[0]
         example = format_shape_spec(first.name, default_range(first, max_batch=max_batch))
     return f"write --shape {SHAPE_SYNTAX}, e.g. --shape {example}"
-
-
-def well_formed(text: str) -> bool:
-    """Whether ``text`` has the ``INPUT:MIN/OPT/MAX`` form (checkable before the model is known)."""
-    name, sep, ranges = text.rpartition(":")
-    levels = ranges.split("/")
-    return bool(sep and name and len(levels) == 3 and all(_DIMS.match(level) for level in levels))
 
 
 def _parse_spec(text: str, signature: ModelSignature, *, max_batch: int) -> tuple[str, ShapeRange]:

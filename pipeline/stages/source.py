@@ -13,9 +13,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from pipeline.core.lazy import import_optional
 from pipeline.core.errors import PipelineError
 from pipeline.core.fingerprint import hash_path
+from pipeline.core.lazy import import_optional
 
 if TYPE_CHECKING:
     import keras

@@ -22,11 +22,11 @@ import time
 from pathlib import Path
 from typing import Any
 
+from pipeline.backend.trt_compile import ParseFailed
+from pipeline.backend.trt_rtx import RtxTensorRT, rtx_version
 from pipeline.core.atomic import write_text_atomic
 from pipeline.core.errors import PipelineError
 from pipeline.stages.engine import EngineSettings, engine_request
-from pipeline.backend.trt_compile import ParseFailed
-from pipeline.backend.trt_rtx import RtxTensorRT, rtx_version
 
 log = logging.getLogger(__name__)
 

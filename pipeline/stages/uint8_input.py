@@ -5,8 +5,9 @@ Each float image input (rank 4, channels last: 1, 3 or 4) becomes ``uint8`` and 
 Mul(SCALE)`` in front of the nodes that read it, so the graph computes on ``uint8 × SCALE``: a quarter of
 the bytes per request for the same model. A model that normalizes its input itself (a Keras
 ``Rescaling`` layer: it takes 0..255) uses ``SCALE`` 1, and the Mul is left out. The scale is recorded
-in the model's metadata (:data:`SCALE_KEY`), where the build's gate, the publish stage and ``verify``
-read it to turn float samples into the uint8 a client sends (:func:`quantized`).
+in the model's metadata (:data:`pipeline.data.uint8_wire.SCALE_KEY`), where the build's gate, the publish
+stage, ``verify`` and the load tests read it to turn float samples into the uint8 a client sends
+(:func:`pipeline.data.uint8_wire.quantized`).
 
 The gate: on the evaluation data turned to uint8, the variant's outputs must equal the FP32 model's on
 the same values as floats (``uint8 × SCALE``) within the parity tolerance (:func:`uint8_parity_from_models`):
@@ -18,23 +19,21 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Mapping
 from typing import TYPE_CHECKING
 from pathlib import Path
 
 import numpy as np
 
 from pipeline.core.errors import CheckFailed, PipelineError, require
+from pipeline.data.uint8_wire import SCALE_KEY, dequantized, quantized, uint8_scales
 
 if TYPE_CHECKING:
     import onnx
 
     from pipeline.accuracy.evaldata import EvalData
-    from pipeline.data.tensors import ModelSignature
 
 log = logging.getLogger(__name__)
 
-SCALE_KEY = "pipeline.uint8_input_scale"  # ONNX metadata_props: JSON {input name: scale}
 _CHANNELS = (1, 3, 4)
 
 
@@ -95,50 +94,6 @@ def uint8_input_onnx_from_onnx(src: Path, dst: Path, *, scale: float) -> Path:
     return dst
 
 
-def uint8_scales(path: Path) -> dict[str, float]:
-    """The recorded scale per uint8 input of an ONNX model (empty for a model without them)."""
-    from pipeline.data.tensors import load_onnx
-
-    model = load_onnx(Path(path), external_data=False)
-    for prop in model.metadata_props:
-        if prop.key == SCALE_KEY:
-            return {str(k): float(v) for k, v in json.loads(prop.value).items()}
-    return {}
-
-
-def quantized(feed: Mapping[str, np.ndarray], scales: Mapping[str, float]) -> dict[str, np.ndarray]:
-    """``feed`` with each float input that has a scale turned into the uint8 a client sends: ``round(x / scale)``
-    clipped to 0..255. The others stay as they are: integer samples already are what goes on the wire."""
-    out = {}
-    for name, array in feed.items():
-        scale = scales.get(name)
-        if scale is None or np.asarray(array).dtype.kind != "f":
-            out[name] = array
-        else:
-            out[name] = np.clip(np.rint(np.asarray(array, dtype=np.float64) / scale), 0, 255).astype(np.uint8)
-    return out
-
-
-def dequantized(feed: Mapping[str, np.ndarray], scales: Mapping[str, float]) -> dict[str, np.ndarray]:
-    """The values the graph computes on: each input that has a scale as float32 ``x × scale`` (the others as they are)."""
-    return {k: (v.astype(np.float32) * np.float32(scales[k]) if k in scales else v) for k, v in feed.items()}
-
-
-def float_inputs(signature: ModelSignature, scales: Mapping[str, float], data: Path) -> ModelSignature:
-    """``signature`` as samples in ``data`` (an ``.npz`` or ``.npy`` folder) are read for it: each uint8 input
-    that has a scale read as float32 where ``data`` gives it as floats (:func:`quantized` turns them into the
-    wire's uint8), as uint8 where it gives integers (they already are what a client sends)."""
-    from dataclasses import replace
-
-    from pipeline.data.buckets import BUCKET_SEP, array_headers
-
-    if not scales:
-        return signature
-    integers = {key.split(BUCKET_SEP)[0] for key, (_, dtype) in array_headers(data).items() if dtype.kind in "iu"}
-    floats = set(scales) - integers
-    return replace(signature, inputs=tuple(replace(s, dtype=np.dtype(np.float32)) if s.name in floats else s for s in signature.inputs))
-
-
 def uint8_parity_from_models(fp32: Path, u8: Path, data: EvalData, dst: Path, *, atol: float, rtol: float, batch_size: int = 64) -> Path:
     """Gate the uint8 variant: its outputs on ``data``'s samples turned to uint8 against the FP32 model's on
     the same values as floats; write the report to ``dst`` (JSON); raise CheckFailed beyond ``atol + rtol·|FP32|``."""
@@ -170,11 +125,3 @@ def uint8_parity_from_models(fp32: Path, u8: Path, data: EvalData, dst: Path, *,
     log.info("uint8 input: outputs within %g + %g·|FP32| of FP32 on %d samples (max abs diff %s)", atol, rtol, samples,
              ", ".join(f"{n} {worst[n]:.2g}" for n in names))
     return dst
-
-
-def served_uint8_scales(model_dir: Path) -> dict[str, float]:
-    """The uint8 input scales of the newest version of a published model (``<model>/<version>/*.onnx``);
-    empty when it has none or is not an ONNX model."""
-    versions = sorted((int(p.name), p) for p in Path(model_dir).iterdir() if p.is_dir() and p.name.isdigit()) if Path(model_dir).is_dir() else []
-    files = sorted(versions[-1][1].glob("*.onnx")) if versions else []
-    return uint8_scales(files[0]) if files else {}

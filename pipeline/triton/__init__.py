@@ -2,5 +2,5 @@
 repository and its atomic publishing (local and S3), the embedded server and its supervisor, the
 served verification and its gate, and the production deploy bundle.
 
-May import: core, data, backend, accuracy, stages.
+May import: core, data, backend, accuracy.
 """

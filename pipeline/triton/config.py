@@ -35,10 +35,10 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from pipeline.data.artifacts import Artifact
 from pipeline.core.errors import PipelineError, require
-from pipeline.triton.accelerators import add_gpu_accelerators
+from pipeline.data.artifacts import Artifact
 from pipeline.data.tensors import ModelSignature, TensorSpec, signature_from_onnx
+from pipeline.triton.accelerators import add_gpu_accelerators
 
 if TYPE_CHECKING:
     from tritonclient.grpc.model_config_pb2 import ModelConfig

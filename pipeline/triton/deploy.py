@@ -30,7 +30,6 @@ from typing import Any
 
 from pipeline.core.errors import require
 from pipeline.core.objectstore import S3Url
-from pipeline.triton.s3repository import readable
 from pipeline.triton.accelerators import cache_setup_shell
 from pipeline.triton.bundle_files import (
     AWS_SECRETS,
@@ -51,6 +50,7 @@ from pipeline.triton.deploy_plans import CONTAINER_PLANS, SCRIPT as PLANS_SCRIPT
     load_plans_shell, plan_builds, plans_service, with_plans
 from pipeline.triton.ngc_releases import DEFAULT_IMAGE, NGC_REPOSITORY, check_image, ngc_tag, repository_needs
 from pipeline.triton.repository import read_repository
+from pipeline.triton.s3repository import readable
 from pipeline.triton.server_args import (
     ADMIN_HEADER,
     ADMIN_KEY_ENV,

@@ -33,8 +33,8 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from pipeline.core.errors import require
 from pipeline.backend.plan_runner import profile_for
+from pipeline.core.errors import require
 from pipeline.data.profiles import ShapeProfile, profiles_from_json, profiles_to_json
 
 if TYPE_CHECKING:

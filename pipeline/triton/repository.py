@@ -27,10 +27,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from pipeline.data.artifacts import Artifact
 from pipeline.core.errors import PipelineError, require
 from pipeline.core.fingerprint import hash_path
 from pipeline.core.pausepoints import pause_point
+from pipeline.data.artifacts import Artifact
 from pipeline.data.workspace import BUILD_REPORT
 from pipeline.triton.config import (
     WARMUP_DIR,

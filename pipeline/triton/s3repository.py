@@ -29,11 +29,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from pipeline.data.artifacts import Artifact
 from pipeline.core.errors import PipelineError, require
 from pipeline.core.fingerprint import hash_path
 from pipeline.core.objectstore import S3Url, s3_client
 from pipeline.core.pausepoints import pause_point
+from pipeline.data.artifacts import Artifact
 from pipeline.triton.config import config_text, parse_config
 from pipeline.triton.fsops import copy_artifact, write_synced
 from pipeline.triton.repository import CONFIG, OWNED, REPORT, checked_request, check_staged, model_filename, version_report

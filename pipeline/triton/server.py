@@ -38,12 +38,12 @@ from pathlib import Path
 from types import TracebackType
 
 from pipeline.core.errors import PipelineError, require
-from pipeline.core.objectstore import S3Url
-from pipeline.triton.s3repository import readable_configs
-from pipeline.triton.procs import client_host, exit_cause, free_ports, peek_exit, port_taken, wait_group_gone
-from pipeline.triton.servable import gpu_instance_models, require_cpu_int8_runs_here, require_gpu_runtime
 from pipeline.core.isolate import die_with_parent
+from pipeline.core.objectstore import S3Url
 from pipeline.core.progress import progress
+from pipeline.triton.procs import client_host, exit_cause, free_ports, peek_exit, port_taken, wait_group_gone
+from pipeline.triton.s3repository import readable_configs
+from pipeline.triton.servable import gpu_instance_models, require_cpu_int8_runs_here, require_gpu_runtime
 from pipeline.triton.servable import has_gpu, servable_models, write_view
 from pipeline.triton.server_args import ADMIN_HEADER, ADMIN_KEY_ENV, ServerArgs, redacted, tritonserver_args
 from pipeline.triton.server_log import PortInUseError, last_errors, startup_error

@@ -18,14 +18,14 @@ from typing import Any
 
 import numpy as np
 
-from pipeline.data.artifacts import WIRE_PRECISIONS, parse_variant
-from pipeline.core.errors import CheckFailed, PipelineError
-from pipeline.core.objectstore import S3Url
 from pipeline.accuracy.evaldata import EvalData
-from pipeline.core.progress import progress
 from pipeline.accuracy.gates import Gates
 from pipeline.accuracy.outputkinds import OutputKind
 from pipeline.backend.trt_seam import PolygraphyTensorRT, TensorRT
+from pipeline.core.errors import CheckFailed, PipelineError
+from pipeline.core.objectstore import S3Url
+from pipeline.core.progress import progress
+from pipeline.data.artifacts import WIRE_PRECISIONS, parse_variant
 from pipeline.triton.served_gate import AGAINST_FP32, ServedResult, gate_against_fp32, results_as_json, served_against_inprocess
 
 log = logging.getLogger(__name__)
@@ -150,7 +150,7 @@ def _fp32_on_same_values(endpoint: str, name: str, model_file: Path, data: EvalD
     """For a uint8-input variant: served FP32's outputs on the values it computed on (its uint8 samples × scale), so
     that it is judged for its graph, as its build's parity gate judged it, not for samples off the uint8 grid; None
     for other models, or without a served FP32 sibling."""
-    from pipeline.stages.uint8_input import dequantized, uint8_scales
+    from pipeline.data.uint8_wire import dequantized, uint8_scales
 
     base, _ = parse_variant(name) or (name, "")
     scales = uint8_scales(model_file)
@@ -251,8 +251,8 @@ def _plan(name: str, model: Any, base: str, given: EvalData | Path | None, calib
     """(version, model file, data with labels named, kinds) of one served model, or why it cannot be verified."""
     from pipeline.accuracy.evaldata import check_targets, eval_data_from_path, plain_labels_owner
     from pipeline.accuracy.outputkinds import decide_kinds, kinds_from_json, onnx_producers, output_info
-    from pipeline.stages.uint8_input import SCALE_KEY, float_inputs, quantized, uint8_scales
     from pipeline.data.tensors import load_onnx, signature_from_onnx
+    from pipeline.data.uint8_wire import SCALE_KEY, float_inputs, quantized, uint8_scales
     from pipeline.data.workspace import build_record_of_served, eval_data_of_served
 
     version = max(model.versions)

@@ -16,8 +16,8 @@ import os
 from pathlib import Path
 from typing import Any
 
-from pipeline.data.artifacts import VARIANT_NAME, Artifact
 from pipeline.core.errors import PipelineError, require
+from pipeline.data.artifacts import VARIANT_NAME, Artifact
 from pipeline.triton.config import config_text
 from pipeline.tune.tuner import ModelTune
 

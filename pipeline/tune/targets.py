@@ -27,8 +27,8 @@ from pipeline.loadtest.client import Endpoint, endpoint_from_url
 from pipeline.loadtest.metrics import default_metrics_endpoint
 from pipeline.loadtest.payload import ModelIO
 from pipeline.loadtest.targets import model_io_from_metadata
-from pipeline.tune.gpu_memory import EMBEDDED_REFRESH_MS, TRITON_DEFAULT_REFRESH_MS
 from pipeline.triton.server_args import ADMIN_HEADER, ADMIN_KEY_ENV
+from pipeline.tune.gpu_memory import EMBEDDED_REFRESH_MS, TRITON_DEFAULT_REFRESH_MS
 
 if TYPE_CHECKING:
     from tritonclient.grpc.model_config_pb2 import ModelConfig

@@ -27,9 +27,9 @@ from pipeline.loadtest.client import post_request_bytes
 from pipeline.loadtest.engine import HttpEngine
 from pipeline.loadtest.measure import WindowSettings, measure
 from pipeline.loadtest.policy import ClosedLoop, OpenLoop, Policy
+from pipeline.loadtest.request_check import check_request
 from pipeline.loadtest.runner import LoadTestSettings, point_from_measurement
 from pipeline.loadtest.server_stats import fetch_counters
-from pipeline.loadtest.request_check import check_request
 from pipeline.tune.gpu_memory import MIB, GpuMemory, MemoryMeter, Reading, record
 from pipeline.tune.space import Candidate
 from pipeline.tune.targets import LoadRejected, Target

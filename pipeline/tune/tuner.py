@@ -12,9 +12,10 @@ from typing import TYPE_CHECKING, Any
 
 from pipeline.core.errors import PipelineError, require
 from pipeline.core.fingerprint import hash_path, hash_settings
-from pipeline.loadtest import payload as pl
 from pipeline.core.options import CALIBRATION_ROOT, DEFAULT_REPOSITORY
+from pipeline.loadtest import payload as pl
 from pipeline.tune.cache import TrialCache, trial_key
+from pipeline.tune.gpu_memory import MemoryMeter
 from pipeline.tune.policy import search_policy
 from pipeline.tune.space import (
     Candidate,
@@ -26,7 +27,6 @@ from pipeline.tune.space import (
     search_space,
 )
 from pipeline.tune.targets import Target
-from pipeline.tune.gpu_memory import MemoryMeter
 from pipeline.tune.trial import Requests, Trial, TrialSettings, memory_meter, run_trial
 
 if TYPE_CHECKING:

@@ -14,9 +14,9 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 from pipeline.accuracy.compare import OutputStats, compare_runners
-from pipeline.core.errors import PipelineError
 from pipeline.accuracy.outputkinds import OutputKind
 from pipeline.backend.runners import runner_for_onnx
+from pipeline.core.errors import PipelineError
 
 PROBS = {"probs": OutputKind("probs", "classes", "test", classes=3)}
 

@@ -8,8 +8,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from pipeline.core.errors import PipelineError
 from pipeline.accuracy.evaldata import eval_data_from_npz, synthetic_eval_data
+from pipeline.core.errors import PipelineError
 from pipeline.data.tensors import ModelSignature, TensorSpec
 
 SIGNATURE = ModelSignature(

@@ -11,11 +11,11 @@ import numpy as np
 import pytest
 
 from pipeline.accuracy.compare import new_comparison
-from pipeline.core.errors import PipelineError
 from pipeline.accuracy.evaldata import UNNAMED, check_targets
 from pipeline.accuracy.gates import Gates, tolerance_for
 from pipeline.accuracy.judging import VariantResult, judge_comparison
 from pipeline.accuracy.outputkinds import OutputKind, decide_kinds, parse_output_kinds
+from pipeline.core.errors import PipelineError
 from pipeline.data.tensors import ModelSignature, TensorSpec
 from tests.judged import judge as judged
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from pipeline.core.errors import PipelineError
 from pipeline.accuracy.outputkinds import KINDS, decide_kinds
+from pipeline.core.errors import PipelineError
 from pipeline.data.tensors import ModelSignature, TensorSpec
 
 NUMERIC = [np.float16, np.float32, np.float64, np.int8, np.int16, np.int32, np.int64, np.uint8, np.uint16, np.bool_]

@@ -16,11 +16,11 @@ import numpy as np
 import pytest
 
 from pipeline.accuracy.compare import new_comparison
-from pipeline.core.errors import PipelineError
 from pipeline.accuracy.outputkinds import (DESCRIPTION_FILE, OutputKind, _loss_name, _losses_by_output, check_override_names, compile_config_of_archive,
                                   compile_config_of_model, decide_kinds, describe_keras_outputs,
                                   describe_kinds, kinds_from_json, kinds_to_json, log_kinds, output_info, parse_output_kinds, primary_classes_output,
                                   onnx_producers, read_description, signature_from_description)
+from pipeline.core.errors import PipelineError
 from pipeline.data.tensors import ModelSignature, TensorSpec
 
 

@@ -9,8 +9,8 @@ import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from pipeline.core.errors import PipelineError
 from pipeline.backend.onnxrt import session_from_onnx
+from pipeline.core.errors import PipelineError
 from tests.onnx_graphs import BIAS_B, BIAS_W, bias_model
 
 

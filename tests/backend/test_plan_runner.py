@@ -11,12 +11,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from pipeline.data.artifacts import Artifact
+from pipeline.backend.plan_runner import plan_max_batch, profile_for, runner_for_plan
 from pipeline.core.errors import PipelineError
+from pipeline.data.artifacts import Artifact
+from pipeline.data.profiles import ShapeProfile
 from pipeline.stages.accuracy import gate_batch
 from pipeline.stages.engine import EngineSettings, engine_from_onnx, metadata_path, read_engine_metadata
-from pipeline.backend.plan_runner import plan_max_batch, profile_for, runner_for_plan
-from pipeline.data.profiles import ShapeProfile
 from tests.stages.test_engine import tiny_onnx
 from tests.trt_standin import StandInRefused, StandInTensorRT
 

@@ -9,8 +9,8 @@ import numpy as np
 import onnxruntime as ort
 import pytest
 
-from pipeline.build.orchestrator import build
 from pipeline.build.config import BuildConfig, Gates
+from pipeline.build.orchestrator import build
 from pipeline.core.errors import PipelineError
 from pipeline.data.tensors import signature_from_onnx
 from tests.conftest import ROOT, cli, one_line_error

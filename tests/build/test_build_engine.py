@@ -20,10 +20,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from pipeline.commands.build import config_from_args, run_build
-from pipeline.cli import make_parser
-from pipeline.data.profiles import ShapeProfile, profiles_from_json
 from pipeline.backend.trt_rtx import rtx_version
+from pipeline.cli import make_parser
+from pipeline.commands.build import config_from_args, run_build
+from pipeline.data.profiles import ShapeProfile, profiles_from_json
 from pipeline.triton.config import parse_config
 from tests.trt_standin import StandInTensorRT, real_builder
 

@@ -139,10 +139,10 @@ def test_legacy_tf_keras_savedmodel_converts_as_a_savedmodel_without_running_its
     import tf_keras
 
     from pipeline.accuracy.evaldata import synthetic_eval_data
+    from pipeline.data.tensors import signature_from_onnx
     from pipeline.stages.onnx_export import MIN_OPSET, onnx_from_savedmodel
     from pipeline.stages.parity import parity_report_from_models
     from pipeline.stages.source import model_source
-    from pipeline.data.tensors import signature_from_onnx
 
     model = tf_keras.models.load_model(_tf_keras_h5(tmp_path, lambda_layer=True), compile=False)  # the test's own file
     model.save(tmp_path / "legacy")

@@ -13,14 +13,14 @@ from typing import Any
 
 import pytest
 
-from pipeline.data.artifacts import Artifact
-from pipeline.core.errors import PipelineError
 from pipeline.accuracy.gates import Gates
-from pipeline.inspect.report import inspection_from_model
-from pipeline.build.publish import PublishSettings, check_repository_plans
-from pipeline.stages.engine import metadata_path
 from pipeline.backend.plan_binding import PlanBinding, check_plan, same_tensorrt
 from pipeline.backend.tensorrt_env import GpuInfo
+from pipeline.build.publish import PublishSettings, check_repository_plans
+from pipeline.core.errors import PipelineError
+from pipeline.data.artifacts import Artifact
+from pipeline.inspect.report import inspection_from_model
+from pipeline.stages.engine import metadata_path
 from pipeline.triton.verify import verify_repository
 from tests.trt_standin import StandInTensorRT
 
@@ -113,9 +113,9 @@ def test_inspect_reads_a_plan_through_the_seam_with_host_code_refused(tmp_path: 
     standin = StandInTensorRT()
     onnx_path = tmp_path / "m.onnx"
     from tests.stages.test_engine import tiny_onnx
+    from pipeline.data.tensors import signature_from_onnx
     from pipeline.stages.engine import EngineSettings, engine_from_onnx
     from pipeline.stages.shapes import profiles_from_args
-    from pipeline.data.tensors import signature_from_onnx
 
     tiny_onnx(onnx_path)
     profiles = tuple(profiles_from_args([], signature_from_onnx(onnx_path), max_batch=4))

@@ -15,7 +15,6 @@ import pytest
 import yaml
 from onnx import TensorProto, helper, numpy_helper
 
-from pipeline.data.artifacts import Artifact
 from pipeline.accuracy.evaldata import synthetic_eval_data
 from pipeline.build.publish import (
     PublishSettings,
@@ -25,6 +24,7 @@ from pipeline.build.publish import (
     published_from_artifacts,
     repository_from_artifacts,
 )
+from pipeline.data.artifacts import Artifact
 from pipeline.data.tensors import signature_from_onnx
 from pipeline.triton.config import parse_config
 

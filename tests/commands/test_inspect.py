@@ -15,8 +15,8 @@ import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from pipeline.core.errors import PipelineError
 from pipeline.backend.trt_support import check_onnx, op_counts, summarize, support_data, warn_unparsable
+from pipeline.core.errors import PipelineError
 from tests.conftest import cli, one_line_error
 
 F = TensorProto.FLOAT

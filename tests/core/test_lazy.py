@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from pipeline.core.lazy import import_optional
 from pipeline.core.errors import PipelineError
+from pipeline.core.lazy import import_optional
 
 ROOT = Path(__file__).resolve().parents[2]
 

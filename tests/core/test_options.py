@@ -9,15 +9,15 @@ from pathlib import Path
 
 import pytest
 
-from pipeline.cli import make_parser
-from pipeline.build.config import BuildConfig
-from pipeline.core.errors import PipelineError
 from pipeline.accuracy.gates import Gates
-from pipeline.commands.mig_plan import MigPlanConfig
-from pipeline.core.options import as_mapping, config_from_values, fields_of, values_from_mapping
+from pipeline.build.config import BuildConfig
+from pipeline.cli import make_parser
 from pipeline.commands.deploy import DeployConfig
+from pipeline.commands.mig_plan import MigPlanConfig
 from pipeline.commands.serve import ServeConfig
 from pipeline.commands.verify import VerifyConfig
+from pipeline.core.errors import PipelineError
+from pipeline.core.options import as_mapping, config_from_values, fields_of, values_from_mapping
 
 
 def _subparser(name: str) -> argparse.ArgumentParser:

@@ -7,8 +7,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from pipeline.data.arrays import checked_inputs, load_npz
 from pipeline.core.errors import PipelineError
+from pipeline.data.arrays import checked_inputs, load_npz
 from pipeline.data.tensors import ModelSignature, TensorSpec
 
 SIGNATURE = ModelSignature(

@@ -8,9 +8,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from pipeline.data.buckets import array_shapes, sample_shapes
-from pipeline.core.errors import PipelineError
 from pipeline.accuracy.evaldata import eval_data_from_path
+from pipeline.core.errors import PipelineError
+from pipeline.data.buckets import array_shapes, sample_shapes
 from pipeline.data.tensors import ModelSignature, TensorSpec
 
 TOKENS = TensorSpec("tokens", np.dtype("int32"), ("batch", "tokens_dim1"))

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from pipeline.core.errors import PipelineError
 from pipeline.commands.loadtest import register
+from pipeline.core.errors import PipelineError
 
 FAST = ["--window-ms", "300", "--warmup-ms", "200", "--max-seconds", "2", "--timeout-ms", "2000"]
 

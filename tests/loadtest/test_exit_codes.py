@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from pipeline.core.errors import PipelineError
 from pipeline.commands.loadtest import register
+from pipeline.core.errors import PipelineError
 from tests.conftest import ROOT, cli, interrupt_when_ready, one_line_error, popen_interruptible
 
 FAST = ["--window-ms", "300", "--warmup-ms", "200", "--max-seconds", "2", "--timeout-ms", "2000"]

@@ -38,8 +38,8 @@ def test_two_workers_give_one_point_whose_counts_are_tritons(server: object, wor
 def test_a_worker_killed_mid_point_is_named_and_the_others_are_kept(server: object, workspace: Path) -> None:
     s = settings(server, workspace, [ClosedLoop(2)])
     endpoint = endpoint_from_url(server.http_url)  # type: ignore[attr-defined]
-    from pipeline.loadtest.runner import _targets
     from pipeline.loadtest import payload as pl
+    from pipeline.loadtest.runner import _targets
     from pipeline.loadtest.targets import model_io
 
     io = model_io(endpoint, "add")

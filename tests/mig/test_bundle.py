@@ -344,10 +344,10 @@ def test_launch_script_starts_real_tritonservers_with_profile_configs(tmp_path: 
 
 def test_the_bundle_image_is_checked_against_the_ngc_release_table(plan: MigPlan, tiny_onnx: Path, tmp_path: Path) -> None:
     """As deploy: a tag older than the configs need is refused in one line; a listed one loads the planned models."""
-    from pipeline.data.artifacts import Artifact
     from pipeline.core.errors import PipelineError
-    from pipeline.mig.bundle import write_bundle
+    from pipeline.data.artifacts import Artifact
     from pipeline.data.tensors import signature_from_onnx
+    from pipeline.mig.bundle import write_bundle
     from pipeline.triton.config import model_config_from_artifact
     from pipeline.triton.repository import publish_repository
 

@@ -12,8 +12,8 @@ import yaml
 from google.protobuf import text_format
 from tritonclient.grpc.model_config_pb2 import DataType, ModelConfig
 
-from pipeline.core.errors import PipelineError
 from pipeline.commands.mig_plan import register
+from pipeline.core.errors import PipelineError
 from pipeline.triton.config import config_text
 
 from .conftest import NVIDIA_SMI_L_H200, tiny_mlp

@@ -17,8 +17,6 @@ from pipeline.mig.configs import (
     profile_configs,
     write_profile_configs,
 )
-from pipeline.triton.config import config_text, model_config_path, read_model_config
-from pipeline.triton.repository import read_repository
 from pipeline.mig.layout import parse_layout
 from pipeline.mig.memory import (
     MemoryEstimate,
@@ -27,6 +25,8 @@ from pipeline.mig.memory import (
 )
 from pipeline.mig.plan import GIB, plan_instances
 from pipeline.mig.profiles import builtin_gpu
+from pipeline.triton.config import config_text, model_config_path, read_model_config
+from pipeline.triton.repository import read_repository
 
 H200 = builtin_gpu("H200-141GB")
 

@@ -24,9 +24,9 @@ from pipeline.mig.bundle import write_bundle
 from pipeline.mig.k8s import ADAPTER_RULE, KSERVE_RUNTIME, QUEUE_METRIC, startup_budget_s
 from pipeline.mig.layout import parse_layout
 from pipeline.mig.memory import MemoryEstimate, memory_from_onnx
-from pipeline.mig.servers import BundleSettings, mig_resource
 from pipeline.mig.plan import GIB, MigPlan, plan_instances
 from pipeline.mig.profiles import builtin_gpu
+from pipeline.mig.servers import BundleSettings, mig_resource
 
 K8S_VERSION = "1.37.0"
 CUSTOM = {("monitoring.coreos.com/v1", "ServiceMonitor"), ("serving.kserve.io/v1beta1", "InferenceService")}

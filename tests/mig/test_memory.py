@@ -9,7 +9,6 @@ import numpy as np
 import pytest
 
 from pipeline.core.errors import PipelineError
-from pipeline.triton.accelerators import TRT_WORKSPACE_BYTES
 from pipeline.mig.memory import (
     INSTANCE_OVERHEAD_BYTES,
     activation_bytes,
@@ -17,6 +16,7 @@ from pipeline.mig.memory import (
     memory_from_engine_metadata,
     memory_from_onnx,
 )
+from pipeline.triton.accelerators import TRT_WORKSPACE_BYTES
 
 TINY_WEIGHTS = (16 * 32 + 32 * 10) * 4
 

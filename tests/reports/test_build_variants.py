@@ -14,12 +14,12 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 from PIL import Image
 
+from pipeline.accuracy.evaldata import EvalData
 from pipeline.data.artifacts import Artifact
 from pipeline.reports.build_tables import accuracy_data, figure_text, limit_text, stage_data, stage_seconds, stage_status, stage_total
-from pipeline.reports.variants import published_data, size_text, variant_notes, variant_rows, variants_data
-from pipeline.accuracy.evaldata import EvalData
-from pipeline.stages.latency import latency_report_from_variants
 from pipeline.reports.variant_chart import variant_chart_png
+from pipeline.reports.variants import published_data, size_text, variant_notes, variant_rows, variants_data
+from pipeline.stages.latency import latency_report_from_variants
 
 
 def _softmax_model(path: Path) -> Path:

@@ -9,8 +9,8 @@ import pytest
 from PIL import Image
 
 from pipeline.core.errors import PipelineError
-from pipeline.stages.calibration import CalibrationData, calibration_from_path
 from pipeline.data.tensors import ModelSignature, TensorSpec
+from pipeline.stages.calibration import CalibrationData, calibration_from_path
 
 F32 = np.dtype(np.float32)
 IMAGE = ModelSignature(inputs=(TensorSpec("image", F32, ("batch", 8, 8, 1)),), outputs=(TensorSpec("probs", F32, ("batch", 10)),))

@@ -15,12 +15,12 @@ import onnx
 import pytest
 from onnx import numpy_helper
 
-from pipeline.core.errors import PipelineError
 from pipeline.accuracy.evaldata import synthetic_eval_data
+from pipeline.core.errors import PipelineError
+from pipeline.data.tensors import SIGNATURE, signature_from_onnx
 from pipeline.stages.onnx_export import MIN_OPSET, onnx_from_savedmodel, tf2onnx_command
 from pipeline.stages.parity import parity_report_from_models
 from pipeline.stages.savedmodel import input_names, output_names, savedmodel_from_keras
-from pipeline.data.tensors import SIGNATURE, signature_from_onnx
 
 pytestmark = pytest.mark.slow
 

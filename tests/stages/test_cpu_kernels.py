@@ -19,13 +19,13 @@ import onnxruntime as ort
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from pipeline.core.errors import PipelineError
-from pipeline.stages.calibration import calibration_from_path
 from pipeline.backend.cpu_kernels import (METADATA_KEY, SAFE_WEIGHT, check_runs_here, cpu_flags, describe_cpu, has_vnni, kernels_from_weights,
                                          kernels_of_model)
+from pipeline.core.errors import PipelineError
+from pipeline.data.tensors import signature_from_onnx
+from pipeline.stages.calibration import calibration_from_path
 from pipeline.stages.int8 import quantized_onnx_from_onnx
 from pipeline.stages.int8_cpu import CPU_RECIPE, cpu_int8_onnx_from_onnx
-from pipeline.data.tensors import signature_from_onnx
 
 K = 64
 

@@ -19,8 +19,13 @@ from typing import Any
 
 import pytest
 
-from pipeline.core.errors import PipelineError
 from pipeline.backend import tensorrt_env
+from pipeline.backend.plan_runner import runner_for_plan
+from pipeline.backend.tensorrt_env import GpuInfo, tensorrt_status
+from pipeline.backend.trt_seam import PolygraphyTensorRT
+from pipeline.core.errors import PipelineError
+from pipeline.data.profiles import ShapeProfile
+from pipeline.data.tensors import signature_from_onnx
 from pipeline.stages.engine import (
     EngineSettings,
     IOTensor,
@@ -30,12 +35,7 @@ from pipeline.stages.engine import (
     read_engine_metadata,
     write_engine_metadata,
 )
-from pipeline.backend.plan_runner import runner_for_plan
-from pipeline.backend.trt_seam import PolygraphyTensorRT
-from pipeline.backend.tensorrt_env import GpuInfo, tensorrt_status
-from pipeline.data.profiles import ShapeProfile
 from pipeline.stages.shapes import profiles_from_args
-from pipeline.data.tensors import signature_from_onnx
 
 ROOT = Path(__file__).resolve().parents[2]
 NO_TENSORRT = importlib.util.find_spec("tensorrt") is None

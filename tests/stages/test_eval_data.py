@@ -9,9 +9,9 @@ import numpy as np
 import pytest
 
 from pipeline.core.errors import PipelineError
+from pipeline.data.tensors import ModelSignature, TensorSpec
 from pipeline.stages.calibration import MIN_SAMPLES, calibration_from_path, proportional_shares
 from pipeline.stages.eval_data import HOLDOUT_MIN, SYNTHETIC_SAMPLES, eval_data_for
-from pipeline.data.tensors import ModelSignature, TensorSpec
 
 SEQ = ModelSignature(inputs=(TensorSpec("tokens", np.dtype(np.int64), ("batch", "seq")),), outputs=(TensorSpec("y", np.dtype(np.float32), ("batch", 2)),))
 COUNTS = {8: 221, 12: 221, 16: 221, 20: 1}  # three large length buckets and a single sample of a fourth length

@@ -11,8 +11,8 @@ import onnx
 import pytest
 from onnx import TensorProto, helper
 
-from pipeline.core.errors import PipelineError
 from pipeline.backend.onnxrt import session_from_onnx
+from pipeline.core.errors import PipelineError
 from pipeline.stages.fp16 import fp16_onnx_from_onnx
 
 vi = helper.make_tensor_value_info

@@ -11,15 +11,15 @@ import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from pipeline.core.errors import PipelineError
 from pipeline.backend.onnxrt import session_from_onnx
+from pipeline.core.errors import PipelineError
+from pipeline.data.tensors import signature_from_onnx
 from pipeline.stages.calibration import calibration_from_path
 from pipeline.stages.int8 import (
     QUANTIZED_OP_TYPES,
     check_qdq_int8_symmetric,
     qdq_onnx_from_onnx,
 )
-from pipeline.data.tensors import signature_from_onnx
 
 vi = helper.make_tensor_value_info
 

@@ -11,12 +11,12 @@ import onnxruntime as ort
 import pytest
 from onnx import numpy_helper
 
-from pipeline.core.errors import PipelineError
 from pipeline.backend.onnxrt import session_from_onnx
+from pipeline.core.errors import PipelineError
+from pipeline.data.tensors import signature_from_onnx
 from pipeline.stages.calibration import calibration_from_path
 from pipeline.stages.int8 import check_qdq_int8_symmetric, qdq_onnx_from_onnx
 from pipeline.stages.int8_cpu import check_qdq_uint8_activations, cpu_int8_onnx_from_onnx
-from pipeline.data.tensors import signature_from_onnx
 
 
 @pytest.fixture(scope="module")

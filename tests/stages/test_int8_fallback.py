@@ -77,15 +77,15 @@ def test_an_optional_variant_that_fails_its_gate_is_marked_left_out_not_raised(d
     optional (the build drops it), and fails the stage when it was asked for."""
     import json
 
-    from pipeline.data.artifacts import Artifact
-    from pipeline.core.errors import CheckFailed
     from pipeline.accuracy.evaldata import EvalData
     from pipeline.accuracy.gates import Gates
     from pipeline.accuracy.outputkinds import decide_kinds, kinds_to_json
+    from pipeline.core.errors import CheckFailed
+    from pipeline.data.artifacts import Artifact
+    from pipeline.data.tensors import signature_from_onnx
     from pipeline.stages.accuracy import accuracy_report_from_variants
     from pipeline.stages.calibration import calibration_from_path
     from pipeline.stages.int8_cpu import cpu_int8_onnx_from_onnx
-    from pipeline.data.tensors import signature_from_onnx
 
     signature = signature_from_onnx(digits_convnet.model)
     cpu = cpu_int8_onnx_from_onnx(digits_convnet.model, tmp_path / "int8cpu.onnx", calibration_from_path(digits_convnet.calib, signature))

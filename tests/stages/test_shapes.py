@@ -10,8 +10,8 @@ import pytest
 
 from pipeline.core.errors import PipelineError
 from pipeline.data.profiles import ShapeProfile, format_shape_spec, profiles_from_json, profiles_to_json
-from pipeline.stages.shapes import SeenBucket, batch_axis, data_range, profiles_from_args, seen_in_files, calibration_hints
 from pipeline.data.tensors import ModelSignature, TensorSpec, signature_from_onnx
+from pipeline.stages.shapes import SeenBucket, batch_axis, data_range, profiles_from_args, seen_in_files, calibration_hints
 
 F32 = np.dtype("float32")
 IMAGE = TensorSpec("image", F32, ("batch", 8, 8, 1))

@@ -16,10 +16,10 @@ import onnx
 import pytest
 from onnx import TensorProto, helper
 
-from pipeline.stages.engine import EngineSettings
-from pipeline.data.profiles import ShapeProfile
-from pipeline.stages.trt_check import problems_of, trt_check_from_onnx
 from pipeline.backend.trt_support import summarize, version_gated
+from pipeline.data.profiles import ShapeProfile
+from pipeline.stages.engine import EngineSettings
+from pipeline.stages.trt_check import problems_of, trt_check_from_onnx
 from tests.conftest import cli, one_line_error
 from tests.trt_standin import has_real_builder, real_builder
 

@@ -10,10 +10,11 @@ import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from pipeline.core.errors import CheckFailed, PipelineError
 from pipeline.accuracy.evaldata import EvalBucket, EvalData
 from pipeline.backend.onnxrt import session_from_onnx
-from pipeline.stages.uint8_input import SCALE_KEY, quantized, uint8_input_onnx_from_onnx, uint8_parity_from_models, uint8_scales
+from pipeline.core.errors import CheckFailed, PipelineError
+from pipeline.data.uint8_wire import SCALE_KEY, quantized, uint8_scales
+from pipeline.stages.uint8_input import uint8_input_onnx_from_onnx, uint8_parity_from_models
 
 
 def image_model(path: Path, rng: np.random.Generator) -> Path:

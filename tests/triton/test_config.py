@@ -13,8 +13,8 @@ from onnx import TensorProto, helper, numpy_helper
 from publish_harness import two_io_onnx, warmup_data
 from tritonclient.grpc import model_config_pb2 as mc
 
-from pipeline.data.artifacts import Artifact, parse_variant
 from pipeline.core.errors import PipelineError
+from pipeline.data.artifacts import Artifact, parse_variant
 from pipeline.data.tensors import signature_from_onnx
 from pipeline.triton.config import (
     check_config_against_engine,

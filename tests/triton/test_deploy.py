@@ -28,15 +28,15 @@ import pytest
 import yaml
 from publish_harness import publish_two, two_io_onnx
 
-from pipeline.data.artifacts import Artifact
+from pipeline.commands.deploy import register
 from pipeline.core.errors import PipelineError
+from pipeline.data.artifacts import Artifact
 from pipeline.data.tensors import signature_from_onnx
 from pipeline.triton.accelerators import TRT_CACHE_PREFIX, gpu_accelerator_parameters
 from pipeline.triton.config import model_config_from_artifact, parse_config
 from pipeline.triton.deploy import DEFAULT_IMAGE, server_args, write_deploy_bundle
-from pipeline.triton.repository import publish_repository
-from pipeline.commands.deploy import register
 from pipeline.triton.ngc_releases import ONNXRUNTIME_LIMITS, OPTIONAL_FIELDS, RELEASES, ModelNeeds, NgcRelease, check_image
+from pipeline.triton.repository import publish_repository
 from pipeline.triton.server_args import shell_command, tritonserver_args
 
 RESTRICTED = "model-repository,model-config,shared-memory,trace,logging"

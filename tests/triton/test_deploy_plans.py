@@ -17,10 +17,10 @@ import pytest
 import yaml
 from onnx import TensorProto, helper
 
-from pipeline.data.artifacts import Artifact
 from pipeline.accuracy.evaldata import EvalBucket, EvalData
-from pipeline.core.errors import PipelineError
 from pipeline.build.publish import PublishSettings, repository_from_artifacts
+from pipeline.core.errors import PipelineError
+from pipeline.data.artifacts import Artifact
 from pipeline.data.profiles import ShapeProfile
 from pipeline.triton.config import parse_config
 from pipeline.triton.deploy import write_deploy_bundle

@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 
 from pipeline.build.orchestrator import check_plans_load_in_image
-from pipeline.commands.build import config_from_args, run_build
 from pipeline.cli import make_parser
+from pipeline.commands.build import config_from_args, run_build
 from pipeline.core.errors import PipelineError
 from pipeline.triton.ngc_releases import (
     RELEASES,

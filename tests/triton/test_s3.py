@@ -24,9 +24,9 @@ import onnx
 import pytest
 from onnx import numpy_helper
 
-from pipeline.data.artifacts import Artifact
 from pipeline.core.errors import PipelineError
 from pipeline.core.objectstore import S3Url, repository_from_text
+from pipeline.data.artifacts import Artifact
 from pipeline.triton.config import parse_config
 from pipeline.triton.s3repository import local_copy, publish_s3_repository
 from pipeline.triton.server import TritonServer

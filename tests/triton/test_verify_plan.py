@@ -20,12 +20,12 @@ import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from pipeline.core.errors import CheckFailed, PipelineError
 from pipeline.accuracy.evaldata import EvalBucket, EvalData
 from pipeline.accuracy.gates import Gates
 from pipeline.accuracy.outputkinds import OutputKind
 from pipeline.backend.tensorrt_env import GpuInfo
 from pipeline.backend.trt_seam import PolygraphyTensorRT
+from pipeline.core.errors import CheckFailed, PipelineError
 from pipeline.triton.repository import read_repository
 from pipeline.triton.served_gate import ServedResult
 from pipeline.triton.verify import (_check_plans_at_hand, _fix_for, _plan, _planned, _recorded_gates, _servable_models, _served_atol, _verdict,

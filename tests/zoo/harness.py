@@ -149,10 +149,10 @@ def _gates(report: dict) -> dict[str, dict]:
 
 def serve_zoo_model(entry: ZooModel, root: Path, run: ZooRun) -> ZooRun:
     """Start the embedded tritonserver on the repository, `verify` every variant, load-test once at c=4."""
-    from pipeline.core.errors import PipelineError
     from pipeline.accuracy.gates import Gates
-    from pipeline.triton.server import TritonServer
+    from pipeline.core.errors import PipelineError
     from pipeline.triton.served_gate import SERVED_ATOL
+    from pipeline.triton.server import TritonServer
     from pipeline.triton.verify import verify_repository
 
     paths = root_paths(root)
@@ -195,9 +195,9 @@ def served_per_length(url: str, repository: Path, model: str, eval_npz: Path) ->
     import tritonclient.http as http
     from tritonclient.utils import np_to_triton_dtype
 
+    from pipeline.backend.onnxrt import session_from_onnx
     from pipeline.data.arrays import load_npz
     from pipeline.data.buckets import split_buckets
-    from pipeline.backend.onnxrt import session_from_onnx
     from pipeline.data.tensors import signature_from_onnx
 
     version = max(int(p.name) for p in (repository / model).iterdir() if p.name.isdigit())

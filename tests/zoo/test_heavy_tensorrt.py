@@ -19,6 +19,7 @@ from pathlib import Path
 import keras
 import pytest
 
+from pipeline.data.tensors import signature_from_onnx
 from pipeline.stages.calibration import calibration_from_path
 from pipeline.stages.engine import EngineSettings
 from pipeline.stages.fp16 import fp16_onnx_from_onnx
@@ -27,7 +28,6 @@ from pipeline.stages.onnx_export import onnx_from_savedmodel
 from pipeline.stages.savedmodel import savedmodel_from_keras
 from pipeline.stages.shapes import profiles_from_args
 from pipeline.stages.trt_check import trt_check_from_onnx
-from pipeline.data.tensors import signature_from_onnx
 from tests.trt_standin import real_builder
 from tests.zoo.models import ZOO, write_data
 
