@@ -54,7 +54,7 @@ def test_the_default_tolerance_passes_float32_summed_in_another_order_and_fails_
     """Outputs near 300 that TensorFlow (oneDNN) and ONNX Runtime sum in another order on an AMX CPU differ by four
     float32 spacings (1.22e-4, 3.5e-7 of the value): past the default atol alone, within the default rtol. A bias of
     0.05 left out of the graph is not."""
-    from pipeline.gates import Gates
+    from pipeline.accuracy.gates import Gates
 
     gates = Gates()
     ref = np.linspace(250.0, 350.0, 64, dtype=np.float32).reshape(16, 4)
