@@ -41,6 +41,8 @@ class OutputStats:
     nonfinite_samples: int = 0
     _sq_diff: float = 0.0
     _sq_ref: float = 0.0
+    tolerance: tuple[float, float] | None = None  # (atol, rtol): count the values past atol + rtol·|reference|
+    beyond: int = 0  # values past the tolerance (with one)
 
     def add(self, ref: np.ndarray, out: np.ndarray) -> None:
         ref64, out64 = ref.astype(np.float64), out.astype(np.float64)
@@ -74,10 +76,14 @@ class OutputStats:
             self.mean_cosine = (self.mean_cosine * self.samples + float(cosine.sum())) / (self.samples + count)
             self.min_cosine = min(self.min_cosine, float(cosine.min()))
             self.samples += count
+        if self.tolerance is not None and n:  # element by element, as numpy.allclose: each value's own magnitude
+            atol, rtol = self.tolerance
+            self.beyond += int((diff > atol + rtol * np.abs(ref64)).sum())
 
     def as_dict(self) -> dict:
-        """JSON form (running sums left out)."""
-        return {k: v for k, v in asdict(self).items() if not k.startswith("_")}
+        """JSON form (running sums left out; the tolerance and its count only where one was given)."""
+        unasked = {"tolerance", "beyond"} if self.tolerance is None else set()
+        return {k: v for k, v in asdict(self).items() if not k.startswith("_") and k not in unasked}
 
 
 @dataclass
@@ -88,6 +94,7 @@ class Comparison:
     samples: int = 0
     outputs: dict[str, OutputStats] = field(default_factory=dict)
     tasks: dict[str, TaskStats] = field(default_factory=dict)
+    tolerance: tuple[float, float] | None = None  # (atol, rtol) each output's values are counted against
 
     def summary(self, output: str) -> dict[str, float | None]:
         """The task metric of ``output`` (accuracy, R², mIoU) for the candidate and FP32, and agreement."""
@@ -98,7 +105,7 @@ class Comparison:
         """One batch: every output of the reference and of the candidate, and the labels of the outputs that have them."""
         for key, ref_value in ref.items():
             ref_array, out_array = np.asarray(ref_value), np.asarray(out[key])
-            self.outputs.setdefault(key, OutputStats()).add(ref_array, out_array)
+            self.outputs.setdefault(key, OutputStats(tolerance=self.tolerance)).add(ref_array, out_array)
             if key in self.tasks:
                 self.tasks[key].add(ref_array, out_array, target.get(key))
         self.samples += len(next(iter(ref.values())))
@@ -117,16 +124,20 @@ def compare_runners(
     kinds: Mapping[str, OutputKind] | None = None,
     targets: Iterator[Mapping[str, np.ndarray]] | None = None,
     threshold: float = 0.5,
+    tolerance: tuple[float, float] | None = None,
 ) -> list[Comparison]:
     """Run ``reference`` and ``candidates`` on every batch; return one Comparison per candidate.
 
     ``kinds`` (output → kind) adds each output's task statistics; ``targets`` yields, batch by batch in
     step with ``batches``, the labels of the outputs that have them; ``threshold`` is the decision
-    threshold of binary and multi-label outputs.
+    threshold of binary and multi-label outputs; ``tolerance`` ``(atol, rtol)`` counts, per output, the values
+    farther from the reference's than ``atol + rtol·|reference|`` (:attr:`OutputStats.beyond`).
     """
     from polygraphy.comparator import Comparator
 
     results = {c.name: new_comparison(c.name, kinds, threshold) for c in candidates}
+    for comparison in results.values():
+        comparison.tolerance = tolerance
     stream = Comparator.run([reference, *candidates], data_loader=batches, streaming=True)
     try:
         for run in stream:

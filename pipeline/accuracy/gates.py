@@ -39,10 +39,12 @@ def confidence_option() -> Any:
 class Gates:
     """Every accuracy tolerance of a build (and of ``verify``). Drops are in points of top-1 accuracy."""
 
-    parity_atol: float = option(1e-4, "max abs difference ONNX vs TensorFlow per output", check=non_negative, group="conversion")
+    parity_atol: float = option(1e-4, "ONNX vs TensorFlow: the absolute part of each value's tolerance (see --parity-rtol)", check=non_negative,
+                                group="conversion")
     # Never 0 by default: TensorFlow (oneDNN) and ONNX Runtime sum float32 in different orders on each CPU kind (AVX2,
     # AVX-512 VNNI, AMX), a few 1e-7 of the value apart (3.5e-7 for outputs near 300 on AMX: past a 1e-4 atol).
-    parity_rtol: float = option(1e-5, "alternatively, max relative difference ONNX vs TensorFlow (0 = off)", check=non_negative, group="conversion")
+    parity_rtol: float = option(1e-5, "ONNX vs TensorFlow: each value within --parity-atol + this × |TensorFlow's value|", check=non_negative,
+                                group="conversion")
     fp16_max_drop: float = fp16_max_drop_option()
     fp16_atol: float | None = option(1e-2, "max abs error of FP16 outputs (regression outputs: see --fp16-max-rel-error)", check=non_negative, group=GATE_GROUP)
     tf32_atol: float = option(1e-2, "max abs error of FP32 TensorRT engines built with TF32 (the default; TF32 keeps FP16's 10-bit "

@@ -30,8 +30,8 @@ def _parity_report(saved: Path, onnx_path: Path, data: EvalData, dst: Path, *, a
     tf_runner = SavedModelRunner(saved, name="tensorflow")
     ort_runner = runner_for_onnx(onnx_path, name="onnxruntime")
     with progress("parity TensorFlow vs ONNX", data.num_batches(batch_size), unit="batches") as bar:
-        [comparison] = compare_runners(tf_runner, [ort_runner], bar.track(data.batches(batch_size)))
-    failures = parity_failures(comparison, atol, rtol)
+        [comparison] = compare_runners(tf_runner, [ort_runner], bar.track(data.batches(batch_size)), tolerance=(atol, rtol))
+    failures = parity_failures(comparison)
     report = {
         "reference": "tensorflow (SavedModel serving_default)",
         "candidate": "onnxruntime (CPU, FP32)",
@@ -45,18 +45,20 @@ def _parity_report(saved: Path, onnx_path: Path, data: EvalData, dst: Path, *, a
     if failures:
         raise CheckFailed(
             f"ONNX model differs from TensorFlow: {'; '.join(failures)} (report: {dst})",
-            "the conversion is wrong for this model; raise --parity-atol only if the difference is acceptable",
+            "the conversion is wrong for this model; raise --parity-atol or --parity-rtol only if the difference is acceptable",
         )
     return dst
 
 
-def parity_failures(comparison: Comparison, atol: float, rtol: float) -> list[str]:
-    """Why ONNX (the candidate of ``comparison``) differs from TensorFlow: a NaN/Inf where TensorFlow is finite, or
-    an element past ``atol`` (and, with ``rtol`` > 0, past ``rtol`` relative to TensorFlow too)."""
+def parity_failures(comparison: Comparison) -> list[str]:
+    """Why ONNX (the candidate of ``comparison``, compared with a tolerance) differs from TensorFlow: a NaN/Inf
+    where TensorFlow is finite, or values farther from TensorFlow's than ``atol + rtol·|TensorFlow|``."""
     failures = []
     for name, stats in comparison.outputs.items():
         if stats.nonfinite:
             failures.append(f"output '{name}' has {stats.nonfinite} NaN/Inf values in {stats.nonfinite_samples} samples where TensorFlow's are finite")
-        if stats.max_abs > atol and (rtol <= 0 or stats.max_rel > rtol):
-            failures.append(f"output '{name}' max abs diff {stats.max_abs:.3g} > atol {atol:g}")
+        if stats.beyond and stats.tolerance:
+            atol, rtol = stats.tolerance
+            failures.append(f"output '{name}' has {stats.beyond} of {stats.elements} values farther than atol {atol:g} + rtol {rtol:g}·|TensorFlow| "
+                            f"(max abs diff {stats.max_abs:.3g})")
     return failures

@@ -101,6 +101,25 @@ def test_every_candidate_gets_its_own_comparison(tmp_path: Path, data: np.ndarra
     assert results["near"].summary("probs")["agreement"] > results["far"].summary("probs")["agreement"]  # type: ignore[operator]
 
 
+def test_a_tolerance_counts_every_value_past_it_over_all_batches(tmp_path: Path, data: np.ndarray) -> None:
+    """``tolerance=(atol, rtol)`` counts, batch after batch, the values past ``atol + rtol·|reference|`` (numpy's allclose)."""
+    changed = WEIGHTS.copy()
+    changed[0] += [0.02, 0.0, -0.02]
+    ref = runner_for_onnx(linear_softmax(tmp_path / "ref.onnx", WEIGHTS), name="ref")
+    cand = runner_for_onnx(linear_softmax(tmp_path / "cand.onnx", changed), name="cand")
+    atol, rtol = 1e-3, 1e-2
+    [result] = compare_runners(ref, [cand], batches(data, 5), tolerance=(atol, rtol))
+    ref_probs, cand_probs = softmax(data.astype(np.float64) @ WEIGHTS), softmax(data.astype(np.float64) @ changed)
+    past = np.abs(cand_probs - ref_probs) - (atol + rtol * np.abs(ref_probs))
+    assert np.abs(past).min() > 1e-5  # no value at the edge, where float32 against float64 could tip it
+    expected = int((past > 0).sum())
+    stats = result.outputs["probs"]
+    assert 0 < expected < stats.elements and stats.beyond == expected
+    assert result.as_dict()["outputs"]["probs"]["tolerance"] == (atol, rtol) and result.as_dict()["outputs"]["probs"]["beyond"] == expected
+    [plain] = compare_runners(ref, [cand], batches(data, 5))
+    assert plain.outputs["probs"].beyond == 0 and "beyond" not in plain.as_dict()["outputs"]["probs"]
+
+
 def test_different_output_names_are_refused(tmp_path: Path, data: np.ndarray) -> None:
     ref = runner_for_onnx(linear_softmax(tmp_path / "ref.onnx", WEIGHTS), name="ref")
     other = runner_for_onnx(linear_softmax(tmp_path / "other.onnx", WEIGHTS, output="scores"), name="other")
