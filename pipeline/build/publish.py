@@ -18,6 +18,7 @@ from pipeline.data.artifacts import PRECISIONS, Artifact
 from pipeline.data.tensors import signature_from_onnx
 from pipeline.data.workspace import ModelData
 from pipeline.triton.deploy_plans import DeployPlans
+from pipeline.triton.ensemble import RawInputs
 
 log = logging.getLogger(__name__)
 
@@ -52,12 +53,14 @@ def repository_from_artifacts(
     report: Mapping[str, Any],
     reproduce: str,
     golden: EvalData | None = None,
+    raw: RawInputs | None = None,
 ) -> list[Path] | list[str]:
     """Publish one Triton model per artifact; return the new version folders (URLs in S3).
 
     ``onnx_of`` maps a precision to its ONNX variant, whose I/O a plan of that precision must match.
     With ``settings.deploy_plans``, each GPU ONNX variant also gets what the deploy bundle builds its plan
-    from, golden outputs computed on ``golden`` (:mod:`pipeline.triton.deploy_plans`).
+    from, golden outputs computed on ``golden`` (:mod:`pipeline.triton.deploy_plans`). With ``raw``, the
+    preprocessing model and the ensemble that answer raw requests go beside them (:mod:`pipeline.triton.ensemble`).
     """
     from pipeline.data.uint8_wire import quantized, uint8_scales
     from pipeline.triton.config import model_config_from_artifact, warmup_files
@@ -93,6 +96,15 @@ def repository_from_artifacts(
             log.warning("%s", PLANS_NOT_BUILT.format("the GPU ONNX variants"))
         for name, files in _mig_files(artifacts, configs, settings).items():
             extra[name].update(files)
+    if raw is not None:
+        from pipeline.triton.ensemble import raw_input_models
+
+        models, raw_configs, raw_files = raw_input_models(raw, settings.model, signature_from_onnx(onnx_of[raw.variant.precision]),
+                                                          settings.labels.read_bytes() if settings.labels else None,
+                                                          settings.classifier_output)
+        artifacts = [*artifacts, *models]
+        configs.update(raw_configs)
+        extra.update(raw_files)
     published: list[Path] | list[str]
     if isinstance(settings.repository, S3Url):
         from pipeline.triton.s3repository import publish_s3_repository
@@ -165,6 +177,7 @@ def published_from_artifacts(
     onnx_of: Mapping[str, Path],
     report: Mapping[str, Any],
     reproduce: str,
+    raw: RawInputs | None = None,
 ) -> Path:
     """The publish stage: :func:`repository_from_artifacts` with the first evaluation sample as warmup,
     then the list of new version folders to ``dst`` (JSON)."""
@@ -172,16 +185,21 @@ def published_from_artifacts(
 
     from pipeline.core.atomic import write_text_atomic
 
-    published = repository_from_artifacts(artifacts, onnx_of, data.head(1), settings, report, reproduce, golden=data)
+    published = repository_from_artifacts(artifacts, onnx_of, data.head(1), settings, report, reproduce, golden=data, raw=raw)
     return write_text_atomic(dst, json.dumps([str(p) for p in published]) + "\n")
 
 
-def published_configs(artifacts: Sequence[Artifact], settings: PublishSettings) -> list[Path]:
+def published_configs(artifacts: Sequence[Artifact], settings: PublishSettings, raw: RawInputs | None = None) -> list[Path]:
     """The ``config.pbtxt`` of every model a publish writes (they must exist for the stage to be skipped);
     none to check locally for an ``s3://`` repository."""
     if isinstance(settings.repository, S3Url):
         return []
-    return [Path(settings.repository) / a.triton_name(settings.model) / "config.pbtxt" for a in artifacts]
+    names = [a.triton_name(settings.model) for a in artifacts]
+    if raw is not None:
+        from pipeline.triton.ensemble import preprocess_name
+
+        names += [settings.model, preprocess_name(settings.model)]
+    return [Path(settings.repository) / name / "config.pbtxt" for name in names]
 
 
 def deploy_dir(repository: Path | S3Url) -> Path:

@@ -14,6 +14,9 @@ CPU_PRECISIONS = ("int8cpu",)
 # ``u8``: the FP32 model taking uint8 image inputs (pipeline.stages.uint8_input).
 WIRE_PRECISIONS = ("u8",)
 VARIANTS = PRECISIONS + CPU_PRECISIONS + WIRE_PRECISIONS
+# What answers raw requests (build --raw-inputs): the preprocessing graph (an ONNX file) and the ensemble (no model
+# file of its own; its artifact path is the preprocessing graph, whose hash says when it changed).
+RAW_KINDS = ("preprocess", "ensemble")
 
 
 @dataclass(frozen=True)
@@ -24,13 +27,16 @@ class Artifact:
     device memory), ``None`` for ONNX files.
     """
 
-    precision: str  # one of VARIANTS
-    kind: str  # "onnx" | "plan"
+    precision: str  # one of VARIANTS ("raw" for the raw-input models)
+    kind: str  # "onnx" | "plan" | RAW_KINDS
     path: Path
     metadata: Path | None = None
 
     def triton_name(self, model: str) -> str:
-        """The Triton model name: ``<model>_<precision>`` for ONNX, ``<model>_<precision>_trt`` for plans."""
+        """The Triton model name: ``<model>_<precision>`` for ONNX, ``<model>_<precision>_trt`` for plans; the raw-input
+        ensemble is ``<model>`` and its preprocessing ``<model>_preprocess``."""
+        if self.kind in RAW_KINDS:
+            return model if self.kind == "ensemble" else f"{model}_{self.kind}"
         suffix = "" if self.kind == "onnx" else "_trt"
         return f"{model}_{self.precision}{suffix}"
 

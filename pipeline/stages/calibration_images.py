@@ -11,6 +11,7 @@ import numpy as np
 
 from pipeline.core.errors import PipelineError, require
 from pipeline.data.arrays import fmt_shape
+from pipeline.data.raw_files import fitted_image
 from pipeline.data.tensors import TensorSpec
 
 PREPROCESS_MODES = ("unit", "symmetric", "imagenet", "raw")
@@ -124,31 +125,6 @@ def check_aspect(path: Path, size: tuple[int, int], layout: ImageLayout, resize:
         )
 
 
-def _fitted(image, layout: ImageLayout, fit: str):
-    """``image`` brought to the input's aspect ratio by ``fit``, then resized to H×W."""
-    from PIL import Image
-
-    width, height = image.size
-    target = layout.width / layout.height
-    if fit == "crop" and width and height:
-        if width / height > target:
-            new_w = max(1, round(height * target))
-            left = (width - new_w) // 2
-            image = image.crop((left, 0, left + new_w, height))
-        else:
-            new_h = max(1, round(width / target))
-            top = (height - new_h) // 2
-            image = image.crop((0, top, width, top + new_h))
-    elif fit == "pad" and width and height:
-        if width / height > target:
-            canvas = Image.new(image.mode, (width, max(height, round(width / target))))
-        else:
-            canvas = Image.new(image.mode, (max(width, round(height * target)), height))
-        canvas.paste(image, ((canvas.size[0] - width) // 2, (canvas.size[1] - height) // 2))
-        image = canvas
-    return image.resize((layout.width, layout.height), Image.Resampling.BILINEAR)
-
-
 def decoded_image(path: Path, layout: ImageLayout, preprocess: str, fit: str = "stretch") -> np.ndarray:
     """One image as float32 in the model's layout, fitted, resized and preprocessed."""
     from PIL import Image, UnidentifiedImageError
@@ -156,7 +132,7 @@ def decoded_image(path: Path, layout: ImageLayout, preprocess: str, fit: str = "
     try:
         with Image.open(path) as opened:
             converted = opened.convert("L" if layout.channels == 1 else "RGB")
-            pixels = np.asarray(_fitted(converted, layout, fit), dtype=np.float32)
+            pixels = np.asarray(fitted_image(converted, layout.height, layout.width, fit), dtype=np.float32)
     except (UnidentifiedImageError, OSError, SyntaxError, ValueError, Image.DecompressionBombError) as exc:
         raise PipelineError(f"cannot read image '{path}': {exc}", "remove or replace the file") from None
     if pixels.ndim == 2:

@@ -90,9 +90,35 @@ def savedmodel_from_keras(model: "keras.Model", dst: Path, compile_config: dict[
     description = tmp / DESCRIPTION_FILE
     description.parent.mkdir(parents=True, exist_ok=True)
     description.write_text(json.dumps(describe_keras_outputs(model, outputs, compile_config), indent=2) + "\n")
+    (tmp / SCALING_FILE).write_text(json.dumps(input_scaling_layers(model), indent=2) + "\n")
     shutil.rmtree(dst, ignore_errors=True)
     tmp.rename(dst)
     return dst
+
+
+SCALING_FILE = "assets.extra/pipeline_input_scaling.json"  # which inputs the model scales itself (build --raw-inputs)
+_SCALING_LAYERS = ("Rescaling", "Normalization")
+
+
+def input_scaling_layers(model: Any) -> dict[str, str]:
+    """Per model input that feeds a ``Rescaling`` or ``Normalization`` layer straight away, that layer in words
+    (``Rescaling layer 'rescale' (x · 0.00392 + 0)``): such a model takes raw 0..255 pixels."""
+    found = {}
+    for tensor, name in zip(model.inputs, input_names(model)):
+        for layer in model.layers:
+            if type(layer).__name__ not in _SCALING_LAYERS:
+                continue
+            inbound = [getattr(t, "name", None) for node in getattr(layer, "_inbound_nodes", []) for t in node.input_tensors]
+            if tensor.name in inbound:
+                detail = f" (x · {layer.scale:g} + {layer.offset:g})" if type(layer).__name__ == "Rescaling" else ""
+                found[name] = f"{type(layer).__name__} layer '{layer.name}'{detail}"
+    return found
+
+
+def read_input_scaling(saved: Path) -> dict[str, str]:
+    """What :func:`input_scaling_layers` found, as the savedmodel stage recorded it ({} for other SavedModels)."""
+    path = Path(saved) / SCALING_FILE
+    return json.loads(path.read_text()) if path.is_file() else {}
 
 
 def savedmodel_from_source(source: "ModelSource", dst: Path) -> Path:

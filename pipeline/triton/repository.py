@@ -244,7 +244,8 @@ def _stage_model(
     model_file = stage / str(version) / model_filename(cfg)
     require(not model_file.parent.exists(), f"{current}/{version} exists but is not a version the pipeline can replace", "move it out of the model directory")
     model_file.parent.mkdir()
-    copy_artifact(Path(artifact.path), model_file)
+    if cfg.platform != "ensemble":  # an ensemble's version folder stays empty
+        copy_artifact(Path(artifact.path), model_file)
     for rel, data in sorted(files.items()):
         write_synced(stage / rel, data)
     write_synced(stage / CONFIG, new_files[CONFIG])  # after the model files: a config never points at missing files
@@ -332,7 +333,7 @@ def check_staged(stage: Path, cfg: ModelConfig) -> None:
     parsed = parse_config((stage / CONFIG).read_text())
     require(parsed == cfg, f"{CONFIG} of '{cfg.name}' does not read back as written", "report this as a bug")
     filename = model_filename(cfg)
-    for version in _versions(stage):
+    for version in _versions(stage) if cfg.platform != "ensemble" else ():
         require((stage / str(version) / filename).exists(), f"version {version} of '{cfg.name}' has no {filename}", f"add {filename} to it or remove the version folder")
     custom = stage / "configs"
     for path in sorted(custom.glob("*.pbtxt")) if custom.is_dir() else []:

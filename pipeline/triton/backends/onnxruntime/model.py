@@ -34,7 +34,7 @@ from typing import Any
 import numpy as np
 import triton_python_backend_utils as pb_utils
 from ort_backend_batching import SessionRunner, fixed_batch_sizes, plan_per_shape, warmup_feed
-from ort_backend_config import BackendConfigError, check_io, graph_level_name, session_options_from_config
+from ort_backend_config import BackendConfigError, check_io, graph_level_name, op_libraries, session_options_from_config
 from ort_backend_providers import execution_providers, open_session, shared_arena, tensorrt_loadable
 from ort_backend_transport import device_io, host_feed, on_device, output_tensors, request_tensors, run_on_device
 
@@ -50,6 +50,9 @@ class TritonPythonModel:
         # Resolved: the server may see the model through a symlinked view; messages name the real file.
         path = (Path(args["model_repository"]) / args["model_version"] / filename).resolve()
         options = session_options_from_config(config)
+        libraries = op_libraries(config, args["model_repository"])
+        for library in libraries:
+            options.register_custom_ops_library(library)
         kind = args.get("model_instance_kind", "CPU")
         self._device_id = int(args.get("model_instance_device_id", 0))
         try:
@@ -76,6 +79,8 @@ class TritonPythonModel:
             # Without the shared arena: more memory, same results (a real load error fails again, as itself).
             pb_utils.Logger.log_warn(f"onnxruntime (python) {path}: sessions keep their own arenas ({exc})")
             options = session_options_from_config(config)
+            for library in libraries:
+                options.register_custom_ops_library(library)
             session = open_session(path, options, providers)
         check_io("input", config.get("input", []), session.get_inputs(), self._batched)
         check_io("output", config.get("output", []), session.get_outputs(), self._batched)

@@ -125,6 +125,15 @@ def session_options_from_config(config: dict[str, Any]) -> Any:
     return options
 
 
+def op_libraries(config: dict[str, Any], model_dir: str) -> list[str]:
+    """The custom-op libraries of ``model_operations { op_library_filename }``: an absolute name as it is, a relative one
+    from the repository's root. The C++ backend hands the name to dlopen, which reads a relative one from the server's
+    working directory; the pipeline's deploy bundles start the server in the repository's folder, so both agree."""
+    names = config.get("model_operations", {}).get("op_library_filename", [])
+    root = os.path.dirname(os.path.normpath(model_dir))
+    return [name if os.path.isabs(name) else os.path.join(root, name) for name in names]
+
+
 def check_io(kind: str, configured: list[dict[str, Any]], actual: list[Any], batched: bool) -> None:
     """Fail the load with a clear message when the config and the ONNX file disagree."""
     by_name = {node.name: node for node in actual}

@@ -1,0 +1,156 @@
+"""Raw inputs as clients send them: folders of image files (labeled by sub-folder, the ImageFolder convention),
+what the raw-input preprocessing does to them (:class:`ImagePreprocess`, recorded in its graph), and the reference
+tensor of one file (what Keras's own image utilities make of it)."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import numpy as np
+
+from pipeline.core.errors import PipelineError, require
+
+IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png")
+BYTES_INPUT = "image_bytes"  # the ensemble's input: one encoded image file
+HWC_INPUT = "image_hwc"  # the ``_hwc`` ensemble's input: one decoded uint8 image, any size
+SPEC_KEY = "pipeline.image_preprocess"  # the preprocessing, as JSON in the graph's metadata
+
+
+@dataclass(frozen=True)
+class ImagePreprocess:
+    """What the graph does to an image: the model input it feeds, its size and channels, the fit, the scale."""
+
+    input: str  # the model's input name (the graph's output)
+    height: int
+    width: int
+    channels: int  # 1 (grayscale) or 3 (RGB)
+    channels_first: bool
+    fit: str  # stretch | crop | pad
+    scale: tuple[float, ...]  # per channel: x · scale + offset
+    offset: tuple[float, ...]
+    scaling: str  # where the scale came from, in words (the build says it)
+    channel_order: str = "RGB"  # "BGR" only to plant a mismatch in tests
+    interpolation: str = "linear"  # "nearest" only to plant a mismatch in tests
+
+    def describe(self) -> str:
+        """One line: size, fit, colour, scaling."""
+        colour = "grayscale" if self.channels == 1 else self.channel_order
+        return (f"decode JPEG/PNG → {colour} → {self.fit} to {self.width}×{self.height} ({self.interpolation}) → "
+                f"{self.scaling} → {'NCHW' if self.channels_first else 'NHWC'} '{self.input}'")
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self), sort_keys=True)
+
+    @classmethod
+    def from_json(cls, text: str) -> ImagePreprocess:
+        values = json.loads(text)
+        return cls(**{**values, "scale": tuple(values["scale"]), "offset": tuple(values["offset"])})
+
+
+PREPROCESS_SCALES = {  # --preprocess: (scale, offset) per channel, RGB
+    "unit": ((1 / 255,) * 3, (0.0,) * 3),
+    "symmetric": ((1 / 127.5,) * 3, (-1.0,) * 3),
+    "imagenet": (tuple(1 / (255 * s) for s in (0.229, 0.224, 0.225)), tuple(-m / s for m, s in zip((0.485, 0.456, 0.406), (0.229, 0.224, 0.225)))),
+    "raw": ((1.0,) * 3, (0.0,) * 3),
+}
+
+
+
+
+
+@dataclass(frozen=True)
+class ImageFiles:
+    """Image files in a stable order, with the class index of each (None: the folder has no class sub-folders)."""
+
+    folder: Path
+    files: tuple[Path, ...]
+    labels: tuple[int, ...] | None
+    classes: tuple[str, ...]  # the class names the labels index
+
+
+def is_image_folder(path: Path) -> bool:
+    """Whether ``path`` is a folder holding images (directly or one level down)."""
+    path = Path(path)
+    return path.is_dir() and any(p.suffix.lower() in IMAGE_SUFFIXES for p in [*path.iterdir(), *path.glob("*/*")] if p.is_file())
+
+
+def image_files(folder: Path, class_names: list[str] | None = None) -> ImageFiles:
+    """The images of ``folder``: ``folder/<class>/*.png|jpg`` labeled by their sub-folder, or ``folder/*`` unlabeled.
+
+    A sub-folder's class is its position in ``class_names`` (the model's ``labels.txt``) when given, else in the
+    sorted sub-folder names. PipelineError (one line) for an empty folder or a sub-folder naming no known class."""
+    folder = Path(folder)
+    require(folder.is_dir(), f"image folder {folder} does not exist", "pass a folder of JPEG/PNG files, or one sub-folder per class")
+    subdirs = sorted((p for p in folder.iterdir() if p.is_dir() and not p.name.startswith(".")), key=lambda p: p.name)
+    if subdirs:
+        names = list(class_names) if class_names else [d.name for d in subdirs]
+        unknown = [d.name for d in subdirs if d.name not in names]
+        if unknown:
+            raise PipelineError(f"sub-folders {unknown[:3]} of {folder} name no class of the model's labels ({', '.join(names[:5])}, …)",
+                                "name each sub-folder after a line of labels.txt")
+        pairs = [(f, names.index(d.name)) for d in subdirs for f in sorted(d.iterdir()) if f.suffix.lower() in IMAGE_SUFFIXES]
+        files, labels = tuple(p for p, _ in pairs), tuple(label for _, label in pairs)
+        result = ImageFiles(folder, files, labels, tuple(names))
+    else:
+        files = tuple(sorted(f for f in folder.iterdir() if f.suffix.lower() in IMAGE_SUFFIXES))
+        result = ImageFiles(folder, files, None, tuple(class_names or ()))
+    require(bool(result.files), f"{folder} holds no JPEG or PNG file", "add images (one sub-folder per class for labels)")
+    return result
+
+
+def preprocess_of(path: Path) -> ImagePreprocess:
+    """The preprocessing a graph written by :func:`image_preprocess_onnx` records."""
+    import onnx
+
+    model = onnx.load(str(path))
+    meta = {p.key: p.value for p in model.metadata_props}
+    if SPEC_KEY not in meta:
+        raise PipelineError(f"{path} records no image preprocessing", "rebuild it with build --raw-inputs image")
+    return ImagePreprocess.from_json(meta[SPEC_KEY])
+
+
+def fitted_image(image, height: int, width: int, fit: str, resample: str = "bilinear"):  # type: ignore[no-untyped-def]
+    """The PIL ``image`` brought to the aspect ratio of ``width``×``height`` by ``fit`` (stretch, crop: the centre,
+    pad: black borders), then resized to it with PIL's filter ``resample``, as ``keras.utils.load_img`` resizes
+    (its ``keep_aspect_ratio`` is the centre crop)."""
+    from PIL import Image
+
+    width, height = image.size
+    target = width / height
+    if fit == "crop" and width and height:
+        if width / height > target:
+            new_w = max(1, round(height * target))
+            left = (width - new_w) // 2
+            image = image.crop((left, 0, left + new_w, height))
+        else:
+            new_h = max(1, round(width / target))
+            top = (height - new_h) // 2
+            image = image.crop((0, top, width, top + new_h))
+    elif fit == "pad" and width and height:
+        if width / height > target:
+            canvas = Image.new(image.mode, (width, max(height, round(width / target))))
+        else:
+            canvas = Image.new(image.mode, (max(width, round(height * target)), height))
+        canvas.paste(image, ((canvas.size[0] - width) // 2, (canvas.size[1] - height) // 2))
+        image = canvas
+    return image.resize((width, height), getattr(Image.Resampling, resample.upper()))
+
+
+def reference_tensor(path: Path, pre: ImagePreprocess) -> np.ndarray:
+    """What Keras's own image utilities make of the file at ``path`` for ``pre``'s model input: PIL decodes it and
+    converts it to grayscale or RGB, fits and resizes it bilinearly (``keras.utils.load_img``), ``img_to_array``
+    gives float32, and ``pre``'s scale applies; one sample in the input's layout (no batch axis)."""
+    from PIL import Image, UnidentifiedImageError
+
+    try:
+        with Image.open(path) as opened:
+            converted = opened.convert("L" if pre.channels == 1 else "RGB")
+            pixels = np.asarray(fitted_image(converted, pre.height, pre.width, pre.fit), dtype=np.float32)
+    except (UnidentifiedImageError, OSError, SyntaxError, ValueError, Image.DecompressionBombError) as exc:
+        raise PipelineError(f"cannot read image '{path}': {exc}", "remove or replace the file") from None
+    if pixels.ndim == 2:
+        pixels = pixels[..., None]
+    pixels = pixels * np.asarray(pre.scale, np.float32) + np.asarray(pre.offset, np.float32)
+    return np.transpose(pixels, (2, 0, 1)) if pre.channels_first else pixels

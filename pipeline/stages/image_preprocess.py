@@ -1,0 +1,155 @@
+"""Raw images → the model's input tensor, as one ONNX graph (``build --raw-inputs image``).
+
+The graph a Triton ensemble runs in front of the model (pipeline/triton/ensemble.py):
+
+``bytes (uint8 [-1], a JPEG or PNG file) → DecodeImage → RGB → [grayscale] → fit → resize → scale → [1, H, W, C]``
+
+* decoding is onnxruntime-extensions' ``DecodeImage`` (domain ``com.microsoft.extensions``), which gives BGR
+  HWC uint8; the channels are put in RGB order here, as PIL and Keras read images;
+* grayscale is PIL's ``L`` conversion (``(19595 R + 38470 G + 7471 B + 2¹⁵) >> 16``);
+* fit is the build's ``--resize`` policy (stretch, centre crop, pad with black), computed from the
+  image's own size inside the graph, with the rounding of :mod:`pipeline.stages.calibration_images`;
+* resizing is ONNX ``Resize`` linear with ``antialias=1`` (opset 18), which follows PIL's bilinear
+  filter (its support widens when shrinking), rounded back to 0..255 as PIL's uint8 result is;
+* scaling is ``x · a + b`` per channel: from ``--preprocess`` when the model has no scaling layer of
+  its own, and none when it has (the model takes 0..255 then).
+
+The second graph, :func:`hwc_preprocess_onnx`, is the same from decoded uint8 HWC images (clients that
+decode themselves). Both take one image per request: images differ in size until they are resized.
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+import numpy as np
+
+from pipeline.core.errors import PipelineError
+from pipeline.data.raw_files import BYTES_INPUT, HWC_INPUT, PREPROCESS_SCALES, SPEC_KEY, ImagePreprocess
+from pipeline.data.tensors import TensorSpec
+
+log = logging.getLogger(__name__)
+
+EXTENSIONS_DOMAIN = "com.microsoft.extensions"  # onnxruntime-extensions' domain of its image ops
+OPSET = 18  # Resize's antialias attribute
+
+
+def image_preprocess_for(spec: TensorSpec, fit: str | None, preprocess: str, model_scaling: str | None) -> ImagePreprocess:
+    """The preprocessing for image input ``spec``: its size and channels from the model, the fit from ``--resize``
+    (stretch when not given), the scale from the model's own layer (``model_scaling`` says which: then none here)
+    or from ``preprocess``. PipelineError (one line) when the input is not an image of a fixed size."""
+    from pipeline.stages.calibration_images import image_layout
+
+    layout = image_layout(spec, None)
+    if model_scaling is not None:
+        scale, offset = (1.0,) * layout.channels, (0.0,) * layout.channels
+        scaling = f"no scaling here: the model's own {model_scaling} takes 0..255 (--preprocess not applied)"
+    else:
+        if layout.channels == 1 and preprocess == "imagenet":
+            raise PipelineError(f"--preprocess imagenet needs an RGB input; '{spec.name}' has one channel",
+                                "pass --preprocess unit, symmetric or raw")
+        scale, offset = PREPROCESS_SCALES[preprocess]
+        scale, offset = scale[: layout.channels], offset[: layout.channels]
+        scaling = f"--preprocess {preprocess} (the model has no Rescaling/Normalization layer)"
+    return ImagePreprocess(spec.name, layout.height, layout.width, layout.channels, layout.channels_first, fit or "stretch",
+                           tuple(float(s) for s in scale), tuple(float(o) for o in offset), scaling)
+
+
+def image_preprocess_onnx(pre: ImagePreprocess, dst: Path, *, decoded: bool = False) -> Path:
+    """Write the preprocessing graph for ``pre`` to ``dst``: from an encoded image (input :data:`BYTES_INPUT`),
+    or with ``decoded`` from a uint8 HWC RGB image (input :data:`HWC_INPUT`)."""
+    import onnx
+    from onnx import TensorProto, helper
+
+    nodes: list[onnx.NodeProto] = []
+    consts: list[onnx.TensorProto] = []
+
+    def const(name: str, value: np.ndarray) -> str:
+        consts.append(onnx.numpy_helper.from_array(np.asarray(value), name))
+        return name
+
+    def node(op: str, inputs: list[str], output: str, domain: str = "", **attrs: object) -> str:
+        nodes.append(helper.make_node(op, inputs, [output], name=output, domain=domain, **attrs))
+        return output
+
+    if decoded:
+        source = helper.make_tensor_value_info(HWC_INPUT, TensorProto.UINT8, ["height", "width", 3])
+        rgb = HWC_INPUT
+    else:
+        source = helper.make_tensor_value_info(BYTES_INPUT, TensorProto.UINT8, ["bytes"])
+        bgr = node("DecodeImage", [BYTES_INPUT], "decoded_bgr", domain=EXTENSIONS_DOMAIN)
+        order = [2, 1, 0] if pre.channel_order == "RGB" else [0, 1, 2]
+        rgb = node("Gather", [bgr, const("rgb_order", np.array(order, np.int64))], "decoded_rgb", axis=2)
+    pixels = node("Cast", [rgb], "pixels", to=TensorProto.FLOAT)
+    if pre.channels == 1:
+        weights = const("luma_weights", np.array([19595, 38470, 7471], np.float32) / np.float32(65536))
+        luma = node("Mul", [pixels, weights], "luma_parts")
+        summed = node("ReduceSum", [luma, const("channel_axis", np.array([2], np.int64))], "luma_sum", keepdims=1)
+        pixels = node("Floor", [node("Add", [summed, const("half", np.array(0.5, np.float32))], "luma_rounding")], "luma")
+    fitted = _fit(pre, pixels, node, const)
+    sizes = const("target_size", np.array([pre.height, pre.width], np.int64))
+    resize_attrs: dict[str, object] = {"mode": pre.interpolation, "axes": [0, 1], "coordinate_transformation_mode": "half_pixel"}
+    if pre.interpolation == "linear":
+        resize_attrs["antialias"] = 1
+    else:
+        resize_attrs["nearest_mode"] = "floor"
+    resized = node("Resize", [fitted, "", "", sizes], "resized", **resize_attrs)
+    rounded = node("Clip", [node("Round", [resized], "resized_rounded"), const("zero", np.array(0, np.float32)),
+                           const("full", np.array(255, np.float32))], "resized_uint8_range")
+    scaled = node("Add", [node("Mul", [rounded, const("scale", np.array(pre.scale, np.float32))], "scaled_only"),
+                          const("offset", np.array(pre.offset, np.float32))], "scaled")
+    laid = node("Transpose", [scaled], "chw", perm=[2, 0, 1]) if pre.channels_first else scaled
+    node("Unsqueeze", [laid, const("batch_axis", np.array([0], np.int64))], pre.input)
+    shape = [1, pre.channels, pre.height, pre.width] if pre.channels_first else [1, pre.height, pre.width, pre.channels]
+    graph = helper.make_graph(nodes, "image_preprocess", [source], [helper.make_tensor_value_info(pre.input, TensorProto.FLOAT, shape)], consts)
+    opsets = [helper.make_opsetid("", OPSET)] + ([] if decoded else [helper.make_opsetid(EXTENSIONS_DOMAIN, 1)])
+    model = helper.make_model(graph, opset_imports=opsets, producer_name="keras-trt-pipeline")
+    model.ir_version = 8  # ONNX Runtime 1.19 (NGC 24.10) loads IR ≤ 10; 8 is what opset 18 needs
+    model.metadata_props.add(key=SPEC_KEY, value=pre.to_json())
+    if decoded:
+        onnx.checker.check_model(model, full_check=True)
+    dst = Path(dst)
+    dst.parent.mkdir(parents=True, exist_ok=True)
+    onnx.save(model, str(dst))
+    return dst
+
+
+def _fit(pre: ImagePreprocess, pixels: str, node, const) -> str:  # type: ignore[no-untyped-def]
+    """The image brought to the input's aspect ratio by ``pre.fit``, with the arithmetic of
+    ``pipeline.data.raw_files.fitted_image`` (Python's round: half to even, as ONNX Round)."""
+    if pre.fit == "stretch":
+        return pixels
+    ratio = const("aspect", np.array(pre.width / pre.height, np.float32))
+    hw_int = node("Slice", [node("Shape", [pixels], "image_shape"), const("s0", np.array([0], np.int64)),
+                            const("s2", np.array([2], np.int64))], "image_hw")
+    hw = node("Cast", [hw_int], "image_hw_float", to=1)
+    h = node("Gather", [hw, const("i0", np.array(0, np.int64))], "image_h", axis=0)
+    w = node("Gather", [hw, const("i1", np.array(1, np.int64))], "image_w", axis=0)
+    as_w = node("Round", [node("Mul", [h, ratio], "h_times_aspect")], "w_at_aspect")  # round(h · W/H)
+    as_h = node("Round", [node("Div", [w, ratio], "w_over_aspect")], "h_at_aspect")  # round(w / (W/H))
+    half = const("two", np.array(2.0, np.float32))
+    if pre.fit == "crop":
+        new_h, new_w = node("Min", [h, as_h], "crop_h"), node("Min", [w, as_w], "crop_w")
+        top = node("Floor", [node("Div", [node("Sub", [h, new_h], "spare_h"), half], "half_spare_h")], "crop_top")
+        left = node("Floor", [node("Div", [node("Sub", [w, new_w], "spare_w"), half], "half_spare_w")], "crop_left")
+        starts = node("Cast", [node("Concat", [node("Unsqueeze", [top, const("a0", np.array([0], np.int64))], "top1"),
+                                               node("Unsqueeze", [left, "a0"], "left1")], "crop_starts", axis=0)], "crop_starts_int", to=7)
+        ends = node("Add", [starts, node("Cast", [node("Concat", [node("Unsqueeze", [new_h, "a0"], "new_h1"),
+                                                                   node("Unsqueeze", [new_w, "a0"], "new_w1")], "crop_size", axis=0)],
+                                         "crop_size_int", to=7)], "crop_ends")
+        return node("Slice", [pixels, starts, ends, const("hw_axes", np.array([0, 1], np.int64))], "fitted")
+    if pre.fit != "pad":
+        raise PipelineError(f"unknown fit '{pre.fit}'", "use stretch, crop or pad")
+    canvas_h, canvas_w = node("Max", [h, as_h], "canvas_h"), node("Max", [w, as_w], "canvas_w")
+    top = node("Floor", [node("Div", [node("Sub", [canvas_h, h], "pad_h"), half], "half_pad_h")], "pad_top")
+    left = node("Floor", [node("Div", [node("Sub", [canvas_w, w], "pad_w"), half], "half_pad_w")], "pad_left")
+    bottom = node("Sub", [node("Sub", [canvas_h, h], "pad_h2"), top], "pad_bottom")
+    right = node("Sub", [node("Sub", [canvas_w, w], "pad_w2"), left], "pad_right")
+    zero = const("fzero", np.array(0.0, np.float32))
+    parts = [node("Unsqueeze", [v, const(f"u_{v}", np.array([0], np.int64))], f"{v}_1") for v in (top, left)]
+    parts.append(node("Unsqueeze", [zero, const("u_z0", np.array([0], np.int64))], "zero_1a"))
+    parts += [node("Unsqueeze", [v, const(f"u_{v}", np.array([0], np.int64))], f"{v}_1") for v in (bottom, right)]
+    parts.append(node("Unsqueeze", [zero, const("u_z1", np.array([0], np.int64))], "zero_1b"))
+    pads = node("Cast", [node("Concat", parts, "pads_float", axis=0)], "pads", to=7)
+    return node("Pad", [pixels, pads, const("black", np.array(0.0, np.float32))], "fitted", mode="constant")
