@@ -43,6 +43,7 @@ CONVERSION = "conversion"
 PRECISION = "precision (the precision lives in the ONNX graph; engines are strongly typed)"
 ENGINES = "TensorRT engines (need the 'tensorrt' extra and an NVIDIA GPU; skipped with one line otherwise)"
 SERVED = "served check"
+RAW = "raw requests (an ensemble that takes image files and answers with class names)"
 FLEET = "many models (pipeline/commands/fleet.py)"
 
 
@@ -139,6 +140,15 @@ class BuildConfig:
     allow_plan_host_code: bool = option(False, "let TensorRT run host code embedded in a plan when it is deserialized (only "
                                                "version-compatible plans have any; the pipeline builds none): off unless you trust the plan",
                                         group=ENGINES)
+    raw_inputs: str | None = option(None, "also publish an ensemble <name> that answers raw requests: image = JPEG/PNG bytes in (decoded, "
+                                          "fitted by --resize, resized, scaled as the model was trained), the variant's answers and top-k class "
+                                          "names out; gated from the raw files of --eval-data (a folder, one sub-folder per class) through Triton",
+                                    choices=("image",), group=RAW)
+    raw_variant: str | None = option(None, "the variant the raw-input ensemble serves (default: the fastest ONNX variant that passed its gate)",
+                                     choices=("fp32", "fp16", "int8", "int8cpu"), group=RAW)
+    extensions_library: Path | None = option(None, "onnxruntime-extensions' standalone libortextensions.so to ship for the ensemble's decoder "
+                                                   "(default: the PyPI wheel's, which only a Python process loads: the deploy bundle refuses it)",
+                                             metavar="PATH", group=RAW)
     verify_served: bool = option(False, "after publishing, start the embedded tritonserver and run `verify` on the new variants", group=SERVED)
     verify_url: str | None = option(None, "after publishing, verify through this running Triton (HTTP) instead", metavar="HOST:PORT", group=SERVED)
     fleet: Path | None = option(None, "build every model a fleet file lists ([[model]] tables of these options, over the command line's) "

@@ -19,6 +19,7 @@ from pipeline.accuracy.evaldata import EvalData
 from pipeline.accuracy.outputkinds import (OutputKind, kinds_to_json, log_kinds, onnx_producers, primary_classes_output, read_description, signature_from_description)
 from pipeline.build.config import BuildConfig
 from pipeline.build.publish import PublishSettings, published_configs, published_from_artifacts, require_publishable
+from pipeline.build.raw import image_eval_data, image_preprocess_of, raw_image_files, raw_input_stages
 from pipeline.build.support import EVAL_BATCH, decided_kinds, early_labels, ensure_default_data, eval_batch, tool_versions
 from pipeline.core.errors import PipelineError, require_creatable
 from pipeline.core.fingerprint import hash_path
@@ -27,6 +28,7 @@ from pipeline.core.options import CALIBRATION_ROOT
 from pipeline.core.stagecache import Manifest, Stage, run_stage
 from pipeline.data.artifacts import PRECISIONS, WIRE_PRECISIONS, Artifact
 from pipeline.data.profiles import ShapeProfile
+from pipeline.data.raw_files import is_image_folder
 from pipeline.data.tensors import ModelSignature, load_onnx, signature_from_onnx
 from pipeline.data.workspace import ModelData, Workspace, bundled_model_data
 from pipeline.stages.accuracy import accuracy_report_from_variants
@@ -45,6 +47,7 @@ from pipeline.stages.shapes import calibration_hints, profiles_from_args, seen_i
 from pipeline.stages.source import DEFAULT_MODEL, ModelSource, model_source
 from pipeline.stages.uint8_input import uint8_input_onnx_from_onnx, uint8_parity_from_models
 from pipeline.triton.deploy_plans import DeployPlans
+from pipeline.triton.ensemble import RawInputs
 from pipeline.triton.served_gate import SERVED_ATOL
 from pipeline.triton.verify import verify_repository
 
@@ -101,9 +104,15 @@ def build(cfg: BuildConfig) -> BuildResult:
         _check_labels_before_conversion(described, ctx)  # a bad label file costs seconds, not a conversion
         onnx_fp32 = _onnx_stage(saved, ctx)
         signature = signature_from_onnx(onnx_fp32)
+        images_given = cfg.eval_data is not None and is_image_folder(cfg.eval_data)
+        pre = image_preprocess_of(saved, signature, cfg) if cfg.raw_inputs or images_given else None
+        raw_files = raw_image_files(cfg, bundled, ws.root, _classes(ctx)) if pre else None
         calib = _calibration_data(signature, ctx) if cfg.calibrates else None
-        data, calib = eval_data_for(cfg.eval_data, cfg.calibration or ctx.data_dir.folder, ctx.data_dir.eval, signature, calib,
-                                    preprocess=cfg.preprocess)
+        if images_given:  # the tensor path is judged on Keras's preprocessing of the same files
+            data = image_eval_data(raw_files, pre)  # type: ignore[arg-type]
+        else:
+            data, calib = eval_data_for(cfg.eval_data, cfg.calibration or ctx.data_dir.folder, ctx.data_dir.eval, signature, calib,
+                                        preprocess=cfg.preprocess)
         kinds, data = _output_kinds(signature, onnx_fp32, described, data, ctx)
         # Dynamic non-batch axes are sized from the real data (calibration and evaluation samples).
         seen = (seen_in_files(cfg.calibration or ctx.data_dir.folder, signature) if calib else []) + ([] if data.synthetic else seen_shapes(data.sample_shapes()))
@@ -129,7 +138,8 @@ def build(cfg: BuildConfig) -> BuildResult:
         artifacts = variants + engines
         ctx.manifest.artifacts = {f"{a.precision}.{a.kind}": str(a.path) for a in artifacts}
         _latency_stage(artifacts, data, ctx)
-        repository = _publish_stage(artifacts, variants, data, kinds, ctx, deploy_plans)
+        raw = raw_input_stages(pre, raw_files, variants, onnx_fp32, data, kinds, ctx, _publish_settings(ctx, kinds)) if cfg.raw_inputs else None
+        repository = _publish_stage(artifacts, variants, data, kinds, ctx, deploy_plans, raw)
         if cfg.verify_served or cfg.verify_url:
             _served_stage(artifacts, data, ctx)
     finally:
@@ -377,11 +387,14 @@ def _deploy_plans(profiles: list[ShapeProfile], cfg: BuildConfig) -> DeployPlans
                        tuple((p, a if a is not None else fallback) for p, a in atol.items()))
 
 
-def _publish_stage(artifacts: list[Artifact], variants: list[Artifact], data: EvalData, kinds: dict[str, OutputKind], ctx: BuildContext,
-                   deploy_plans: DeployPlans | None = None) -> Path | S3Url:
-    cfg = ctx.cfg
+def _classes(ctx: BuildContext) -> list[str] | None:
     labels = ctx.data_dir.labels
-    settings = PublishSettings(
+    return [line.strip() for line in labels.read_text().splitlines() if line.strip()] if labels.is_file() else None
+
+
+def _publish_settings(ctx: BuildContext, kinds: dict[str, OutputKind], deploy_plans: DeployPlans | None = None) -> PublishSettings:
+    cfg, labels = ctx.cfg, ctx.data_dir.labels
+    return PublishSettings(
         model=ctx.name,
         repository=cfg.repository,
         max_batch=cfg.max_batch,
@@ -392,18 +405,25 @@ def _publish_stage(artifacts: list[Artifact], variants: list[Artifact], data: Ev
         image=cfg.triton_image,
         deploy_plans=deploy_plans,
     )
+
+
+def _publish_stage(artifacts: list[Artifact], variants: list[Artifact], data: EvalData, kinds: dict[str, OutputKind], ctx: BuildContext,
+                   deploy_plans: DeployPlans | None = None, raw: RawInputs | None = None) -> Path | S3Url:
+    cfg = ctx.cfg
+    labels = ctx.data_dir.labels
+    settings = _publish_settings(ctx, kinds, deploy_plans)
     # Later commands (verify, loadtest) find the evaluation data the build used through this report.
     eval_path = cfg.eval_data or ctx.data_dir.eval
     report = {"manifest": str(ctx.ws.manifest.absolute()), "eval_data": str(eval_path.absolute()) if eval_path.is_file() else None, "accuracy": ctx.manifest.results.get("accuracy"),
               "output_kinds": kinds_to_json(kinds), "gates": asdict(cfg.gates), "versions": ctx.manifest.versions}
     ctx.run(Stage("publish", published_from_artifacts,
-                  inputs={"artifacts": artifacts, "data": data},
+                  inputs={"artifacts": artifacts, "data": data, **({"raw": raw} if raw else {})},
                   settings={"settings": settings},
                   outputs={"dst": ctx.ws.published},
                   # the command is recorded beside the artifacts, not keyed: a reordered command line republishes nothing
                   context={"onnx_of": {v.precision: v.path for v in variants}, "report": report, "reproduce": cfg.command},
                   environment={"labels": hash_path(labels) if settings.labels else None},
-                  also_writes=published_configs(artifacts, settings)))
+                  also_writes=published_configs(artifacts, settings, raw)))
     return cfg.repository
 
 

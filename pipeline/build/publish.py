@@ -38,6 +38,7 @@ class PublishSettings:
     mig: str | None  # "GPU[:LAYOUT]", e.g. "H200-141GB:3x2g.35gb,1x1g.18gb"
     image: str | None  # NGC tritonserver image for the deploy bundle (None: the default, 24.10)
     deploy_plans: DeployPlans | None = None  # --plans-at-deploy: what the bundle builds plans with
+    bundle: bool = True  # write the deploy bundle beside the repository (not for the raw-input gate's own repository)
 
 
 def preferred_batch_sizes(max_batch: int) -> list[int]:
@@ -114,7 +115,9 @@ def repository_from_artifacts(
     else:
         published = publish_repository(artifacts, model=settings.model, repository=settings.repository, configs=configs, extra_files=extra,
                                        version_policy=settings.version_policy, report=report, reproduce=reproduce)
-    if settings.image is None and any(a.kind == "plan" for a in artifacts):
+    if not settings.bundle:
+        pass
+    elif settings.image is None and any(a.kind == "plan" for a in artifacts):
         # A plan loads only on the TensorRT that built it, and which NGC tag ships that TensorRT is the user's call.
         log.warning("deploy bundle not written: TensorRT plans need --triton-image naming the NGC tag with the TensorRT that built them")
     else:

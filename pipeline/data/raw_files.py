@@ -111,23 +111,21 @@ def preprocess_of(path: Path) -> ImagePreprocess:
     return ImagePreprocess.from_json(meta[SPEC_KEY])
 
 
-def fitted_image(image, height: int, width: int, fit: str, resample: str = "bilinear"):  # type: ignore[no-untyped-def]
-    """The PIL ``image`` brought to the aspect ratio of ``width``×``height`` by ``fit`` (stretch, crop: the centre,
+def fitted_image(image, out_height: int, out_width: int, fit: str, resample: str = "bilinear"):  # type: ignore[no-untyped-def]
+    """The PIL ``image`` brought to the aspect ratio of ``out_width``×``out_height`` by ``fit`` (stretch, crop: the centre,
     pad: black borders), then resized to it with PIL's filter ``resample``, as ``keras.utils.load_img`` resizes
     (its ``keep_aspect_ratio`` is the centre crop)."""
     from PIL import Image
 
     width, height = image.size
-    target = width / height
+    target = out_width / out_height
     if fit == "crop" and width and height:
-        if width / height > target:
-            new_w = max(1, round(height * target))
-            left = (width - new_w) // 2
-            image = image.crop((left, 0, left + new_w, height))
-        else:
-            new_h = max(1, round(width / target))
-            top = (height - new_h) // 2
-            image = image.crop((0, top, width, top + new_h))
+        # keras.utils.load_img(keep_aspect_ratio=True)'s box: floor division, then the centre
+        new_w = min(width, height * out_width // out_height)
+        new_h = min(height, width * out_height // out_width)
+        left, top = (width - new_w) // 2, (height - new_h) // 2
+        # resized from the box, not cropped first: the filter reads the pixels around the box's edges, as Keras's does
+        return image.resize((out_width, out_height), getattr(Image.Resampling, resample.upper()), box=(left, top, left + new_w, top + new_h))
     elif fit == "pad" and width and height:
         if width / height > target:
             canvas = Image.new(image.mode, (width, max(height, round(width / target))))
@@ -135,7 +133,7 @@ def fitted_image(image, height: int, width: int, fit: str, resample: str = "bili
             canvas = Image.new(image.mode, (max(width, round(height * target)), height))
         canvas.paste(image, ((canvas.size[0] - width) // 2, (canvas.size[1] - height) // 2))
         image = canvas
-    return image.resize((width, height), getattr(Image.Resampling, resample.upper()))
+    return image.resize((out_width, out_height), getattr(Image.Resampling, resample.upper()))
 
 
 def reference_tensor(path: Path, pre: ImagePreprocess) -> np.ndarray:

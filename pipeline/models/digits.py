@@ -87,6 +87,24 @@ def write_data(folder: Path) -> list[Path]:
     return [data.eval, data.calib, data.labels]
 
 
+def write_image_folder(folder: Path, count: int | None = None) -> Path:
+    """The evaluation digits as PNG files of assorted sizes, one sub-folder per class (``folder/<label>/<i>.png``):
+    each 8×8 image scaled to 0..255 and enlarged with PIL's bicubic filter to a side of 16 to 48 pixels (width and
+    height drawn apart, within 1.1× of square), as a scanner would give them. Deterministic (seed 0)."""
+    from PIL import Image
+
+    images, labels = splits()["eval"]
+    rng = np.random.default_rng(SEED)
+    for i, (image, label) in enumerate(zip(images[:count], labels[:count], strict=False)):
+        height = int(rng.integers(16, 49))
+        width = int(np.clip(round(height * rng.uniform(0.92, 1.08)), 16, 48))
+        pixels = Image.fromarray(np.round(image[..., 0] * 255).astype(np.uint8), mode="L")
+        target = folder / LABELS[int(label)] / f"{i:04d}.png"
+        target.parent.mkdir(parents=True, exist_ok=True)
+        pixels.resize((width, height), Image.Resampling.BICUBIC).save(target)
+    return folder
+
+
 if __name__ == "__main__":
     import sys
 

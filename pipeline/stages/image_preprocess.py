@@ -8,7 +8,7 @@ The graph a Triton ensemble runs in front of the model (pipeline/triton/ensemble
   HWC uint8; the channels are put in RGB order here, as PIL and Keras read images;
 * grayscale is PIL's ``L`` conversion (``(19595 R + 38470 G + 7471 B + 2¹⁵) >> 16``);
 * fit is the build's ``--resize`` policy (stretch, centre crop, pad with black), computed from the
-  image's own size inside the graph, with the rounding of :mod:`pipeline.stages.calibration_images`;
+  image's own size inside the graph, with the arithmetic of :func:`pipeline.data.raw_files.fitted_image` (Keras's for the crop);
 * resizing is ONNX ``Resize`` linear with ``antialias=1`` (opset 18), which follows PIL's bilinear
   filter (its support widens when shrinking), rounded back to 0..255 as PIL's uint8 result is;
 * scaling is ``x · a + b`` per channel: from ``--preprocess`` when the model has no scaling layer of
@@ -126,11 +126,15 @@ def _fit(pre: ImagePreprocess, pixels: str, node, const) -> str:  # type: ignore
     hw = node("Cast", [hw_int], "image_hw_float", to=1)
     h = node("Gather", [hw, const("i0", np.array(0, np.int64))], "image_h", axis=0)
     w = node("Gather", [hw, const("i1", np.array(1, np.int64))], "image_w", axis=0)
-    as_w = node("Round", [node("Mul", [h, ratio], "h_times_aspect")], "w_at_aspect")  # round(h · W/H)
+    as_w = node("Round", [node("Mul", [h, ratio], "h_times_aspect")], "w_at_aspect")  # round(h · W/H): the pad's canvas
     as_h = node("Round", [node("Div", [w, ratio], "w_over_aspect")], "h_at_aspect")  # round(w / (W/H))
+    # the crop's box as keras.utils.load_img(keep_aspect_ratio=True) takes it: h·W // H and w·H // W (exact in float32)
+    floor_w = node("Floor", [node("Div", [node("Mul", [h, const("out_w", np.array(pre.width, np.float32))], "h_by_W"),
+                                          const("out_h", np.array(pre.height, np.float32))], "h_by_W_over_H")], "crop_w_floor")
+    floor_h = node("Floor", [node("Div", [node("Mul", [w, "out_h"], "w_by_H"), "out_w"], "w_by_H_over_W")], "crop_h_floor")
     half = const("two", np.array(2.0, np.float32))
     if pre.fit == "crop":
-        new_h, new_w = node("Min", [h, as_h], "crop_h"), node("Min", [w, as_w], "crop_w")
+        new_h, new_w = node("Min", [h, floor_h], "crop_h"), node("Min", [w, floor_w], "crop_w")
         top = node("Floor", [node("Div", [node("Sub", [h, new_h], "spare_h"), half], "half_spare_h")], "crop_top")
         left = node("Floor", [node("Div", [node("Sub", [w, new_w], "spare_w"), half], "half_spare_w")], "crop_left")
         starts = node("Cast", [node("Concat", [node("Unsqueeze", [top, const("a0", np.array([0], np.int64))], "top1"),

@@ -76,12 +76,39 @@ def server_args(http_port: int = 8000, grpc_port: int = 8001, metrics_port: int 
 
 
 def gpu_models(models: dict[str, Any]) -> list[str]:
-    """The models a GPU server loads: every model but those whose instance groups are all ``KIND_CPU``."""
+    """The models a GPU server loads: every model but those whose instance groups are all ``KIND_CPU``, except the steps
+    of an ensemble it loads (a raw-input ensemble decodes images on the CPU)."""
     from tritonclient.grpc.model_config_pb2 import ModelInstanceGroup
 
     cpu = ModelInstanceGroup.Kind.KIND_CPU
-    return sorted(name for name, info in models.items()
-                  if not (info.config.instance_group and all(g.kind == cpu for g in info.config.instance_group)))
+    loaded = {name for name, info in models.items()
+              if not (info.config.instance_group and all(g.kind == cpu for g in info.config.instance_group))}
+    for name in list(loaded):
+        if models[name].config.platform == "ensemble":
+            loaded |= {step.model_name for step in models[name].config.ensemble_scheduling.step if step.model_name in models}
+    return sorted(loaded)
+
+
+def unloadable_op_libraries(local: Path, models: dict[str, Any], loaded: list[str]) -> dict[str, str]:
+    """The loaded models whose custom-op library Triton's C++ ONNX Runtime backend cannot load (onnxruntime-extensions'
+    CPython module from PyPI), with the ensembles that use them: model → why, in one line with the fix."""
+    from pipeline.backend.extensions import STANDALONE_HOWTO, python_symbols
+
+    refused = {}
+    for name in loaded:
+        for library in models[name].config.model_operations.op_library_filename:
+            path = Path(library) if Path(library).is_absolute() else Path(local) / library
+            if not path.is_file():
+                refused[name] = f"its custom-op library {library} is not in the repository — {STANDALONE_HOWTO}"
+            elif python_symbols(path):
+                refused[name] = (f"its custom-op library {library} is onnxruntime-extensions' CPython module, which the C++ onnxruntime "
+                                 f"backend cannot load — {STANDALONE_HOWTO}")
+    for name in loaded:
+        steps = [step.model_name for step in models[name].config.ensemble_scheduling.step]
+        blocked = [step for step in steps if step in refused]
+        if blocked:
+            refused[name] = f"its step {blocked[0]} is not loaded: {refused[blocked[0]]}"
+    return refused
 
 
 def write_deploy_bundle(
@@ -105,6 +132,11 @@ def write_deploy_bundle(
     with readable(repository) as local:  # s3://: a copy of what its server serves, read here
         models = read_repository(local)
         loaded = gpu_models(models)
+        refused = unloadable_op_libraries(local, models, loaded)
+        for name, why in sorted(refused.items()):
+            log.warning("deploy bundle: %s is not loaded: %s", name, why)
+        loaded = [name for name in loaded if name not in refused]
+        libraries = any(models[name].config.model_operations.op_library_filename for name in loaded)
         require(bool(loaded), f"every model in {repository} is CPU-only (KIND_CPU), and this bundle is for a GPU host",
                 "build GPU variants (e.g. --fp16), or serve the CPU variants with `python -m pipeline serve`")
         for line in check_image(image, repository_needs(models, loaded)):
@@ -128,6 +160,10 @@ def write_deploy_bundle(
     if builds:
         server = replace(server, extra_repositories=(CONTAINER_PLANS,))
     setup = cache_setup_shell(loaded)
+    if libraries:  # op_library_filename is relative to the repository: dlopen reads it from the working directory
+        require(store is None, f"the raw-input ensemble of {repository} ships its custom-op library in the repository, which a server "
+                "reading s3:// cannot dlopen", "copy the repository to a folder (aws s3 sync) and deploy that")
+        setup = f"cd {CONTAINER_REPOSITORY} && {setup}"
     extra = load_plans_shell() if builds else ""
     service = compose_service(image=image, server=server, ports=[(p, p) for p in ports], rel_repo=rel_repo, devices={"count": "all"},
                               setup=setup, extra_shell=extra, object_store=store[1] if store else None)

@@ -98,6 +98,12 @@ class RawInputs:
     variant: Artifact  # the published variant the ensemble serves
     library: Path  # onnxruntime-extensions' library, shipped inside the preprocessing model's folder
 
+    def fingerprint(self) -> str:
+        """The content hash of what the ensemble is made of (what the stage cache keys on)."""
+        from pipeline.core.fingerprint import hash_path
+
+        return f"{hash_path(self.preprocess)}:{self.variant.triton_name('m')}:{self.variant.fingerprint()}:{hash_path(self.library)}"
+
 
 def raw_input_models(raw: RawInputs, model: str, variant_signature: ModelSignature, labels: bytes | None,
                      classifier_output: str | None) -> tuple[list[Artifact], dict[str, Any], dict[str, dict[str, bytes]]]:

@@ -1,0 +1,184 @@
+"""The build's raw-input steps (``--raw-inputs image``): what the preprocessing does, the image files it is judged
+on, the variant the ensemble serves, and the gate that sends the files through Triton before anything is published."""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from pipeline.accuracy.evaldata import EvalData
+from pipeline.accuracy.gates import Gates, tolerance_for
+from pipeline.accuracy.outputkinds import OutputKind
+from pipeline.build.config import BuildConfig
+from pipeline.core.errors import CheckFailed, PipelineError
+from pipeline.core.stagecache import Stage
+from pipeline.data.artifacts import Artifact
+from pipeline.data.raw_files import ImageFiles, ImagePreprocess, image_files, is_image_folder, reference_tensor
+from pipeline.data.tensors import ModelSignature
+from pipeline.triton.ensemble import RawInputs
+
+log = logging.getLogger(__name__)
+
+RAW_EVAL_DIR = "raw_eval"  # the bundled model's evaluation digits as PNG files, in its workspace
+
+
+def image_preprocess_of(saved: Path, signature: ModelSignature, cfg: BuildConfig) -> ImagePreprocess:
+    """What the ensemble does to an image for this model: its one image input, ``--resize``, and the scale of the
+    model's own Rescaling/Normalization layer or else ``--preprocess`` (the build says which, in one line)."""
+    from pipeline.stages.image_preprocess import image_preprocess_for
+    from pipeline.stages.savedmodel import read_input_scaling
+
+    if len(signature.inputs) != 1:
+        raise PipelineError(f"--raw-inputs image needs a model with one image input; this one has {len(signature.inputs)} "
+                            f"({', '.join(s.name for s in signature.inputs)})", "leave --raw-inputs out for this model")
+    spec = signature.inputs[0]
+    pre = image_preprocess_for(spec, cfg.resize, cfg.preprocess, read_input_scaling(saved).get(spec.name))
+    log.info("raw inputs: %s", pre.describe())
+    return pre
+
+
+def raw_image_files(cfg: BuildConfig, bundled: bool, workspace_root: Path, classes: list[str] | None) -> ImageFiles | None:
+    """The image files the raw-input gate sends: ``--eval-data`` when it is a folder of images; for the bundled model its
+    evaluation digits written as PNG files of assorted sizes; else None (the gate cannot run)."""
+    if cfg.eval_data is not None and is_image_folder(cfg.eval_data):
+        return image_files(cfg.eval_data, classes)
+    if bundled:
+        from pipeline.models.digits import write_image_folder
+
+        folder = workspace_root / RAW_EVAL_DIR
+        if not folder.is_dir():
+            write_image_folder(folder.with_name(folder.name + ".partial"))
+            folder.with_name(folder.name + ".partial").rename(folder)
+        return image_files(folder, classes)
+    return None
+
+
+def image_eval_data(files: ImageFiles, pre: ImagePreprocess) -> EvalData:
+    """The tensor-path evaluation data of an image folder: Keras's preprocessing of each file, with the folder's labels."""
+    inputs = {pre.input: np.stack([reference_tensor(p, pre) for p in files.files])}
+    labels = np.asarray(files.labels, np.int64) if files.labels is not None else None
+    digest = hashlib.sha256(pre.to_json().encode())
+    for path in files.files:
+        digest.update(path.name.encode())
+        digest.update(path.read_bytes())
+    return EvalData.single(inputs, labels, f"{len(files.files)} images of {files.folder} (Keras preprocessing)", digest.hexdigest())
+
+
+def served_variant(cfg: BuildConfig, variants: Sequence[Artifact], results: Mapping[str, Any]) -> Artifact:
+    """The variant the ensemble serves: ``--raw-variant``, else the fastest ONNX variant at batch 1 (the latency stage)
+    among those that passed their gate (FP32 always has)."""
+    candidates = {v.precision: v for v in variants if v.kind == "onnx" and v.precision != "u8"}
+    if cfg.raw_variant is not None:
+        if cfg.raw_variant not in candidates:
+            raise PipelineError(f"--raw-variant {cfg.raw_variant} is not among this build's published variants ({', '.join(candidates)})",
+                                f"build it too (e.g. --{cfg.raw_variant.replace('int8cpu', 'int8-cpu')}) or pick another")
+        return candidates[cfg.raw_variant]
+    failed = {v["precision"] for v in (results.get("accuracy") or {}).get("variants", []) if not v.get("passed")}
+    speed: dict[str, float] = {}
+    for row in (results.get("latency") or {}).get("variants", []):
+        ones = [b["median_ms"] for b in row.get("batches", []) if b.get("batch") == 1]
+        if row.get("kind") == "onnx" and ones:
+            speed[row["precision"]] = ones[0]
+    passing = [p for p in candidates if p not in failed]
+    best = min(passing, key=lambda p: (speed.get(p, float("inf")), p != "fp32"))
+    log.info("raw inputs: the ensemble serves %s (%s)", best,
+             f"{speed[best]:.3g} ms at batch 1, the fastest that passed its gate" if best in speed else "no latency measured")
+    return candidates[best]
+
+
+def gate_raw_inputs(gate_repository: Path, model: str, variant: Artifact, files: ImageFiles, pre: ImagePreprocess, fp32_onnx: Path,
+                    kinds: dict[str, OutputKind], gates: Gates, workdir: Path, tensor_data: EvalData | None = None) -> dict[str, Any]:
+    """The raw-input gate on ``gate_repository`` (the ensemble, its preprocessing and ``variant``, published there first):
+    the report; CheckFailed (one line, naming output and figure) when the answers differ past the variant's tolerance, or
+    when, with labels on both, the accuracy from raw files falls below the tensor path's (FP32 on ``tensor_data``) by more
+    than the variant's accuracy limit: a preprocessing declared unlike training (``--preprocess``) fails there."""
+    from pipeline.triton.raw_gate import raw_gate
+
+    tolerance = tolerance_for(variant.precision, gates)
+    report = raw_gate(gate_repository, model, variant.precision, files, pre, fp32_onnx, kinds, tolerance, workdir=workdir)
+    report["preprocess"] = pre.describe()
+    raw_accuracy = next((s.get("accuracy") for s in report["summary"].values() if s.get("accuracy") is not None), None)
+    tensor_accuracy = _tensor_accuracy(fp32_onnx, tensor_data, kinds) if tensor_data is not None else None
+    report["tensor_path_accuracy"] = tensor_accuracy
+    if raw_accuracy is not None and tensor_accuracy is not None:
+        # Unpaired (other pixels of the same pictures, or other pictures): the drop's normal bounds at the gate's confidence.
+        n_raw, n_tensor = len(files.files), tensor_data.num_samples  # type: ignore[union-attr]
+        drop = 100 * (tensor_accuracy - raw_accuracy)
+        spread = 100 * _z(tolerance.confidence) * float(np.sqrt(tensor_accuracy * (1 - tensor_accuracy) / n_tensor + raw_accuracy * (1 - raw_accuracy) / n_raw))
+        report["accuracy_vs_tensor_path"] = {"drop_points": drop, "low": drop - spread, "high": drop + spread, "limit": tolerance.max_drop_points}
+        line = (f"top-1 accuracy from raw files {100 * raw_accuracy:.2f}% is {drop:.2f} points [{drop - spread:.2f}, {drop + spread:.2f}] below "
+                f"the tensor path's {100 * tensor_accuracy:.2f}% (limit {tolerance.max_drop_points:g})")
+        if drop - spread > tolerance.max_drop_points:
+            report["failures"].append(line)
+        elif drop + spread > tolerance.max_drop_points:
+            report["undecided"].append(f"{line}: too few files to tell")
+    if report["failures"]:
+        raise CheckFailed(f"raw inputs through the ensemble '{model}' answer unlike the model on Keras's preprocessing of the same "
+                          f"{len(files.files)} files: {report['failures'][0]}",
+                          "check the preprocessing against training (--preprocess, --resize, channel order); the ensemble was not published")
+    for line in report["undecided"]:
+        log.warning("raw inputs: %s", line)
+    return report
+
+
+def _z(confidence: float) -> float:
+    from statistics import NormalDist
+
+    return NormalDist().inv_cdf(0.5 + confidence / 2)
+
+
+def _tensor_accuracy(fp32_onnx: Path, data: EvalData, kinds: dict[str, OutputKind]) -> float | None:
+    """FP32's top-1 accuracy on the build's evaluation tensors (None without labels or a classes output)."""
+    from pipeline.backend.onnxrt import session_from_onnx
+
+    output = next((name for name, kind in kinds.items() if kind.kind == "classes"), None)
+    if output is None or any(output not in b.targets for b in data.buckets):
+        return None
+    session = session_from_onnx(fp32_onnx)
+    right = total = 0
+    for bucket in data.buckets:
+        predicted = session.run([output], bucket.inputs)[0].argmax(-1).reshape(-1)
+        right += int((predicted == bucket.targets[output].reshape(-1)).sum())
+        total += len(predicted)
+    return right / total if total else None
+
+
+def gate_settings(settings: Any, root: Path) -> Any:
+    """Publish settings for the gate's own repository: no MIG configs, no deploy bundle, version 1 only."""
+    return replace(settings, repository=root, mig=None, deploy_plans=None, version_policy="replace", bundle=False)
+
+
+def raw_input_stages(pre: ImagePreprocess | None, files: ImageFiles | None, variants: list[Artifact], onnx_fp32: Path, data: EvalData,
+                     kinds: dict[str, OutputKind], ctx: Any, settings: Any) -> RawInputs:
+    """The preprocessing graph, the variant the ensemble serves, and the raw-input gate through Triton on a repository of
+    its own (the ensemble, its preprocessing and that variant), before anything is published. ``ctx`` is the build's
+    context (pipeline.build.orchestrator.BuildContext), ``settings`` its publish settings."""
+    from pipeline.backend.extensions import extensions_library
+    from pipeline.build.publish import repository_from_artifacts
+    from pipeline.stages.image_preprocess import image_preprocess_onnx
+
+    assert pre is not None
+    dst = ctx.ws.root / "preprocess.onnx"
+    ctx.run(Stage("preprocess", image_preprocess_onnx, settings={"pre": pre}, outputs={"dst": dst}))
+    library = extensions_library(ctx.cfg.extensions_library)
+    log.info("raw inputs: custom ops from %s", library.describe())
+    raw = RawInputs(dst, served_variant(ctx.cfg, variants, ctx.manifest.results), library.path)
+    if files is None:
+        ctx.manifest.not_run("raw-gate", "no image files to judge the ensemble on: give --eval-data a folder of images (one sub-folder per class)")
+        log.warning("raw inputs: the ensemble is not gated (give --eval-data a folder of images, one sub-folder per class)")
+        return raw
+    started = time.perf_counter()
+    gate_repo = ctx.ws.root / "raw_gate_repository"
+    repository_from_artifacts([raw.variant], {v.precision: v.path for v in variants}, data.head(1), gate_settings(settings, gate_repo),
+                              {}, ctx.cfg.command, raw=raw)
+    report = gate_raw_inputs(gate_repo, ctx.name, raw.variant, files, pre, onnx_fp32, kinds, ctx.cfg.gates, ctx.cfg.workdir, data)
+    ctx.manifest.results["raw_inputs"] = report
+    ctx.manifest.ran("raw-gate", time.perf_counter() - started, f"{len(files.files)} files through the ensemble in the embedded tritonserver")
+    return raw
