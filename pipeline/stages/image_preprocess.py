@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import logging
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -69,7 +70,7 @@ def image_preprocess_onnx(pre: ImagePreprocess, dst: Path, *, decoded: bool = Fa
         consts.append(onnx.numpy_helper.from_array(np.asarray(value), name))
         return name
 
-    def node(op: str, inputs: list[str], output: str, domain: str = "", **attrs: object) -> str:
+    def node(op: str, inputs: list[str], output: str, domain: str = "", **attrs: Any) -> str:
         nodes.append(helper.make_node(op, inputs, [output], name=output, domain=domain, **attrs))
         return output
 
@@ -89,7 +90,7 @@ def image_preprocess_onnx(pre: ImagePreprocess, dst: Path, *, decoded: bool = Fa
         pixels = node("Floor", [node("Add", [summed, const("half", np.array(0.5, np.float32))], "luma_rounding")], "luma")
     fitted = _fit(pre, pixels, node, const)
     sizes = const("target_size", np.array([pre.height, pre.width], np.int64))
-    resize_attrs: dict[str, object] = {"mode": pre.interpolation, "axes": [0, 1], "coordinate_transformation_mode": "half_pixel"}
+    resize_attrs: dict[str, Any] = {"mode": pre.interpolation, "axes": [0, 1], "coordinate_transformation_mode": "half_pixel"}
     if pre.interpolation == "linear":
         resize_attrs["antialias"] = 1
     else:
