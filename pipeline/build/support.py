@@ -38,8 +38,11 @@ def decided_kinds(signature: ModelSignature, described: list[dict] | None, produ
 
 
 def early_labels(path: Path) -> list[dict[str, np.ndarray]]:
-    """The label arrays of the evaluation file, checked for what needs no model (numbers, finite), one dict per bucket."""
-    if not path.exists():
+    """The label arrays of the evaluation file, checked for what needs no model (numbers, finite), one dict per bucket
+    (none for a folder of images: its labels are its sub-folders, read with the files)."""
+    from pipeline.data.raw_files import is_image_folder
+
+    if not path.exists() or is_image_folder(path):
         return []
     by_bucket: dict[str, dict[str, np.ndarray]] = {}
     for (output, bucket), array in label_arrays(path, read_arrays(path)).items():

@@ -34,6 +34,7 @@ log = logging.getLogger(__name__)
 
 EXTENSIONS_DOMAIN = "com.microsoft.extensions"  # onnxruntime-extensions' domain of its image ops
 OPSET = 18  # Resize's antialias attribute
+PREFIX = "preprocess/"  # the graph's own node and tensor names
 
 
 def image_preprocess_for(spec: TensorSpec, fit: str | None, preprocess: str, model_scaling: str | None) -> ImagePreprocess:
@@ -66,13 +67,16 @@ def image_preprocess_onnx(pre: ImagePreprocess, dst: Path, *, decoded: bool = Fa
     nodes: list[onnx.NodeProto] = []
     consts: list[onnx.TensorProto] = []
 
+    # Every name of the graph's own gets a prefix, so none can clash with the model input's name (its one output).
     def const(name: str, value: np.ndarray) -> str:
-        consts.append(onnx.numpy_helper.from_array(np.asarray(value), name))
-        return name
+        consts.append(onnx.numpy_helper.from_array(np.asarray(value), PREFIX + name))
+        return PREFIX + name
 
-    def node(op: str, inputs: list[str], output: str, domain: str = "", **attrs: Any) -> str:
-        nodes.append(helper.make_node(op, inputs, [output], name=output, domain=domain, **attrs))
-        return output
+    def node(op: str, inputs: list[str], output: str, domain: str = "", final: bool = False, **attrs: Any) -> str:
+        inputs = [i if i in ("", BYTES_INPUT, HWC_INPUT) or i.startswith(PREFIX) else PREFIX + i for i in inputs]
+        name = output if final else PREFIX + output
+        nodes.append(helper.make_node(op, inputs, [name], name=name, domain=domain, **attrs))
+        return name
 
     if decoded:
         source = helper.make_tensor_value_info(HWC_INPUT, TensorProto.UINT8, ["height", "width", 3])
@@ -101,7 +105,7 @@ def image_preprocess_onnx(pre: ImagePreprocess, dst: Path, *, decoded: bool = Fa
     scaled = node("Add", [node("Mul", [rounded, const("scale", np.array(pre.scale, np.float32))], "scaled_only"),
                           const("offset", np.array(pre.offset, np.float32))], "scaled")
     laid = node("Transpose", [scaled], "chw", perm=[2, 0, 1]) if pre.channels_first else scaled
-    node("Unsqueeze", [laid, const("batch_axis", np.array([0], np.int64))], pre.input)
+    node("Unsqueeze", [laid, const("batch_axis", np.array([0], np.int64))], pre.input, final=True)
     shape = [1, pre.channels, pre.height, pre.width] if pre.channels_first else [1, pre.height, pre.width, pre.channels]
     graph = helper.make_graph(nodes, "image_preprocess", [source], [helper.make_tensor_value_info(pre.input, TensorProto.FLOAT, shape)], consts)
     opsets = [helper.make_opsetid("", OPSET)] + ([] if decoded else [helper.make_opsetid(EXTENSIONS_DOMAIN, 1)])

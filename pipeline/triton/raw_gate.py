@@ -5,7 +5,8 @@ reference is the FP32 ONNX model, which the parity stage proved equal to TensorF
 image utilities make of the same file (:func:`pipeline.data.raw_files.reference_tensor`). Both are judged with
 the statistics and bounds of every other gate (pipeline.accuracy.judging) at the served variant's tolerance, less
 its max-abs limit: two resamplers of the same picture differ by a few grey levels, and what matters is whether
-the answers do. Against the labels of an ImageFolder the served answers' accuracy is reported beside.
+the answers do; the figures are those of agreement with the reference (:func:`judge_raw`). Against the labels of
+an ImageFolder each side's accuracy is reported beside.
 
 A preprocessing that differs from training (BGR for RGB, 0..255 for 0..1, another resize filter) changes the
 answers, and this gate fails it.
@@ -79,17 +80,23 @@ def reference_outputs(fp32_onnx: Path, files: ImageFiles, pre: ImagePreprocess, 
 
 def judge_raw(model: str, precision: str, files: ImageFiles, reference: list[dict[str, np.ndarray]], served: list[dict[str, np.ndarray]],
               kinds: dict[str, OutputKind], tolerance: Tolerance) -> dict[str, Any]:
-    """The verdict of the served answers against the reference, file by file, with the labels where there are some."""
+    """The verdict of the served answers against the reference, file by file. The reference is the answer the model
+    should give, so the figures are those of agreement (top-1 agreement for classes, as a gate without labels judges):
+    a preprocessing that changes answers fails even where it happens to keep the accuracy. The labels, where the folder
+    has them, give each side's accuracy beside (and pipeline.build.raw holds it to the tensor path's)."""
     tolerance = replace(tolerance, atol=None)
     comparison = new_comparison(model, kinds, tolerance.threshold)
-    classes_output = next((name for name, kind in kinds.items() if kind.kind == "classes"), None)
-    for i, (mine, theirs) in enumerate(zip(reference, served, strict=True)):
-        target = {}
-        if files.labels is not None and classes_output is not None:
-            target = {classes_output: np.array([files.labels[i]], np.int64)}
-        comparison.add({o: mine[o] for o in kinds}, {o: theirs[o].reshape(mine[o].shape) for o in kinds}, target)
+    for mine, theirs in zip(reference, served, strict=True):
+        comparison.add({o: mine[o] for o in kinds}, {o: theirs[o].reshape(mine[o].shape) for o in kinds}, {})
     verdict = judge_comparison(model, precision, "raw inputs", comparison, tolerance, kinds)
-    summary = {name: comparison.summary(name) for name in kinds}
+    summary: dict[str, dict[str, float]] = {name: dict(comparison.summary(name)) for name in kinds}
+    if files.labels is not None:
+        labels = np.asarray(files.labels)
+        for name, kind in kinds.items():
+            if kind.kind == "classes":
+                served_top = np.array([r[name].reshape(-1).argmax() for r in served])
+                reference_top = np.array([r[name].reshape(-1).argmax() for r in reference])
+                summary[name] |= {"accuracy": float((served_top == labels).mean()), "reference_accuracy": float((reference_top == labels).mean())}
     return {"model": model, "precision": precision, "files": len(files.files), "folder": str(files.folder), "rows": verdict.rows,
             "failures": verdict.failures, "undecided": verdict.undecided, "passed": verdict.passed, "summary": summary}
 
