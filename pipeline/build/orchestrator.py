@@ -415,7 +415,8 @@ def _publish_stage(artifacts: list[Artifact], variants: list[Artifact], data: Ev
     # Later commands (verify, loadtest) find the evaluation data the build used through this report.
     eval_path = cfg.eval_data or ctx.data_dir.eval
     report = {"manifest": str(ctx.ws.manifest.absolute()), "eval_data": str(eval_path.absolute()) if eval_path.is_file() else None, "accuracy": ctx.manifest.results.get("accuracy"),
-              "output_kinds": kinds_to_json(kinds), "gates": asdict(cfg.gates), "versions": ctx.manifest.versions}
+              "output_kinds": kinds_to_json(kinds), "gates": asdict(cfg.gates), "versions": ctx.manifest.versions,
+              "raw_inputs": {k: v for k, v in (ctx.manifest.results.get("raw_inputs") or {}).items() if k != "rows"} or None}
     ctx.run(Stage("publish", published_from_artifacts,
                   inputs={"artifacts": artifacts, "data": data, **({"raw": raw} if raw else {})},
                   settings={"settings": settings},

@@ -99,26 +99,15 @@ def gate_raw_inputs(gate_repository: Path, model: str, variant: Artifact, files:
     the report; CheckFailed (one line, naming output and figure) when the answers differ past the variant's tolerance, or
     when, with labels on both, the accuracy from raw files falls below the tensor path's (FP32 on ``tensor_data``) by more
     than the variant's accuracy limit: a preprocessing declared unlike training (``--preprocess``) fails there."""
-    from pipeline.triton.raw_gate import raw_gate
+    from pipeline.triton.raw_gate import hold_to_tensor_path, raw_gate
 
     tolerance = tolerance_for(variant.precision, gates)
     report = raw_gate(gate_repository, model, variant.precision, files, pre, fp32_onnx, kinds, tolerance, workdir=workdir)
     report["preprocess"] = pre.describe()
-    raw_accuracy = next((s.get("accuracy") for s in report["summary"].values() if s.get("accuracy") is not None), None)
     tensor_accuracy = _tensor_accuracy(fp32_onnx, tensor_data, kinds) if tensor_data is not None else None
-    report["tensor_path_accuracy"] = tensor_accuracy
-    if raw_accuracy is not None and tensor_accuracy is not None:
-        # Unpaired (other pixels of the same pictures, or other pictures): the drop's normal bounds at the gate's confidence.
-        n_raw, n_tensor = len(files.files), tensor_data.num_samples  # type: ignore[union-attr]
-        drop = 100 * (tensor_accuracy - raw_accuracy)
-        spread = 100 * _z(tolerance.confidence) * float(np.sqrt(tensor_accuracy * (1 - tensor_accuracy) / n_tensor + raw_accuracy * (1 - raw_accuracy) / n_raw))
-        report["accuracy_vs_tensor_path"] = {"drop_points": drop, "low": drop - spread, "high": drop + spread, "limit": tolerance.max_drop_points}
-        line = (f"top-1 accuracy from raw files {100 * raw_accuracy:.2f}% is {drop:.2f} points [{drop - spread:.2f}, {drop + spread:.2f}] below "
-                f"the tensor path's {100 * tensor_accuracy:.2f}% (limit {tolerance.max_drop_points:g})")
-        if drop - spread > tolerance.max_drop_points:
-            report["failures"].append(line)
-        elif drop + spread > tolerance.max_drop_points:
-            report["undecided"].append(f"{line}: too few files to tell")
+    if tensor_accuracy is not None:
+        hold_to_tensor_path(report, tensor_accuracy, tensor_data.num_samples, tolerance)  # type: ignore[union-attr]
+        report["tensor_samples"] = tensor_data.num_samples  # type: ignore[union-attr]
     if report["failures"]:
         raise CheckFailed(f"raw inputs through the ensemble '{model}' answer unlike the model on Keras's preprocessing of the same "
                           f"{len(files.files)} files: {report['failures'][0]}",
@@ -126,12 +115,6 @@ def gate_raw_inputs(gate_repository: Path, model: str, variant: Artifact, files:
     for line in report["undecided"]:
         log.warning("raw inputs: %s", line)
     return report
-
-
-def _z(confidence: float) -> float:
-    from statistics import NormalDist
-
-    return NormalDist().inv_cdf(0.5 + confidence / 2)
 
 
 def _tensor_accuracy(fp32_onnx: Path, data: EvalData, kinds: dict[str, OutputKind]) -> float | None:

@@ -93,8 +93,10 @@ def register(subparsers: argparse._SubParsersAction, refresh_page: PageRefresher
     req.add_argument("--output-shared-memory-size", type=int, metavar="BYTES",
                      help="with --shared-memory: bytes of each output's region (default: what the model's output shape "
                           "takes at --batch-size; required for outputs of variable size)")
-    req.add_argument("--data", type=Path, metavar="NPZ",
-                     help="samples to send, one array per input name (default: <calibration-root>/<model>/eval.npz)")
+    req.add_argument("--data", type=Path, metavar="NPZ|FOLDER",
+                     help="samples to send, one array per input name (default: <calibration-root>/<model>/eval.npz); or a folder of "
+                          "JPEG/PNG files, sent one file per request to a raw-input ensemble (build --raw-inputs image), whose "
+                          "per-step server times are reported")
     req.add_argument("--calibration-root", type=Path, default=CALIBRATION_ROOT,
                      help="where <model>/eval.npz lives; variants digits_fp16, digits_int8_trt use digits/ (default: %(default)s)")
     req.add_argument("--timeout-ms", type=float, default=5000, help="a request without response after this counts as a timeout (default: %(default)g)")
@@ -277,9 +279,13 @@ def _show(result: RunResult, args: argparse.Namespace, report_dir: Path, page_fo
     """The tables, the reports, the exit status."""
     if not result.points:
         raise PipelineError("no load point was measured", "check the server and the --model names")
-    from pipeline.loadtest.report import metrics_table, table, write_reports
+    from pipeline.core.tables import to_rich
+    from pipeline.loadtest.report import metrics_table, steps_data, table, write_reports
 
     console.print(table(result, args.slo_p99_ms))
+    steps = steps_data(result)
+    if steps is not None:
+        console.print(to_rich(steps))
     console.print(metrics_table(result))
     written = write_reports(result, report_dir, args.slo_p99_ms)
     console.print(f"reports: {', '.join(str(p) for p in written)}")

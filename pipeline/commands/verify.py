@@ -36,6 +36,9 @@ class VerifyConfig:
     url: str | None = option(None, "HTTP endpoint of a running Triton (host:port); default: start the embedded server", metavar="HOST:PORT")
     models: tuple[str, ...] = option((), "only these Triton models (repeatable; default: every pipeline variant)", flag="--model", metavar="NAME")
     eval_data: Path | None = eval_data_option()
+    data: Path | None = option(None, "a folder of JPEG/PNG files (one sub-folder per class for labels): send them as raw files through each "
+                                     "raw-input ensemble (build --raw-inputs image), judged as the build's raw-input gate, answered with class names",
+                               metavar="FOLDER")
     calibration_root: Path = calibration_root_option()
     batch_size: int = option(32, "samples per request", check=in_range(1, 1 << 20), fix="pass a positive batch size")
     atol: float = option(SERVED_ATOL, "max abs difference served vs in-process (FP16 variants: the looser of this and the build's "
@@ -64,7 +67,8 @@ def register(subparsers: argparse._SubParsersAction, refresh_page: PageRefresher
             "ones, or when a served variant's accuracy drops more than its gate below served FP32."
         ),
         epilog="example:\n  python -m pipeline verify                 # embedded server on model_repository/\n"
-        "  python -m pipeline verify --url 127.0.0.1:8000 --model digits_int8 --eval-data data/eval.npz",
+        "  python -m pipeline verify --url 127.0.0.1:8000 --model digits_int8 --eval-data data/eval.npz\n"
+        "  python -m pipeline verify --data photos/           # raw files through the raw-input ensembles",
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     add_options(p, VerifyConfig)
@@ -77,6 +81,8 @@ def run(args: argparse.Namespace) -> int:
     from pipeline.triton.verify import verify_repository
 
     cfg = checked_config(VerifyConfig, args)
+    if cfg.data is not None:
+        return _run_raw(cfg, args)
     given = {}
     if cfg.eval_data is not None:
         from pipeline.core.errors import require
@@ -104,4 +110,28 @@ def run(args: argparse.Namespace) -> int:
     page = args.refresh_page(cfg.workdir, page_dir(cfg.report_dir, cfg.workdir)) if args.refresh_page else None
     if page:
         console().print(f"report: {page}")
+    return 0
+
+
+def _run_raw(cfg: VerifyConfig, args: argparse.Namespace) -> int:
+    """``verify --data FOLDER``: the raw files through every raw-input ensemble; CheckFailed naming the first failure."""
+    import json
+
+    from pipeline.core.atomic import write_text_atomic
+    from pipeline.core.errors import CheckFailed
+    from pipeline.reports.build_tables import raw_answers_data
+    from pipeline.triton.raw_gate import verify_raw
+
+    assert cfg.data is not None
+    reports = verify_raw(cfg.repository, cfg.data, url=cfg.url, workdir=cfg.workdir, gates=cfg.gates(), models=cfg.models)
+    for report in reports:
+        for table in raw_answers_data(report):
+            console().print(to_rich(table))
+    path = cfg.report or cfg.workdir / "verify_raw.json"
+    write_text_atomic(path, json.dumps(reports, indent=2, default=str) + "\n")
+    console().print(f"report: {path}")
+    failed = [r for r in reports if r["failures"]]
+    if failed:
+        raise CheckFailed(f"raw files through '{failed[0]['model']}': {failed[0]['failures'][0]}",
+                          "check the preprocessing against training; the build's --raw-inputs gate says the same on its data")
     return 0

@@ -93,6 +93,19 @@ def load_samples(path: Path) -> dict[str, np.ndarray]:
     return arrays
 
 
+def raw_file_requests(folder: Path, io: ModelIO, count: int) -> list[dict[str, np.ndarray]]:
+    """``count`` requests of a raw-input ensemble (one uint8 [-1] input, ``max_batch_size`` 0), one image file each, the
+    files of ``folder`` (and its class sub-folders) taken in turn: the bytes a client sends, as they are on disk."""
+    from pipeline.data.raw_files import image_files
+
+    inputs = [t for t in io.inputs]
+    require(len(inputs) == 1 and inputs[0].datatype == "UINT8" and list(inputs[0].shape) == [-1] and io.max_batch_size == 0,
+            f"--data {folder} is a folder of images, and model '{io.name}' does not take one encoded file per request (uint8 [-1])",
+            "load-test the raw-input ensemble (build --raw-inputs image), or pass an .npz of tensors")
+    files = image_files(folder).files
+    return [{inputs[0].name: np.fromfile(files[k % len(files)], np.uint8)} for k in range(count)]
+
+
 def request_batches(samples: dict[str, np.ndarray], io: ModelIO, batch_size: int, count: int) -> list[dict[str, np.ndarray]]:
     """``count`` request batches of ``batch_size`` consecutive samples (wrapping around), each
     input cast to the dtype the model declares. Samples in length buckets (``tokens__16``,

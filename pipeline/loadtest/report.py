@@ -95,6 +95,20 @@ def metrics_data(result: RunResult) -> TableData:
     return t
 
 
+def steps_data(result: RunResult) -> TableData | None:
+    """Each ensemble point's per-step server times (Triton's statistics of each composing model over the point), or None
+    when no point is of an ensemble."""
+    rows = [(p, step, s) for p in result.points for step, s in (p.steps or {}).items()]
+    if not rows:
+        return None
+    t = TableData("Triton's time per ensemble step (each composing model's statistics over the point, µs per request)",
+                  ["model", "load", "step", "requests", "queue µs", "in µs", "infer µs", "out µs", "batch"], left=3)
+    for point, step, s in rows:
+        t.add([point.model, point.label, step, str(s.get("success_count", "")), _num(s.get("queue_us"), 0), _num(s.get("compute_input_us"), 0),
+               _num(s.get("compute_infer_us"), 0), _num(s.get("compute_output_us"), 0), _num(s.get("avg_batch_size"), 2)])
+    return t
+
+
 def metrics_table(result: RunResult) -> Any:
     """:func:`metrics_data` as a ``rich.table.Table``."""
     return to_rich(metrics_data(result))

@@ -73,6 +73,7 @@ class PointResult:
     incomplete: str | None = None  # load generators (worker processes, shards) whose share is missing, and why
     disrupted: list[str] = field(default_factory=list)  # windows the server went away or restarted in, left out of the statistics
     window_spread: dict[str, float] | None = None  # the used windows' throughput / mean latency: largest deviation from their mean (fraction)
+    steps: dict[str, dict[str, float | int]] | None = None  # an ensemble's composing models: Triton's breakdown of each over the point
 
     @property
     def label(self) -> str:

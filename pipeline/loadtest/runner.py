@@ -18,6 +18,7 @@ import numpy as np
 
 from pipeline.core.errors import PipelineError
 from pipeline.core.progress import progress
+from pipeline.data.raw_files import is_image_folder
 from pipeline.data.uint8_wire import quantized, served_uint8_scales
 from pipeline.loadtest import payload as pl
 from pipeline.loadtest import metrics as pm
@@ -32,7 +33,7 @@ from pipeline.loadtest.measure import (
 from pipeline.loadtest.policy import OpenLoop, Policy
 from pipeline.loadtest.request_check import check_request, check_shm_request
 from pipeline.loadtest.results import EndpointResult, PointResult, RunResult
-from pipeline.loadtest.server_stats import ServerCounters, fetch_counters
+from pipeline.loadtest.server_stats import ServerCounters, ensemble_steps, fetch_counters, step_counters
 from pipeline.loadtest.shm import SHARED_MEMORY, SharedMemoryRegions, output_byte_sizes, shm_requests
 from pipeline.loadtest.stats import summarize_ns
 from pipeline.loadtest.targets import (
@@ -142,6 +143,10 @@ def model_spec(settings: LoadTestSettings, model: str, regions: SharedMemoryRegi
     """The engine's requests for ``model``: samples encoded once (their tensors written into ``regions``
     with shared memory), the first checked against tritonclient."""
     io = model_io(settings.endpoints[0], model)
+    if settings.data is not None and is_image_folder(settings.data):  # raw files, for a raw-input ensemble
+        files = pl.raw_file_requests(settings.data, io, settings.distinct_requests)
+        log.info("%s: %d requests of one image file each from %s, %s/%s", model, len(files), settings.data, settings.protocol, settings.transport)
+        return EngineSpec(settings.protocol, _targets(settings, io, files, regions), settings.timeout_s, settings.max_connections)
     samples = pl.load_samples(settings.data or pl.eval_data_path(model, settings.calibration_dir, settings.repository))
     if settings.repository is not None:  # a uint8-input variant gets its float samples as the uint8 a client sends
         samples = quantized(samples, served_uint8_scales(settings.repository / model))
@@ -171,9 +176,14 @@ def _run_point(
     scraped_ns = time.perf_counter_ns()
     before = [_scrape(m) for m in _metrics_endpoints(settings)]
     cpu = engine.cpu_seconds if pool is not None else time.process_time
+    steps = ensemble_steps(settings.endpoints[0], model)
+    steps_before = step_counters(list(settings.endpoints), steps) if steps else {}
     measurement = measure(engine, settings.windows, fetchers, offered, cpu=cpu, after_disruption=after_disruption)
+    steps_after = step_counters(list(settings.endpoints), steps) if steps else {}
     after = [_scrape(m) for m in _metrics_endpoints(settings)]
     point = point_from_measurement(settings, model, policy, measurement)
+    if steps:  # over the whole point, warm-up windows included: Triton counts per model, not per window of ours
+        point.steps = {step: (steps_after[step] - steps_before[step]).breakdown() for step in steps}
     if pool is not None:
         point.incomplete = "; ".join(engine.failures) or None
     _attach_metrics(point, model, before, after, (time.perf_counter_ns() - scraped_ns) / 1e9)

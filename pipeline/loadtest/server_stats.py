@@ -88,3 +88,20 @@ def fetch_counters(endpoint: Endpoint, model: str, timeout: float = 2.0) -> Serv
     if status != 200:
         raise OSError(f"statistics request answered HTTP {status}: {payload}")
     return counters_from_json(payload, model)
+
+
+def ensemble_steps(endpoint: Endpoint, model: str, timeout: float = 5.0) -> list[str]:
+    """The composing models of ``model`` in step order (its config's ``ensemble_scheduling``); [] for a model that is
+    not an ensemble or whose config the server does not show."""
+    try:
+        status, payload = request_json(endpoint, "GET", f"/v2/models/{quote(model, safe='')}/config", timeout=timeout)
+    except OSError:
+        return []
+    if status != 200 or not isinstance(payload, dict):
+        return []
+    return [str(step.get("model_name")) for step in (payload.get("ensemble_scheduling") or {}).get("step", []) if step.get("model_name")]
+
+
+def step_counters(endpoints: list[Endpoint], steps: list[str]) -> dict[str, ServerCounters]:
+    """Each step model's counters now, summed over ``endpoints``."""
+    return {step: sum((fetch_counters(e, step) for e in endpoints), ServerCounters()) for step in steps}

@@ -23,12 +23,13 @@ from typing import Any
 import numpy as np
 
 from pipeline.accuracy.compare import new_comparison
-from pipeline.accuracy.gates import Tolerance
+from pipeline.accuracy.gates import Gates, Tolerance, tolerance_for
 from pipeline.accuracy.judging import judge_comparison
-from pipeline.accuracy.outputkinds import OutputKind
-from pipeline.core.errors import PipelineError
+from pipeline.accuracy.outputkinds import OutputKind, kinds_from_json
+from pipeline.core.errors import PipelineError, require
 from pipeline.core.objectstore import S3Url
 from pipeline.core.progress import progress
+from pipeline.data.artifacts import parse_variant
 from pipeline.data.raw_files import BYTES_INPUT, ImageFiles, ImagePreprocess, reference_tensor
 
 log = logging.getLogger(__name__)
@@ -36,14 +37,13 @@ log = logging.getLogger(__name__)
 BATCH = 64  # reference tensors run through ONNX Runtime this many at a time
 
 
-def served_raw_outputs(url: str, model: str, files: ImageFiles, outputs: list[str], class_count: int = 0) -> tuple[list[dict[str, np.ndarray]], list[str]]:
-    """Each file's bytes through ``model`` at ``url`` (HTTP), one request per file: the outputs of each, and with
-    ``class_count`` the top-k answer of the first output (``score:index:label``) per file."""
+def served_raw_outputs(url: str, model: str, files: ImageFiles, outputs: list[str]) -> list[dict[str, np.ndarray]]:
+    """Each file's bytes through ``model`` at ``url`` (HTTP), one request per file: the outputs of each."""
     import tritonclient.http as http
     from tritonclient.utils import InferenceServerException
 
     client = http.InferenceServerClient(url, connection_timeout=10, network_timeout=60)
-    answers, names = [], []
+    answers = []
     try:
         with progress("raw files through the ensemble", len(files.files), unit="files") as bar:
             for path in bar.track(files.files):
@@ -53,16 +53,13 @@ def served_raw_outputs(url: str, model: str, files: ImageFiles, outputs: list[st
                 requested = [http.InferRequestedOutput(o) for o in outputs]
                 result = client.infer(model, [tensor], outputs=requested)
                 answers.append({o: result.as_numpy(o) for o in outputs})
-                if class_count:
-                    top = client.infer(model, [tensor], outputs=[http.InferRequestedOutput(outputs[0], class_count=class_count)])
-                    names.append(" ".join(v.decode() if isinstance(v, bytes) else str(v) for v in top.as_numpy(outputs[0]).ravel()))
     except InferenceServerException as exc:
         raise PipelineError(f"Triton at {url} failed to answer '{model}' for a raw file: {exc.message()}", "check the server log") from None
     except OSError as exc:
         raise PipelineError(f"cannot reach Triton at {url}: {exc}", "start it with `python -m pipeline serve` or pass the right --url") from None
     finally:
         client.close()
-    return answers, names
+    return answers
 
 
 def reference_outputs(fp32_onnx: Path, files: ImageFiles, pre: ImagePreprocess, outputs: list[str]) -> list[dict[str, np.ndarray]]:
@@ -101,10 +98,35 @@ def judge_raw(model: str, precision: str, files: ImageFiles, reference: list[dic
             "failures": verdict.failures, "undecided": verdict.undecided, "passed": verdict.passed, "summary": summary}
 
 
+def hold_to_tensor_path(report: dict[str, Any], tensor_accuracy: float, tensor_samples: int, tolerance: Tolerance) -> None:
+    """Add to ``report`` (of :func:`judge_raw`) the accuracy from raw files against the tensor path's (FP32 on the build's
+    evaluation tensors): a failure when the drop's lower bound passes the accuracy limit, undecided when only its upper
+    bound does. Unpaired (other pixels of the same pictures, or other pictures): normal bounds at the gate's confidence."""
+    from statistics import NormalDist
+
+    report["tensor_path_accuracy"] = tensor_accuracy
+    raw = next((s["accuracy"] for s in report["summary"].values() if s.get("accuracy") is not None), None)
+    if raw is None:
+        return
+    z = NormalDist().inv_cdf(0.5 + tolerance.confidence / 2)
+    drop = 100 * (tensor_accuracy - raw)
+    spread = 100 * z * float(np.sqrt(tensor_accuracy * (1 - tensor_accuracy) / tensor_samples + raw * (1 - raw) / report["files"]))
+    report["accuracy_vs_tensor_path"] = {"drop_points": drop, "low": drop - spread, "high": drop + spread, "limit": tolerance.max_drop_points}
+    line = (f"top-1 accuracy from raw files {100 * raw:.2f}% is {drop:.2f} points [{drop - spread:.2f}, {drop + spread:.2f}] below "
+            f"the tensor path's {100 * tensor_accuracy:.2f}% (limit {tolerance.max_drop_points:g})")
+    if drop - spread > tolerance.max_drop_points:
+        report["failures"].append(line)
+        report["passed"] = False
+    elif drop + spread > tolerance.max_drop_points:
+        report["undecided"].append(f"{line}: too few files to tell")
+
+
 def raw_gate(repository: Path | S3Url, model: str, precision: str, files: ImageFiles, pre: ImagePreprocess, fp32_onnx: Path,
-             kinds: dict[str, OutputKind], tolerance: Tolerance, *, workdir: Path, url: str | None = None) -> dict[str, Any]:
+             kinds: dict[str, OutputKind], tolerance: Tolerance, *, workdir: Path, url: str | None = None,
+             answers_for: tuple[Path, ...] = ()) -> dict[str, Any]:
     """Serve ``repository`` (or use ``url``), send every file of ``files`` through the ensemble ``model``, and judge the
-    answers against the FP32 model on Keras's preprocessing of the same files (:func:`judge_raw`)."""
+    answers against the FP32 model on Keras's preprocessing of the same files (:func:`judge_raw`); with ``answers_for``,
+    also the top-3 class names Triton gives for those files (``answers``: file → ``score:index:label`` strings)."""
     from pipeline.triton.server import TritonServer
 
     outputs = list(kinds)
@@ -112,6 +134,73 @@ def raw_gate(repository: Path | S3Url, model: str, precision: str, files: ImageF
     server = None if url else TritonServer(repository, workdir=workdir)
     with server if server else contextlib.nullcontext():
         endpoint = url or server.http_url  # type: ignore[union-attr]
-        served, _ = served_raw_outputs(endpoint, model, files, outputs)
-    return judge_raw(model, precision, files, reference, served, kinds, tolerance)
+        served = served_raw_outputs(endpoint, model, files, outputs)
+        answers = class_names(endpoint, model, answers_for, next(n for n, k in kinds.items() if k.kind == "classes")) if answers_for else {}
+    report = judge_raw(model, precision, files, reference, served, kinds, tolerance)
+    report["answers"] = answers
+    return report
 
+
+def class_names(url: str, model: str, paths: tuple[Path, ...], output: str, count: int = 3) -> dict[str, list[str]]:
+    """The top ``count`` answers of ``model`` for each file, as Triton's classification extension gives them."""
+    import tritonclient.http as http
+
+    client = http.InferenceServerClient(url, connection_timeout=10, network_timeout=60)
+    try:
+        answers = {}
+        for path in paths:
+            data = np.fromfile(path, np.uint8)
+            tensor = http.InferInput(BYTES_INPUT, [len(data)], "UINT8")
+            tensor.set_data_from_numpy(data)
+            result = client.infer(model, [tensor], outputs=[http.InferRequestedOutput(output, class_count=count)])
+            answers[str(path)] = [v.decode() if isinstance(v, bytes) else str(v) for v in result.as_numpy(output).ravel()]
+        return answers
+    finally:
+        client.close()
+
+
+def verify_raw(repository: Path | S3Url, folder: Path, *, url: str | None, workdir: Path, gates: Gates, models: tuple[str, ...] = (),
+               shown: int = 10) -> list[dict[str, Any]]:
+    """Every raw-input ensemble of ``repository`` (or those of ``models``) answering the image files of ``folder``: the
+    raw-input gate as the build ran it (its FP32 variant on Keras's preprocessing as the reference, the build's output
+    kinds, limits and tensor-path accuracy), and the top-3 class names of the first ``shown`` files, through Triton's
+    classification extension. PipelineError (one line) when the repository has no such ensemble."""
+    from pipeline.data.raw_files import image_files, preprocess_of
+    from pipeline.data.workspace import ModelData, build_record_of_served
+    from pipeline.triton.ensemble import ensemble_steps
+    from pipeline.triton.repository import read_repository
+    from pipeline.triton.s3repository import readable
+
+    reports = []
+    with readable(repository) as local:
+        served = read_repository(local)
+        ensembles = [n for n, m in sorted(served.items()) if m.config.platform == "ensemble" and (not models or n in models)
+                     and [i.name for i in m.config.input] == [BYTES_INPUT]]
+        require(bool(ensembles), f"{repository} has no raw-input ensemble{' among ' + ', '.join(models) if models else ''}",
+                "build one with: python -m pipeline build --raw-inputs image")
+        for name in ensembles:
+            steps = ensemble_steps(served[name].config)
+            pre_model, variant = served[steps[0]], served[steps[1]]
+            pre = preprocess_of(pre_model.path / str(max(pre_model.versions)) / "model.onnx")
+            fp32 = served.get(f"{name}_fp32")
+            require(fp32 is not None, f"the ensemble {name}'s FP32 variant {name}_fp32 is not in {repository}", "publish it with the ensemble")
+            record = build_record_of_served(served[name].path)
+            require(bool(record.get("output_kinds")), f"the ensemble {name} records no output kinds", "rebuild it with build --raw-inputs image")
+            kinds = kinds_from_json(record["output_kinds"])
+            labels = served[name].path / ModelData.LABELS
+            classes = [line.strip() for line in labels.read_text().splitlines() if line.strip()] if labels.is_file() else None
+            files = image_files(folder, classes)
+            limits = replace(Gates(), **{k: v for k, v in (record.get("gates") or {}).items() if k in vars(Gates())})
+            limits = replace(limits, fp16_max_drop=gates.fp16_max_drop, int8_max_drop=gates.int8_max_drop, gate_confidence=gates.gate_confidence)
+            precision = (parse_variant(steps[1]) or (steps[1], "fp32"))[1]
+            tolerance = tolerance_for(precision, limits)
+            fp32_file = fp32.path / str(max(fp32.versions)) / "model.onnx"
+            report = raw_gate(repository, name, precision, files, pre, fp32_file, kinds, tolerance, workdir=workdir, url=url,
+                              answers_for=files.files[:: max(1, len(files.files) // shown)][:shown] if classes else ())
+            recorded = (record.get("raw_inputs") or {}).get("tensor_path_accuracy")
+            if recorded is not None:
+                hold_to_tensor_path(report, recorded, int((record.get("raw_inputs") or {}).get("tensor_samples") or report["files"]), tolerance)
+            report["variant"] = variant.name
+            report["preprocess"] = pre.describe()
+            reports.append(report)
+    return reports

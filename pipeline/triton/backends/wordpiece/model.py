@@ -49,7 +49,8 @@ def _texts(array: np.ndarray) -> list[str]:
         try:
             texts.append(bytes(value).decode("utf-8"))
         except UnicodeDecodeError as exc:
-            raise ValueError(f"input '{INPUT_NAME}' row {i} is not valid UTF-8 ({exc.reason} at byte {exc.start})") from None
+            raise ValueError(
+                f"input '{INPUT_NAME}' row {i} is not valid UTF-8 ({exc.reason} at byte {exc.start})") from None
     return texts
 
 
@@ -69,7 +70,8 @@ class TritonPythonModel:
         inputs = [(i.get("name"), i.get("data_type")) for i in config.get("input", [])]
         if inputs and inputs != [(INPUT_NAME, "TYPE_STRING")]:
             raise pb_utils.TritonModelException(
-                f"wordpiece tokenizer {config.get('name')}: needs one input '{INPUT_NAME}' of TYPE_STRING, has {inputs}")
+                f"wordpiece tokenizer {config.get('name')}: needs one input '{INPUT_NAME}' of TYPE_STRING, "
+                f"has {inputs}")
         configured = [o["name"] for o in config.get("output", [])]
         unknown = [name for name in configured if name not in settings["outputs"]]
         if unknown:

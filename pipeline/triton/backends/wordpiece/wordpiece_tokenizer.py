@@ -163,7 +163,7 @@ class WordPiece:
         ids = []
         start = 0
         while start < len(word):
-            end = min(len(word), start + self._max_piece_chars - 1)
+            end = min(len(word), start + self._max_piece_chars)
             found = None
             while start < end:
                 piece = word[start:end] if start == 0 else self.suffix_indicator + word[start:end]
