@@ -57,8 +57,9 @@ def _imports(path: Path) -> set[str]:
     return {name for name in found if name == "pipeline" or name.startswith("pipeline.")}
 
 
-# The Triton backend under pipeline/triton/backends/ runs inside tritonserver's Python stub: not a package.
-MODULES = {_module(p): _imports(p) for p in sorted(ROOT.rglob("*.py")) if "backends" not in p.parts}
+# The Triton backend under pipeline/triton/backends/ and the Python models under pipeline/triton/python_models/ run inside
+# tritonserver's Python stub: not packages.
+MODULES = {_module(p): _imports(p) for p in sorted(ROOT.rglob("*.py")) if "backends" not in p.parts and "python_models" not in p.parts}
 
 
 def _package(module: str) -> str | None:

@@ -1,6 +1,6 @@
 """A keras-hub WordPiece tokenizer as the two files the served ``wordpiece`` Triton model reads.
 
-``pipeline/triton/backends/wordpiece/wordpiece_tokenizer.py`` re-implements keras-hub's BERT text
+``pipeline/triton/python_models/wordpiece/wordpiece_tokenizer.py`` re-implements keras-hub's BERT text
 preprocessing in plain Python for Triton's Python stub; this module reads the settings it needs off a live
 ``WordPieceTokenizer`` / ``BertTokenizer`` / ``DistilBertTokenizer`` (keras-hub is imported only here, lazily)
 and writes ``tokenizer_settings.json`` and ``vocabulary.txt`` (one token per ``\\n``-ended line).
@@ -15,7 +15,7 @@ from typing import Any
 
 from pipeline.core.errors import PipelineError, require
 
-# The same names as in pipeline/triton/backends/wordpiece/wordpiece_tokenizer.py, which cannot be imported
+# The same names as in pipeline/triton/python_models/wordpiece/wordpiece_tokenizer.py, which cannot be imported
 # from here (it is not part of the package: it runs in Triton's stub).
 SETTINGS_FILENAME = "tokenizer_settings.json"
 VOCABULARY_FILENAME = "vocabulary.txt"

@@ -86,7 +86,7 @@ def judge_raw(model: str, precision: str, files: ImageFiles, reference: list[dic
     for mine, theirs in zip(reference, served, strict=True):
         comparison.add({o: mine[o] for o in kinds}, {o: theirs[o].reshape(mine[o].shape) for o in kinds}, {})
     verdict = judge_comparison(model, precision, "raw inputs", comparison, tolerance, kinds)
-    summary: dict[str, dict[str, float]] = {name: dict(comparison.summary(name)) for name in kinds}
+    summary: dict[str, dict[str, float | None]] = {name: dict(comparison.summary(name)) for name in kinds}
     if files.labels is not None:
         labels = np.asarray(files.labels)
         for name, kind in kinds.items():
@@ -183,7 +183,8 @@ def verify_raw(repository: Path | S3Url, folder: Path, *, url: str | None, workd
             pre_model, variant = served[steps[0]], served[steps[1]]
             pre = preprocess_of(pre_model.path / str(max(pre_model.versions)) / "model.onnx")
             fp32 = served.get(f"{name}_fp32")
-            require(fp32 is not None, f"the ensemble {name}'s FP32 variant {name}_fp32 is not in {repository}", "publish it with the ensemble")
+            if fp32 is None:
+                raise PipelineError(f"the ensemble {name}'s FP32 variant {name}_fp32 is not in {repository}", "publish it with the ensemble")
             record = build_record_of_served(served[name].path)
             require(bool(record.get("output_kinds")), f"the ensemble {name} records no output kinds", "rebuild it with build --raw-inputs image")
             kinds = kinds_from_json(record["output_kinds"])

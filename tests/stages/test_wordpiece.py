@@ -21,7 +21,7 @@ from pipeline.core.errors import PipelineError
 from pipeline.stages.tokenizer_export import (BERT_OUTPUTS, DISTIL_BERT_OUTPUTS, wordpiece_settings,
                                               write_tokenizer_files)
 
-FOLDER = Path(__file__).resolve().parents[2] / "pipeline" / "triton" / "backends" / "wordpiece"
+FOLDER = Path(__file__).resolve().parents[2] / "pipeline" / "triton" / "python_models" / "wordpiece"
 
 VOCAB = [
     "[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", "the", "The", "quick", "brown", "fox", "Fox", "jump", "##ed",

@@ -7,10 +7,9 @@ the smallest configured bucket that holds its longest row. The tokenizer is ``wo
 beside this file, read from ``tokenizer_settings.json`` and ``vocabulary.txt`` in the model's directory
 (beside ``config.pbtxt``), both written by ``pipeline/stages/tokenizer_export.py``.
 
-It needs nothing beyond the standard library and numpy: no keras, TensorFlow or tokenizers library in the stub.
-It serves either as a model's ``<model>/1/model.py`` (``backend: "python"``, ``wordpiece_tokenizer.py`` copied
-beside it) or, as this folder is copied into the server's backend directory, as the Python-based backend
-``wordpiece`` (``backend: "wordpiece"``). A request that fails (invalid UTF-8, a wrong shape) gets its own
+It needs nothing beyond the standard library and numpy: no keras, TensorFlow or tokenizers library in the stub,
+so every NGC Triton's Python backend runs it. It is published as a model's ``<model>/1/model.py``
+(``backend: "python"``), ``wordpiece_tokenizer.py`` copied beside it. A request that fails (invalid UTF-8, a wrong shape) gets its own
 error response; the others in the batch are answered and the model stays up.
 """
 
@@ -24,7 +23,7 @@ from typing import Any
 import numpy as np
 import triton_python_backend_utils as pb_utils
 
-# The stub puts the version (or backend) folder on sys.path; made sure of here so the sibling always imports.
+# The stub puts the version folder on sys.path; made sure of here so the sibling always imports.
 _HERE = os.path.dirname(os.path.abspath(__file__))
 if _HERE not in sys.path:
     sys.path.insert(0, _HERE)
