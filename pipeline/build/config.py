@@ -141,9 +141,10 @@ class BuildConfig:
                                                "version-compatible plans have any; the pipeline builds none): off unless you trust the plan",
                                         group=ENGINES)
     raw_inputs: str | None = option(None, "also publish an ensemble <name> that answers raw requests: image = JPEG/PNG bytes in (decoded, "
-                                          "fitted by --resize, resized, scaled as the model was trained), the variant's answers and top-k class "
-                                          "names out; gated from the raw files of --eval-data (a folder, one sub-folder per class) through Triton",
-                                    choices=("image",), group=RAW)
+                                          "fitted by --resize, resized, scaled as the model was trained); text = sentences in (the keras-hub "
+                                          "task's own WordPiece tokenizer); the variant's answers and top-k class names out; gated through "
+                                          "Triton on --eval-data's raw inputs (a folder of images, one sub-folder per class; a CSV text,label)",
+                                    choices=("image", "text"), group=RAW)
     raw_variant: str | None = option(None, "the variant the raw-input ensemble serves (default: the fastest ONNX variant that passed its gate)",
                                      choices=("fp32", "fp16", "int8", "int8cpu"), group=RAW)
     extensions_library: Path | None = option(None, "onnxruntime-extensions' standalone libortextensions.so to ship for the ensemble's decoder "

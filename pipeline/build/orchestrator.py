@@ -19,7 +19,7 @@ from pipeline.accuracy.evaldata import EvalData
 from pipeline.accuracy.outputkinds import (OutputKind, kinds_to_json, log_kinds, onnx_producers, primary_classes_output, read_description, signature_from_description)
 from pipeline.build.config import BuildConfig
 from pipeline.build.publish import PublishSettings, published_configs, published_from_artifacts, require_publishable
-from pipeline.build.raw import image_eval_data, image_preprocess_of, raw_image_files, raw_input_stages
+from pipeline.build.raw import raw_input_stages, raw_inputs_of
 from pipeline.build.support import EVAL_BATCH, decided_kinds, early_labels, ensure_default_data, eval_batch, tool_versions
 from pipeline.core.errors import PipelineError, require_creatable
 from pipeline.core.fingerprint import hash_path
@@ -28,7 +28,6 @@ from pipeline.core.options import CALIBRATION_ROOT
 from pipeline.core.stagecache import Manifest, Stage, run_stage
 from pipeline.data.artifacts import PRECISIONS, WIRE_PRECISIONS, Artifact
 from pipeline.data.profiles import ShapeProfile
-from pipeline.data.raw_files import is_image_folder
 from pipeline.data.tensors import ModelSignature, load_onnx, signature_from_onnx
 from pipeline.data.workspace import ModelData, Workspace, bundled_model_data
 from pipeline.stages.accuracy import accuracy_report_from_variants
@@ -104,12 +103,10 @@ def build(cfg: BuildConfig) -> BuildResult:
         _check_labels_before_conversion(described, ctx)  # a bad label file costs seconds, not a conversion
         onnx_fp32 = _onnx_stage(saved, ctx)
         signature = signature_from_onnx(onnx_fp32)
-        images_given = cfg.eval_data is not None and is_image_folder(cfg.eval_data)
-        pre = image_preprocess_of(saved, signature, cfg) if cfg.raw_inputs or images_given else None
-        raw_files = raw_image_files(cfg, bundled, ws.root, _classes(ctx)) if pre else None
+        raw_in = raw_inputs_of(cfg, saved, signature, source, bundled, ctx)  # images or sentences, and Keras's preprocessing of them
         calib = _calibration_data(signature, ctx) if cfg.calibrates else None
-        if images_given:  # the tensor path is judged on Keras's preprocessing of the same files
-            data = image_eval_data(raw_files, pre)  # type: ignore[arg-type]
+        if raw_in.tensor_data is not None:  # the tensor path is judged on Keras's preprocessing of the same raw inputs
+            data = raw_in.tensor_data
         else:
             data, calib = eval_data_for(cfg.eval_data, cfg.calibration or ctx.data_dir.folder, ctx.data_dir.eval, signature, calib,
                                         preprocess=cfg.preprocess)
@@ -138,7 +135,7 @@ def build(cfg: BuildConfig) -> BuildResult:
         artifacts = variants + engines
         ctx.manifest.artifacts = {f"{a.precision}.{a.kind}": str(a.path) for a in artifacts}
         _latency_stage(artifacts, data, ctx)
-        raw = raw_input_stages(pre, raw_files, variants, onnx_fp32, data, kinds, ctx, _publish_settings(ctx, kinds)) if cfg.raw_inputs else None
+        raw = raw_input_stages(raw_in, variants, onnx_fp32, data, kinds, ctx, _publish_settings(ctx, kinds), saved) if cfg.raw_inputs else None
         repository = _publish_stage(artifacts, variants, data, kinds, ctx, deploy_plans, raw)
         if cfg.verify_served or cfg.verify_url:
             _served_stage(artifacts, data, ctx)
@@ -385,11 +382,6 @@ def _deploy_plans(profiles: list[ShapeProfile], cfg: BuildConfig) -> DeployPlans
     fallback = cfg.gates.fp16_atol if cfg.gates.fp16_atol is not None else 1e-2
     return DeployPlans(tuple(profiles), cfg.tf32, cfg.optimization_level,
                        tuple((p, a if a is not None else fallback) for p, a in atol.items()))
-
-
-def _classes(ctx: BuildContext) -> list[str] | None:
-    labels = ctx.data_dir.labels
-    return [line.strip() for line in labels.read_text().splitlines() if line.strip()] if labels.is_file() else None
 
 
 def _publish_settings(ctx: BuildContext, kinds: dict[str, OutputKind], deploy_plans: DeployPlans | None = None) -> PublishSettings:

@@ -102,7 +102,7 @@ def repository_from_artifacts(
 
         models, raw_configs, raw_files = raw_input_models(raw, settings.model, signature_from_onnx(onnx_of[raw.variant.precision]),
                                                           settings.labels.read_bytes() if settings.labels else None,
-                                                          settings.classifier_output)
+                                                          settings.classifier_output, settings.max_batch)
         artifacts = [*artifacts, *models]
         configs.update(raw_configs)
         extra.update(raw_files)
@@ -199,9 +199,9 @@ def published_configs(artifacts: Sequence[Artifact], settings: PublishSettings, 
         return []
     names = [a.triton_name(settings.model) for a in artifacts]
     if raw is not None:
-        from pipeline.triton.ensemble import preprocess_name
+        from pipeline.triton.ensemble import preprocess_name, tokenize_name
 
-        names += [settings.model, preprocess_name(settings.model)]
+        names += [settings.model, tokenize_name(settings.model) if raw.kind == "text" else preprocess_name(settings.model)]
     return [Path(settings.repository) / name / "config.pbtxt" for name in names]
 
 

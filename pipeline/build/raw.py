@@ -7,7 +7,7 @@ import hashlib
 import logging
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -20,11 +20,13 @@ from pipeline.build.config import BuildConfig
 from pipeline.core.errors import CheckFailed, PipelineError
 from pipeline.core.stagecache import Stage
 from pipeline.data.artifacts import Artifact
-from pipeline.data.raw_files import ImageFiles, ImagePreprocess, image_files, is_image_folder, reference_tensor
+from pipeline.data.raw_files import ImageFiles, ImagePreprocess, TextSamples, image_files, is_image_folder, is_text_file, reference_tensor, text_samples
 from pipeline.data.tensors import ModelSignature
 from pipeline.triton.ensemble import RawInputs
 
 log = logging.getLogger(__name__)
+
+RawSamples = ImageFiles | TextSamples
 
 RAW_EVAL_DIR = "raw_eval"  # the bundled model's evaluation digits as PNG files, in its workspace
 
@@ -44,9 +46,11 @@ def image_preprocess_of(saved: Path, signature: ModelSignature, cfg: BuildConfig
     return pre
 
 
-def raw_image_files(cfg: BuildConfig, bundled: bool, workspace_root: Path, classes: list[str] | None) -> ImageFiles | None:
-    """The image files the raw-input gate sends: ``--eval-data`` when it is a folder of images; for the bundled model its
-    evaluation digits written as PNG files of assorted sizes; else None (the gate cannot run)."""
+def raw_image_files(cfg: BuildConfig, bundled: bool, workspace_root: Path, classes: list[str] | None) -> RawSamples | None:
+    """The raw inputs the raw-input gate sends: ``--eval-data`` when it is a folder of images or a file of sentences; for
+    the bundled model its evaluation digits written as PNG files of assorted sizes; else None (the gate cannot run)."""
+    if cfg.eval_data is not None and cfg.raw_inputs == "text":
+        return text_samples(cfg.eval_data, classes) if is_text_file(cfg.eval_data) else None
     if cfg.eval_data is not None and is_image_folder(cfg.eval_data):
         return image_files(cfg.eval_data, classes)
     if bundled:
@@ -58,6 +62,16 @@ def raw_image_files(cfg: BuildConfig, bundled: bool, workspace_root: Path, class
             folder.with_name(folder.name + ".partial").rename(folder)
         return image_files(folder, classes)
     return None
+
+
+def text_eval_data(samples: TextSamples, tokens: Path) -> EvalData:
+    """The tensor-path evaluation data of a file of sentences: keras-hub's preprocessing of each, with the file's labels."""
+    from pipeline.core.fingerprint import hash_path
+
+    with np.load(tokens) as arrays:
+        inputs = {name: arrays[name] for name in arrays.files}
+    labels = np.asarray(samples.labels, np.int64) if samples.labels is not None else None
+    return EvalData.single(inputs, labels, f"{len(samples.texts)} sentences of {samples.path} (keras-hub preprocessing)", hash_path(tokens))
 
 
 def image_eval_data(files: ImageFiles, pre: ImagePreprocess) -> EvalData:
@@ -93,25 +107,28 @@ def served_variant(cfg: BuildConfig, variants: Sequence[Artifact], results: Mapp
     return candidates[best]
 
 
-def gate_raw_inputs(gate_repository: Path, model: str, variant: Artifact, files: ImageFiles, pre: ImagePreprocess, fp32_onnx: Path,
-                    kinds: dict[str, OutputKind], gates: Gates, workdir: Path, tensor_data: EvalData | None = None) -> dict[str, Any]:
-    """The raw-input gate on ``gate_repository`` (the ensemble, its preprocessing and ``variant``, published there first):
-    the report; CheckFailed (one line, naming output and figure) when the answers differ past the variant's tolerance, or
-    when, with labels on both, the accuracy from raw files falls below the tensor path's (FP32 on ``tensor_data``) by more
-    than the variant's accuracy limit: a preprocessing declared unlike training (``--preprocess``) fails there."""
+def gate_raw_inputs(gate_repository: Path, model: str, variant: Artifact, samples: RawSamples, reference: list[dict[str, np.ndarray]],
+                    fp32_onnx: Path, kinds: dict[str, OutputKind], gates: Gates, workdir: Path, tensor_data: EvalData | None = None,
+                    described: str = "") -> dict[str, Any]:
+    """The raw-input gate on ``gate_repository`` (the ensemble, the step in front and ``variant``, published there
+    first) against ``reference`` (the FP32 model on Keras's preprocessing of the same samples): the report; CheckFailed
+    (one line, naming output and figure) when the answers differ past the variant's tolerance, or when, with labels on
+    both, the accuracy from raw inputs falls below the tensor path's (FP32 on ``tensor_data``) by more than the variant's
+    accuracy limit: a preprocessing declared unlike training (``--preprocess``) fails there."""
     from pipeline.triton.raw_gate import hold_to_tensor_path, raw_gate
 
     tolerance = tolerance_for(variant.precision, gates)
-    report = raw_gate(gate_repository, model, variant.precision, files, pre, fp32_onnx, kinds, tolerance, workdir=workdir)
-    report["preprocess"] = pre.describe()
+    report = raw_gate(gate_repository, model, variant.precision, samples, reference, kinds, tolerance, workdir=workdir)
+    report["preprocess"] = described
     tensor_accuracy = _tensor_accuracy(fp32_onnx, tensor_data, kinds) if tensor_data is not None else None
-    if tensor_accuracy is not None:
-        hold_to_tensor_path(report, tensor_accuracy, tensor_data.num_samples, tolerance)  # type: ignore[union-attr]
-        report["tensor_samples"] = tensor_data.num_samples  # type: ignore[union-attr]
+    if tensor_accuracy is not None and tensor_data is not None:
+        hold_to_tensor_path(report, tensor_accuracy, tensor_data.num_samples, tolerance)
+        report["tensor_samples"] = tensor_data.num_samples
     if report["failures"]:
         raise CheckFailed(f"raw inputs through the ensemble '{model}' answer unlike the model on Keras's preprocessing of the same "
-                          f"{len(files.files)} files: {report['failures'][0]}",
-                          "check the preprocessing against training (--preprocess, --resize, channel order); the ensemble was not published")
+                          f"{report['files']} inputs: {report['failures'][0]}",
+                          "check the preprocessing against training (--preprocess, --resize, channel order, the tokenizer's vocabulary); "
+                          "the ensemble was not published")
     for line in report["undecided"]:
         log.warning("raw inputs: %s", line)
     return report
@@ -138,13 +155,91 @@ def gate_settings(settings: Any, root: Path) -> Any:
     return replace(settings, repository=root, mig=None, deploy_plans=None, version_policy="replace", bundle=False)
 
 
-def raw_input_stages(pre: ImagePreprocess | None, files: ImageFiles | None, variants: list[Artifact], onnx_fp32: Path, data: EvalData,
-                     kinds: dict[str, OutputKind], ctx: Any, settings: Any) -> RawInputs:
-    """The preprocessing graph, the variant the ensemble serves, and the raw-input gate through Triton on a repository of
-    its own (the ensemble, its preprocessing and that variant), before anything is published. ``ctx`` is the build's
-    context (pipeline.build.orchestrator.BuildContext), ``settings`` its publish settings."""
-    from pipeline.backend.extensions import extensions_library
+@dataclass(frozen=True)
+class RawIn:
+    """A build's raw inputs: the image preprocessing (images), the samples, keras-hub's tokens of sentences, and the
+    tensor-path evaluation data made of them when ``--eval-data`` named them."""
+
+    pre: ImagePreprocess | None = None
+    samples: RawSamples | None = None
+    text_tokens: Path | None = None
+    tensor_data: EvalData | None = None
+
+
+def raw_inputs_of(cfg: BuildConfig, saved: Path, signature: ModelSignature, source: Any, bundled: bool, ctx: Any) -> RawIn:
+    """What the build knows of raw inputs before its gates: for ``--raw-inputs image`` or an image folder as
+    ``--eval-data``, the preprocessing and the files; for ``--raw-inputs text``, the sentences and keras-hub's tokens of
+    them (the model's own preprocessor, in a child process)."""
+    labels = ctx.data_dir.labels
+    classes = [line.strip() for line in labels.read_text().splitlines() if line.strip()] if labels.is_file() else None
+    images_given = cfg.eval_data is not None and is_image_folder(cfg.eval_data)
+    if cfg.raw_inputs == "text":
+        samples = raw_image_files(cfg, bundled, ctx.ws.root, classes)
+        if not isinstance(samples, TextSamples):
+            return RawIn()
+        tokens = _text_tokens(source, samples, signature, ctx)
+        return RawIn(samples=samples, text_tokens=tokens, tensor_data=text_eval_data(samples, tokens))
+    if cfg.raw_inputs != "image" and not images_given:
+        return RawIn()
+    pre = image_preprocess_of(saved, signature, cfg)
+    files = raw_image_files(cfg, bundled, ctx.ws.root, classes)
+    data = image_eval_data(files, pre) if images_given and isinstance(files, ImageFiles) else None
+    return RawIn(pre, files, None, data)
+
+
+def _text_tokens(source: Any, samples: TextSamples, signature: ModelSignature, ctx: Any) -> Path:
+    """keras-hub's tokens of the sentences (the model's own preprocessor), a cached stage."""
+    from pipeline.stages.text_reference import keras_hub_tokens_from_source
+
+    dst = ctx.ws.root / "text_reference.npz"
+    inputs = [s.name for s in signature.inputs]
+    ctx.run(Stage("text-reference", keras_hub_tokens_from_source, inputs={"source": source}, environment={"model": source.spec},
+                  settings={"texts": list(samples.texts), "inputs": inputs, "dtypes": [str(s.dtype) for s in signature.inputs]},
+                  outputs={"dst": dst}))
+    return dst
+
+
+def raw_input_stages(raw_in: RawIn, variants: list[Artifact], onnx_fp32: Path, data: EvalData, kinds: dict[str, OutputKind],
+                     ctx: Any, settings: Any, saved: Path) -> RawInputs:
+    """The step in front of the variant (the image preprocessing graph, or the model's tokenizer), the variant the
+    ensemble serves, and the raw-input gate through Triton on a repository of its own (the ensemble, that step and the
+    variant), before anything is published. ``ctx`` is the build's context (pipeline.build.orchestrator.BuildContext),
+    ``settings`` its publish settings; ``text_tokens`` keras-hub's tokens of the text samples (the reference)."""
     from pipeline.build.publish import repository_from_artifacts
+    from pipeline.triton.raw_gate import image_reference_feeds, reference_outputs, text_reference_feeds
+
+    pre, samples, text_tokens = raw_in.pre, raw_in.samples, raw_in.text_tokens
+    variant = served_variant(ctx.cfg, variants, ctx.manifest.results)
+    if ctx.cfg.raw_inputs == "text":
+        raw = RawInputs("text", variant, tokenizer=_tokenizer_files(saved, data, ctx))
+        described = "tokenize with the model's own WordPiece vocabulary and settings (keras-hub's rules, in a Python model)"
+    else:
+        raw, described = _image_step(pre, variant, ctx)
+    if samples is None:
+        want = "a folder of images (one sub-folder per class)" if raw.kind == "image" else "a CSV of labeled sentences (text,label)"
+        ctx.manifest.not_run("raw-gate", f"nothing raw to judge the ensemble on: give --eval-data {want}")
+        log.warning("raw inputs: the ensemble is not gated (give --eval-data %s)", want)
+        return raw
+    started = time.perf_counter()
+    gate_repo = ctx.ws.root / "raw_gate_repository"
+    repository_from_artifacts([raw.variant], {v.precision: v.path for v in variants}, data.head(1), gate_settings(settings, gate_repo),
+                              {}, ctx.cfg.command, raw=raw)
+    if isinstance(samples, ImageFiles):
+        assert pre is not None
+        feeds = image_reference_feeds(samples, pre)
+    else:
+        assert text_tokens is not None
+        feeds = text_reference_feeds(text_tokens)
+    reference = reference_outputs(onnx_fp32, feeds, list(kinds))
+    report = gate_raw_inputs(gate_repo, ctx.name, raw.variant, samples, reference, onnx_fp32, kinds, ctx.cfg.gates, ctx.cfg.workdir,
+                             None if isinstance(samples, TextSamples) else data, described)
+    ctx.manifest.results["raw_inputs"] = report
+    ctx.manifest.ran("raw-gate", time.perf_counter() - started, f"{report['files']} raw inputs through the ensemble in the embedded tritonserver")
+    return raw
+
+
+def _image_step(pre: ImagePreprocess | None, variant: Artifact, ctx: Any) -> tuple[RawInputs, str]:
+    from pipeline.backend.extensions import extensions_library
     from pipeline.stages.image_preprocess import image_preprocess_onnx
 
     assert pre is not None
@@ -152,16 +247,25 @@ def raw_input_stages(pre: ImagePreprocess | None, files: ImageFiles | None, vari
     ctx.run(Stage("preprocess", image_preprocess_onnx, settings={"pre": pre}, outputs={"dst": dst}))
     library = extensions_library(ctx.cfg.extensions_library)
     log.info("raw inputs: custom ops from %s", library.describe())
-    raw = RawInputs(dst, served_variant(ctx.cfg, variants, ctx.manifest.results), library.path)
-    if files is None:
-        ctx.manifest.not_run("raw-gate", "no image files to judge the ensemble on: give --eval-data a folder of images (one sub-folder per class)")
-        log.warning("raw inputs: the ensemble is not gated (give --eval-data a folder of images, one sub-folder per class)")
-        return raw
-    started = time.perf_counter()
-    gate_repo = ctx.ws.root / "raw_gate_repository"
-    repository_from_artifacts([raw.variant], {v.precision: v.path for v in variants}, data.head(1), gate_settings(settings, gate_repo),
-                              {}, ctx.cfg.command, raw=raw)
-    report = gate_raw_inputs(gate_repo, ctx.name, raw.variant, files, pre, onnx_fp32, kinds, ctx.cfg.gates, ctx.cfg.workdir, data)
-    ctx.manifest.results["raw_inputs"] = report
-    ctx.manifest.ran("raw-gate", time.perf_counter() - started, f"{len(files.files)} files through the ensemble in the embedded tritonserver")
-    return raw
+    return RawInputs("image", variant, preprocess=dst, library=library.path), pre.describe()
+
+
+def _tokenizer_files(saved: Path, data: EvalData, ctx: Any) -> Path:
+    """The model's tokenizer files (the savedmodel stage exported them) in the workspace, padding to length buckets:
+    powers of two below the preprocessor's sequence length, and that length (a request pays for its own length)."""
+    import json
+    import shutil
+
+    from pipeline.stages.tokenizer_export import SETTINGS_FILENAME, read_model_tokenizer
+
+    exported = read_model_tokenizer(saved)
+    folder = ctx.ws.root / "tokenizer"
+    shutil.rmtree(folder, ignore_errors=True)
+    shutil.copytree(exported, folder)
+    settings = json.loads((folder / SETTINGS_FILENAME).read_text())
+    length = int(settings["sequence_length"])
+    settings["buckets"] = sorted({b for b in (8, 16, 32, 64, 128, 256, 512) if b < length} | {length})
+    (folder / SETTINGS_FILENAME).write_text(json.dumps(settings, indent=2, ensure_ascii=False) + "\n")
+    log.info("raw inputs: the model's tokenizer (%s, vocabulary of %d, sequence length %d, padded to %s)", settings.get("kind"),
+             settings.get("vocabulary_size"), length, settings["buckets"])
+    return folder

@@ -39,10 +39,10 @@ def decided_kinds(signature: ModelSignature, described: list[dict] | None, produ
 
 def early_labels(path: Path) -> list[dict[str, np.ndarray]]:
     """The label arrays of the evaluation file, checked for what needs no model (numbers, finite), one dict per bucket
-    (none for a folder of images: its labels are its sub-folders, read with the files)."""
-    from pipeline.data.raw_files import is_image_folder
+    (none for a folder of images or a file of sentences: their labels are read with them)."""
+    from pipeline.data.raw_files import is_image_folder, is_text_file
 
-    if not path.exists() or is_image_folder(path):
+    if not path.exists() or is_image_folder(path) or is_text_file(path):
         return []
     by_bucket: dict[str, dict[str, np.ndarray]] = {}
     for (output, bucket), array in label_arrays(path, read_arrays(path)).items():

@@ -14,9 +14,10 @@ CPU_PRECISIONS = ("int8cpu",)
 # ``u8``: the FP32 model taking uint8 image inputs (pipeline.stages.uint8_input).
 WIRE_PRECISIONS = ("u8",)
 VARIANTS = PRECISIONS + CPU_PRECISIONS + WIRE_PRECISIONS
-# What answers raw requests (build --raw-inputs): the preprocessing graph (an ONNX file) and the ensemble (no model
-# file of its own; its artifact path is the preprocessing graph, whose hash says when it changed).
-RAW_KINDS = ("preprocess", "ensemble")
+# What answers raw requests (build --raw-inputs): the image preprocessing graph (an ONNX file) or the tokenizer (a Python
+# model's model.py), and the ensemble (no model file of its own; its artifact path is a file whose hash says when the
+# step in front changed).
+RAW_KINDS = ("preprocess", "tokenize", "ensemble")
 
 
 @dataclass(frozen=True)

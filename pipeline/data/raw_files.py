@@ -13,6 +13,8 @@ import numpy as np
 from pipeline.core.errors import PipelineError, require
 
 IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png")
+TEXT_SUFFIXES = (".csv", ".txt")
+TEXT_INPUT = "text"  # the text ensemble's input: one UTF-8 string per row
 BYTES_INPUT = "image_bytes"  # the ensemble's input: one encoded image file
 HWC_INPUT = "image_hwc"  # the ``_hwc`` ensemble's input: one decoded uint8 image, any size
 SPEC_KEY = "pipeline.image_preprocess"  # the preprocessing, as JSON in the graph's metadata
@@ -68,6 +70,74 @@ class ImageFiles:
     files: tuple[Path, ...]
     labels: tuple[int, ...] | None
     classes: tuple[str, ...]  # the class names the labels index
+
+    @property
+    def source(self) -> str:
+        return str(self.folder)
+
+    def payloads(self) -> list[tuple[str, np.ndarray, str]]:
+        """Per file, what a client sends: (input name, the file's bytes, Triton datatype)."""
+        return [(BYTES_INPUT, np.fromfile(path, np.uint8), "UINT8") for path in self.files]
+
+    def names(self) -> list[str]:
+        return [f"{p.parent.name}/{p.name}" for p in self.files]
+
+
+@dataclass(frozen=True)
+class TextSamples:
+    """Sentences in file order, with the class index of each (None: the file has no labels)."""
+
+    path: Path
+    texts: tuple[str, ...]
+    labels: tuple[int, ...] | None
+    classes: tuple[str, ...]
+
+    @property
+    def source(self) -> str:
+        return str(self.path)
+
+    def payloads(self) -> list[tuple[str, np.ndarray, str]]:
+        """Per sentence, what a client sends: (input name, array, Triton datatype)."""
+        return [(TEXT_INPUT, np.array([[t.encode("utf-8")]], dtype=object), "BYTES") for t in self.texts]
+
+    def names(self) -> list[str]:
+        return [t if len(t) <= 60 else t[:57] + "…" for t in self.texts]
+
+
+def is_text_file(path: Path) -> bool:
+    """Whether ``path`` is a text file of sentences (``.csv`` with a ``text`` column, or ``.txt``, one per line)."""
+    return Path(path).is_file() and Path(path).suffix.lower() in TEXT_SUFFIXES
+
+
+def text_samples(path: Path, class_names: list[str] | None = None) -> TextSamples:
+    """The sentences of ``path``: a CSV with a header naming ``text`` (and ``label``: a class index, or a line of
+    ``class_names``), or a ``.txt`` file, one unlabeled sentence per line. PipelineError (one line) when it has none,
+    or a label that names no class."""
+    import csv
+
+    path = Path(path)
+    require(path.is_file(), f"text file {path} does not exist", "pass a .csv with text,label columns or a .txt, one sentence per line")
+    names = list(class_names or ())
+    if path.suffix.lower() == ".txt":
+        texts = tuple(line.rstrip("\n") for line in path.read_text(encoding="utf-8").splitlines() if line.strip())
+        labels: tuple[int, ...] | None = None
+    else:
+        with open(path, newline="", encoding="utf-8") as file:
+            rows = list(csv.DictReader(file))
+        require(bool(rows) and "text" in rows[0], f"{path} has no 'text' column", "write a header line: text,label")
+        texts = tuple(row["text"] for row in rows)
+        labels = tuple(_label(row.get("label"), names, path) for row in rows) if "label" in rows[0] else None
+    require(bool(texts), f"{path} holds no sentence", "add one sentence per line (or CSV row)")
+    return TextSamples(path, texts, labels, tuple(names))
+
+
+def _label(value: str | None, names: list[str], path: Path) -> int:
+    text = (value or "").strip()
+    if text in names:
+        return names.index(text)
+    if text.lstrip("-").isdigit():
+        return int(text)
+    raise PipelineError(f"label {text!r} in {path} is neither a class index nor a class of labels.txt", "use the class index or its name")
 
 
 def is_image_folder(path: Path) -> bool:

@@ -91,6 +91,9 @@ def savedmodel_from_keras(model: "keras.Model", dst: Path, compile_config: dict[
     description.parent.mkdir(parents=True, exist_ok=True)
     description.write_text(json.dumps(describe_keras_outputs(model, outputs, compile_config), indent=2) + "\n")
     (tmp / SCALING_FILE).write_text(json.dumps(input_scaling_layers(model), indent=2) + "\n")
+    from pipeline.stages.tokenizer_export import export_model_tokenizer
+
+    export_model_tokenizer(model, tmp, input_names(model))
     shutil.rmtree(dst, ignore_errors=True)
     tmp.rename(dst)
     return dst

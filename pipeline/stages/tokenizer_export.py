@@ -119,3 +119,42 @@ def write_tokenizer_files(directory: Path, settings: dict, vocabulary: Sequence[
     with open(vocabulary_path, "w", encoding="utf-8", newline="") as file:
         file.writelines(f"{token}\n" for token in vocabulary)
     return [settings_path, vocabulary_path]
+
+
+TOKENIZER_DIR = "assets.extra/pipeline_tokenizer"  # inside the SavedModel: the Keras model's own tokenizer, when it has one
+REFUSAL_FILE = "refused.txt"  # instead of the files: why this model's tokenizer cannot be served (one line)
+
+
+def export_model_tokenizer(model: Any, saved: Path, inputs: Sequence[str]) -> None:
+    """Beside a SavedModel, the tokenizer of a keras-hub task that carries its preprocessor (``model.preprocessor``
+    with a ``tokenizer`` and a ``sequence_length``): :func:`write_tokenizer_files` with buckets ``[sequence_length]``,
+    or a one-line refusal when it cannot be served (not WordPiece; inputs it does not make). Nothing for other models."""
+    preprocessor = getattr(model, "preprocessor", None)
+    tokenizer = getattr(preprocessor, "tokenizer", None)
+    length = getattr(preprocessor, "sequence_length", None)
+    if tokenizer is None or not length:
+        return
+    folder = Path(saved) / TOKENIZER_DIR
+    unknown = [name for name in inputs if name not in OUTPUT_NAMES]
+    try:
+        require(not unknown, f"raw text inputs: the model takes {unknown}, which a WordPiece preprocessor does not make",
+                "leave --raw-inputs out for this model")
+        settings, vocabulary = wordpiece_settings(tokenizer, int(length), [int(length)], [n for n in OUTPUT_NAMES if n in inputs])
+    except PipelineError as exc:
+        folder.mkdir(parents=True, exist_ok=True)
+        (folder / REFUSAL_FILE).write_text(f"{exc.problem}\t{exc.fix or ''}\n")
+        return
+    write_tokenizer_files(folder, settings, vocabulary)
+
+
+def read_model_tokenizer(saved: Path) -> Path:
+    """The folder of the tokenizer files the savedmodel stage wrote; PipelineError (one line) when the model carries
+    none, or one that cannot be served."""
+    folder = Path(saved) / TOKENIZER_DIR
+    if (folder / REFUSAL_FILE).is_file():
+        problem, _, fix = (folder / REFUSAL_FILE).read_text().strip().partition("\t")
+        raise PipelineError(problem, fix or None)
+    require((folder / SETTINGS_FILENAME).is_file(), "--raw-inputs text needs the model's tokenizer, and this model carries none "
+            "(a keras-hub task with its preprocessor, e.g. BertTextClassifier, carries one)",
+            "save the task with its preprocessor (model.preprocessor = keras_hub.models.BertTextClassifierPreprocessor(...))")
+    return folder

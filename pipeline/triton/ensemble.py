@@ -16,6 +16,7 @@ request (``max_batch_size: 0``); the variant's dynamic batcher joins the request
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -92,33 +93,106 @@ def ensemble_steps(cfg: Any) -> list[str]:
 
 @dataclass(frozen=True)
 class RawInputs:
-    """What a build publishes for raw requests: the preprocessing graph, the variant it feeds, the custom-op library."""
+    """What a build publishes for raw requests: the variant the ensemble serves, and the step in front of it: for
+    images the preprocessing graph with its custom-op library, for text the tokenizer's files."""
 
-    preprocess: Path  # the ONNX graph (pipeline/stages/image_preprocess.py)
+    kind: str  # "image" | "text"
     variant: Artifact  # the published variant the ensemble serves
-    library: Path  # onnxruntime-extensions' library, shipped inside the preprocessing model's folder
+    preprocess: Path | None = None  # image: the ONNX graph (pipeline/stages/image_preprocess.py)
+    library: Path | None = None  # image: onnxruntime-extensions' library, shipped inside the preprocessing model's folder
+    tokenizer: Path | None = None  # text: the folder of tokenizer_settings.json and vocabulary.txt (pipeline/stages/tokenizer_export.py)
 
     def fingerprint(self) -> str:
         """The content hash of what the ensemble is made of (what the stage cache keys on)."""
         from pipeline.core.fingerprint import hash_path
 
-        return f"{hash_path(self.preprocess)}:{self.variant.triton_name('m')}:{self.variant.fingerprint()}:{hash_path(self.library)}"
+        parts = [self.kind, self.variant.triton_name("m"), self.variant.fingerprint()]
+        parts += [hash_path(p) for p in (self.preprocess, self.library, self.tokenizer, WORDPIECE_MODEL.parent) if p is not None]
+        return ":".join(parts)
 
 
-def raw_input_models(raw: RawInputs, model: str, variant_signature: ModelSignature, labels: bytes | None,
-                     classifier_output: str | None) -> tuple[list[Artifact], dict[str, Any], dict[str, dict[str, bytes]]]:
-    """The preprocessing model and the ensemble as artifacts, their configs and their files, ready for
+def raw_input_models(raw: RawInputs, model: str, variant_signature: ModelSignature, labels: bytes | None, classifier_output: str | None,
+                     max_batch: int) -> tuple[list[Artifact], dict[str, Any], dict[str, dict[str, bytes]]]:
+    """The step in front of the variant and the ensemble as artifacts, their configs and their files, ready for
     :func:`pipeline.triton.repository.publish_repository`."""
+    label_file = LABELS_FILE if labels is not None else None
+    label_files = {LABELS_FILE: labels} if labels is not None else {}
+    if raw.kind == "text":
+        assert raw.tokenizer is not None
+        step = Artifact("raw", "tokenize", WORDPIECE_MODEL)
+        settings = json.loads((raw.tokenizer / TOKENIZER_SETTINGS).read_text())
+        configs = {
+            tokenize_name(model): tokenize_config(model, settings["outputs"], variant_signature, max_batch),
+            model: text_ensemble_config(model, raw.variant.triton_name(model), variant_signature, settings["outputs"], max_batch,
+                                        label_file, classifier_output),
+        }
+        files = {tokenize_name(model): {name: (raw.tokenizer / name).read_bytes() for name in (TOKENIZER_SETTINGS, VOCABULARY)}
+                 | {TOKENIZER_MODULE: (WORDPIECE_MODEL.parent / TOKENIZER_MODULE).read_bytes()}, model: label_files}
+        return [step, Artifact("raw", "ensemble", raw.tokenizer / TOKENIZER_SETTINGS)], configs, files
     from pipeline.data.raw_files import preprocess_of
 
+    assert raw.preprocess is not None and raw.library is not None
     pre = preprocess_of(raw.preprocess)
-    preprocess = Artifact("raw", "preprocess", raw.preprocess)
-    ensemble = Artifact("raw", "ensemble", raw.preprocess)
     configs = {
         preprocess_name(model): preprocess_config(model, pre, f"{preprocess_name(model)}/{LIBRARY_FILE}"),
-        model: ensemble_config(model, raw.variant.triton_name(model), variant_signature, pre,
-                               LABELS_FILE if labels is not None else None, classifier_output),
+        model: ensemble_config(model, raw.variant.triton_name(model), variant_signature, pre, label_file, classifier_output),
     }
-    files = {preprocess_name(model): {LIBRARY_FILE: raw.library.read_bytes()},
-             model: {LABELS_FILE: labels} if labels is not None else {}}
-    return [preprocess, ensemble], configs, files
+    files = {preprocess_name(model): {LIBRARY_FILE: raw.library.read_bytes()}, model: label_files}
+    return [Artifact("raw", "preprocess", raw.preprocess), Artifact("raw", "ensemble", raw.preprocess)], configs, files
+
+
+# ---- text: the WordPiece tokenizer as a Python model (pipeline/triton/python_models/wordpiece/) -------------------
+
+WORDPIECE_MODEL = Path(__file__).parent / "python_models" / "wordpiece" / "model.py"
+TOKENIZER_MODULE = "wordpiece_tokenizer.py"  # beside config.pbtxt: a version folder holds only the model file
+TOKENIZER_SETTINGS = "tokenizer_settings.json"
+VOCABULARY = "vocabulary.txt"
+TOKENIZE_SUFFIX = "_tokenize"
+
+
+def tokenize_name(model: str) -> str:
+    """The Triton name of ``model``'s tokenizer model."""
+    return f"{model}{TOKENIZE_SUFFIX}"
+
+
+def tokenize_config(model: str, outputs: list[str], variant_signature: ModelSignature, max_batch: int) -> ModelConfig:
+    """The tokenizer's config: ``text`` (one UTF-8 string per row) in, the variant's token inputs out (int, [-1]), a
+    Python model (``backend: "python"``: every NGC Triton has it) on CPU instances, batched as the variant is."""
+    from pipeline.data.raw_files import TEXT_INPUT
+    from pipeline.triton.config import _pb, triton_dtype
+
+    pb = _pb()
+    cfg = pb.ModelConfig(name=tokenize_name(model), backend="python", max_batch_size=max_batch, default_model_filename="model.py")
+    cfg.input.add(name=TEXT_INPUT, data_type=pb.TYPE_STRING, dims=[1])
+    dtypes = {s.name: s.dtype for s in variant_signature.inputs}
+    for name in outputs:
+        cfg.output.add(name=name, data_type=getattr(pb, triton_dtype(dtypes[name])), dims=[-1])
+    cfg.instance_group.add(kind=pb.ModelInstanceGroup.KIND_CPU, count=1)
+    cfg.dynamic_batching.SetInParent()
+    return cfg
+
+
+def text_ensemble_config(model: str, variant: str, variant_signature: ModelSignature, token_outputs: list[str], max_batch: int,
+                         labels_file: str | None, classifier_output: str | None) -> ModelConfig:
+    """The ensemble ``model`` for text: sentences through ``<model>_tokenize`` into ``variant``, batched as the variant."""
+    from pipeline.data.raw_files import TEXT_INPUT
+    from pipeline.triton.config import _pb, triton_dtype
+
+    pb = _pb()
+    cfg = pb.ModelConfig(name=model, platform="ensemble", max_batch_size=max_batch)
+    cfg.input.add(name=TEXT_INPUT, data_type=pb.TYPE_STRING, dims=[1])
+    for spec in variant_signature.outputs:
+        out = cfg.output.add(name=spec.name, data_type=getattr(pb, triton_dtype(spec.dtype)),
+                             dims=[d if isinstance(d, int) and d > 0 else -1 for d in spec.shape[1:]])
+        if labels_file and spec.name == classifier_output:
+            out.label_filename = labels_file
+    step = cfg.ensemble_scheduling.step.add(model_name=tokenize_name(model), model_version=-1)
+    step.input_map[TEXT_INPUT] = TEXT_INPUT
+    for name in token_outputs:
+        step.output_map[name] = f"{name}__tokenized"
+    step = cfg.ensemble_scheduling.step.add(model_name=variant, model_version=-1)
+    for name in token_outputs:
+        step.input_map[name] = f"{name}__tokenized"
+    for spec in variant_signature.outputs:
+        step.output_map[spec.name] = spec.name
+    return cfg

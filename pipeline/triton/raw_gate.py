@@ -1,15 +1,17 @@
-"""The raw-input gate: image files through the served ensemble, against the model fed by Keras's preprocessing.
+"""The raw-input gate: raw requests through the served ensemble, against the model fed by Keras's preprocessing.
 
-Each file's bytes go to the ensemble ``<model>`` (decode, fit, resize, scale, the variant) through Triton; the
-reference is the FP32 ONNX model, which the parity stage proved equal to TensorFlow, on the tensor Keras's own
-image utilities make of the same file (:func:`pipeline.data.raw_files.reference_tensor`). Both are judged with
+Each image file's bytes (or each sentence) go to the ensemble ``<model>`` (decode, fit, resize, scale, or the
+tokenizer; then the variant) through Triton; the reference is the FP32 ONNX model, which the parity stage proved
+equal to TensorFlow, on what Keras's own preprocessing makes of the same input: its image utilities
+(:func:`pipeline.data.raw_files.reference_tensor`), or the keras-hub task's preprocessor
+(pipeline/stages/text_reference.py). Both are judged with
 the statistics and bounds of every other gate (pipeline.accuracy.judging) at the served variant's tolerance, less
 its max-abs limit: two resamplers of the same picture differ by a few grey levels, and what matters is whether
 the answers do; the figures are those of agreement with the reference (:func:`judge_raw`). Against the labels of
 an ImageFolder each side's accuracy is reported beside.
 
-A preprocessing that differs from training (BGR for RGB, 0..255 for 0..1, another resize filter) changes the
-answers, and this gate fails it.
+A preprocessing that differs from training (BGR for RGB, 0..255 for 0..1, another resize filter, another
+vocabulary) changes the answers, and this gate fails it.
 """
 
 from __future__ import annotations
@@ -30,25 +32,26 @@ from pipeline.core.errors import PipelineError, require
 from pipeline.core.objectstore import S3Url
 from pipeline.core.progress import progress
 from pipeline.data.artifacts import parse_variant
-from pipeline.data.raw_files import BYTES_INPUT, ImageFiles, ImagePreprocess, reference_tensor
+from pipeline.data.raw_files import BYTES_INPUT, ImageFiles, ImagePreprocess, TextSamples, reference_tensor
 
 log = logging.getLogger(__name__)
 
 BATCH = 64  # reference tensors run through ONNX Runtime this many at a time
+RawSamples = ImageFiles | TextSamples  # what clients send: image files, or sentences
 
 
-def served_raw_outputs(url: str, model: str, files: ImageFiles, outputs: list[str]) -> list[dict[str, np.ndarray]]:
-    """Each file's bytes through ``model`` at ``url`` (HTTP), one request per file: the outputs of each."""
+def served_raw_outputs(url: str, model: str, samples: RawSamples, outputs: list[str]) -> list[dict[str, np.ndarray]]:
+    """Each raw sample (a file's bytes, a sentence) through ``model`` at ``url`` (HTTP), one request each: the outputs of each."""
     import tritonclient.http as http
     from tritonclient.utils import InferenceServerException
 
     client = http.InferenceServerClient(url, connection_timeout=10, network_timeout=60)
     answers = []
     try:
-        with progress("raw files through the ensemble", len(files.files), unit="files") as bar:
-            for path in bar.track(files.files):
-                data = np.fromfile(path, np.uint8)
-                tensor = http.InferInput(BYTES_INPUT, [len(data)], "UINT8")
+        payloads = samples.payloads()
+        with progress("raw inputs through the ensemble", len(payloads), unit="requests") as bar:
+            for name, data, datatype in bar.track(payloads):
+                tensor = http.InferInput(name, list(data.shape), datatype)
                 tensor.set_data_from_numpy(data)
                 requested = [http.InferRequestedOutput(o) for o in outputs]
                 result = client.infer(model, [tensor], outputs=requested)
@@ -62,20 +65,34 @@ def served_raw_outputs(url: str, model: str, files: ImageFiles, outputs: list[st
     return answers
 
 
-def reference_outputs(fp32_onnx: Path, files: ImageFiles, pre: ImagePreprocess, outputs: list[str]) -> list[dict[str, np.ndarray]]:
-    """The FP32 model's outputs on the Keras reference tensor of each file, one dict per file (batch axis 1)."""
+def reference_outputs(fp32_onnx: Path, feeds: list[dict[str, np.ndarray]], outputs: list[str]) -> list[dict[str, np.ndarray]]:
+    """The FP32 model's outputs on each reference feed (one sample each, batch axis 1), run ``BATCH`` at a time."""
     from pipeline.backend.onnxrt import session_from_onnx
 
     session = session_from_onnx(fp32_onnx)
     rows: list[dict[str, np.ndarray]] = []
-    for start in range(0, len(files.files), BATCH):
-        batch = np.stack([reference_tensor(p, pre) for p in files.files[start:start + BATCH]])
-        result = dict(zip(outputs, session.run(outputs, {pre.input: batch})))
-        rows += [{o: result[o][i:i + 1] for o in outputs} for i in range(len(batch))]
+    for start in range(0, len(feeds), BATCH):
+        part = feeds[start:start + BATCH]
+        batch = {name: np.concatenate([f[name] for f in part]) for name in part[0]}
+        result = dict(zip(outputs, session.run(outputs, batch)))
+        rows += [{o: result[o][i:i + 1] for o in outputs} for i in range(len(part))]
     return rows
 
 
-def judge_raw(model: str, precision: str, files: ImageFiles, reference: list[dict[str, np.ndarray]], served: list[dict[str, np.ndarray]],
+def image_reference_feeds(files: ImageFiles, pre: ImagePreprocess) -> list[dict[str, np.ndarray]]:
+    """Per file, the tensor Keras's image utilities make of it (:func:`pipeline.data.raw_files.reference_tensor`)."""
+    return [{pre.input: reference_tensor(path, pre)[None]} for path in files.files]
+
+
+def text_reference_feeds(tokens: Path) -> list[dict[str, np.ndarray]]:
+    """Per sentence, what keras-hub's preprocessor made of it (the ``.npz`` of pipeline/stages/text_reference.py)."""
+    with np.load(tokens) as arrays:
+        packed = {name: arrays[name] for name in arrays.files}
+    count = len(next(iter(packed.values())))
+    return [{name: array[i:i + 1] for name, array in packed.items()} for i in range(count)]
+
+
+def judge_raw(model: str, precision: str, samples: RawSamples, reference: list[dict[str, np.ndarray]], served: list[dict[str, np.ndarray]],
               kinds: dict[str, OutputKind], tolerance: Tolerance) -> dict[str, Any]:
     """The verdict of the served answers against the reference, file by file. The reference is the answer the model
     should give, so the figures are those of agreement (top-1 agreement for classes, as a gate without labels judges):
@@ -87,14 +104,14 @@ def judge_raw(model: str, precision: str, files: ImageFiles, reference: list[dic
         comparison.add({o: mine[o] for o in kinds}, {o: theirs[o].reshape(mine[o].shape) for o in kinds}, {})
     verdict = judge_comparison(model, precision, "raw inputs", comparison, tolerance, kinds)
     summary: dict[str, dict[str, float | None]] = {name: dict(comparison.summary(name)) for name in kinds}
-    if files.labels is not None:
-        labels = np.asarray(files.labels)
+    if samples.labels is not None:
+        labels = np.asarray(samples.labels)
         for name, kind in kinds.items():
             if kind.kind == "classes":
                 served_top = np.array([r[name].reshape(-1).argmax() for r in served])
                 reference_top = np.array([r[name].reshape(-1).argmax() for r in reference])
                 summary[name] |= {"accuracy": float((served_top == labels).mean()), "reference_accuracy": float((reference_top == labels).mean())}
-    return {"model": model, "precision": precision, "files": len(files.files), "folder": str(files.folder), "rows": verdict.rows,
+    return {"model": model, "precision": precision, "files": len(reference), "folder": samples.source, "rows": verdict.rows,
             "failures": verdict.failures, "undecided": verdict.undecided, "passed": verdict.passed, "summary": summary}
 
 
@@ -121,39 +138,40 @@ def hold_to_tensor_path(report: dict[str, Any], tensor_accuracy: float, tensor_s
         report["undecided"].append(f"{line}: too few files to tell")
 
 
-def raw_gate(repository: Path | S3Url, model: str, precision: str, files: ImageFiles, pre: ImagePreprocess, fp32_onnx: Path,
+def raw_gate(repository: Path | S3Url, model: str, precision: str, samples: RawSamples, reference: list[dict[str, np.ndarray]],
              kinds: dict[str, OutputKind], tolerance: Tolerance, *, workdir: Path, url: str | None = None,
-             answers_for: tuple[Path, ...] = ()) -> dict[str, Any]:
-    """Serve ``repository`` (or use ``url``), send every file of ``files`` through the ensemble ``model``, and judge the
-    answers against the FP32 model on Keras's preprocessing of the same files (:func:`judge_raw`); with ``answers_for``,
-    also the top-3 class names Triton gives for those files (``answers``: file → ``score:index:label`` strings)."""
+             answers_for: tuple[int, ...] = ()) -> dict[str, Any]:
+    """Serve ``repository`` (or use ``url``), send every raw sample through the ensemble ``model``, and judge the
+    answers against ``reference`` (the FP32 model on Keras's preprocessing of the same samples: :func:`judge_raw`);
+    with ``answers_for`` (sample indices), also the top-3 class names Triton gives for those samples (``answers``)."""
     from pipeline.triton.server import TritonServer
 
     outputs = list(kinds)
-    reference = reference_outputs(fp32_onnx, files, pre, outputs)
     server = None if url else TritonServer(repository, workdir=workdir)
     with server if server else contextlib.nullcontext():
         endpoint = url or server.http_url  # type: ignore[union-attr]
-        served = served_raw_outputs(endpoint, model, files, outputs)
-        answers = class_names(endpoint, model, answers_for, next(n for n, k in kinds.items() if k.kind == "classes")) if answers_for else {}
-    report = judge_raw(model, precision, files, reference, served, kinds, tolerance)
+        served = served_raw_outputs(endpoint, model, samples, outputs)
+        classes = next((n for n, k in kinds.items() if k.kind == "classes"), None)
+        answers = class_names(endpoint, model, samples, answers_for, classes) if answers_for and classes else {}
+    report = judge_raw(model, precision, samples, reference, served, kinds, tolerance)
     report["answers"] = answers
     return report
 
 
-def class_names(url: str, model: str, paths: tuple[Path, ...], output: str, count: int = 3) -> dict[str, list[str]]:
-    """The top ``count`` answers of ``model`` for each file, as Triton's classification extension gives them."""
+def class_names(url: str, model: str, samples: RawSamples, indices: tuple[int, ...], output: str, count: int = 3) -> dict[str, list[str]]:
+    """The top ``count`` answers of ``model`` for the samples at ``indices``, as Triton's classification extension gives them."""
     import tritonclient.http as http
 
     client = http.InferenceServerClient(url, connection_timeout=10, network_timeout=60)
+    payloads, names = samples.payloads(), samples.names()
     try:
         answers = {}
-        for path in paths:
-            data = np.fromfile(path, np.uint8)
-            tensor = http.InferInput(BYTES_INPUT, [len(data)], "UINT8")
+        for i in indices:
+            name, data, datatype = payloads[i]
+            tensor = http.InferInput(name, list(data.shape), datatype)
             tensor.set_data_from_numpy(data)
             result = client.infer(model, [tensor], outputs=[http.InferRequestedOutput(output, class_count=count)])
-            answers[str(path)] = [v.decode() if isinstance(v, bytes) else str(v) for v in result.as_numpy(output).ravel()]
+            answers[names[i]] = [v.decode() if isinstance(v, bytes) else str(v) for v in result.as_numpy(output).ravel()]
         return answers
     finally:
         client.close()
@@ -196,8 +214,9 @@ def verify_raw(repository: Path | S3Url, folder: Path, *, url: str | None, workd
             precision = (parse_variant(steps[1]) or (steps[1], "fp32"))[1]
             tolerance = tolerance_for(precision, limits)
             fp32_file = fp32.path / str(max(fp32.versions)) / "model.onnx"
-            report = raw_gate(repository, name, precision, files, pre, fp32_file, kinds, tolerance, workdir=workdir, url=url,
-                              answers_for=files.files[:: max(1, len(files.files) // shown)][:shown] if classes else ())
+            reference = reference_outputs(fp32_file, image_reference_feeds(files, pre), list(kinds))
+            report = raw_gate(repository, name, precision, files, reference, kinds, tolerance, workdir=workdir, url=url,
+                              answers_for=tuple(range(len(files.files)))[:: max(1, len(files.files) // shown)][:shown] if classes else ())
             recorded = (record.get("raw_inputs") or {}).get("tensor_path_accuracy")
             if recorded is not None:
                 hold_to_tensor_path(report, recorded, int((record.get("raw_inputs") or {}).get("tensor_samples") or report["files"]), tolerance)

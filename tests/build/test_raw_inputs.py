@@ -21,9 +21,10 @@ from pipeline.build.orchestrator import build
 from pipeline.build.raw import gate_raw_inputs
 from pipeline.core.errors import CheckFailed
 from pipeline.data.artifacts import Artifact
-from pipeline.data.raw_files import BYTES_INPUT, ImagePreprocess, image_files, preprocess_of, reference_tensor
+from pipeline.data.raw_files import BYTES_INPUT, ImagePreprocess, image_files, preprocess_of, reference_tensor, text_samples
 from pipeline.data.tensors import TensorSpec
 from pipeline.stages.image_preprocess import image_preprocess_for, image_preprocess_onnx
+from pipeline.triton.raw_gate import image_reference_feeds, reference_outputs, text_reference_feeds
 from pipeline.triton.server import TritonServer
 
 FITS = ("stretch", "crop", "pad")
@@ -103,13 +104,16 @@ def _planted(repository: Path, model: str, planted: ImagePreprocess, dst: Path) 
     return dst
 
 
-def _gate(repository: Path, workspace: Path, model: str, files, pre: ImagePreprocess, tmp_path: Path) -> str:
-    """The raw-input gate on ``repository``: its one-line failure, or "passed"."""
+def _gate(repository: Path, workspace: Path, model: str, samples, pre: ImagePreprocess | None, tmp_path: Path) -> str:
+    """The raw-input gate on ``repository``: its one-line failure, or "passed". The reference: the FP32 model on
+    Keras's preprocessing (images: ``pre``; sentences: the build's keras-hub tokens)."""
     manifest = json.loads((workspace / "manifest.json").read_text())
     kinds = kinds_from_json(manifest["results"]["output_kinds"])
     fp32 = workspace / "model.fp32.onnx"
+    feeds = image_reference_feeds(samples, pre) if pre is not None else text_reference_feeds(workspace / "text_reference.npz")
+    reference = reference_outputs(fp32, feeds, list(kinds))
     try:
-        gate_raw_inputs(repository, model, Artifact("fp32", "onnx", fp32), files, pre, fp32, kinds, Gates(), tmp_path / "served")
+        gate_raw_inputs(repository, model, Artifact("fp32", "onnx", fp32), samples, reference, fp32, kinds, Gates(), tmp_path / "served")
     except CheckFailed as exc:
         return exc.problem
     return "passed"
@@ -197,3 +201,58 @@ def test_digits_answer_png_files_with_class_names(tmp_path: Path) -> None:
     # the PyPI library loads only in a Python process: the deploy bundle leaves the ensemble unloaded, saying why
     script = (tmp_path / "deploy" / "docker-run.sh").read_text()
     assert "--load-model=digits_fp32" in script and "--load-model=digits " not in script and "digits_preprocess" not in script
+
+
+@pytest.mark.slow
+def test_keras_hub_text_classifier_answers_sentences(tmp_path: Path) -> None:
+    """The zoo's keras-hub BertTextClassifier (its own BertTokenizer and preprocessor) built with --raw-inputs text:
+    sentences in, class names out, agreeing with keras-hub run on the same sentences; another vocabulary fails."""
+    import tritonclient.http as http
+
+    from tests.zoo.hub import TEXT_CLASSES, sentences, write_sentences
+
+    names = [f"topic-{c}" for c in range(TEXT_CLASSES)]
+    (tmp_path / "calibration" / "bert_text").mkdir(parents=True)
+    (tmp_path / "calibration" / "bert_text" / "labels.txt").write_text("\n".join(names) + "\n")
+    csv_path = write_sentences(tmp_path / "sentences.csv", n=400)
+    result = build(BuildConfig(model="tests.zoo.hub:bert_text_classifier", name="bert_text", workdir=tmp_path / "build",
+                               calibration_root=tmp_path / "calibration", repository=tmp_path / "repo", raw_inputs="text", eval_data=csv_path))
+    gate = json.loads(result.manifest.read_text())["results"]["raw_inputs"]
+    assert gate["files"] == 400 and not gate["failures"] and gate["summary"]["logits"]["agreement"] == 1.0
+    assert gate["summary"]["logits"]["accuracy"] > 0.8
+    workspace = result.workspace.root
+    settings = json.loads((tmp_path / "repo" / "bert_text_tokenize" / "tokenizer_settings.json").read_text())
+    assert settings["kind"] == "wordpiece" and settings["lowercase"] and settings["buckets"] == [8, 16, 32]
+
+    texts, labels = sentences(np.random.default_rng(9), 12)
+    texts[0] = "KALO, lomi!!  Kalos? xyzzy"  # case, punctuation, runs of spaces, a plural, a word outside the vocabulary
+    with TritonServer(tmp_path / "repo", workdir=tmp_path / "serve") as server:
+        client = http.InferenceServerClient(server.http_url)
+        tensor = http.InferInput("text", [len(texts), 1], "BYTES")
+        tensor.set_data_from_numpy(np.array([[t.encode()] for t in texts], dtype=object))
+        answer = client.infer("bert_text", [tensor], outputs=[http.InferRequestedOutput("logits", class_count=1)]).as_numpy("logits")
+        served = client.infer("bert_text", [tensor]).as_numpy("logits")
+    top = [row[0].decode().split(":")[2] for row in answer]
+    assert all(name in names for name in top)
+    # keras-hub on the same sentences, fed to the published FP32 model
+    import keras_hub
+
+    from tests.zoo.hub import TEXT_SEQUENCE_LENGTH, TEXT_VOCABULARY
+
+    tokenizer = keras_hub.tokenizers.BertTokenizer(vocabulary=TEXT_VOCABULARY, lowercase=True)
+    packed = keras_hub.models.BertTextClassifierPreprocessor(tokenizer, sequence_length=TEXT_SEQUENCE_LENGTH)(texts)
+    feed = {k: np.asarray(v).astype(np.int32) for k, v in packed.items()}
+    import onnxruntime as ort
+
+    reference = ort.InferenceSession(str(workspace / "model.fp32.onnx")).run(["logits"], feed)[0]
+    np.testing.assert_allclose(served, reference, atol=1e-4)
+    assert top == [names[i] for i in reference.argmax(1)]
+
+    samples = text_samples(csv_path, names)
+    planted = tmp_path / "planted"
+    shutil.copytree(workspace / "raw_gate_repository", planted)
+    vocabulary = (planted / "bert_text_tokenize" / "vocabulary.txt").read_text().splitlines()
+    words = vocabulary[11:]  # another version of the vocabulary: the same words, renumbered
+    (planted / "bert_text_tokenize" / "vocabulary.txt").write_text("\n".join(vocabulary[:11] + words[1:] + words[:1]) + "\n")
+    line = _gate(planted, workspace, "bert_text", samples, None, tmp_path)
+    assert "output 'logits' (classes): top-1 disagreement" in line and "> 1 allowed" in line, line

@@ -14,6 +14,7 @@ Needs keras-hub (the ``hub`` extra; scripts/setup.sh installs it).
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 
@@ -166,3 +167,61 @@ HUB_ZOO = {
         ZooModel("hub_efficientnet_v2", efficientnet_v2, _images, eval_samples=HUB_EVAL),
     )
 }
+
+
+# A keras-hub text classifier with its own tokenizer (raw sentences in: build --raw-inputs text). Made-up words of two
+# syllables; class c favours the c-th quarter of them. Sentences are capitalised, punctuated, with plurals (word ##s)
+# and a word outside the vocabulary ([UNK]), so the WordPiece rules (lowercase, punctuation, suffixes) all matter.
+_SYLLABLES = ["ka", "lo", "mi", "ta", "re", "su", "no", "vi", "pe", "do", "ga", "zu"]
+WORDS = sorted({a + b for a in _SYLLABLES for b in _SYLLABLES})[:128]
+TEXT_VOCABULARY = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", ".", ",", "!", "?", "##s", "##ed", *WORDS]
+TEXT_SEQUENCE_LENGTH = 32
+
+
+def sentences(rng: np.random.Generator, n: int) -> tuple[list[str], np.ndarray]:
+    """``n`` labeled sentences of the text classifier's task."""
+    labels = rng.integers(0, TEXT_CLASSES, n)
+    band = len(WORDS) // TEXT_CLASSES
+    out = []
+    for label in labels:
+        words = []
+        for _ in range(int(rng.integers(5, 14))):
+            pool = WORDS[label * band:(label + 1) * band] if rng.random() < 0.6 else WORDS
+            word = pool[int(rng.integers(len(pool)))]
+            draw = rng.random()
+            words.append(word + "s" if draw < 0.1 else ("xyzzy" if draw < 0.15 else word))
+        text = " ".join(words) + str(rng.choice([".", "!", "?"]))
+        out.append(text[0].upper() + text[1:])
+    return out, labels
+
+
+def bert_text_classifier() -> keras.Model:
+    """keras-hub BertTextClassifier (2 layers × 2 heads, hidden 64) with its BertTextClassifierPreprocessor and
+    BertTokenizer (WordPiece, lowercase, sequence length 32), trained briefly on :func:`sentences` (≈90% accuracy).
+    keras-hub's fit on strings needs tensorflow-text, so it is fitted on the preprocessor's tokens and the
+    preprocessor attached afterwards, as a Task loaded from a preset carries it."""
+    import keras_hub
+
+    keras.utils.set_random_seed(33)
+    tokenizer = keras_hub.tokenizers.BertTokenizer(vocabulary=TEXT_VOCABULARY, lowercase=True)
+    preprocessor = keras_hub.models.BertTextClassifierPreprocessor(tokenizer, sequence_length=TEXT_SEQUENCE_LENGTH)
+    backbone = keras_hub.models.BertBackbone(vocabulary_size=len(TEXT_VOCABULARY), **TEXT)
+    model = keras_hub.models.BertTextClassifier(backbone, num_classes=TEXT_CLASSES, preprocessor=None, activation="softmax")
+    texts, labels = sentences(np.random.default_rng(0), FIT_SAMPLES)
+    tokens = {k: np.asarray(v) for k, v in preprocessor(texts).items()}
+    model.compile(optimizer=keras.optimizers.Adam(3e-3), loss="sparse_categorical_crossentropy")
+    model.fit(tokens, labels, epochs=4, batch_size=32, verbose=0)
+    model.preprocessor = preprocessor
+    return model
+
+
+def write_sentences(path: Path, n: int = 400, seed: int = 1) -> Path:
+    """A CSV of ``n`` labeled sentences (``text,label``) for --eval-data."""
+    import csv
+
+    texts, labels = sentences(np.random.default_rng(seed), n)
+    with open(path, "w", newline="", encoding="utf-8") as file:
+        writer = csv.writer(file)
+        writer.writerow(["text", "label"])
+        writer.writerows(zip(texts, (int(v) for v in labels)))
+    return path

@@ -23,12 +23,18 @@ from typing import Any
 import numpy as np
 import triton_python_backend_utils as pb_utils
 
-# The stub puts the version folder on sys.path; made sure of here so the sibling always imports.
+# wordpiece_tokenizer.py sits in the model's directory (beside config.pbtxt: the pipeline may not write into a
+# version folder but the model file) or, in the source tree and its tests, beside this file.
 _HERE = os.path.dirname(os.path.abspath(__file__))
-if _HERE not in sys.path:
-    sys.path.insert(0, _HERE)
 
-from wordpiece_tokenizer import WordPiece, encode_batch, load  # noqa: E402
+
+def _tokenizer_module(directory: str) -> Any:
+    for folder in (directory, _HERE):
+        if os.path.isfile(os.path.join(folder, "wordpiece_tokenizer.py")) and folder not in sys.path:
+            sys.path.insert(0, folder)
+    import wordpiece_tokenizer
+
+    return wordpiece_tokenizer
 
 INPUT_NAME = "text"
 
@@ -60,11 +66,13 @@ class TritonPythonModel:
         """Read the tokenizer files from the model directory and check them against the model config."""
         config = json.loads(args["model_config"])
         directory = args["model_repository"]
+        module = _tokenizer_module(directory)
+        self._encode_batch = module.encode_batch
         try:
-            wordpiece, settings = load(directory)
+            wordpiece, settings = module.load(directory)
         except (OSError, ValueError, KeyError) as exc:
             raise pb_utils.TritonModelException(f"wordpiece tokenizer in {directory}: {exc}") from None
-        self._wordpiece: WordPiece = wordpiece
+        self._wordpiece = wordpiece
         self._settings: dict[str, Any] = settings
         inputs = [(i.get("name"), i.get("data_type")) for i in config.get("input", [])]
         if inputs and inputs != [(INPUT_NAME, "TYPE_STRING")]:
@@ -78,6 +86,8 @@ class TritonPythonModel:
                 f"wordpiece tokenizer {config.get('name')}: outputs {unknown} are not among {settings['outputs']} "
                 f"({directory}/tokenizer_settings.json)")
         self._outputs = configured or list(settings["outputs"])
+        # the ids in the integer type the model takes (int32 by default, as keras-hub makes them)
+        self._dtypes = {o["name"]: np.int64 if o.get("data_type") == "TYPE_INT64" else np.int32 for o in config.get("output", [])}
 
     def execute(self, requests: list[Any]) -> list[Any]:
         """One response per request: its outputs, or its own error."""
@@ -87,8 +97,8 @@ class TritonPythonModel:
                 tensor = pb_utils.get_input_tensor_by_name(request, INPUT_NAME)
                 if tensor is None:
                     raise ValueError(f"the request has no input '{INPUT_NAME}'")
-                arrays = encode_batch(_texts(tensor.as_numpy()), self._settings, self._wordpiece)
-                outputs = [pb_utils.Tensor(name, arrays[name]) for name in self._outputs]
+                arrays = self._encode_batch(_texts(tensor.as_numpy()), self._settings, self._wordpiece)
+                outputs = [pb_utils.Tensor(name, arrays[name].astype(self._dtypes.get(name, np.int32), copy=False)) for name in self._outputs]
                 responses.append(pb_utils.InferenceResponse(output_tensors=outputs))
             except Exception as exc:  # noqa: BLE001 - one bad request must not fail the batch or the model
                 responses.append(pb_utils.InferenceResponse(
