@@ -90,19 +90,22 @@ def repository_from_artifacts(
             extra[name][LABELS_FILE] = settings.labels.read_bytes()
         if settings.deploy_plans is not None and golden is not None and artifact.kind == "onnx" and artifact.precision in PRECISIONS:
             extra[name].update(_deploy_plan_files(artifact, configs[name], signature, settings, golden))
-    if settings.mig:
-        if settings.deploy_plans is not None:
-            from pipeline.mig.bundle import PLANS_NOT_BUILT
-
-            log.warning("%s", PLANS_NOT_BUILT.format("the GPU ONNX variants"))
-        for name, files in _mig_files(artifacts, configs, settings).items():
-            extra[name].update(files)
+    riders: dict[str, str] = {}
     if raw is not None:
         from pipeline.triton.ensemble import raw_input_models
 
         models, raw_configs, raw_files = raw_input_models(raw, settings.model, signature_from_onnx(onnx_of[raw.variant.precision]),
                                                           settings.labels.read_bytes() if settings.labels else None,
                                                           settings.classifier_output, settings.max_batch)
+        riders = {m.triton_name(settings.model): raw.variant.triton_name(settings.model) for m in models}
+    if settings.mig:
+        if settings.deploy_plans is not None:
+            from pipeline.mig.bundle import PLANS_NOT_BUILT
+
+            log.warning("%s", PLANS_NOT_BUILT.format("the GPU ONNX variants"))
+        for name, files in _mig_files(artifacts, configs, settings, riders, raw).items():
+            extra[name].update(files)
+    if raw is not None:
         artifacts = [*artifacts, *models]
         configs.update(raw_configs)
         extra.update(raw_files)
@@ -212,16 +215,28 @@ def deploy_dir(repository: Path | S3Url) -> Path:
     return Path(repository).absolute().parent / "deploy"
 
 
-def _mig_files(artifacts: Sequence[Artifact], configs: Mapping[str, Any], settings: PublishSettings) -> dict[str, dict[str, bytes]]:
+def _mig_files(artifacts: Sequence[Artifact], configs: Mapping[str, Any], settings: PublishSettings, riders: Mapping[str, str],
+               raw: RawInputs | None) -> dict[str, dict[str, bytes]]:
+    """Per-profile configs of the GPU variants and the MIG bundle; a raw-input ensemble and its CPU step ride with the
+    variant they serve (unless its custom-op library needs libpython: then they are left out, saying why)."""
     from pipeline.mig.bundle import write_bundle
     from pipeline.mig.configs import mig_configs_for_repository
     from pipeline.mig.memory import memory_for_artifact
+    from pipeline.mig.plan import with_riders
     from pipeline.mig.servers import BundleSettings
 
     gpu, _, layout = (settings.mig or "").partition(":")
     on_gpu = [a for a in artifacts if not a.cpu_only]  # CPU-only variants take no MIG slice
     memory = {a.triton_name(settings.model): memory_for_artifact(a, settings.max_batch) for a in on_gpu}
     plan, files = mig_configs_for_repository({name: configs[name] for name in memory}, gpu, layout or None, memory)
+    if riders and raw is not None and raw.library is not None:
+        from pipeline.backend.extensions import STANDALONE_HOWTO, python_symbols
+
+        if python_symbols(raw.library):
+            log.warning("MIG bundle: %s is not loaded: its custom-op library is onnxruntime-extensions' CPython module, which the C++ "
+                        "onnxruntime backend cannot load — %s", settings.model, STANDALONE_HOWTO)
+            riders = {}
+    plan = with_riders(plan, dict(riders))
     bundle = BundleSettings(image=settings.image) if settings.image else BundleSettings()
     out = deploy_dir(settings.repository) / "mig"
     write_bundle(out, plan, bundle, repository=local_only(settings.repository, "build --mig"))

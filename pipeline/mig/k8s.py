@@ -179,6 +179,8 @@ def deployment(profile_plan: ProfilePlan, replicas: int, settings: BundleSetting
         "securityContext": _container_security(),
         "volumeMounts": [*mounts, {"name": TMP_VOLUME, "mountPath": "/tmp"}],
     }
+    if profile_plan.riders and not settings.s3:  # a raw-input ensemble's op library is named relative to the repository
+        container["workingDir"] = CONTAINER_REPOSITORY
     return {
         "apiVersion": "apps/v1",
         "kind": "Deployment",

@@ -64,6 +64,9 @@ class ProfilePlan:
     devices: int  # devices of this profile in the layout (0 when planning without a layout)
     budget_bytes: int
     models: tuple[ModelOnProfile, ...]
+    # (model, the model it rides with): a raw-input ensemble and its CPU step take no slice of their own and load
+    # wherever the variant they serve loads
+    riders: tuple[tuple[str, str], ...] = ()
 
     @property
     def used_bytes(self) -> int:
@@ -71,8 +74,9 @@ class ProfilePlan:
 
     @property
     def loaded(self) -> tuple[str, ...]:
-        """Models with at least one instance on this profile."""
-        return tuple(m.model for m in self.models if m.instances > 0)
+        """Models with at least one instance on this profile, and the riders of those."""
+        own = tuple(m.model for m in self.models if m.instances > 0)
+        return own + tuple(rider for rider, anchor in self.riders if anchor in own)
 
     def instances(self, model: str) -> int:
         """Instances of ``model`` on this profile (0 if excluded or unknown)."""
@@ -184,3 +188,10 @@ def plan_instances(gpu: GpuMig, memory: Mapping[str, MemoryEstimate], layout: La
         profiles=tuple(plan_profile(p, memory, n) for p, n in profiles),
         memory=dict(memory),
     )
+
+
+def with_riders(plan: MigPlan, riders: dict[str, str]) -> MigPlan:
+    """``plan`` with ``riders`` (model → the model it rides with) loaded on every profile that loads their anchor."""
+    from dataclasses import replace
+
+    return replace(plan, profiles=tuple(replace(p, riders=tuple(sorted(riders.items()))) for p in plan.profiles))

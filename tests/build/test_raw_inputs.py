@@ -256,3 +256,32 @@ def test_keras_hub_text_classifier_answers_sentences(tmp_path: Path) -> None:
     (planted / "bert_text_tokenize" / "vocabulary.txt").write_text("\n".join(vocabulary[:11] + words[1:] + words[:1]) + "\n")
     line = _gate(planted, workspace, "bert_text", samples, None, tmp_path)
     assert "output 'logits' (classes): top-1 disagreement" in line and "> 1 allowed" in line, line
+
+
+@pytest.mark.slow
+def test_deploy_bundle_serves_the_ensemble_with_a_standalone_library(digits_built: Path, tmp_path: Path) -> None:
+    """With a custom-op library that loads without Python (a stand-in: a real shared library with no libpython symbol,
+    since the standalone libortextensions.so cannot be built here), the deploy bundle loads the ensemble and its
+    preprocessing beside the variant, starting the server in the repository's folder; every config reads back as
+    Triton's ModelConfig and passes the publish checks. With the PyPI module it leaves them out (the first test)."""
+    import onnxruntime
+
+    from pipeline.backend.extensions import LIBRARY_FILE, extensions_library
+    from pipeline.triton.deploy import write_deploy_bundle
+    from pipeline.triton.repository import check_staged, read_repository
+
+    repository = tmp_path / "repo"
+    shutil.copytree(digits_built / "repo", repository)
+    standin = Path(onnxruntime.__file__).parent / "capi" / "libonnxruntime_providers_shared.so"
+    assert extensions_library(standin).standalone and not extensions_library().standalone
+    shutil.copy(standin, repository / "digits_preprocess" / LIBRARY_FILE)
+    write_deploy_bundle(repository, tmp_path / "deploy")
+    script = (tmp_path / "deploy" / "docker-run.sh").read_text()
+    for model in ("digits", "digits_preprocess", "digits_fp32"):
+        assert f"--load-model={model} " in script
+    assert "cd /models && " in script
+    models = read_repository(repository)
+    assert models["digits"].config.platform == "ensemble"
+    assert list(models["digits_preprocess"].config.model_operations.op_library_filename) == ["digits_preprocess/libortextensions.so"]
+    for model in ("digits", "digits_preprocess"):
+        check_staged(models[model].path, models[model].config)

@@ -359,3 +359,26 @@ def test_the_bundle_image_is_checked_against_the_ngc_release_table(plan: MigPlan
     with pytest.raises(PipelineError, match=r"24.03-py3 is older than 24.10"):
         write_bundle(tmp_path / "old", plan, BundleSettings(image="nvcr.io/nvidia/tritonserver:24.03-py3"), repository=repo)
     assert write_bundle(tmp_path / "ok", plan, BundleSettings(image="nvcr.io/nvidia/tritonserver:25.03-py3"), repository=repo)
+
+
+def test_raw_input_ensemble_rides_with_its_variant(plan: MigPlan) -> None:
+    """A raw-input ensemble and its CPU step take no slice: each server loads them where it loads their variant, started in
+    the repository's folder (the ensemble's custom-op library is named relative to it); servers without it are unchanged."""
+    from pipeline.mig.plan import with_riders
+
+    anchor = plan.profiles[0].loaded[0]
+    ridden = with_riders(plan, {"digits": anchor, "digits_preprocess": anchor})
+    for before, after in zip(plan.profiles, ridden.profiles, strict=True):
+        expected = ("digits", "digits_preprocess") if anchor in before.loaded else ()
+        assert after.loaded == before.loaded + expected
+    files = bundle_files(ridden)
+    script = files["launch-mig.sh"]
+    assert 'cd "$MODEL_REPOSITORY"' in script and "--load-model=digits_preprocess" in script and 'cd "$MODEL_REPOSITORY"' not in bundle_files(plan)["launch-mig.sh"]
+    compose = yaml.safe_load(files["docker-compose.yml"])
+    shells = [" ".join(s["command"]) if isinstance(s["command"], list) else s["command"] for s in compose["services"].values()]
+    assert all("cd /models && " in shell for shell in shells)
+    documents = [d for name, text in files.items() if name.startswith("k8s/") for d in yaml.safe_load_all(text) if d]
+    containers = [c for d in documents if d.get("kind") == "Deployment" for c in d["spec"]["template"]["spec"]["containers"]]
+    ridden_profiles = {p.profile.name for p in ridden.profiles if "digits" in p.loaded}
+    assert containers and all(c.get("workingDir") == "/models" for c in containers if any("--load-model=digits" == a for a in c["args"]))
+    assert ridden_profiles
