@@ -8,9 +8,17 @@ Which file: the PyPI wheel (``onnxruntime-extensions``, a dependency of the proj
 CPython module ``_extensions_pydll``: it needs ``libpython`` loaded, which a Python process has (the
 embedded server's Python-based ORT backend, this package) and Triton's C++ backend has not (``dlopen``
 fails with ``undefined symbol: Py…``, measured). The standalone ``libortextensions.so`` comes from a
-source build (onnxruntime-extensions ``build_lib.sh``); ``--extensions-library`` names it. Either way the
-library negotiates the ORT C API at load (``GetActiveOrtAPIVersion``): it runs on ONNX Runtime 1.11 and
-later, which every NGC release in pipeline/triton/ngc_releases.py ships.
+source build (onnxruntime-extensions ``build_lib.sh``, CMake ``OCOS_BUILD_SHARED_LIB``, on by default:
+``out/Linux/RelWithDebInfo/lib/libortextensions.so``); ``--extensions-library`` names it.
+
+Its ABI against the server's ONNX Runtime: the library asks the running ORT for its API version at load
+(microsoft/onnxruntime-extensions ``shared/ortcustomops.cc``: ``GetOrtVersion`` reads the running ORT's version
+string, then ``api->GetApi(ver)``) and supports every ORT from ``MIN_ORT_VERSION_SUPPORTED`` 11, i.e. 1.11
+(``includes/onnxruntime_customop.hpp``); measured here: ``GetActiveOrtAPIVersion()`` of 0.15.2 answers 11 before
+registration. The NGC images the deploy bundle targets ship ONNX Runtime 1.19.2 (24.10) and later
+(pipeline/triton/ngc_releases.py, from triton-inference-server/server ``docs/introduction/compatibility.md``), all
+at or above it. Triton's ORT backend calls ``RegisterCustomOpsLibrary`` with ``op_library_filename`` as given
+(onnxruntime_backend ``src/onnxruntime.cc``), which ``dlopen`` s it with ``RTLD_NOW | RTLD_LOCAL``.
 """
 
 from __future__ import annotations
@@ -87,5 +95,6 @@ def session_with_extensions(path: Path, library: Path) -> Any:
     import onnxruntime as ort
 
     options = ort.SessionOptions()
+    options.enable_mem_pattern = False  # images differ in size: see pipeline/triton/ensemble.py preprocess_config
     options.register_custom_ops_library(str(library))
     return ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])

@@ -151,21 +151,22 @@ def tensorrt_data(results: dict[str, Any]) -> TableData | None:
 
 def raw_answers_data(report: dict[str, Any]) -> list[TableData]:
     """One raw-input ensemble's answers (``verify --data``): the gate's figures, then the class names of the first files."""
-    gate = TableData(f"raw files through {report['model']} ({report['files']} files of {report['folder']}; served variant {report.get('variant', '?')})",
+    variant = f"; served variant {report['variant']}" if report.get("variant") else ""
+    gate = TableData(f"raw inputs through the ensemble {report['model']} ({report['files']} from {report['folder']}{variant})",
                      ["output", "kind", "figure", "value [95% bounds]", "limit", "verdict"], align="lllrrl")
     for row in report["rows"]:
         gate.add([row["output"], row["kind"] or "—", row["metric"], figure_text(row), limit_text(row), _row_verdict(row["verdict"])],
                  "bad" if row["verdict"] == "fail" else "")
     for name, summary in report["summary"].items():
         if summary.get("accuracy") is not None:
-            gate.add([name, "classes", "accuracy from raw files (reference: Keras preprocessing)", f"{_pct(summary['accuracy'])} "
+            gate.add([name, "classes", "accuracy from raw inputs (reference: Keras preprocessing)", f"{_pct(summary['accuracy'])} "
                       f"({_pct(summary.get('reference_accuracy'))})", "", "info"])
     if report.get("accuracy_vs_tensor_path"):
         drop = report["accuracy_vs_tensor_path"]
         gate.add(["", "", "accuracy drop vs the tensor path", f"{drop['drop_points']:.2f} [{drop['low']:.2f}, {drop['high']:.2f}] pt",
                   f"≤ {drop['limit']:g} pt", "FAIL" if drop["low"] > drop["limit"] else ("undecided" if drop["high"] > drop["limit"] else "pass")])
     gate.caption = report.get("preprocess", "")
-    answers = TableData("answers (Triton's classification extension: score:index:label)", ["file", "top 1", "top 2", "top 3"], left=4)
-    for path, top in (report.get("answers") or {}).items():
-        answers.add([path.rsplit("/", 2)[-2] + "/" + path.rsplit("/", 1)[-1], *top[:3]])
+    answers = TableData("answers (Triton's classification extension: score:index:label)", ["input", "top 1", "top 2", "top 3"], left=4)
+    for name, top in (report.get("answers") or {}).items():
+        answers.add([name, *top[:3]])
     return [gate, answers] if answers.rows else [gate]

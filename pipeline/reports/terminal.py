@@ -17,7 +17,7 @@ from rich.table import Table
 from pipeline.core.console import console as make_console
 from pipeline.core.objectstore import S3Url
 from pipeline.core.tables import to_rich
-from pipeline.reports.build_tables import accuracy_data, served_data, stage_data, tensorrt_data
+from pipeline.reports.build_tables import accuracy_data, raw_answers_data, served_data, stage_data, tensorrt_data
 from pipeline.reports.variants import variant_notes, variant_rows, variants_data
 
 
@@ -51,6 +51,9 @@ def print_build_summary(
         console.print(accuracy_table(manifest["results"]["accuracy"]))
     if "served" in manifest["results"]:
         console.print(served_table(manifest["results"]["served"]["models"]))
+    if manifest["results"].get("raw_inputs"):
+        for table in raw_answers_data(manifest["results"]["raw_inputs"]):
+            console.print(to_rich(table))
     rows = variant_rows(manifest, manifest_path.parent)
     if rows:
         console.print(to_rich(variants_data(rows, manifest["results"].get("latency"), figures=False)))

@@ -59,6 +59,10 @@ def preprocess_config(model: str, pre: ImagePreprocess, library: str) -> ModelCo
     cfg.output.add(name=pre.input, data_type=pb.TYPE_FP32, dims=shape)
     cfg.instance_group.add(kind=pb.ModelInstanceGroup.KIND_CPU, count=1)
     cfg.model_operations.op_library_filename.append(library)
+    # Memory patterns off (the backend's enable_mem_pattern): every image decodes to its own size, and with them ONNX
+    # Runtime 1.32 handed out the first run's output from a block the next run reuses (measured: the first answer of
+    # a session changed under it; with the arena off too, the heap broke).
+    cfg.parameters["enable_mem_pattern"].string_value = "0"
     return cfg
 
 
