@@ -7,9 +7,9 @@ itself, sent the float32 tensor a client has to make for itself. Three rows, eac
 (batch 1, so requests/s = samples/s):
 
 - ``raw PNG → digits``: the 449 evaluation digits as the PNG files the build writes (``<workdir>/digits/raw_eval``);
-- ``raw JPEG → digits``: the same digits re-encoded as RGB JPEG (quality 90, PIL) into a temporary folder (three
-  components: the served decoder, onnxruntime-extensions' DecodeImage, gives one channel for a grayscale JPEG, which the
-  preprocessing graph's RGB gather refuses; the run sends one such file first and records the answer, ``grayscale_jpeg``);
+- ``raw JPEG → digits``: the same digits re-encoded as RGB JPEG (quality 90, PIL) into a temporary folder, as a
+  camera's files are colour; the run also sends one grayscale JPEG first (onnxruntime-extensions' DecodeImage gives it
+  one channel, which the preprocessing graph reads as three) and records the answer, ``grayscale_jpeg``;
 - ``tensor FP32 → digits_fp32``: the float32 tensors of ``calibration/digits/eval.npz`` at batch 1.
 
 How: the repository is built once (``pipeline.build.orchestrator.build`` with ``raw_inputs="image"``; reused when

@@ -202,9 +202,10 @@ def published_configs(artifacts: Sequence[Artifact], settings: PublishSettings, 
         return []
     names = [a.triton_name(settings.model) for a in artifacts]
     if raw is not None:
-        from pipeline.triton.ensemble import preprocess_name, tokenize_name
+        from pipeline.triton.ensemble import ensemble_name, preprocess_name, tokenize_name
 
-        names += [settings.model, tokenize_name(settings.model) if raw.kind == "text" else preprocess_name(settings.model)]
+        names += [settings.model, tokenize_name(settings.model)] if raw.kind == "text" else [
+            settings.model, preprocess_name(settings.model), ensemble_name(settings.model, True), preprocess_name(settings.model, True)]
     return [Path(settings.repository) / name / "config.pbtxt" for name in names]
 
 

@@ -243,11 +243,12 @@ def _image_step(pre: ImagePreprocess | None, variant: Artifact, ctx: Any) -> tup
     from pipeline.stages.image_preprocess import image_preprocess_onnx
 
     assert pre is not None
-    dst = ctx.ws.root / "preprocess.onnx"
+    dst, hwc = ctx.ws.root / "preprocess.onnx", ctx.ws.root / "preprocess_hwc.onnx"
     ctx.run(Stage("preprocess", image_preprocess_onnx, settings={"pre": pre}, outputs={"dst": dst}))
+    ctx.run(Stage("preprocess-hwc", image_preprocess_onnx, settings={"pre": pre, "decoded": True}, outputs={"dst": hwc}))
     library = extensions_library(ctx.cfg.extensions_library)
     log.info("raw inputs: custom ops from %s", library.describe())
-    return RawInputs("image", variant, preprocess=dst, library=library.path), pre.describe()
+    return RawInputs("image", variant, preprocess=dst, preprocess_hwc=hwc, library=library.path), pre.describe()
 
 
 def _tokenizer_files(saved: Path, data: EvalData, ctx: Any) -> Path:

@@ -17,7 +17,7 @@ VARIANTS = PRECISIONS + CPU_PRECISIONS + WIRE_PRECISIONS
 # What answers raw requests (build --raw-inputs): the image preprocessing graph (an ONNX file) or the tokenizer (a Python
 # model's model.py), and the ensemble (no model file of its own; its artifact path is a file whose hash says when the
 # step in front changed).
-RAW_KINDS = ("preprocess", "tokenize", "ensemble")
+RAW_KINDS = ("preprocess", "tokenize", "ensemble", "preprocess_hwc", "ensemble_hwc")
 
 
 @dataclass(frozen=True)
@@ -37,7 +37,7 @@ class Artifact:
         """The Triton model name: ``<model>_<precision>`` for ONNX, ``<model>_<precision>_trt`` for plans; the raw-input
         ensemble is ``<model>`` and its preprocessing ``<model>_preprocess``."""
         if self.kind in RAW_KINDS:
-            return model if self.kind == "ensemble" else f"{model}_{self.kind}"
+            return model if self.kind == "ensemble" else (f"{model}_hwc" if self.kind == "ensemble_hwc" else f"{model}_{self.kind}")
         suffix = "" if self.kind == "onnx" else "_trt"
         return f"{model}_{self.precision}{suffix}"
 

@@ -14,7 +14,7 @@ The graph a Triton ensemble runs in front of the model (pipeline/triton/ensemble
 * scaling is ``x · a + b`` per channel: from ``--preprocess`` when the model has no scaling layer of
   its own, and none when it has (the model takes 0..255 then).
 
-The second graph, :func:`hwc_preprocess_onnx`, is the same from decoded uint8 HWC images (clients that
+The second graph, ``image_preprocess_onnx(..., decoded=True)``, is the same from decoded uint8 HWC images (clients that
 decode themselves). Both take one image per request: images differ in size until they are resized.
 """
 

@@ -29,21 +29,28 @@ if TYPE_CHECKING:
     from tritonclient.grpc.model_config_pb2 import ModelConfig
 
 from pipeline.backend.extensions import LIBRARY_FILE
-from pipeline.data.raw_files import BYTES_INPUT, ImagePreprocess
+from pipeline.data.raw_files import BYTES_INPUT, HWC_INPUT, ImagePreprocess
 
 LABELS_FILE = ModelData.LABELS
 PREPROCESS_SUFFIX = "_preprocess"
+HWC_SUFFIX = "_hwc"  # the ensemble for clients that decode themselves: uint8 HWC RGB of any size
 ENSEMBLE_VERSION = 1  # an ensemble's version folder is empty; Triton needs one
 
 
-def preprocess_name(model: str) -> str:
-    """The Triton name of ``model``'s preprocessing model."""
-    return f"{model}{PREPROCESS_SUFFIX}"
+def preprocess_name(model: str, decoded: bool = False) -> str:
+    """The Triton name of ``model``'s preprocessing model (``decoded``: the one from uint8 HWC images)."""
+    return f"{model}{PREPROCESS_SUFFIX}{HWC_SUFFIX if decoded else ''}"
 
 
-def preprocess_config(model: str, pre: ImagePreprocess, library: str) -> ModelConfig:
-    """The preprocessing model's config: one encoded image in (uint8 [-1]), the model's input tensor out
-    ([1, H, W, C] float32), CPU instances, the custom-op library ``library``.
+def ensemble_name(model: str, decoded: bool = False) -> str:
+    """The Triton name of ``model``'s raw-input ensemble: ``<model>``, or ``<model>_hwc`` for decoded images."""
+    return f"{model}{HWC_SUFFIX if decoded else ''}"
+
+
+def preprocess_config(model: str, pre: ImagePreprocess, library: str | None) -> ModelConfig:
+    """The preprocessing model's config: one encoded image in (uint8 [-1]), or with no ``library`` one decoded uint8
+    HWC RGB image of any size; the model's input tensor out ([1, H, W, C] float32); CPU instances; the custom-op
+    library ``library`` (decoding needs it, the rest is standard ONNX).
 
     ``library`` is relative to the repository's root (``<model>_preprocess/libortextensions.so``): Triton's C++
     ONNX Runtime backend hands the name to ``dlopen`` as it is (onnxruntime_backend ``src/onnxruntime.cc``,
@@ -52,13 +59,15 @@ def preprocess_config(model: str, pre: ImagePreprocess, library: str) -> ModelCo
     from pipeline.triton.config import _pb
 
     pb = _pb()
-    cfg = pb.ModelConfig(name=preprocess_name(model), platform="onnxruntime_onnx", backend="onnxruntime", max_batch_size=0,
+    decoded = library is None
+    cfg = pb.ModelConfig(name=preprocess_name(model, decoded), platform="onnxruntime_onnx", backend="onnxruntime", max_batch_size=0,
                          default_model_filename="model.onnx")
-    cfg.input.add(name=BYTES_INPUT, data_type=pb.TYPE_UINT8, dims=[-1])
+    cfg.input.add(name=HWC_INPUT if decoded else BYTES_INPUT, data_type=pb.TYPE_UINT8, dims=[-1, -1, 3] if decoded else [-1])
     shape = [1, pre.channels, pre.height, pre.width] if pre.channels_first else [1, pre.height, pre.width, pre.channels]
     cfg.output.add(name=pre.input, data_type=pb.TYPE_FP32, dims=shape)
     cfg.instance_group.add(kind=pb.ModelInstanceGroup.KIND_CPU, count=1)
-    cfg.model_operations.op_library_filename.append(library)
+    if library is not None:
+        cfg.model_operations.op_library_filename.append(library)
     # Memory patterns off (the backend's enable_mem_pattern): every image decodes to its own size, and with them ONNX
     # Runtime 1.32 handed out the first run's output from a block the next run reuses (measured: the first answer of
     # a session changed under it; with the arena off too, the heap broke).
@@ -67,21 +76,23 @@ def preprocess_config(model: str, pre: ImagePreprocess, library: str) -> ModelCo
 
 
 def ensemble_config(model: str, variant: str, variant_signature: ModelSignature, pre: ImagePreprocess,
-                    labels_file: str | None, classifier_output: str | None) -> ModelConfig:
-    """The ensemble ``model``: an encoded image through ``<model>_preprocess`` into ``variant``; every output of
-    the variant with its batch axis of 1, the classifier output with ``labels_file``."""
+                    labels_file: str | None, classifier_output: str | None, decoded: bool = False) -> ModelConfig:
+    """The ensemble ``model`` (``<model>_hwc`` with ``decoded``): an encoded image (or a decoded uint8 HWC one) through
+    its preprocessing into ``variant``; every output of the variant with its batch axis of 1, the classifier output
+    with ``labels_file``."""
     from pipeline.triton.config import _pb, triton_dtype
 
     pb = _pb()
-    cfg = pb.ModelConfig(name=model, platform="ensemble", max_batch_size=0)
-    cfg.input.add(name=BYTES_INPUT, data_type=pb.TYPE_UINT8, dims=[-1])
+    source = HWC_INPUT if decoded else BYTES_INPUT
+    cfg = pb.ModelConfig(name=ensemble_name(model, decoded), platform="ensemble", max_batch_size=0)
+    cfg.input.add(name=source, data_type=pb.TYPE_UINT8, dims=[-1, -1, 3] if decoded else [-1])
     for spec in variant_signature.outputs:
         dims = [1] + [d if isinstance(d, int) and d > 0 else -1 for d in spec.shape[1:]]
         out = cfg.output.add(name=spec.name, data_type=getattr(pb, triton_dtype(spec.dtype)), dims=dims)
         if labels_file and spec.name == classifier_output:
             out.label_filename = labels_file
-    step = cfg.ensemble_scheduling.step.add(model_name=preprocess_name(model), model_version=-1)
-    step.input_map[BYTES_INPUT] = BYTES_INPUT
+    step = cfg.ensemble_scheduling.step.add(model_name=preprocess_name(model, decoded), model_version=-1)
+    step.input_map[source] = source
     step.output_map[pre.input] = f"{pre.input}__preprocessed"
     step = cfg.ensemble_scheduling.step.add(model_name=variant, model_version=-1)
     step.input_map[pre.input] = f"{pre.input}__preprocessed"
@@ -103,6 +114,7 @@ class RawInputs:
     kind: str  # "image" | "text"
     variant: Artifact  # the published variant the ensemble serves
     preprocess: Path | None = None  # image: the ONNX graph (pipeline/stages/image_preprocess.py)
+    preprocess_hwc: Path | None = None  # image: the same from decoded uint8 HWC images (no custom op)
     library: Path | None = None  # image: onnxruntime-extensions' library, shipped inside the preprocessing model's folder
     tokenizer: Path | None = None  # text: the folder of tokenizer_settings.json and vocabulary.txt (pipeline/stages/tokenizer_export.py)
 
@@ -111,7 +123,8 @@ class RawInputs:
         from pipeline.core.fingerprint import hash_path
 
         parts = [self.kind, self.variant.triton_name("m"), self.variant.fingerprint()]
-        parts += [hash_path(p) for p in (self.preprocess, self.library, self.tokenizer, WORDPIECE_MODEL.parent) if p is not None]
+        parts += [hash_path(p) for p in (self.preprocess, self.preprocess_hwc, self.library, self.tokenizer, WORDPIECE_MODEL.parent)
+                  if p is not None]
         return ":".join(parts)
 
 
@@ -135,14 +148,20 @@ def raw_input_models(raw: RawInputs, model: str, variant_signature: ModelSignatu
         return [step, Artifact("raw", "ensemble", raw.tokenizer / TOKENIZER_SETTINGS)], configs, files
     from pipeline.data.raw_files import preprocess_of
 
-    assert raw.preprocess is not None and raw.library is not None
+    assert raw.preprocess is not None and raw.library is not None and raw.preprocess_hwc is not None
     pre = preprocess_of(raw.preprocess)
+    variant = raw.variant.triton_name(model)
     configs = {
         preprocess_name(model): preprocess_config(model, pre, f"{preprocess_name(model)}/{LIBRARY_FILE}"),
-        model: ensemble_config(model, raw.variant.triton_name(model), variant_signature, pre, label_file, classifier_output),
+        model: ensemble_config(model, variant, variant_signature, pre, label_file, classifier_output),
+        preprocess_name(model, True): preprocess_config(model, pre, None),
+        ensemble_name(model, True): ensemble_config(model, variant, variant_signature, pre, label_file, classifier_output, decoded=True),
     }
-    files = {preprocess_name(model): {LIBRARY_FILE: raw.library.read_bytes()}, model: label_files}
-    return [Artifact("raw", "preprocess", raw.preprocess), Artifact("raw", "ensemble", raw.preprocess)], configs, files
+    files = {preprocess_name(model): {LIBRARY_FILE: raw.library.read_bytes()}, model: label_files, preprocess_name(model, True): {},
+             ensemble_name(model, True): dict(label_files)}
+    models = [Artifact("raw", "preprocess", raw.preprocess), Artifact("raw", "ensemble", raw.preprocess),
+              Artifact("raw", "preprocess_hwc", raw.preprocess_hwc), Artifact("raw", "ensemble_hwc", raw.preprocess_hwc)]
+    return models, configs, files
 
 
 # ---- text: the WordPiece tokenizer as a Python model (pipeline/triton/python_models/wordpiece/) -------------------

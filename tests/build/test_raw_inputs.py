@@ -201,9 +201,12 @@ def test_digits_answer_png_files_with_class_names(tmp_path: Path) -> None:
             assert top[0][2] == top[0][1]  # the digits' labels are their indices
             right += int(top[0][2] == str(label))
         assert right >= 0.9 * len(files.files[::15])
-    # the PyPI library loads only in a Python process: the deploy bundle leaves the ensemble unloaded, saying why
+    # the PyPI library loads only in a Python process: the deploy bundle leaves the ensemble unloaded, saying why (the
+    # ensemble for decoded images needs no library and loads)
+    import re
+
     script = (tmp_path / "deploy" / "docker-run.sh").read_text()
-    assert "--load-model=digits_fp32" in script and "--load-model=digits " not in script and "digits_preprocess" not in script
+    assert set(re.findall(r"--load-model=(\w+)", script)) == {"digits_fp32", "digits_hwc", "digits_preprocess_hwc"}
 
 
 @pytest.mark.slow
@@ -288,3 +291,71 @@ def test_deploy_bundle_serves_the_ensemble_with_a_standalone_library(digits_buil
     assert list(models["digits_preprocess"].config.model_operations.op_library_filename) == ["digits_preprocess/libortextensions.so"]
     for model in ("digits", "digits_preprocess"):
         check_staged(models[model].path, models[model].config)
+
+
+@pytest.mark.slow
+def test_loadtest_sends_jpeg_files_and_reports_each_step(digits_built: Path, tmp_path: Path) -> None:
+    """`loadtest --data FOLDER` against the ensemble: one JPEG per request, throughput and client percentiles, and
+    Triton's own time in each step (the preprocessing and the variant) from its statistics; results.json keeps them."""
+    from tests.conftest import cli
+
+    folder = tmp_path / "jpegs"
+    for path in sorted((digits_built / "build" / "digits" / "raw_eval").glob("*/*.png"))[::9]:
+        target = folder / path.parent.name / f"{path.stem}.jpg"
+        target.parent.mkdir(parents=True, exist_ok=True)
+        Image.open(path).convert("RGB").save(target, quality=90)
+    done = cli("loadtest", "--repository", str(digits_built / "repo"), "--model", "digits", "--data", str(folder), "--concurrency", "1,4",
+               "--window-ms", "500", "--warmup-ms", "200", "--max-seconds", "8", "--workdir", str(tmp_path / "lt"))
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "Triton's time per ensemble step" in done.stdout
+    results = json.loads(next((tmp_path / "lt" / "reports").glob("*/results.json")).read_text())
+    for point in results["points"]:
+        assert point["aggregate"]["requests"] > 0 and point["aggregate"]["error_count"] == 0
+        assert point["aggregate"]["latency"]["p99_ms"] >= point["aggregate"]["latency"]["p50_ms"] > 0
+        steps = point["steps"]
+        assert set(steps) == {"digits_preprocess", "digits_fp32"}
+        assert all(s["success_count"] > 0 and s["compute_infer_us"] > 0 for s in steps.values())
+
+
+@pytest.mark.slow
+def test_the_documented_client_gets_class_names(digits_built: Path, tmp_path: Path) -> None:
+    """The client of docs/guide/raw-inputs.md, run as written against the served digits ensemble with a JPEG."""
+    import re
+
+    from tests.conftest import ROOT
+
+    page = (ROOT / "docs" / "guide" / "raw-inputs.md").read_text()
+    code = re.search(r"<!-- client: image -->\n```python\n(.*?)```", page, re.S).group(1)  # type: ignore[union-attr]
+    definitions = code.split("\nprint(")[0]
+    namespace: dict = {}
+    exec(compile(definitions, "docs/guide/raw-inputs.md", "exec"), namespace)  # noqa: S102 - the documented client itself
+    png = sorted((digits_built / "build" / "digits" / "raw_eval" / "7").glob("*.png"))[0]
+    jpeg = tmp_path / "photo.jpg"
+    Image.open(png).convert("RGB").save(jpeg, quality=95)
+    with TritonServer(digits_built / "repo", workdir=tmp_path / "serve") as server:
+        answers = namespace["top_classes"](server.http_url, str(jpeg))
+    assert len(answers) == 3 and all(len(a.split(":")) == 3 for a in answers)
+    assert answers[0].split(":")[2] == "7"
+
+
+@pytest.mark.slow
+def test_decoded_images_get_the_same_answers(digits_built: Path, tmp_path: Path) -> None:
+    """`<name>_hwc` takes what a client decoded itself (uint8 HWC RGB, any size) and answers as `<name>` does for the
+    file (PNG: both decoders give the same pixels); it needs no custom-op library, so the deploy bundle loads it even
+    with the PyPI one."""
+    import tritonclient.http as http
+
+    files = image_files(digits_built / "build" / "digits" / "raw_eval", [str(i) for i in range(10)]).files[::40]
+    with TritonServer(digits_built / "repo", workdir=tmp_path / "serve") as server:
+        client = http.InferenceServerClient(server.http_url)
+        for path in files:
+            data = np.fromfile(path, np.uint8)
+            encoded = http.InferInput(BYTES_INPUT, [len(data)], "UINT8")
+            encoded.set_data_from_numpy(data)
+            pixels = np.asarray(Image.open(path).convert("RGB"))
+            decoded = http.InferInput("image_hwc", list(pixels.shape), "UINT8")
+            decoded.set_data_from_numpy(pixels)
+            np.testing.assert_allclose(client.infer("digits_hwc", [decoded]).as_numpy("probs"),
+                                       client.infer("digits", [encoded]).as_numpy("probs"), atol=1e-6)
+    script = (digits_built / "deploy" / "docker-run.sh").read_text()
+    assert "--load-model=digits_hwc " in script and "--load-model=digits_preprocess_hwc " in script
