@@ -159,7 +159,7 @@ def raw_answers_data(report: dict[str, Any]) -> list[TableData]:
                  "bad" if row["verdict"] == "fail" else "")
     for name, summary in report["summary"].items():
         if summary.get("accuracy") is not None:
-            gate.add([name, "classes", "accuracy from raw inputs (reference: Keras preprocessing)", f"{_pct(summary['accuracy'])} "
+            gate.add([name, "classes", "accuracy from raw inputs (the reference's)", f"{_pct(summary['accuracy'])} "
                       f"({_pct(summary.get('reference_accuracy'))})", "", "info"])
     if report.get("accuracy_vs_tensor_path"):
         drop = report["accuracy_vs_tensor_path"]

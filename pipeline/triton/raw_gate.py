@@ -177,50 +177,89 @@ def class_names(url: str, model: str, samples: RawSamples, indices: tuple[int, .
         client.close()
 
 
-def verify_raw(repository: Path | S3Url, folder: Path, *, url: str | None, workdir: Path, gates: Gates, models: tuple[str, ...] = (),
+def verify_raw(repository: Path | S3Url, data: Path, *, url: str | None, workdir: Path, gates: Gates, models: tuple[str, ...] = (),
                shown: int = 10) -> list[dict[str, Any]]:
-    """Every raw-input ensemble of ``repository`` (or those of ``models``) answering the image files of ``folder``: the
-    raw-input gate as the build ran it (its FP32 variant on Keras's preprocessing as the reference, the build's output
-    kinds, limits and tensor-path accuracy), and the top-3 class names of the first ``shown`` files, through Triton's
-    classification extension. PipelineError (one line) when the repository has no such ensemble."""
-    from pipeline.data.raw_files import image_files, preprocess_of
-    from pipeline.data.workspace import ModelData, build_record_of_served
+    """Every raw-input ensemble of ``repository`` (or those of ``models``) answering ``data`` — the image files of a
+    folder (the image ensembles), or the sentences of a CSV/text file (the text ensembles) — judged as the build's gate
+    (its output kinds, limits and tensor-path accuracy) against the FP32 variant on the reference preprocessing: Keras's
+    image utilities, or for text the repository's own tokenizer run in this process (the build judged that one against
+    keras-hub); with the top-3 class names of ``shown`` inputs through Triton's classification extension. PipelineError
+    (one line) when the repository has no such ensemble."""
+    from pipeline.data.raw_files import TEXT_INPUT, is_text_file
+    from pipeline.data.workspace import build_record_of_served
     from pipeline.triton.ensemble import ensemble_steps
     from pipeline.triton.repository import read_repository
     from pipeline.triton.s3repository import readable
 
+    text = is_text_file(data)
+    wanted = TEXT_INPUT if text else BYTES_INPUT
     reports = []
     with readable(repository) as local:
         served = read_repository(local)
         ensembles = [n for n, m in sorted(served.items()) if m.config.platform == "ensemble" and (not models or n in models)
-                     and [i.name for i in m.config.input] == [BYTES_INPUT]]
-        require(bool(ensembles), f"{repository} has no raw-input ensemble{' among ' + ', '.join(models) if models else ''}",
-                "build one with: python -m pipeline build --raw-inputs image")
+                     and [i.name for i in m.config.input] == [wanted]]
+        require(bool(ensembles), f"{repository} has no raw-input ensemble for {'sentences' if text else 'image files'}"
+                f"{' among ' + ', '.join(models) if models else ''}", f"build one with: python -m pipeline build --raw-inputs {'text' if text else 'image'}")
         for name in ensembles:
             steps = ensemble_steps(served[name].config)
-            pre_model, variant = served[steps[0]], served[steps[1]]
-            pre = preprocess_of(pre_model.path / str(max(pre_model.versions)) / "model.onnx")
+            first, variant = served[steps[0]], served[steps[1]]
             fp32 = served.get(f"{name}_fp32")
             if fp32 is None:
                 raise PipelineError(f"the ensemble {name}'s FP32 variant {name}_fp32 is not in {repository}", "publish it with the ensemble")
             record = build_record_of_served(served[name].path)
-            require(bool(record.get("output_kinds")), f"the ensemble {name} records no output kinds", "rebuild it with build --raw-inputs image")
+            require(bool(record.get("output_kinds")), f"the ensemble {name} records no output kinds", "rebuild it with build --raw-inputs")
             kinds = kinds_from_json(record["output_kinds"])
-            labels = served[name].path / ModelData.LABELS
-            classes = [line.strip() for line in labels.read_text().splitlines() if line.strip()] if labels.is_file() else None
-            files = image_files(folder, classes)
+            samples, feeds, described = _text_case(first.path, data) if text else _image_case(first, data)
+            classes = _classes(served[name].path)
+            if classes and samples.labels is None:
+                samples = replace(samples, classes=tuple(classes))
             limits = replace(Gates(), **{k: v for k, v in (record.get("gates") or {}).items() if k in vars(Gates())})
             limits = replace(limits, fp16_max_drop=gates.fp16_max_drop, int8_max_drop=gates.int8_max_drop, gate_confidence=gates.gate_confidence)
             precision = (parse_variant(steps[1]) or (steps[1], "fp32"))[1]
             tolerance = tolerance_for(precision, limits)
-            fp32_file = fp32.path / str(max(fp32.versions)) / "model.onnx"
-            reference = reference_outputs(fp32_file, image_reference_feeds(files, pre), list(kinds))
-            report = raw_gate(repository, name, precision, files, reference, kinds, tolerance, workdir=workdir, url=url,
-                              answers_for=tuple(range(len(files.files)))[:: max(1, len(files.files) // shown)][:shown] if classes else ())
+            reference = reference_outputs(fp32.path / str(max(fp32.versions)) / "model.onnx", feeds, list(kinds))
+            count = len(reference)
+            report = raw_gate(repository, name, precision, samples, reference, kinds, tolerance, workdir=workdir, url=url,
+                              answers_for=tuple(range(count))[:: max(1, count // shown)][:shown] if classes else ())
             recorded = (record.get("raw_inputs") or {}).get("tensor_path_accuracy")
             if recorded is not None:
                 hold_to_tensor_path(report, recorded, int((record.get("raw_inputs") or {}).get("tensor_samples") or report["files"]), tolerance)
             report["variant"] = variant.name
-            report["preprocess"] = pre.describe()
+            report["preprocess"] = described
             reports.append(report)
     return reports
+
+
+def _classes(model_dir: Path) -> list[str] | None:
+    from pipeline.data.workspace import ModelData
+
+    labels = model_dir / ModelData.LABELS
+    return [line.strip() for line in labels.read_text().splitlines() if line.strip()] if labels.is_file() else None
+
+
+def _image_case(first: Any, folder: Path) -> tuple[RawSamples, list[dict[str, np.ndarray]], str]:
+    from pipeline.data.raw_files import image_files, preprocess_of
+
+    pre = preprocess_of(first.path / str(max(first.versions)) / "model.onnx")
+    files = image_files(folder, _classes(first.path.parent / first.path.name.removesuffix("_preprocess")))
+    return files, image_reference_feeds(files, pre), pre.describe()
+
+
+def _text_case(tokenizer_dir: Path, path: Path) -> tuple[RawSamples, list[dict[str, np.ndarray]], str]:
+    """The sentences of ``path`` and, per sentence, what the repository's tokenizer (its files and module, run here)
+    packs to the preprocessor's full length, as keras-hub's preprocessor does."""
+    import importlib.util
+    import json
+
+    from pipeline.data.raw_files import text_samples
+    from pipeline.triton.ensemble import TOKENIZER_MODULE, TOKENIZER_SETTINGS
+
+    samples = text_samples(path, _classes(tokenizer_dir.parent / tokenizer_dir.name.removesuffix("_tokenize")))
+    spec = importlib.util.spec_from_file_location("served_wordpiece_tokenizer", tokenizer_dir / TOKENIZER_MODULE)
+    require(spec is not None and spec.loader is not None, f"{tokenizer_dir} has no {TOKENIZER_MODULE}", "rebuild it with build --raw-inputs text")
+    module = importlib.util.module_from_spec(spec)  # type: ignore[arg-type]
+    spec.loader.exec_module(module)  # type: ignore[union-attr]
+    wordpiece, settings = module.load(str(tokenizer_dir))
+    full = {**json.loads((tokenizer_dir / TOKENIZER_SETTINGS).read_text()), "buckets": [settings["sequence_length"]]}
+    feeds = [{k: v.astype(np.int32) for k, v in module.encode_batch([t], full, wordpiece).items()} for t in samples.texts]
+    return samples, feeds, "the repository's WordPiece tokenizer, run in process as the reference (the build judged it against keras-hub)"

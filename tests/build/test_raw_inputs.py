@@ -201,6 +201,15 @@ def test_digits_answer_png_files_with_class_names(tmp_path: Path) -> None:
             assert top[0][2] == top[0][1]  # the digits' labels are their indices
             right += int(top[0][2] == str(label))
         assert right >= 0.9 * len(files.files[::15])
+    # `verify --data` with the PNG folder, through the embedded server: the gate's verdict and class names
+    from tests.conftest import cli
+
+    done = cli("verify", "--repository", str(tmp_path / "repo"), "--data", str(files.folder), "--workdir", str(tmp_path / "verify"))
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "top-1 disagreement" in done.stdout and "score:index:label" in done.stdout
+    report = json.loads((tmp_path / "verify" / "verify_raw.json").read_text())[0]
+    assert report["model"] == "digits" and not report["failures"] and len(report["answers"]) == 10
+    assert all(top[0].split(":")[2] == name.split("/")[0] for name, top in report["answers"].items() if top[0].startswith("0.9"))
     # the PyPI library loads only in a Python process: the deploy bundle leaves the ensemble unloaded, saying why (the
     # ensemble for decoded images needs no library and loads)
     import re
@@ -253,6 +262,14 @@ def test_keras_hub_text_classifier_answers_sentences(tmp_path: Path) -> None:
     reference = ort.InferenceSession(str(workspace / "model.fp32.onnx")).run(["logits"], feed)[0]
     np.testing.assert_allclose(served, reference, atol=1e-4)
     assert top == [names[i] for i in reference.argmax(1)]
+
+    from tests.conftest import cli
+
+    done = cli("verify", "--repository", str(tmp_path / "repo"), "--data", str(csv_path), "--workdir", str(tmp_path / "verify"))
+    assert done.returncode == 0, done.stderr[-2000:]
+    report = json.loads((tmp_path / "verify" / "verify_raw.json").read_text())[0]
+    assert report["model"] == "bert_text" and not report["failures"] and report["summary"]["logits"]["agreement"] == 1.0
+    assert all(top[0].split(":")[2] in names for top in report["answers"].values())
 
     samples = text_samples(csv_path, names)
     planted = tmp_path / "planted"
