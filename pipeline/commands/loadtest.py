@@ -93,10 +93,10 @@ def register(subparsers: argparse._SubParsersAction, refresh_page: PageRefresher
     req.add_argument("--output-shared-memory-size", type=int, metavar="BYTES",
                      help="with --shared-memory: bytes of each output's region (default: what the model's output shape "
                           "takes at --batch-size; required for outputs of variable size)")
-    req.add_argument("--data", type=Path, metavar="NPZ|FOLDER",
-                     help="samples to send, one array per input name (default: <calibration-root>/<model>/eval.npz); or a folder of "
-                          "JPEG/PNG files, sent one file per request to a raw-input ensemble (build --raw-inputs image), whose "
-                          "per-step server times are reported")
+    req.add_argument("--data", type=Path, metavar="NPZ|FOLDER|CSV",
+                     help="samples to send, one array per input name (default: <calibration-root>/<model>/eval.npz); or raw "
+                          "inputs for a raw-input ensemble (build --raw-inputs), whose per-step server times are reported: a folder "
+                          "of JPEG/PNG files (one file per request), or a CSV/text file of sentences (--batch-size per request)")
     req.add_argument("--calibration-root", type=Path, default=CALIBRATION_ROOT,
                      help="where <model>/eval.npz lives; variants digits_fp16, digits_int8_trt use digits/ (default: %(default)s)")
     req.add_argument("--timeout-ms", type=float, default=5000, help="a request without response after this counts as a timeout (default: %(default)g)")

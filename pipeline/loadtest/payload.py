@@ -106,6 +106,22 @@ def raw_file_requests(folder: Path, io: ModelIO, count: int) -> list[dict[str, n
     return [{inputs[0].name: np.fromfile(files[k % len(files)], np.uint8)} for k in range(count)]
 
 
+def raw_text_requests(path: Path, io: ModelIO, batch_size: int, count: int) -> list[dict[str, np.ndarray]]:
+    """``count`` requests of a text ensemble (one TYPE_STRING input ``text``, ``[batch, 1]``), ``batch_size`` sentences
+    each, the sentences of the CSV or text file ``path`` taken in turn (UTF-8 bytes, as a client sends them)."""
+    from pipeline.data.raw_files import TEXT_INPUT, text_samples
+
+    inputs = list(io.inputs)
+    require(len(inputs) == 1 and inputs[0].name == TEXT_INPUT and inputs[0].datatype == "BYTES",
+            f"--data {path} holds sentences, and model '{io.name}' does not take raw text (one BYTES input '{TEXT_INPUT}')",
+            "load-test the text ensemble (build --raw-inputs text), or pass an .npz of tensors")
+    require(io.max_batch_size == 0 or batch_size <= io.max_batch_size,
+            f"--batch-size {batch_size} exceeds model '{io.name}''s max_batch_size {io.max_batch_size}", "use a smaller --batch-size")
+    texts = text_samples(path).texts
+    return [{TEXT_INPUT: np.array([[texts[(k * batch_size + j) % len(texts)].encode("utf-8")] for j in range(batch_size)], dtype=object)}
+            for k in range(count)]
+
+
 def request_batches(samples: dict[str, np.ndarray], io: ModelIO, batch_size: int, count: int) -> list[dict[str, np.ndarray]]:
     """``count`` request batches of ``batch_size`` consecutive samples (wrapping around), each
     input cast to the dtype the model declares. Samples in length buckets (``tokens__16``,
@@ -181,7 +197,8 @@ def encode_json(io: ModelIO, tensors: dict[str, np.ndarray]) -> bytes:
     """A plain KServe v2 JSON request body."""
     body = {
         "inputs": [
-            {"name": t.name, "shape": list(tensors[t.name].shape), "datatype": t.datatype, "data": tensors[t.name].ravel().tolist()}
+            {"name": t.name, "shape": list(tensors[t.name].shape), "datatype": t.datatype,
+             "data": [v.decode() if isinstance(v, bytes) else v for v in tensors[t.name].ravel().tolist()]}
             for t in io.inputs
         ]
     }
@@ -202,9 +219,20 @@ def encode_binary(io: ModelIO, tensors: dict[str, np.ndarray]) -> tuple[bytes, i
         ],
         "outputs": [{"name": t.name, "parameters": {"binary_data": True}} for t in io.outputs],
     }
+    data = [_tensor_bytes(tensors[t.name]) for t in io.inputs]
+    for entry, raw in zip(header["inputs"], data, strict=True):
+        entry["parameters"] = {"binary_data_size": len(raw)}
     head = json.dumps(header, separators=(",", ":")).encode()
-    data = b"".join(np.ascontiguousarray(tensors[t.name]).astype(tensors[t.name].dtype.newbyteorder("<")).tobytes() for t in io.inputs)
-    return head + data, len(head)
+    return head + b"".join(data), len(head)
+
+
+def _tensor_bytes(array: np.ndarray) -> bytes:
+    """The binary-data bytes of one tensor: little-endian numbers, or for BYTES (an object array of bytes) each element
+    as a 4-byte little-endian length and its bytes, as Triton reads them."""
+    if array.dtype == object:
+        items = [v if isinstance(v, bytes) else str(v).encode() for v in array.ravel()]
+        return b"".join(len(v).to_bytes(4, "little") + v for v in items)
+    return np.ascontiguousarray(array).astype(array.dtype.newbyteorder("<")).tobytes()
 
 
 def encode(io: ModelIO, tensors: dict[str, np.ndarray], encoding: str) -> tuple[bytes, int | None]:

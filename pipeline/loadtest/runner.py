@@ -18,7 +18,7 @@ import numpy as np
 
 from pipeline.core.errors import PipelineError
 from pipeline.core.progress import progress
-from pipeline.data.raw_files import is_image_folder
+from pipeline.data.raw_files import is_image_folder, is_text_file
 from pipeline.data.uint8_wire import quantized, served_uint8_scales
 from pipeline.loadtest import payload as pl
 from pipeline.loadtest import metrics as pm
@@ -143,9 +143,10 @@ def model_spec(settings: LoadTestSettings, model: str, regions: SharedMemoryRegi
     """The engine's requests for ``model``: samples encoded once (their tensors written into ``regions``
     with shared memory), the first checked against tritonclient."""
     io = model_io(settings.endpoints[0], model)
-    if settings.data is not None and is_image_folder(settings.data):  # raw files, for a raw-input ensemble
-        files = pl.raw_file_requests(settings.data, io, settings.distinct_requests)
-        log.info("%s: %d requests of one image file each from %s, %s/%s", model, len(files), settings.data, settings.protocol, settings.transport)
+    if settings.data is not None and (is_image_folder(settings.data) or is_text_file(settings.data)):  # for a raw-input ensemble
+        files = (pl.raw_text_requests(settings.data, io, settings.batch_size, settings.distinct_requests) if is_text_file(settings.data)
+                 else pl.raw_file_requests(settings.data, io, settings.distinct_requests))
+        log.info("%s: %d raw requests from %s, %s/%s", model, len(files), settings.data, settings.protocol, settings.transport)
         return EngineSpec(settings.protocol, _targets(settings, io, files, regions), settings.timeout_s, settings.max_connections)
     samples = pl.load_samples(settings.data or pl.eval_data_path(model, settings.calibration_dir, settings.repository))
     if settings.repository is not None:  # a uint8-input variant gets its float samples as the uint8 a client sends

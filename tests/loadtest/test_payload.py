@@ -88,3 +88,30 @@ def test_eval_data_path_for_variants(tmp_path: Path) -> None:
     assert eval_data_path("digits_fp16", tmp_path) == tmp_path / "digits" / "eval.npz"
     with pytest.raises(PipelineError, match="no evaluation samples"):
         eval_data_path("other_fp32", tmp_path)
+
+
+def test_raw_inputs_as_clients_send_them(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """A raw-input ensemble's requests: one image file's bytes (UINT8 [-1]), or sentences as BYTES ([batch, 1]), whose
+    binary body is Triton's (a 4-byte little-endian length before each string, as tritonclient serializes them)."""
+    from PIL import Image
+    from tritonclient.utils import serialize_byte_tensor
+
+    from pipeline.loadtest.payload import ModelIO, TensorInfo, encode_binary, encode_json, raw_file_requests, raw_text_requests
+
+    (tmp_path / "cat").mkdir()
+    Image.new("RGB", (5, 4), (200, 10, 10)).save(tmp_path / "cat" / "a.png")
+    image_io = ModelIO("digits", (TensorInfo("image_bytes", "UINT8", (-1,)),), (TensorInfo("probs", "FP32", (1, 10)),), 0)
+    requests = raw_file_requests(tmp_path, image_io, 3)
+    assert len(requests) == 3 and requests[0]["image_bytes"].tobytes() == (tmp_path / "cat" / "a.png").read_bytes()
+
+    csv = tmp_path / "s.csv"
+    csv.write_text('text,label\n"Hello, world!",0\nCafé naïve,1\n', encoding="utf-8")
+    text_io = ModelIO("bert", (TensorInfo("text", "BYTES", (1,)),), (TensorInfo("logits", "FP32", (4,)),), 64)
+    batch = raw_text_requests(csv, text_io, 3, 1)[0]["text"]
+    assert batch.shape == (3, 1) and [v[0].decode() for v in batch] == ["Hello, world!", "Café naïve", "Hello, world!"]
+    body, head = encode_binary(text_io, {"text": batch})
+    assert body[head:] == serialize_byte_tensor(batch).item()
+    assert b'"binary_data_size":%d' % len(body[head:]) in body[:head]
+    assert json.loads(encode_json(text_io, {"text": batch}))["inputs"][0]["data"] == ["Hello, world!", "Café naïve", "Hello, world!"]
+    with pytest.raises(PipelineError, match="does not take raw text"):
+        raw_text_requests(csv, image_io, 1, 1)
