@@ -207,21 +207,14 @@ def encode_json(io: ModelIO, tensors: dict[str, np.ndarray]) -> bytes:
 
 def encode_binary(io: ModelIO, tensors: dict[str, np.ndarray]) -> tuple[bytes, int]:
     """A binary-tensor request body and the length of its JSON header."""
+    data = [_tensor_bytes(tensors[t.name]) for t in io.inputs]
     header = {
         "inputs": [
-            {
-                "name": t.name,
-                "shape": list(tensors[t.name].shape),
-                "datatype": t.datatype,
-                "parameters": {"binary_data_size": tensors[t.name].nbytes},
-            }
-            for t in io.inputs
+            {"name": t.name, "shape": list(tensors[t.name].shape), "datatype": t.datatype, "parameters": {"binary_data_size": len(raw)}}
+            for t, raw in zip(io.inputs, data, strict=True)
         ],
         "outputs": [{"name": t.name, "parameters": {"binary_data": True}} for t in io.outputs],
     }
-    data = [_tensor_bytes(tensors[t.name]) for t in io.inputs]
-    for entry, raw in zip(header["inputs"], data, strict=True):
-        entry["parameters"] = {"binary_data_size": len(raw)}
     head = json.dumps(header, separators=(",", ":")).encode()
     return head + b"".join(data), len(head)
 
