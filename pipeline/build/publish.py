@@ -204,8 +204,11 @@ def published_configs(artifacts: Sequence[Artifact], settings: PublishSettings, 
     if raw is not None:
         from pipeline.triton.ensemble import ensemble_name, preprocess_name, tokenize_name
 
+        from pipeline.triton.ensemble import guard_name
+
         names += [settings.model, tokenize_name(settings.model)] if raw.kind == "text" else [
-            settings.model, preprocess_name(settings.model), ensemble_name(settings.model, True), preprocess_name(settings.model, True)]
+            settings.model, guard_name(settings.model), preprocess_name(settings.model), ensemble_name(settings.model, True),
+            preprocess_name(settings.model, True)]
     return [Path(settings.repository) / name / "config.pbtxt" for name in names]
 
 
@@ -234,9 +237,12 @@ def _mig_files(artifacts: Sequence[Artifact], configs: Mapping[str, Any], settin
         from pipeline.backend.extensions import STANDALONE_HOWTO, python_symbols
 
         if python_symbols(raw.library):
+            from pipeline.triton.ensemble import guard_name, preprocess_name
+
             log.warning("MIG bundle: %s is not loaded: its custom-op library is onnxruntime-extensions' CPython module, which the C++ "
                         "onnxruntime backend cannot load — %s", settings.model, STANDALONE_HOWTO)
-            riders = {}
+            needs_library = {settings.model, guard_name(settings.model), preprocess_name(settings.model)}
+            riders = {m: anchor for m, anchor in riders.items() if m not in needs_library}
     plan = with_riders(plan, dict(riders))
     bundle = BundleSettings(image=settings.image) if settings.image else BundleSettings()
     out = deploy_dir(settings.repository) / "mig"

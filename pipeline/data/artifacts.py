@@ -17,7 +17,7 @@ VARIANTS = PRECISIONS + CPU_PRECISIONS + WIRE_PRECISIONS
 # What answers raw requests (build --raw-inputs): the image preprocessing graph (an ONNX file) or the tokenizer (a Python
 # model's model.py), and the ensemble (no model file of its own; its artifact path is a file whose hash says when the
 # step in front changed).
-RAW_KINDS = ("preprocess", "tokenize", "ensemble", "preprocess_hwc", "ensemble_hwc")
+RAW_KINDS = ("guard", "preprocess", "tokenize", "ensemble", "preprocess_hwc", "ensemble_hwc")
 
 
 @dataclass(frozen=True)

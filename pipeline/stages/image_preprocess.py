@@ -43,7 +43,14 @@ def image_preprocess_for(spec: TensorSpec, fit: str | None, preprocess: str, mod
     or from ``preprocess``. PipelineError (one line) when the input is not an image of a fixed size."""
     from pipeline.stages.calibration_images import image_layout
 
-    layout = image_layout(spec, None)
+    if np.dtype(spec.dtype).kind != "f":
+        raise PipelineError(f"--raw-inputs image: model input '{spec.name}' takes {np.dtype(spec.dtype).name}, and the preprocessing "
+                            "makes float32 pixels", "export the model with a float image input (the scaling inside it)")
+    try:
+        layout = image_layout(spec, None)
+    except PipelineError as exc:
+        raise PipelineError(f"--raw-inputs image: {exc.problem}", "the input must be an image of a fixed size (NHWC or NCHW, 1 or 3 "
+                            "channels): export the model with its height and width") from None
     if model_scaling is not None:
         scale, offset = (1.0,) * layout.channels, (0.0,) * layout.channels
         scaling = f"no scaling here: the model's own {model_scaling} takes 0..255 (--preprocess not applied)"
@@ -101,7 +108,10 @@ def image_preprocess_onnx(pre: ImagePreprocess, dst: Path, *, decoded: bool = Fa
     sizes = const("target_size", np.array([pre.height, pre.width], np.int64))
     resize_attrs: dict[str, Any] = {"mode": pre.interpolation, "axes": [0, 1], "coordinate_transformation_mode": "half_pixel"}
     if pre.interpolation == "linear":
+        # exclude_outside: the filter's weights past the border are dropped and the rest renormalized, as PIL does
+        # (without it the edge row counts twice: 20 grey levels off at a pad's black border)
         resize_attrs["antialias"] = 1
+        resize_attrs["exclude_outside"] = 1
     else:
         resize_attrs["nearest_mode"] = "floor"
     resized = node("Resize", [fitted, "", "", sizes], "resized", **resize_attrs)

@@ -7,6 +7,8 @@ import shutil
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
+
 from pipeline.core.errors import PipelineError
 from pipeline.core.lazy import import_tensorflow
 from pipeline.data.tensors import SIGNATURE
@@ -104,18 +106,33 @@ _SCALING_LAYERS = ("Rescaling", "Normalization")
 
 
 def input_scaling_layers(model: Any) -> dict[str, str]:
-    """Per model input that feeds a ``Rescaling`` or ``Normalization`` layer straight away, that layer in words
-    (``Rescaling layer 'rescale' (x · 0.00392 + 0)``): such a model takes raw 0..255 pixels."""
+    """Per model input that feeds a ``Rescaling`` (of 1/255 or 1/127.5, one or per channel) or a ``Normalization``
+    layer straight away, that layer in words (``Rescaling layer 'rescale' (x · 0.00392157 + 0)``): such a model
+    takes raw 0..255 pixels."""
     found = {}
     for tensor, name in zip(model.inputs, input_names(model)):
         for layer in model.layers:
             if type(layer).__name__ not in _SCALING_LAYERS:
                 continue
             inbound = [getattr(t, "name", None) for node in getattr(layer, "_inbound_nodes", []) for t in node.input_tensors]
-            if tensor.name in inbound:
-                detail = f" (x · {layer.scale:g} + {layer.offset:g})" if type(layer).__name__ == "Rescaling" else ""
-                found[name] = f"{type(layer).__name__} layer '{layer.name}'{detail}"
+            if tensor.name not in inbound:
+                continue
+            if type(layer).__name__ == "Rescaling":
+                scale = np.asarray(layer.scale, dtype=np.float64).ravel()
+                offset = np.asarray(layer.offset, dtype=np.float64).ravel()
+                # Only a Rescaling that maps 0..255 to 0..1 or -1..1 says the model takes raw pixels; another (x·2 - 1,
+                # say) expects input already scaled, and --preprocess decides.
+                if not any(np.allclose(scale, s, rtol=1e-3) for s in (1 / 255, 1 / 127.5)):
+                    continue
+                detail = f" (x · {_numbers(scale)} + {_numbers(offset)})"
+            else:
+                detail = ""
+            found[name] = f"{type(layer).__name__} layer '{layer.name}'{detail}"
     return found
+
+
+def _numbers(values: Any) -> str:
+    return " ".join(f"{v:g}" for v in values) if len(values) != 1 else f"{values[0]:g}"
 
 
 def read_input_scaling(saved: Path) -> dict[str, str]:

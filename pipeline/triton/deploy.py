@@ -135,7 +135,7 @@ def write_deploy_bundle(
         refused = unloadable_op_libraries(local, models, loaded)
         for name, why in sorted(refused.items()):
             log.warning("deploy bundle: %s is not loaded: %s", name, why)
-        loaded = [name for name in loaded if name not in refused]
+        loaded = gpu_models({name: info for name, info in models.items() if name not in refused})  # their CPU steps go with them
         libraries = any(models[name].config.model_operations.op_library_filename for name in loaded)
         require(bool(loaded), f"every model in {repository} is CPU-only (KIND_CPU), and this bundle is for a GPU host",
                 "build GPU variants (e.g. --fp16), or serve the CPU variants with `python -m pipeline serve`")

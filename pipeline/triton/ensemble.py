@@ -1,6 +1,7 @@
-"""Raw requests in, answers out: the Triton ensemble in front of a published variant (``build --raw-inputs image``).
+"""Raw requests in, answers out: the Triton ensemble in front of a published variant (``build --raw-inputs``).
 
-Three models answer a client that sends an image file:
+Four models answer a client that sends an image file (``<model>_guard``: pipeline/triton/python_models/image_guard/,
+which lets through only files the decoder can take without harm, first):
 
 * ``<model>_preprocess``: the ONNX graph of pipeline/stages/image_preprocess.py (decode, fit, resize,
   scale), served by the onnxruntime backend with onnxruntime-extensions' library shipped in its own
@@ -47,6 +48,33 @@ def ensemble_name(model: str, decoded: bool = False) -> str:
     return f"{model}{HWC_SUFFIX if decoded else ''}"
 
 
+GUARD_MODEL = Path(__file__).parent / "python_models" / "image_guard" / "model.py"
+GUARD_SUFFIX = "_guard"
+GUARD_OUTPUT = "image_checked"
+MAX_BYTES = 64 << 20  # the largest image file the guard lets through
+MAX_PIXELS = 64 << 20  # and the most pixels: a file that decodes to more is a decompression bomb
+
+
+def guard_name(model: str) -> str:
+    """The Triton name of ``model``'s image guard (pipeline/triton/python_models/image_guard/)."""
+    return f"{model}{GUARD_SUFFIX}"
+
+
+def guard_config(model: str) -> ModelConfig:
+    """The guard's config: a Python model (every NGC Triton has the backend) on CPU instances, one file in, the same
+    file out, the limits as parameters."""
+    from pipeline.triton.config import _pb
+
+    pb = _pb()
+    cfg = pb.ModelConfig(name=guard_name(model), backend="python", max_batch_size=0, default_model_filename="model.py")
+    cfg.input.add(name=BYTES_INPUT, data_type=pb.TYPE_UINT8, dims=[-1])
+    cfg.output.add(name=GUARD_OUTPUT, data_type=pb.TYPE_UINT8, dims=[-1])
+    cfg.instance_group.add(kind=pb.ModelInstanceGroup.KIND_CPU, count=1)
+    cfg.parameters["max_bytes"].string_value = str(MAX_BYTES)
+    cfg.parameters["max_pixels"].string_value = str(MAX_PIXELS)
+    return cfg
+
+
 def preprocess_config(model: str, pre: ImagePreprocess, library: str | None) -> ModelConfig:
     """The preprocessing model's config: one encoded image in (uint8 [-1]), or with no ``library`` one decoded uint8
     HWC RGB image of any size; the model's input tensor out ([1, H, W, C] float32); CPU instances; the custom-op
@@ -86,13 +114,19 @@ def ensemble_config(model: str, variant: str, variant_signature: ModelSignature,
     source = HWC_INPUT if decoded else BYTES_INPUT
     cfg = pb.ModelConfig(name=ensemble_name(model, decoded), platform="ensemble", max_batch_size=0)
     cfg.input.add(name=source, data_type=pb.TYPE_UINT8, dims=[-1, -1, 3] if decoded else [-1])
+    checked = source
+    if not decoded:  # files go through the guard before the decoder (pipeline/triton/python_models/image_guard/)
+        step = cfg.ensemble_scheduling.step.add(model_name=guard_name(model), model_version=-1)
+        step.input_map[BYTES_INPUT] = BYTES_INPUT
+        step.output_map[GUARD_OUTPUT] = f"{BYTES_INPUT}__checked"
+        checked = f"{BYTES_INPUT}__checked"
     for spec in variant_signature.outputs:
         dims = [1] + [d if isinstance(d, int) and d > 0 else -1 for d in spec.shape[1:]]
         out = cfg.output.add(name=spec.name, data_type=getattr(pb, triton_dtype(spec.dtype)), dims=dims)
         if labels_file and spec.name == classifier_output:
             out.label_filename = labels_file
     step = cfg.ensemble_scheduling.step.add(model_name=preprocess_name(model, decoded), model_version=-1)
-    step.input_map[source] = source
+    step.input_map[source] = checked
     step.output_map[pre.input] = f"{pre.input}__preprocessed"
     step = cfg.ensemble_scheduling.step.add(model_name=variant, model_version=-1)
     step.input_map[pre.input] = f"{pre.input}__preprocessed"
@@ -123,8 +157,8 @@ class RawInputs:
         from pipeline.core.fingerprint import hash_path
 
         parts = [self.kind, self.variant.triton_name("m"), self.variant.fingerprint()]
-        parts += [hash_path(p) for p in (self.preprocess, self.preprocess_hwc, self.library, self.tokenizer, WORDPIECE_MODEL.parent)
-                  if p is not None]
+        sources = [WORDPIECE_MODEL, WORDPIECE_MODEL.parent / TOKENIZER_MODULE, GUARD_MODEL]  # the files published, not __pycache__
+        parts += [hash_path(p) for p in (self.preprocess, self.preprocess_hwc, self.library, self.tokenizer, *sources) if p is not None]
         return ":".join(parts)
 
 
@@ -156,10 +190,11 @@ def raw_input_models(raw: RawInputs, model: str, variant_signature: ModelSignatu
         model: ensemble_config(model, variant, variant_signature, pre, label_file, classifier_output),
         preprocess_name(model, True): preprocess_config(model, pre, None),
         ensemble_name(model, True): ensemble_config(model, variant, variant_signature, pre, label_file, classifier_output, decoded=True),
+        guard_name(model): guard_config(model),
     }
     files = {preprocess_name(model): {LIBRARY_FILE: raw.library.read_bytes()}, model: label_files, preprocess_name(model, True): {},
-             ensemble_name(model, True): dict(label_files)}
-    models = [Artifact("raw", "preprocess", raw.preprocess), Artifact("raw", "ensemble", raw.preprocess),
+             ensemble_name(model, True): dict(label_files), guard_name(model): {}}
+    models = [Artifact("raw", "guard", GUARD_MODEL), Artifact("raw", "preprocess", raw.preprocess), Artifact("raw", "ensemble", raw.preprocess),
               Artifact("raw", "preprocess_hwc", raw.preprocess_hwc), Artifact("raw", "ensemble_hwc", raw.preprocess_hwc)]
     return models, configs, files
 

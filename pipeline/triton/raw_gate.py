@@ -202,7 +202,7 @@ def verify_raw(repository: Path | S3Url, data: Path, *, url: str | None, workdir
                 f"{' among ' + ', '.join(models) if models else ''}", f"build one with: python -m pipeline build --raw-inputs {'text' if text else 'image'}")
         for name in ensembles:
             steps = ensemble_steps(served[name].config)
-            first, variant = served[steps[0]], served[steps[1]]
+            first, variant = served[steps[-2]], served[steps[-1]]  # the step that makes the variant's inputs, and the variant
             fp32 = served.get(f"{name}_fp32")
             if fp32 is None:
                 raise PipelineError(f"the ensemble {name}'s FP32 variant {name}_fp32 is not in {repository}", "publish it with the ensemble")
@@ -215,7 +215,7 @@ def verify_raw(repository: Path | S3Url, data: Path, *, url: str | None, workdir
                 samples = replace(samples, classes=tuple(classes))
             limits = replace(Gates(), **{k: v for k, v in (record.get("gates") or {}).items() if k in vars(Gates())})
             limits = replace(limits, fp16_max_drop=gates.fp16_max_drop, int8_max_drop=gates.int8_max_drop, gate_confidence=gates.gate_confidence)
-            precision = (parse_variant(steps[1]) or (steps[1], "fp32"))[1]
+            precision = (parse_variant(steps[-1]) or (steps[-1], "fp32"))[1]
             tolerance = tolerance_for(precision, limits)
             reference = reference_outputs(fp32.path / str(max(fp32.versions)) / "model.onnx", feeds, list(kinds))
             count = len(reference)

@@ -300,7 +300,7 @@ def test_deploy_bundle_serves_the_ensemble_with_a_standalone_library(digits_buil
     shutil.copy(standin, repository / "digits_preprocess" / LIBRARY_FILE)
     write_deploy_bundle(repository, tmp_path / "deploy")
     script = (tmp_path / "deploy" / "docker-run.sh").read_text()
-    for model in ("digits", "digits_preprocess", "digits_fp32"):
+    for model in ("digits", "digits_guard", "digits_preprocess", "digits_fp32", "digits_hwc", "digits_preprocess_hwc"):
         assert f"--load-model={model} " in script
     assert "cd /models && " in script
     models = read_repository(repository)
@@ -330,7 +330,7 @@ def test_loadtest_sends_jpeg_files_and_reports_each_step(digits_built: Path, tmp
         assert point["aggregate"]["requests"] > 0 and point["aggregate"]["error_count"] == 0
         assert point["aggregate"]["latency"]["p99_ms"] >= point["aggregate"]["latency"]["p50_ms"] > 0
         steps = point["steps"]
-        assert set(steps) == {"digits_preprocess", "digits_fp32"}
+        assert set(steps) == {"digits_guard", "digits_preprocess", "digits_fp32"}
         assert all(s["success_count"] > 0 and s["compute_infer_us"] > 0 for s in steps.values())
 
 
@@ -376,3 +376,31 @@ def test_decoded_images_get_the_same_answers(digits_built: Path, tmp_path: Path)
                                        client.infer("digits", [encoded]).as_numpy("probs"), atol=1e-6)
     script = (digits_built / "deploy" / "docker-run.sh").read_text()
     assert "--load-model=digits_hwc " in script and "--load-model=digits_preprocess_hwc " in script
+
+
+
+@pytest.mark.slow
+def test_bad_uploads_get_an_error_and_the_server_goes_on(digits_built: Path, tmp_path: Path) -> None:
+    """A file the decoder would die on (onnxruntime-extensions#1094: libjpeg's fatal errors call exit()) is answered
+    with an error by the guard in front of it, and the next good file is answered: nothing reaches the decoder."""
+    import tritonclient.http as http
+    from tritonclient.utils import InferenceServerException
+
+    good = sorted((digits_built / "build" / "digits" / "raw_eval" / "3").glob("*.png"))[0]
+    jpeg = tmp_path / "good.jpg"
+    Image.open(good).convert("RGB").save(jpeg, quality=90)
+    whole = jpeg.read_bytes()
+    bad = {"cut short": whole[:200], "not an image": b"%PDF-1.7" + bytes(300), "cut near its end": whole[:-40]}
+    with TritonServer(digits_built / "repo", workdir=tmp_path / "serve") as server:
+        client = http.InferenceServerClient(server.http_url)
+
+        def ask(data: bytes) -> np.ndarray:
+            tensor = http.InferInput(BYTES_INPUT, [len(data)], "UINT8")
+            tensor.set_data_from_numpy(np.frombuffer(data, np.uint8))
+            return client.infer("digits", [tensor]).as_numpy("probs")
+
+        for name, data in bad.items():
+            with pytest.raises(InferenceServerException, match="image refused"):
+                ask(data)
+            assert ask(whole).argmax() == 3, name
+        assert server.is_running
