@@ -43,7 +43,7 @@ CONVERSION = "conversion"
 PRECISION = "precision (the precision lives in the ONNX graph; engines are strongly typed)"
 ENGINES = "TensorRT engines (need the 'tensorrt' extra and an NVIDIA GPU; skipped with one line otherwise)"
 SERVED = "served check"
-RAW = "raw requests (an ensemble that takes image files and answers with class names)"
+RAW = "raw requests (an ensemble that takes image files or sentences and answers with class names)"
 FLEET = "many models (pipeline/commands/fleet.py)"
 
 
@@ -105,10 +105,13 @@ class BuildConfig:
     calibration_root: Path = calibration_root_option(PRECISION)
     calibration_method: str = option("percentile", "how activation ranges are chosen (see README for the measurements behind the default)",
                                      choices=CALIBRATION_METHODS, group=PRECISION)
-    preprocess: str = option("unit", "image calibration only: unit = 0..1, symmetric = -1..1, imagenet = RGB mean/std, raw = 0..255",
+    preprocess: str = option("unit", "how image files become the input (calibration and evaluation folders, the --raw-inputs ensemble): "
+                                     "unit = 0..1, symmetric = -1..1, imagenet = RGB mean/std, raw = 0..255; a model with its own "
+                                     "Rescaling(1/255)/Normalization layer takes 0..255 whatever this says",
                              choices=PREPROCESS_MODES, group=PRECISION)
-    resize: str | None = option(None, f"image calibration only: how images whose aspect ratio differs from the input's by more than "
-                                      f"{ASPECT_TOLERANCE:g}x are fitted: stretch, crop (centre) or pad (black borders); without it they are refused",
+    resize: str | None = option(None, f"how image files are fitted to the input: stretch, crop (centre) or pad (black borders); "
+                                      f"calibration refuses images whose aspect ratio differs by more than {ASPECT_TOLERANCE:g}x without it, "
+                                      "the --raw-inputs ensemble stretches",
                                 choices=RESIZE_MODES, group=PRECISION)
     max_memory_gib: float = option(DEFAULT_MAX_MEMORY_GIB, "memory budget that sizes calibration batches from the model's activations "
                                                            "(see README, Memory)", check=in_range(0.25, 4096), metavar="GIB", group=PRECISION)
@@ -216,8 +219,32 @@ class BuildConfig:
             if not well_formed(text):
                 raise PipelineError(f"malformed --shape '{text}': expected {SHAPE_SYNTAX}", "write e.g. --shape image:1x8x8x1/32x8x8x1/64x8x8x1")
         if self.eval_data is not None and not self.eval_data.exists():
-            raise PipelineError(f"evaluation data '{self.eval_data}' does not exist", "pass an .npz (or a folder of .npy files) with one array per input (and labels) to --eval-data")
+            raise PipelineError(f"evaluation data '{self.eval_data}' does not exist", "pass an .npz (or a folder of .npy files) with one array "
+                                "per input (and labels), a folder of images (one sub-folder per class) or a CSV of sentences to --eval-data")
         if self.calibrates and self.calibration is not None and not self.calibration.exists():
             raise PipelineError(f"calibration data '{self.calibration}' does not exist", "pass an .npz file or a folder of .npy files or images to --calibration")
         if self.mig and isinstance(self.repository, S3Url):
             local_only(self.repository, "build --mig (its launch bundle serves a mounted repository)")
+        self._validate_raw_inputs()
+
+    def _validate_raw_inputs(self) -> None:
+        """The raw-input options, before any work: they belong together, and what they name must exist."""
+        if self.raw_inputs is None:
+            given = [flag for flag, value in (("--raw-variant", self.raw_variant), ("--extensions-library", self.extensions_library)) if value is not None]
+            if given:
+                raise PipelineError(f"{' and '.join(given)} only apply with --raw-inputs", "add --raw-inputs image (or text), or leave them out")
+            return
+        built = {"fp32"} | ({"fp16"} if self.fp16 else set()) | ({"int8"} if self.int8 else set()) | ({"int8cpu"} if self.with_int8_cpu else set())
+        if self.raw_variant is not None and self.raw_variant not in built:
+            raise PipelineError(f"--raw-variant {self.raw_variant} is not among the variants this build makes ({', '.join(sorted(built))})",
+                                f"build it too (--{self.raw_variant.replace('int8cpu', 'int8-cpu')}) or pick one of those")
+        if self.raw_inputs == "image":
+            if isinstance(self.repository, S3Url):
+                raise PipelineError("--raw-inputs image ships a custom-op library inside the repository, which a server reading s3:// "
+                                    "cannot load (the config names it relative to the repository's folder)",
+                                    "publish to a folder (and sync it to the bucket for a mounted deployment), or leave --raw-inputs out")
+            if self.extensions_library is not None and not self.extensions_library.is_file():
+                raise PipelineError(f"--extensions-library {self.extensions_library} does not exist",
+                                    "pass the libortextensions.so built from onnxruntime-extensions' sources")
+        elif self.extensions_library is not None:
+            raise PipelineError("--extensions-library only applies to --raw-inputs image (text needs no custom ops)", "leave it out")

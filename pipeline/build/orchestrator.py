@@ -19,7 +19,7 @@ from pipeline.accuracy.evaldata import EvalData
 from pipeline.accuracy.outputkinds import (OutputKind, kinds_to_json, log_kinds, onnx_producers, primary_classes_output, read_description, signature_from_description)
 from pipeline.build.config import BuildConfig
 from pipeline.build.publish import PublishSettings, published_configs, published_from_artifacts, require_publishable
-from pipeline.build.raw import raw_input_stages, raw_inputs_of
+from pipeline.build.raw import pixel_scaling, raw_input_stages, raw_inputs_of
 from pipeline.build.support import EVAL_BATCH, decided_kinds, early_labels, ensure_default_data, eval_batch, tool_versions
 from pipeline.core.errors import PipelineError, require_creatable
 from pipeline.core.fingerprint import hash_path
@@ -104,12 +104,13 @@ def build(cfg: BuildConfig) -> BuildResult:
         onnx_fp32 = _onnx_stage(saved, ctx)
         signature = signature_from_onnx(onnx_fp32)
         raw_in = raw_inputs_of(cfg, saved, signature, source, bundled, ctx)  # images or sentences, and Keras's preprocessing of them
-        calib = _calibration_data(signature, ctx) if cfg.calibrates else None
+        pixels = pixel_scaling(saved, cfg)  # how image files become inputs: --preprocess, or raw when the model scales itself
+        calib = _calibration_data(signature, ctx, pixels) if cfg.calibrates else None
         if raw_in.tensor_data is not None:  # the tensor path is judged on Keras's preprocessing of the same raw inputs
             data = raw_in.tensor_data
         else:
             data, calib = eval_data_for(cfg.eval_data, cfg.calibration or ctx.data_dir.folder, ctx.data_dir.eval, signature, calib,
-                                        preprocess=cfg.preprocess)
+                                        preprocess=pixels)
         kinds, data = _output_kinds(signature, onnx_fp32, described, data, ctx)
         # Dynamic non-batch axes are sized from the real data (calibration and evaluation samples).
         seen = (seen_in_files(cfg.calibration or ctx.data_dir.folder, signature) if calib else []) + ([] if data.synthetic else seen_shapes(data.sample_shapes()))
@@ -209,11 +210,11 @@ def _uint8_stage(onnx_fp32: Path, data: EvalData, ctx: BuildContext) -> Artifact
     return Artifact("u8", "onnx", dst)
 
 
-def _calibration_data(signature: ModelSignature, ctx: BuildContext) -> CalibrationData:
+def _calibration_data(signature: ModelSignature, ctx: BuildContext, pixels: str) -> CalibrationData:
     cfg, path = ctx.cfg, ctx.cfg.calibration or ctx.data_dir.folder
     # Arrays keep their own sizes; only images of a dynamic H×W need a size to be resized to.
     hints = {} if seen_in_files(path, signature) else calibration_hints(cfg.shapes, signature, max_batch=cfg.max_batch)
-    return calibration_from_path(path, signature, preprocess=cfg.preprocess, shape_hint=hints, resize=cfg.resize)
+    return calibration_from_path(path, signature, preprocess=pixels, shape_hint=hints, resize=cfg.resize)
 
 
 def _int8_stage(recipe: str, onnx_fp32: Path, calib: CalibrationData | None, data: EvalData, kinds: dict[str, OutputKind],

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import hashlib
 import logging
+import shutil
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
@@ -29,6 +30,21 @@ log = logging.getLogger(__name__)
 RawSamples = ImageFiles | TextSamples
 
 RAW_EVAL_DIR = "raw_eval"  # the bundled model's evaluation digits as PNG files, in its workspace
+
+
+def pixel_scaling(saved: Path, cfg: BuildConfig) -> str:
+    """How image files become the model's input everywhere in the build (calibration and evaluation folders, the
+    raw-input ensemble): ``raw`` (0..255) when the model scales its input itself (a Rescaling of 1/255 or 1/127.5, a
+    Normalization), else ``--preprocess``; the build says which when they differ."""
+    from pipeline.stages.savedmodel import read_input_scaling
+
+    scaling = read_input_scaling(saved)
+    if not scaling:
+        return cfg.preprocess
+    if cfg.preprocess != "raw":
+        log.info("images are fed as 0..255: the model's own %s scales them (--preprocess %s not applied)", next(iter(scaling.values())),
+                 cfg.preprocess)
+    return "raw"
 
 
 def image_preprocess_of(saved: Path, signature: ModelSignature, cfg: BuildConfig) -> ImagePreprocess:
@@ -71,14 +87,16 @@ def text_eval_data(samples: TextSamples, tokens: Path) -> EvalData:
     with np.load(tokens) as arrays:
         inputs = {name: arrays[name] for name in arrays.files}
     labels = np.asarray(samples.labels, np.int64) if samples.labels is not None else None
-    return EvalData.single(inputs, labels, f"{len(samples.texts)} sentences of {samples.path} (keras-hub preprocessing)", hash_path(tokens))
+    # the labels and class names are part of what the gates judge: keyed with the tokens
+    key = hashlib.sha256(f"{hash_path(tokens)}:{samples.labels}:{samples.classes}".encode()).hexdigest()
+    return EvalData.single(inputs, labels, f"{len(samples.texts)} sentences of {samples.path} (keras-hub preprocessing)", key)
 
 
 def image_eval_data(files: ImageFiles, pre: ImagePreprocess) -> EvalData:
     """The tensor-path evaluation data of an image folder: Keras's preprocessing of each file, with the folder's labels."""
     inputs = {pre.input: np.stack([reference_tensor(p, pre) for p in files.files])}
     labels = np.asarray(files.labels, np.int64) if files.labels is not None else None
-    digest = hashlib.sha256(pre.to_json().encode())
+    digest = hashlib.sha256(f"{pre.to_json()}:{files.labels}:{files.classes}".encode())
     for path in files.files:
         digest.update(path.name.encode())
         digest.update(path.read_bytes())
@@ -174,6 +192,9 @@ def raw_inputs_of(cfg: BuildConfig, saved: Path, signature: ModelSignature, sour
     classes = [line.strip() for line in labels.read_text().splitlines() if line.strip()] if labels.is_file() else None
     images_given = cfg.eval_data is not None and is_image_folder(cfg.eval_data)
     if cfg.raw_inputs == "text":
+        from pipeline.stages.tokenizer_export import read_model_tokenizer
+
+        read_model_tokenizer(saved)  # a model without a servable tokenizer fails now, not after its gates
         samples = raw_image_files(cfg, bundled, ctx.ws.root, classes)
         if not isinstance(samples, TextSamples):
             return RawIn()
@@ -211,7 +232,7 @@ def raw_input_stages(raw_in: RawIn, variants: list[Artifact], onnx_fp32: Path, d
     pre, samples, text_tokens = raw_in.pre, raw_in.samples, raw_in.text_tokens
     variant = served_variant(ctx.cfg, variants, ctx.manifest.results)
     if ctx.cfg.raw_inputs == "text":
-        raw = RawInputs("text", variant, tokenizer=_tokenizer_files(saved, data, ctx))
+        raw = RawInputs("text", variant, tokenizer=_tokenizer_files(saved, onnx_fp32, ctx))
         described = "tokenize with the model's own WordPiece vocabulary and settings (keras-hub's rules, in a Python model)"
     else:
         raw, described = _image_step(pre, variant, ctx)
@@ -222,6 +243,7 @@ def raw_input_stages(raw_in: RawIn, variants: list[Artifact], onnx_fp32: Path, d
         return raw
     started = time.perf_counter()
     gate_repo = ctx.ws.root / "raw_gate_repository"
+    shutil.rmtree(gate_repo, ignore_errors=True)  # only what this build serves: a variant an earlier build picked goes
     repository_from_artifacts([raw.variant], {v.precision: v.path for v in variants}, data.head(1), gate_settings(settings, gate_repo),
                               {}, ctx.cfg.command, raw=raw)
     if isinstance(samples, ImageFiles):
@@ -239,7 +261,7 @@ def raw_input_stages(raw_in: RawIn, variants: list[Artifact], onnx_fp32: Path, d
 
 
 def _image_step(pre: ImagePreprocess | None, variant: Artifact, ctx: Any) -> tuple[RawInputs, str]:
-    from pipeline.backend.extensions import extensions_library
+    from pipeline.backend.extensions import extensions_library, require_loadable_in_triton
     from pipeline.stages.image_preprocess import image_preprocess_onnx
 
     assert pre is not None
@@ -247,16 +269,19 @@ def _image_step(pre: ImagePreprocess | None, variant: Artifact, ctx: Any) -> tup
     ctx.run(Stage("preprocess", image_preprocess_onnx, settings={"pre": pre}, outputs={"dst": dst}))
     ctx.run(Stage("preprocess-hwc", image_preprocess_onnx, settings={"pre": pre, "decoded": True}, outputs={"dst": hwc}))
     library = extensions_library(ctx.cfg.extensions_library)
+    if ctx.cfg.extensions_library is not None:  # given for production: it must load where the bundles run it
+        require_loadable_in_triton(library, "NGC Triton")
     log.info("raw inputs: custom ops from %s", library.describe())
     return RawInputs("image", variant, preprocess=dst, preprocess_hwc=hwc, library=library.path), pre.describe()
 
 
-def _tokenizer_files(saved: Path, data: EvalData, ctx: Any) -> Path:
+def _tokenizer_files(saved: Path, onnx_fp32: Path, ctx: Any) -> Path:
     """The model's tokenizer files (the savedmodel stage exported them) in the workspace, padding to length buckets:
-    powers of two below the preprocessor's sequence length, and that length (a request pays for its own length)."""
+    powers of two below the preprocessor's sequence length, and that length (a request pays for its own length); only
+    that length when the model's token inputs have a fixed one."""
     import json
-    import shutil
 
+    from pipeline.data.tensors import signature_from_onnx
     from pipeline.stages.tokenizer_export import SETTINGS_FILENAME, read_model_tokenizer
 
     exported = read_model_tokenizer(saved)
@@ -265,7 +290,8 @@ def _tokenizer_files(saved: Path, data: EvalData, ctx: Any) -> Path:
     shutil.copytree(exported, folder)
     settings = json.loads((folder / SETTINGS_FILENAME).read_text())
     length = int(settings["sequence_length"])
-    settings["buckets"] = sorted({b for b in (8, 16, 32, 64, 128, 256, 512) if b < length} | {length})
+    fixed = any(len(s.shape) > 1 and isinstance(s.shape[1], int) and s.shape[1] > 0 for s in signature_from_onnx(onnx_fp32).inputs)
+    settings["buckets"] = [length] if fixed else sorted({b for b in (8, 16, 32, 64, 128, 256, 512) if b < length} | {length})
     (folder / SETTINGS_FILENAME).write_text(json.dumps(settings, indent=2, ensure_ascii=False) + "\n")
     log.info("raw inputs: the model's tokenizer (%s, vocabulary of %d, sequence length %d, padded to %s)", settings.get("kind"),
              settings.get("vocabulary_size"), length, settings["buckets"])

@@ -36,9 +36,9 @@ class VerifyConfig:
     url: str | None = option(None, "HTTP endpoint of a running Triton (host:port); default: start the embedded server", metavar="HOST:PORT")
     models: tuple[str, ...] = option((), "only these Triton models (repeatable; default: every pipeline variant)", flag="--model", metavar="NAME")
     eval_data: Path | None = eval_data_option()
-    data: Path | None = option(None, "a folder of JPEG/PNG files (one sub-folder per class for labels): send them as raw files through each "
-                                     "raw-input ensemble (build --raw-inputs image), judged as the build's raw-input gate, answered with class names",
-                               metavar="FOLDER")
+    data: Path | None = option(None, "raw inputs for the raw-input ensembles (build --raw-inputs): a folder of JPEG/PNG files (one "
+                                     "sub-folder per class for labels) or a CSV of sentences (text,label), judged as the build's raw-input "
+                                     "gate and answered with class names", metavar="FOLDER|CSV")
     calibration_root: Path = calibration_root_option()
     batch_size: int = option(32, "samples per request", check=in_range(1, 1 << 20), fix="pass a positive batch size")
     atol: float = option(SERVED_ATOL, "max abs difference served vs in-process (FP16 variants: the looser of this and the build's "
@@ -123,6 +123,11 @@ def _run_raw(cfg: VerifyConfig, args: argparse.Namespace) -> int:
     from pipeline.triton.raw_gate import verify_raw
 
     assert cfg.data is not None
+    from pipeline.core.errors import require
+    from pipeline.data.raw_files import is_image_folder, is_text_file
+
+    require(is_image_folder(cfg.data) or is_text_file(cfg.data), f"--data {cfg.data} is neither a folder of JPEG/PNG files nor a "
+            ".csv/.txt file of sentences", "pass a folder of images (one sub-folder per class) or a CSV with a text,label header")
     reports = verify_raw(cfg.repository, cfg.data, url=cfg.url, workdir=cfg.workdir, gates=cfg.gates(), models=cfg.models)
     for report in reports:
         for table in raw_answers_data(report):

@@ -118,16 +118,26 @@ def text_samples(path: Path, class_names: list[str] | None = None) -> TextSample
     path = Path(path)
     require(path.is_file(), f"text file {path} does not exist", "pass a .csv with text,label columns or a .txt, one sentence per line")
     names = list(class_names or ())
+    try:
+        text = path.read_text(encoding="utf-8-sig")  # a byte-order mark (spreadsheet exports) is not part of the header
+    except UnicodeDecodeError as exc:
+        raise PipelineError(f"{path} is not UTF-8 text (byte {exc.start})", "save it as UTF-8") from None
     if path.suffix.lower() == ".txt":
-        texts = tuple(line.rstrip("\n") for line in path.read_text(encoding="utf-8").splitlines() if line.strip())
+        texts = tuple(line for line in text.splitlines() if line.strip())
         labels: tuple[int, ...] | None = None
     else:
-        with open(path, newline="", encoding="utf-8") as file:
-            rows = list(csv.DictReader(file))
-        require(bool(rows) and "text" in rows[0], f"{path} has no 'text' column", "write a header line: text,label")
-        texts = tuple(row["text"] for row in rows)
+        import io
+
+        rows = list(csv.DictReader(io.StringIO(text)))
+        require(bool(rows) and "text" in rows[0], f"{path} has no 'text' column (its header: {', '.join(rows[0]) if rows else 'none'})",
+                "write a header line: text,label")
+        texts = tuple(row["text"] or "" for row in rows)
         labels = tuple(_label(row.get("label"), names, path) for row in rows) if "label" in rows[0] else None
     require(bool(texts), f"{path} holds no sentence", "add one sentence per line (or CSV row)")
+    if labels is not None and names:
+        wrong = next((label for label in labels if not 0 <= label < len(names)), None)
+        require(wrong is None, f"label {wrong} in {path} names no class of the {len(names)} in labels.txt",
+                f"use class indices 0 to {len(names) - 1}, or the class names")
     return TextSamples(path, texts, labels, tuple(names))
 
 
@@ -143,31 +153,43 @@ def _label(value: str | None, names: list[str], path: Path) -> int:
 def is_image_folder(path: Path) -> bool:
     """Whether ``path`` is a folder holding images (directly or one level down)."""
     path = Path(path)
-    return path.is_dir() and any(p.suffix.lower() in IMAGE_SUFFIXES for p in [*path.iterdir(), *path.glob("*/*")] if p.is_file())
+    return path.is_dir() and any(_image(p) for p in [*path.iterdir(), *path.glob("*/*")])
 
 
 def image_files(folder: Path, class_names: list[str] | None = None) -> ImageFiles:
     """The images of ``folder``: ``folder/<class>/*.png|jpg`` labeled by their sub-folder, or ``folder/*`` unlabeled.
 
     A sub-folder's class is its position in ``class_names`` (the model's ``labels.txt``) when given, else in the
-    sorted sub-folder names. PipelineError (one line) for an empty folder or a sub-folder naming no known class."""
+    sorted sub-folder names. Hidden files and folders (``.x``, ``__MACOSX``) are not read. PipelineError (one line)
+    for an empty folder, images beside class sub-folders, or a sub-folder naming no known class."""
     folder = Path(folder)
     require(folder.is_dir(), f"image folder {folder} does not exist", "pass a folder of JPEG/PNG files, or one sub-folder per class")
-    subdirs = sorted((p for p in folder.iterdir() if p.is_dir() and not p.name.startswith(".")), key=lambda p: p.name)
+    subdirs = sorted((p for p in folder.iterdir() if p.is_dir() and not _hidden(p)), key=lambda p: p.name)
+    loose = sorted(p for p in folder.iterdir() if _image(p))
     if subdirs:
+        require(not loose, f"{folder} holds both images ({loose[0].name if loose else ''}, …) and sub-folders ({subdirs[0].name}, …)",
+                "put every image in its class's sub-folder (the ImageFolder layout), or use a folder of images alone")
         names = list(class_names) if class_names else [d.name for d in subdirs]
         unknown = [d.name for d in subdirs if d.name not in names]
         if unknown:
             raise PipelineError(f"sub-folders {unknown[:3]} of {folder} name no class of the model's labels ({', '.join(names[:5])}, …)",
-                                "name each sub-folder after a line of labels.txt")
-        pairs = [(f, names.index(d.name)) for d in subdirs for f in sorted(d.iterdir()) if f.suffix.lower() in IMAGE_SUFFIXES]
-        files, labels = tuple(p for p, _ in pairs), tuple(label for _, label in pairs)
-        result = ImageFiles(folder, files, labels, tuple(names))
+                                "name each sub-folder after a line of labels.txt (a folder per class, images inside: the ImageFolder layout)")
+        pairs = [(f, names.index(d.name)) for d in subdirs for f in sorted(d.iterdir()) if _image(f)]
+        result = ImageFiles(folder, tuple(p for p, _ in pairs), tuple(label for _, label in pairs), tuple(names))
     else:
-        files = tuple(sorted(f for f in folder.iterdir() if f.suffix.lower() in IMAGE_SUFFIXES))
-        result = ImageFiles(folder, files, None, tuple(class_names or ()))
-    require(bool(result.files), f"{folder} holds no JPEG or PNG file", "add images (one sub-folder per class for labels)")
+        result = ImageFiles(folder, tuple(loose), None, tuple(class_names or ()))
+    require(bool(result.files), f"{folder} holds no JPEG or PNG file{' in its sub-folders' if subdirs else ''}",
+            "add images: <folder>/<class>/*.jpg (the ImageFolder layout), or <folder>/*.jpg without labels")
     return result
+
+
+def _hidden(path: Path) -> bool:
+    return path.name.startswith((".", "__MACOSX"))
+
+
+def _image(path: Path) -> bool:
+    """A JPEG/PNG file to read: not a hidden file or a macOS resource fork (``._x.jpg``)."""
+    return path.is_file() and path.suffix.lower() in IMAGE_SUFFIXES and not _hidden(path)
 
 
 def preprocess_of(path: Path) -> ImagePreprocess:

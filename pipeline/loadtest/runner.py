@@ -178,17 +178,30 @@ def _run_point(
     before = [_scrape(m) for m in _metrics_endpoints(settings)]
     cpu = engine.cpu_seconds if pool is not None else time.process_time
     steps = ensemble_steps(settings.endpoints[0], model)
-    steps_before = step_counters(list(settings.endpoints), steps) if steps else {}
+    steps_before = _step_counters(settings, steps)
     measurement = measure(engine, settings.windows, fetchers, offered, cpu=cpu, after_disruption=after_disruption)
-    steps_after = step_counters(list(settings.endpoints), steps) if steps else {}
+    steps_after = _step_counters(settings, steps)
     after = [_scrape(m) for m in _metrics_endpoints(settings)]
     point = point_from_measurement(settings, model, policy, measurement)
-    if steps:  # over the whole point, warm-up windows included: Triton counts per model, not per window of ours
+    # over the whole point, warm-up windows included: Triton counts per model, not per window of ours; left out when a
+    # server could not be asked or restarted in between (its counters started again)
+    if steps_before and steps_after and all(steps_after[s].success_count >= steps_before[s].success_count for s in steps):
         point.steps = {step: (steps_after[step] - steps_before[step]).breakdown() for step in steps}
     if pool is not None:
         point.incomplete = "; ".join(engine.failures) or None
     _attach_metrics(point, model, before, after, (time.perf_counter_ns() - scraped_ns) / 1e9)
     return point
+
+
+def _step_counters(settings: LoadTestSettings, steps: list[str]) -> dict[str, ServerCounters]:
+    """Each ensemble step's counters now ({} without steps, or when a server cannot be asked)."""
+    if not steps:
+        return {}
+    try:
+        return step_counters(list(settings.endpoints), steps)
+    except OSError as exc:
+        log.warning("per-step server times left out: %s", exc)
+        return {}
 
 
 def _point_done(settings: LoadTestSettings, model: str, point: PointResult, result: RunResult) -> bool:

@@ -246,20 +246,21 @@ def _image_case(first: Any, folder: Path) -> tuple[RawSamples, list[dict[str, np
 
 
 def _text_case(tokenizer_dir: Path, path: Path) -> tuple[RawSamples, list[dict[str, np.ndarray]], str]:
-    """The sentences of ``path`` and, per sentence, what the repository's tokenizer (its files and module, run here)
-    packs to the preprocessor's full length, as keras-hub's preprocessor does."""
+    """The sentences of ``path`` and, per sentence, what the served tokenizer's settings and vocabulary (read from the
+    repository) pack to the preprocessor's full length with this package's copy of the tokenizer, as keras-hub's
+    preprocessor does: code from a repository (a bucket, say) is never run here."""
     import importlib.util
     import json
 
     from pipeline.data.raw_files import text_samples
-    from pipeline.triton.ensemble import TOKENIZER_MODULE, TOKENIZER_SETTINGS
+    from pipeline.triton.ensemble import TOKENIZER_MODULE, TOKENIZER_SETTINGS, WORDPIECE_MODEL
 
     samples = text_samples(path, _classes(tokenizer_dir.parent / tokenizer_dir.name.removesuffix("_tokenize")))
-    spec = importlib.util.spec_from_file_location("served_wordpiece_tokenizer", tokenizer_dir / TOKENIZER_MODULE)
-    require(spec is not None and spec.loader is not None, f"{tokenizer_dir} has no {TOKENIZER_MODULE}", "rebuild it with build --raw-inputs text")
+    spec = importlib.util.spec_from_file_location("pipeline_wordpiece_tokenizer", WORDPIECE_MODEL.parent / TOKENIZER_MODULE)
     module = importlib.util.module_from_spec(spec)  # type: ignore[arg-type]
     spec.loader.exec_module(module)  # type: ignore[union-attr]
+    require((tokenizer_dir / TOKENIZER_SETTINGS).is_file(), f"{tokenizer_dir} has no {TOKENIZER_SETTINGS}", "rebuild it with build --raw-inputs text")
     wordpiece, settings = module.load(str(tokenizer_dir))
     full = {**json.loads((tokenizer_dir / TOKENIZER_SETTINGS).read_text()), "buckets": [settings["sequence_length"]]}
     feeds = [{k: v.astype(np.int32) for k, v in module.encode_batch([t], full, wordpiece).items()} for t in samples.texts]
-    return samples, feeds, "the repository's WordPiece tokenizer, run in process as the reference (the build judged it against keras-hub)"
+    return samples, feeds, "the served tokenizer's files, run in process as the reference (the build judged the tokenizer against keras-hub)"

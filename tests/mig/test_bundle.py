@@ -373,7 +373,9 @@ def test_raw_input_ensemble_rides_with_its_variant(plan: MigPlan) -> None:
         assert after.loaded == before.loaded + expected
     files = bundle_files(ridden)
     script = files["launch-mig.sh"]
-    assert 'cd "$MODEL_REPOSITORY"' in script and "--load-model=digits_preprocess" in script and 'cd "$MODEL_REPOSITORY"' not in bundle_files(plan)["launch-mig.sh"]
+    assert 'cd "$MODEL_REPOSITORY" && CUDA_VISIBLE_DEVICES="$uuid" exec' in script and "--load-model=digits_preprocess" in script
+    assert 'cd "$MODEL_REPOSITORY"' not in bundle_files(plan)["launch-mig.sh"]
+    assert subprocess.run(["bash", "-n"], input=script, text=True).returncode == 0
     compose = yaml.safe_load(files["docker-compose.yml"])
     shells = [" ".join(s["command"]) if isinstance(s["command"], list) else s["command"] for s in compose["services"].values()]
     assert all("cd /models && " in shell for shell in shells)
