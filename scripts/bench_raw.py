@@ -8,8 +8,8 @@ itself, sent the float32 tensor a client has to make for itself. Three rows, eac
 
 - ``raw PNG → digits``: the 449 evaluation digits as the PNG files the build writes (``<workdir>/digits/raw_eval``);
 - ``raw JPEG → digits``: the same digits re-encoded as RGB JPEG (quality 90, PIL) into a temporary folder, as a
-  camera's files are colour; the run also sends one grayscale JPEG first (onnxruntime-extensions' DecodeImage gives it
-  one channel, which the preprocessing graph reads as three) and records the answer, ``grayscale_jpeg``;
+  camera's files are colour; the run also sends one grayscale JPEG first and records the answer, ``grayscale_jpeg`` (the
+  ensemble's guard refuses it: onnxruntime-extensions' DecodeImage 0.15.2 swaps a one-component JPEG's bytes);
 - ``tensor FP32 → digits_fp32``: the float32 tensors of ``calibration/digits/eval.npz`` at batch 1.
 
 How: the repository is built once (``pipeline.build.orchestrator.build`` with ``raw_inputs="image"``; reused when
@@ -57,6 +57,7 @@ sys.path.insert(0, str(ROOT))
 MODEL = "digits"  # the bundled model's name: the ensemble
 VARIANT = f"{MODEL}_fp32"
 PREPROCESS = f"{MODEL}_preprocess"
+GUARD = f"{MODEL}_guard"  # the Python step in front of the decoder
 EVAL_NPZ = ROOT / "calibration" / "digits" / "eval.npz"
 
 
@@ -255,20 +256,22 @@ def machine() -> dict[str, Any]:
 
 def print_table(rows: list[dict[str, Any]], prep: dict[str, float], rounds: int, mach: dict[str, Any]) -> None:
     header = (f"{'row':<26} {'conc':>4} {'samples/s':>9} {'vs tensor':>9} {'p50 ms':>7} {'p99 ms':>7} {'req B':>6} {'body B':>6} "
-              f"{'data B':>6} {'B vs tensor':>11} {'server prep µs':>14} {'model µs':>8} {'client prep µs/img':>20}")
+              f"{'data B':>6} {'B vs tensor':>11} {'guard µs':>8} {'server prep µs':>14} {'model µs':>8} {'client prep µs/img':>20}")
     title = f"batch 1{'' if rounds == 1 else f', median of {rounds} rounds'}; ratios vs the tensor row at the same concurrency, same round"
     print(f"\n{title}\n{header}\n{'-' * len(header)}")
     for r in rows:
         steps = r.get("steps_us") or {}
         prep_us = steps.get(PREPROCESS, {}).get("compute_infer_us")
+        guard_us = steps.get(GUARD, {}).get("compute_infer_us")
         model_us = (steps.get(VARIANT) or r["triton_us"]).get("compute_infer_us")
         client = "—" if r["row"].startswith("raw") else f"PNG {prep['png']:.0f} / JPEG {prep['jpeg']:.0f}"
         print(f"{r['row'] + ('' if r['stable'] else ' *'):<26} {r['concurrency']:>4} {r['samples_per_s']:>9.0f} {r['samples_ratio_vs_tensor']:>9.2f} {r['p50_ms']:>7.2f} "
               f"{r['p99_ms']:>7.2f} {r['request_bytes']:>6.0f} {r['body_bytes']:>6.0f} {r['data_bytes']:>6.0f} "
-              f"{r['request_bytes_ratio_vs_tensor']:>11.2f} {'—' if prep_us is None else f'{prep_us:.0f}':>14} "
+              f"{r['request_bytes_ratio_vs_tensor']:>11.2f} {'—' if guard_us is None else f'{guard_us:.0f}':>8} "
+              f"{'—' if prep_us is None else f'{prep_us:.0f}':>14} "
               f"{'—' if model_us is None else f'{model_us:.0f}':>8} {client:>20}")
     print("req B: whole HTTP request as sent; body B: its body; data B: tensor bytes in the body (the file, or 8×8×1 float32). "
-          "server prep / model µs: Triton's compute_infer of digits_preprocess / digits_fp32 per request "
+          "guard / server prep / model µs: Triton's compute_infer of digits_guard / digits_preprocess / digits_fp32 per request "
           "(digits_fp32 batches dynamically: avg batch in the JSON). *: not stable within --max-windows (last 3 windows used).")
     print(f"machine: {mach['cpu']}, {mach['cores']} cores; onnxruntime {mach['onnxruntime']}, onnxruntime-extensions "
           f"{mach['onnxruntime_extensions']}, tritonclient {mach['tritonclient']}, tritonserver {rows[0].get('server_version')}; {mach['date']}")

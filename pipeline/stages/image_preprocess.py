@@ -91,8 +91,9 @@ def image_preprocess_onnx(pre: ImagePreprocess, dst: Path, *, decoded: bool = Fa
     else:
         source = helper.make_tensor_value_info(BYTES_INPUT, TensorProto.UINT8, ["bytes"])
         image = node("DecodeImage", [BYTES_INPUT], "decoded", domain=EXTENSIONS_DOMAIN)
-        # BGR to RGB with one Gather; a grayscale JPEG decodes to one channel, read three times: each index is capped at
-        # the last channel there is (a Slice and Expand here made ONNX Runtime 1.32 reuse a buffer too early: garbage out)
+        # BGR to RGB with one Gather, each index capped at the last channel there is: a one-channel result is read three
+        # times (the guard in front refuses grayscale JPEGs, which DecodeImage 0.15.2 mangles; a Slice and Expand here
+        # made ONNX Runtime 1.32 reuse a buffer too early: garbage out)
         order = [2, 1, 0] if pre.channel_order == "RGB" else [0, 1, 2]
         channels = node("Gather", [node("Shape", [image], "decoded_shape"), const("i2", np.array(2, np.int64))], "decoded_channels", axis=0)
         last = node("Sub", [channels, const("one", np.array(1, np.int64))], "decoded_last_channel")

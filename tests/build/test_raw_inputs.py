@@ -31,15 +31,17 @@ FITS = ("stretch", "crop", "pad")
 
 
 def _pictures(folder: Path, count: int = 10, seed: int = 0) -> list[Path]:
-    """Smooth pictures of assorted sizes (what a camera gives, not noise), as PNG and JPEG, in the modes files come in:
-    RGB, grayscale (a grayscale JPEG decodes to one channel) and RGBA."""
+    """Smooth pictures of assorted sizes (what a camera gives, not noise), as PNG and JPEG, in the modes files come in
+    that the guard lets through: RGB, grayscale and RGBA PNG, RGB JPEG (a grayscale JPEG is refused: the decoder swaps
+    its bytes, tests/triton/test_image_guard.py)."""
     rng = np.random.default_rng(seed)
     paths = []
     for i in range(count):
         height, width = (int(v) for v in rng.integers(20, 90, 2))
         small = (rng.random((4, 5, 3)) * 255).astype(np.uint8)
         picture = Image.fromarray(small).resize((width, height), Image.Resampling.BICUBIC)
-        picture = picture.convert("L") if i % 5 == 3 else (picture.convert("RGBA") if i % 5 == 4 and i % 2 else picture)
+        if i % 2:  # PNG
+            picture = picture.convert("L") if i % 5 == 3 else (picture.convert("RGBA") if i % 5 == 4 else picture)
         path = folder / f"{i}.{'png' if i % 2 else 'jpg'}"
         picture.save(path, quality=95) if path.suffix == ".jpg" else picture.save(path)
         paths.append(path)

@@ -10,8 +10,9 @@ request with an error of its own, and the server goes on, when the file is
   inside the file, a frame header, scan headers naming only the components and tables defined before them, EOI at
   the end: what libjpeg refuses fatally is in these headers; damaged entropy-coded data it only warns about);
 * larger than ``max_bytes`` or than ``max_pixels`` (width × height from the header: a decompression bomb);
-* a 16-bit PNG or a CMYK JPEG: the decoder reads those unlike PIL and Keras (measured: up to 252 grey levels apart),
-  so the answer would be wrong without an error.
+* a 16-bit PNG, a CMYK JPEG or a grayscale (one-component) JPEG: the decoder reads those unlike PIL and Keras, so
+  the answer would be wrong without an error (measured: a grayscale JPEG's bytes come out swapped in threes, as if
+  converted from RGB to BGR, the last one written past the buffer; the others up to 252 grey levels apart).
 
 A file that passes goes on unchanged (output ``image_checked``). Standard library and numpy only, so every NGC
 Triton's Python backend runs it; the limits come from the config's ``parameters``.
@@ -96,6 +97,9 @@ def _jpeg_size(data: bytes) -> tuple[int, int]:
                 raise Refused("a damaged JPEG file (its frame header)")
             if segment[5] == 4:
                 raise Refused("a CMYK JPEG, which the decoder reads unlike PIL: save it as RGB")
+            if segment[5] == 1:
+                raise Refused("a grayscale (one-component) JPEG, whose bytes the decoder swaps in threes as if they were BGR "
+                              "(and writes one past its buffer): save it as an RGB JPEG or a PNG")
             height, width = struct.unpack(">HH", segment[1:5])
             size = (int(width), int(height))
             components = {segment[6 + 3 * i] for i in range(segment[5])}
