@@ -150,6 +150,9 @@ class BuildConfig:
                                     choices=("image", "text"), group=RAW)
     raw_variant: str | None = option(None, "the variant the raw-input ensemble serves (default: the fastest ONNX variant that passed its gate)",
                                      choices=("fp32", "fp16", "int8", "int8cpu"), group=RAW)
+    raw_instances: int = option(2, "CPU instances of each step in front of the variant (guard, decoder, tokenizer): each takes one image "
+                                   "or request at a time, and one became the ensemble's limit on a GPU server", check=in_range(1, 64),
+                                metavar="N", group=RAW)
     extensions_library: Path | None = option(None, "onnxruntime-extensions' standalone libortextensions.so to ship for the ensemble's decoder "
                                                    "(default: the PyPI wheel's, which only a Python process loads: the deploy bundle refuses it)",
                                              metavar="PATH", group=RAW)

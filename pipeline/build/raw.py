@@ -232,7 +232,7 @@ def raw_input_stages(raw_in: RawIn, variants: list[Artifact], onnx_fp32: Path, d
     pre, samples, text_tokens = raw_in.pre, raw_in.samples, raw_in.text_tokens
     variant = served_variant(ctx.cfg, variants, ctx.manifest.results)
     if ctx.cfg.raw_inputs == "text":
-        raw = RawInputs("text", variant, tokenizer=_tokenizer_files(saved, onnx_fp32, ctx))
+        raw = RawInputs("text", variant, tokenizer=_tokenizer_files(saved, onnx_fp32, ctx), instances=ctx.cfg.raw_instances)
         described = "tokenize with the model's own WordPiece vocabulary and settings (keras-hub's rules, in a Python model)"
     else:
         raw, described = _image_step(pre, variant, ctx)
@@ -272,7 +272,7 @@ def _image_step(pre: ImagePreprocess | None, variant: Artifact, ctx: Any) -> tup
     if ctx.cfg.extensions_library is not None:  # given for production: it must load where the bundles run it
         require_loadable_in_triton(library, "NGC Triton")
     log.info("raw inputs: custom ops from %s", library.describe())
-    return RawInputs("image", variant, preprocess=dst, preprocess_hwc=hwc, library=library.path), pre.describe()
+    return RawInputs("image", variant, preprocess=dst, preprocess_hwc=hwc, library=library.path, instances=ctx.cfg.raw_instances), pre.describe()
 
 
 def _tokenizer_files(saved: Path, onnx_fp32: Path, ctx: Any) -> Path:

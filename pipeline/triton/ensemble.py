@@ -60,7 +60,7 @@ def guard_name(model: str) -> str:
     return f"{model}{GUARD_SUFFIX}"
 
 
-def guard_config(model: str) -> ModelConfig:
+def guard_config(model: str, instances: int = 1) -> ModelConfig:
     """The guard's config: a Python model (every NGC Triton has the backend) on CPU instances, one file in, the same
     file out, the limits as parameters."""
     from pipeline.triton.config import _pb
@@ -69,13 +69,13 @@ def guard_config(model: str) -> ModelConfig:
     cfg = pb.ModelConfig(name=guard_name(model), backend="python", max_batch_size=0, default_model_filename="model.py")
     cfg.input.add(name=BYTES_INPUT, data_type=pb.TYPE_UINT8, dims=[-1])
     cfg.output.add(name=GUARD_OUTPUT, data_type=pb.TYPE_UINT8, dims=[-1])
-    cfg.instance_group.add(kind=pb.ModelInstanceGroup.KIND_CPU, count=1)
+    cfg.instance_group.add(kind=pb.ModelInstanceGroup.KIND_CPU, count=instances)
     cfg.parameters["max_bytes"].string_value = str(MAX_BYTES)
     cfg.parameters["max_pixels"].string_value = str(MAX_PIXELS)
     return cfg
 
 
-def preprocess_config(model: str, pre: ImagePreprocess, library: str | None) -> ModelConfig:
+def preprocess_config(model: str, pre: ImagePreprocess, library: str | None, instances: int = 1) -> ModelConfig:
     """The preprocessing model's config: one encoded image in (uint8 [-1]), or with no ``library`` one decoded uint8
     HWC RGB image of any size; the model's input tensor out ([1, H, W, C] float32); CPU instances; the custom-op
     library ``library`` (decoding needs it, the rest is standard ONNX).
@@ -93,7 +93,7 @@ def preprocess_config(model: str, pre: ImagePreprocess, library: str | None) -> 
     cfg.input.add(name=HWC_INPUT if decoded else BYTES_INPUT, data_type=pb.TYPE_UINT8, dims=[-1, -1, 3] if decoded else [-1])
     shape = [1, pre.channels, pre.height, pre.width] if pre.channels_first else [1, pre.height, pre.width, pre.channels]
     cfg.output.add(name=pre.input, data_type=pb.TYPE_FP32, dims=shape)
-    cfg.instance_group.add(kind=pb.ModelInstanceGroup.KIND_CPU, count=1)
+    cfg.instance_group.add(kind=pb.ModelInstanceGroup.KIND_CPU, count=instances)
     if library is not None:
         cfg.model_operations.op_library_filename.append(library)
     # Memory patterns off (the backend's enable_mem_pattern): every image decodes to its own size, and with them ONNX
@@ -151,12 +151,13 @@ class RawInputs:
     preprocess_hwc: Path | None = None  # image: the same from decoded uint8 HWC images (no custom op)
     library: Path | None = None  # image: onnxruntime-extensions' library, shipped inside the preprocessing model's folder
     tokenizer: Path | None = None  # text: the folder of tokenizer_settings.json and vocabulary.txt (pipeline/stages/tokenizer_export.py)
+    instances: int = 1  # CPU instances of each step in front of the variant (they take one image or request at a time)
 
     def fingerprint(self) -> str:
         """The content hash of what the ensemble is made of (what the stage cache keys on)."""
         from pipeline.core.fingerprint import hash_path
 
-        parts = [self.kind, self.variant.triton_name("m"), self.variant.fingerprint()]
+        parts = [self.kind, self.variant.triton_name("m"), self.variant.fingerprint(), str(self.instances)]
         sources = [WORDPIECE_MODEL, WORDPIECE_MODEL.parent / TOKENIZER_MODULE, GUARD_MODEL]  # the files published, not __pycache__
         parts += [hash_path(p) for p in (self.preprocess, self.preprocess_hwc, self.library, self.tokenizer, *sources) if p is not None]
         return ":".join(parts)
@@ -173,7 +174,7 @@ def raw_input_models(raw: RawInputs, model: str, variant_signature: ModelSignatu
         step = Artifact("raw", "tokenize", WORDPIECE_MODEL)
         settings = json.loads((raw.tokenizer / TOKENIZER_SETTINGS).read_text())
         configs = {
-            tokenize_name(model): tokenize_config(model, settings["outputs"], variant_signature, max_batch),
+            tokenize_name(model): tokenize_config(model, settings["outputs"], variant_signature, max_batch, raw.instances),
             model: text_ensemble_config(model, raw.variant.triton_name(model), variant_signature, settings["outputs"], max_batch,
                                         label_file, classifier_output),
         }
@@ -186,11 +187,11 @@ def raw_input_models(raw: RawInputs, model: str, variant_signature: ModelSignatu
     pre = preprocess_of(raw.preprocess)
     variant = raw.variant.triton_name(model)
     configs = {
-        preprocess_name(model): preprocess_config(model, pre, f"{preprocess_name(model)}/{LIBRARY_FILE}"),
+        preprocess_name(model): preprocess_config(model, pre, f"{preprocess_name(model)}/{LIBRARY_FILE}", raw.instances),
         model: ensemble_config(model, variant, variant_signature, pre, label_file, classifier_output),
-        preprocess_name(model, True): preprocess_config(model, pre, None),
+        preprocess_name(model, True): preprocess_config(model, pre, None, raw.instances),
         ensemble_name(model, True): ensemble_config(model, variant, variant_signature, pre, label_file, classifier_output, decoded=True),
-        guard_name(model): guard_config(model),
+        guard_name(model): guard_config(model, raw.instances),
     }
     files = {preprocess_name(model): {LIBRARY_FILE: raw.library.read_bytes()}, model: label_files, preprocess_name(model, True): {},
              ensemble_name(model, True): dict(label_files), guard_name(model): {}}
@@ -213,7 +214,7 @@ def tokenize_name(model: str) -> str:
     return f"{model}{TOKENIZE_SUFFIX}"
 
 
-def tokenize_config(model: str, outputs: list[str], variant_signature: ModelSignature, max_batch: int) -> ModelConfig:
+def tokenize_config(model: str, outputs: list[str], variant_signature: ModelSignature, max_batch: int, instances: int = 1) -> ModelConfig:
     """The tokenizer's config: ``text`` (one UTF-8 string per row) in, the variant's token inputs out (int, [-1]), a
     Python model (``backend: "python"``: every NGC Triton has it) on CPU instances, batched as the variant is."""
     from pipeline.data.raw_files import TEXT_INPUT
@@ -225,7 +226,7 @@ def tokenize_config(model: str, outputs: list[str], variant_signature: ModelSign
     dtypes = {s.name: s.dtype for s in variant_signature.inputs}
     for name in outputs:
         cfg.output.add(name=name, data_type=getattr(pb, triton_dtype(dtypes[name])), dims=[-1])
-    cfg.instance_group.add(kind=pb.ModelInstanceGroup.KIND_CPU, count=1)
+    cfg.instance_group.add(kind=pb.ModelInstanceGroup.KIND_CPU, count=instances)
     cfg.dynamic_batching.SetInParent()
     return cfg
 
