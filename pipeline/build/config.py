@@ -235,7 +235,7 @@ class BuildConfig:
         if self.raw_inputs is None:
             given = [flag for flag, value in (("--raw-variant", self.raw_variant), ("--extensions-library", self.extensions_library)) if value is not None]
             if given:
-                raise PipelineError(f"{' and '.join(given)} only apply with --raw-inputs", "add --raw-inputs image (or text), or leave them out")
+                raise PipelineError(f"{' and '.join(given)} {'only apply' if len(given) > 1 else 'only applies'} with --raw-inputs", "add --raw-inputs image (or text), or leave them out")
             return
         built = {"fp32"} | ({"fp16"} if self.fp16 else set()) | ({"int8"} if self.int8 else set()) | ({"int8cpu"} if self.with_int8_cpu else set())
         if self.raw_variant is not None and self.raw_variant not in built:

@@ -15,7 +15,7 @@ from pipeline.stages.image_preprocess import image_preprocess_for
 
 
 @pytest.mark.parametrize("options, problem", [
-    ({"raw_variant": "fp16"}, "--raw-variant only apply with --raw-inputs"),
+    ({"raw_variant": "fp16"}, "--raw-variant only applies with --raw-inputs"),
     ({"raw_inputs": "image", "raw_variant": "int8"}, "--raw-variant int8 is not among the variants this build makes"),
     ({"raw_inputs": "image", "extensions_library": Path("/no/such/libortextensions.so")}, "--extensions-library .* does not exist"),
     ({"raw_inputs": "text", "extensions_library": Path("/x.so")}, "only applies to --raw-inputs image"),
