@@ -138,8 +138,8 @@ def probe_grayscale_jpeg(url: str, png: Path, dst: Path, quality: int) -> str:
 
     with Image.open(png) as image:
         image.convert("L").save(dst, "JPEG", quality=quality)
-    io = ModelIO(MODEL, (TensorInfo(BYTES_INPUT, "UINT8", (-1,)),), (), 0)
-    body, head = encode_binary(io, {BYTES_INPUT: np.fromfile(dst, np.uint8)})
+    io = ModelIO(MODEL, (TensorInfo(BYTES_INPUT, "BYTES", (1,)),), (), 0)
+    body, head = encode_binary(io, {BYTES_INPUT: np.array([dst.read_bytes()], dtype=object)})
     endpoint = endpoint_from_url(url)
     conn = http.client.HTTPConnection(endpoint.host, endpoint.port, timeout=10)
     try:

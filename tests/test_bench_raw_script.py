@@ -23,7 +23,7 @@ def _bench_raw():  # type: ignore[no-untyped-def]
 
 
 IO = ModelIO("tiny", (TensorInfo("x", "FP32", (4,)),), (TensorInfo("y", "FP32", (4,)),), 8)
-RAW = ModelIO("raw", (TensorInfo("image_bytes", "UINT8", (-1,)),), (TensorInfo("probs", "FP32", (1, 10)),), 0)
+RAW = ModelIO("raw", (TensorInfo("image_bytes", "BYTES", (1,)),), (TensorInfo("probs", "FP32", (1, 10)),), 0)
 
 
 def _requests(io: ModelIO, batches: list[dict[str, np.ndarray]], encoding: str = "binary") -> list[bytes]:
@@ -42,9 +42,9 @@ def test_binary_tensor_requests_count_the_whole_request_its_body_and_the_tensor_
 
 
 def test_raw_file_requests_carry_the_files_bytes_as_they_are() -> None:
-    files = [np.arange(n, dtype=np.uint8) for n in (100, 301)]
+    files = [np.array([bytes(n)], dtype=object) for n in (100, 301)]
     sizes = _bench_raw().request_sizes(_requests(RAW, [{"image_bytes": f} for f in files]))
-    assert sizes["data_bytes"] == (100 + 301) / 2
+    assert sizes["data_bytes"] == 4 + (100 + 301) / 2  # one BYTES element: its 4-byte length, then the file
 
 
 def test_json_requests_have_no_binary_part_and_a_wrong_content_length_is_refused() -> None:

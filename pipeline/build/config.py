@@ -27,6 +27,7 @@ from pipeline.core.options import (
     repository_option,
 )
 from pipeline.data.profiles import SHAPE_SYNTAX, well_formed
+from pipeline.data.raw_files import RESIZE_FILTERS
 from pipeline.data.workspace import Workspace
 from pipeline.stages.calibration import ASPECT_TOLERANCE, PREPROCESS_MODES, RESIZE_MODES
 from pipeline.stages.int8 import CALIBRATION_METHODS
@@ -148,6 +149,10 @@ class BuildConfig:
                                           "task's own WordPiece tokenizer); the variant's answers and top-k class names out; gated through "
                                           "Triton on --eval-data's raw inputs (a folder of images, one sub-folder per class; a CSV text,label)",
                                     choices=("image", "text"), group=RAW)
+    resize_filter: str = option("bilinear", "how the image ensemble resizes, as the model's training loader did: bilinear = "
+                                            "tf.image.resize (keras.utils.image_dataset_from_directory, keras.layers.Resizing); "
+                                            "pil-bilinear = PIL's antialiased filter (keras.utils.load_img(interpolation='bilinear'))",
+                                choices=tuple(RESIZE_FILTERS), group=RAW)
     raw_variant: str | None = option(None, "the variant the raw-input ensemble serves (default: the fastest ONNX variant that passed its gate)",
                                      choices=("fp32", "fp16", "int8", "int8cpu"), group=RAW)
     raw_instances: int = option(2, "CPU instances of each step in front of the variant (guard, decoder, tokenizer): each takes one image "
@@ -233,7 +238,8 @@ class BuildConfig:
     def _validate_raw_inputs(self) -> None:
         """The raw-input options, before any work: they belong together, and what they name must exist."""
         if self.raw_inputs is None:
-            given = [flag for flag, value in (("--raw-variant", self.raw_variant), ("--extensions-library", self.extensions_library)) if value is not None]
+            given = [flag for flag, value in (("--raw-variant", self.raw_variant), ("--extensions-library", self.extensions_library),
+                                              ("--resize-filter", None if self.resize_filter == "bilinear" else self.resize_filter)) if value is not None]
             if given:
                 raise PipelineError(f"{' and '.join(given)} {'only apply' if len(given) > 1 else 'only applies'} with --raw-inputs", "add --raw-inputs image (or text), or leave them out")
             return
@@ -251,3 +257,5 @@ class BuildConfig:
                                     "pass the libortextensions.so built from onnxruntime-extensions' sources")
         elif self.extensions_library is not None:
             raise PipelineError("--extensions-library only applies to --raw-inputs image (text needs no custom ops)", "leave it out")
+        elif self.resize_filter != "bilinear":
+            raise PipelineError(f"--resize-filter {self.resize_filter} only applies to --raw-inputs image", "leave it out")

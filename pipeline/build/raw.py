@@ -57,7 +57,7 @@ def image_preprocess_of(saved: Path, signature: ModelSignature, cfg: BuildConfig
         raise PipelineError(f"--raw-inputs image needs a model with one image input; this one has {len(signature.inputs)} "
                             f"({', '.join(s.name for s in signature.inputs)})", "leave --raw-inputs out for this model")
     spec = signature.inputs[0]
-    pre = image_preprocess_for(spec, cfg.resize, cfg.preprocess, read_input_scaling(saved).get(spec.name))
+    pre = image_preprocess_for(spec, cfg.resize, cfg.preprocess, read_input_scaling(saved).get(spec.name), cfg.resize_filter)
     log.info("raw inputs: %s", pre.describe())
     return pre
 
@@ -127,20 +127,22 @@ def served_variant(cfg: BuildConfig, variants: Sequence[Artifact], results: Mapp
 
 def gate_raw_inputs(gate_repository: Path, model: str, variant: Artifact, samples: RawSamples, reference: list[dict[str, np.ndarray]],
                     fp32_onnx: Path, kinds: dict[str, OutputKind], gates: Gates, workdir: Path, tensor_data: EvalData | None = None,
-                    described: str = "") -> dict[str, Any]:
+                    described: str = "", pairing: Sequence[int] | None = None) -> dict[str, Any]:
     """The raw-input gate on ``gate_repository`` (the ensemble, the step in front and ``variant``, published there
     first) against ``reference`` (the FP32 model on Keras's preprocessing of the same samples): the report; CheckFailed
     (one line, naming output and figure) when the answers differ past the variant's tolerance, or when, with labels on
     both, the accuracy from raw inputs falls below the tensor path's (FP32 on ``tensor_data``) by more than the variant's
-    accuracy limit: a preprocessing declared unlike training (``--preprocess``) fails there."""
+    accuracy limit: a preprocessing declared unlike training (``--preprocess``) fails there. ``pairing`` gives, per raw
+    file, its sample's index in ``tensor_data`` when the files are those samples (then the comparison is paired)."""
     from pipeline.triton.raw_gate import hold_to_tensor_path, raw_gate
 
     tolerance = tolerance_for(variant.precision, gates)
     report = raw_gate(gate_repository, model, variant.precision, samples, reference, kinds, tolerance, workdir=workdir)
     report["preprocess"] = described
-    tensor_accuracy = _tensor_accuracy(fp32_onnx, tensor_data, kinds) if tensor_data is not None else None
-    if tensor_accuracy is not None and tensor_data is not None:
-        hold_to_tensor_path(report, tensor_accuracy, tensor_data.num_samples, tolerance)
+    tensor_right = _tensor_right(fp32_onnx, tensor_data, kinds) if tensor_data is not None else None
+    if tensor_right is not None and tensor_data is not None:
+        paired = tensor_right[list(pairing)] if pairing is not None and max(pairing, default=-1) < len(tensor_right) else None
+        hold_to_tensor_path(report, float(tensor_right.mean()), tensor_data.num_samples, tolerance, paired)
         report["tensor_samples"] = tensor_data.num_samples
     if report["failures"]:
         raise CheckFailed(f"raw inputs through the ensemble '{model}' answer unlike the model on Keras's preprocessing of the same "
@@ -152,20 +154,16 @@ def gate_raw_inputs(gate_repository: Path, model: str, variant: Artifact, sample
     return report
 
 
-def _tensor_accuracy(fp32_onnx: Path, data: EvalData, kinds: dict[str, OutputKind]) -> float | None:
-    """FP32's top-1 accuracy on the build's evaluation tensors (None without labels or a classes output)."""
+def _tensor_right(fp32_onnx: Path, data: EvalData, kinds: dict[str, OutputKind]) -> np.ndarray | None:
+    """Per sample of the build's evaluation tensors, whether FP32's top-1 is right (None without labels or a classes output)."""
     from pipeline.backend.onnxrt import session_from_onnx
 
     output = next((name for name, kind in kinds.items() if kind.kind == "classes"), None)
     if output is None or any(output not in b.targets for b in data.buckets):
         return None
     session = session_from_onnx(fp32_onnx)
-    right = total = 0
-    for bucket in data.buckets:
-        predicted = session.run([output], bucket.inputs)[0].argmax(-1).reshape(-1)
-        right += int((predicted == bucket.targets[output].reshape(-1)).sum())
-        total += len(predicted)
-    return right / total if total else None
+    right = [session.run([output], b.inputs)[0].argmax(-1).reshape(-1) == b.targets[output].reshape(-1) for b in data.buckets]
+    return np.concatenate(right) if right else None
 
 
 def gate_settings(settings: Any, root: Path) -> Any:
@@ -182,6 +180,7 @@ class RawIn:
     samples: RawSamples | None = None
     text_tokens: Path | None = None
     tensor_data: EvalData | None = None
+    pairing: tuple[int, ...] | None = None  # per raw file, its sample in the build's evaluation data (the files are those samples)
 
 
 def raw_inputs_of(cfg: BuildConfig, saved: Path, signature: ModelSignature, source: Any, bundled: bool, ctx: Any) -> RawIn:
@@ -205,7 +204,12 @@ def raw_inputs_of(cfg: BuildConfig, saved: Path, signature: ModelSignature, sour
     pre = image_preprocess_of(saved, signature, cfg)
     files = raw_image_files(cfg, bundled, ctx.ws.root, classes)
     data = image_eval_data(files, pre) if images_given and isinstance(files, ImageFiles) else None
-    return RawIn(pre, files, None, data)
+    pairing = None  # the tensor path's samples are these files (a folder given), or the digits they were drawn from
+    if isinstance(files, ImageFiles) and images_given:
+        pairing = tuple(range(len(files.files)))
+    elif isinstance(files, ImageFiles) and bundled and cfg.eval_data is None:
+        pairing = tuple(int(p.stem) for p in files.files)  # pipeline.models.digits.write_image_folder names them so
+    return RawIn(pre, files, None, data, pairing)
 
 
 def _text_tokens(source: Any, samples: TextSamples, signature: ModelSignature, ctx: Any) -> Path:
@@ -254,7 +258,7 @@ def raw_input_stages(raw_in: RawIn, variants: list[Artifact], onnx_fp32: Path, d
         feeds = text_reference_feeds(text_tokens)
     reference = reference_outputs(onnx_fp32, feeds, list(kinds))
     report = gate_raw_inputs(gate_repo, ctx.name, raw.variant, samples, reference, onnx_fp32, kinds, ctx.cfg.gates, ctx.cfg.workdir,
-                             None if isinstance(samples, TextSamples) else data, described)
+                             None if isinstance(samples, TextSamples) else data, described, raw_in.pairing)
     ctx.manifest.results["raw_inputs"] = report
     ctx.manifest.ran("raw-gate", time.perf_counter() - started, f"{report['files']} raw inputs through the ensemble in the embedded tritonserver")
     return raw

@@ -15,7 +15,7 @@ from pipeline.core.errors import PipelineError, require
 IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png")
 TEXT_SUFFIXES = (".csv", ".txt")
 TEXT_INPUT = "text"  # the text ensemble's input: one UTF-8 string per row
-BYTES_INPUT = "image_bytes"  # the ensemble's input: one encoded image file
+BYTES_INPUT = "image_bytes"  # the ensemble's input: one encoded image file, TYPE_STRING [1]
 HWC_INPUT = "image_hwc"  # the ``_hwc`` ensemble's input: one decoded uint8 image, any size
 SPEC_KEY = "pipeline.image_preprocess"  # the preprocessing, as JSON in the graph's metadata
 
@@ -34,7 +34,7 @@ class ImagePreprocess:
     offset: tuple[float, ...]
     scaling: str  # where the scale came from, in words (the build says it)
     channel_order: str = "RGB"  # "BGR" only to plant a mismatch in tests
-    interpolation: str = "linear"  # "nearest" only to plant a mismatch in tests
+    interpolation: str = "bilinear"  # a key of RESIZE_FILTERS ("nearest" only to plant a mismatch in tests)
 
     def describe(self) -> str:
         """One line: size, fit, colour, scaling."""
@@ -48,8 +48,17 @@ class ImagePreprocess:
     @classmethod
     def from_json(cls, text: str) -> ImagePreprocess:
         values = json.loads(text)
+        if values.get("interpolation") == "linear":  # graphs written before --resize-filter: PIL's filter was the one
+            values["interpolation"] = "pil-bilinear"
         return cls(**{**values, "scale": tuple(values["scale"]), "offset": tuple(values["offset"])})
 
+
+RESIZE_FILTERS = {  # --resize-filter: how each resizes, as Keras does
+    "bilinear": "tf.image.resize bilinear, no antialiasing, float result: keras.utils.image_dataset_from_directory's and "
+                "keras.layers.Resizing's default (crop: smart_resize's box; pad: tf.image.resize_with_pad)",
+    "pil-bilinear": "PIL's bilinear, antialiased when shrinking, rounded to 0..255: keras.utils.load_img(interpolation='bilinear') "
+                    "(crop: load_img(keep_aspect_ratio=True)'s box; pad: a black canvas, then the resize)",
+}
 
 PREPROCESS_SCALES = {  # --preprocess: (scale, offset) per channel, RGB
     "unit": ((1 / 255,) * 3, (0.0,) * 3),
@@ -77,7 +86,7 @@ class ImageFiles:
 
     def payloads(self) -> list[tuple[str, np.ndarray, str]]:
         """Per file, what a client sends: (input name, the file's bytes, Triton datatype)."""
-        return [(BYTES_INPUT, np.fromfile(path, np.uint8), "UINT8") for path in self.files]
+        return [(BYTES_INPUT, np.array([path.read_bytes()], dtype=object), "BYTES") for path in self.files]
 
     def names(self) -> list[str]:
         return [f"{p.parent.name}/{p.name}" for p in self.files]
@@ -228,16 +237,61 @@ def fitted_image(image, out_height: int, out_width: int, fit: str, resample: str
     return image.resize((out_width, out_height), getattr(Image.Resampling, resample.upper()))
 
 
+def keras_resized(pixels: np.ndarray, out_height: int, out_width: int, fit: str) -> np.ndarray:
+    """``pixels`` (float32 HW or HWC) fitted and resized as ``keras.utils.image_dataset_from_directory`` does
+    (``tf.image.resize`` bilinear, half-pixel centres, no antialiasing): stretch; crop = ``smart_resize``'s centre box, then
+    the resize; pad = ``tf.image.resize_with_pad`` (shrunk to fit by the larger ratio, then black borders). In NumPy,
+    float32 as TensorFlow computes it: the build needs no TensorFlow for it."""
+    height, width = pixels.shape[:2]
+    if fit == "crop":
+        crop_h = max(min(height, int(float(width * out_height) / out_width)), 1)
+        crop_w = max(min(width, int(float(height * out_width) / out_height)), 1)
+        top, left = int(float(height - crop_h) / 2), int(float(width - crop_w) / 2)
+        return _bilinear(pixels[top:top + crop_h, left:left + crop_w], out_height, out_width)
+    if fit == "pad":
+        ratio = max(np.float32(width) / np.float32(out_width), np.float32(height) / np.float32(out_height))
+        inner_h, inner_w = np.float32(height) / ratio, np.float32(width) / ratio
+        new_h, new_w = int(np.floor(inner_h)), int(np.floor(inner_w))
+        top = max(0, int(np.floor((np.float32(out_height) - inner_h) / np.float32(2))))
+        left = max(0, int(np.floor((np.float32(out_width) - inner_w) / np.float32(2))))
+        canvas = np.zeros((out_height, out_width) + pixels.shape[2:], np.float32)
+        canvas[top:top + new_h, left:left + new_w] = _bilinear(pixels, new_h, new_w)
+        return canvas
+    return _bilinear(pixels, out_height, out_width)
+
+
+def _bilinear(pixels: np.ndarray, out_height: int, out_width: int) -> np.ndarray:
+    """TensorFlow's ResizeBilinear with half-pixel centres (source = (i + ½)·in/out − ½, edges clamped)."""
+    def weights(in_size: int, out_size: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        source = (np.arange(out_size, dtype=np.float32) + np.float32(0.5)) * np.float32(in_size / out_size) - np.float32(0.5)
+        floor = np.floor(source)
+        return (np.maximum(floor, 0).astype(np.int64), np.minimum(np.ceil(source), in_size - 1).astype(np.int64),
+                (source - floor).astype(np.float32))
+
+    pixels = np.asarray(pixels, np.float32)
+    y0, y1, dy = weights(pixels.shape[0], out_height)
+    x0, x1, dx = weights(pixels.shape[1], out_width)
+    extra = (1,) * (pixels.ndim - 2)
+    dx = dx.reshape((1, -1) + extra)
+    top = pixels[y0][:, x0] + (pixels[y0][:, x1] - pixels[y0][:, x0]) * dx
+    bottom = pixels[y1][:, x0] + (pixels[y1][:, x1] - pixels[y1][:, x0]) * dx
+    return (top + (bottom - top) * dy.reshape((-1, 1) + extra)).astype(np.float32)
+
+
 def reference_tensor(path: Path, pre: ImagePreprocess) -> np.ndarray:
     """What Keras's own image utilities make of the file at ``path`` for ``pre``'s model input: PIL decodes it and
-    converts it to grayscale or RGB, fits and resizes it bilinearly (``keras.utils.load_img``), ``img_to_array``
-    gives float32, and ``pre``'s scale applies; one sample in the input's layout (no batch axis)."""
+    converts it to grayscale or RGB (``keras.utils.load_img``), it is fitted and resized by ``pre``'s filter
+    (:data:`RESIZE_FILTERS`), float32 as ``img_to_array`` gives, and ``pre``'s scale applies; one sample in the input's
+    layout (no batch axis)."""
     from PIL import Image, UnidentifiedImageError
 
     try:
         with Image.open(path) as opened:
             converted = opened.convert("L" if pre.channels == 1 else "RGB")
-            pixels = np.asarray(fitted_image(converted, pre.height, pre.width, pre.fit), dtype=np.float32)
+            if pre.interpolation == "bilinear":
+                pixels = keras_resized(np.asarray(converted, np.float32), pre.height, pre.width, pre.fit)
+            else:
+                pixels = np.asarray(fitted_image(converted, pre.height, pre.width, pre.fit, pre.interpolation.removeprefix("pil-")), np.float32)
     except (UnidentifiedImageError, OSError, SyntaxError, ValueError, Image.DecompressionBombError) as exc:
         raise PipelineError(f"cannot read image '{path}': {exc}", "remove or replace the file") from None
     if pixels.ndim == 2:

@@ -94,16 +94,16 @@ def load_samples(path: Path) -> dict[str, np.ndarray]:
 
 
 def raw_file_requests(folder: Path, io: ModelIO, count: int) -> list[dict[str, np.ndarray]]:
-    """``count`` requests of a raw-input ensemble (one uint8 [-1] input, ``max_batch_size`` 0), one image file each, the
-    files of ``folder`` (and its class sub-folders) taken in turn: the bytes a client sends, as they are on disk."""
+    """``count`` requests of a raw-input ensemble (one TYPE_STRING [1] input, ``max_batch_size`` 0), one image file each,
+    the files of ``folder`` (and its class sub-folders) taken in turn: the bytes a client sends, as they are on disk."""
     from pipeline.data.raw_files import image_files
 
     inputs = [t for t in io.inputs]
-    require(len(inputs) == 1 and inputs[0].datatype == "UINT8" and list(inputs[0].shape) == [-1] and io.max_batch_size == 0,
-            f"--data {folder} is a folder of images, and model '{io.name}' does not take one encoded file per request (uint8 [-1])",
+    require(len(inputs) == 1 and inputs[0].datatype == "BYTES" and list(inputs[0].shape) == [1] and io.max_batch_size == 0,
+            f"--data {folder} is a folder of images, and model '{io.name}' does not take one encoded file per request (BYTES [1])",
             "load-test the raw-input ensemble (build --raw-inputs image), or pass an .npz of tensors")
     files = image_files(folder).files
-    return [{inputs[0].name: np.fromfile(files[k % len(files)], np.uint8)} for k in range(count)]
+    return [{inputs[0].name: np.array([files[k % len(files)].read_bytes()], dtype=object)} for k in range(count)]
 
 
 def raw_text_requests(path: Path, io: ModelIO, batch_size: int, count: int) -> list[dict[str, np.ndarray]]:

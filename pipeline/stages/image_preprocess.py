@@ -9,8 +9,10 @@ The graph a Triton ensemble runs in front of the model (pipeline/triton/ensemble
 * grayscale is PIL's ``L`` conversion (``(19595 R + 38470 G + 7471 B + 2¹⁵) >> 16``);
 * fit is the build's ``--resize`` policy (stretch, centre crop, pad with black), computed from the
   image's own size inside the graph, with the arithmetic of :func:`pipeline.data.raw_files.fitted_image` (Keras's for the crop);
-* resizing is ONNX ``Resize`` linear with ``antialias=1`` (opset 18), which follows PIL's bilinear
-  filter (its support widens when shrinking), rounded back to 0..255 as PIL's uint8 result is;
+* resizing follows ``--resize-filter`` (:data:`pipeline.data.raw_files.RESIZE_FILTERS`): ``bilinear`` is ONNX ``Resize``
+  linear with half-pixel centres, as ``tf.image.resize`` (Keras's ``image_dataset_from_directory`` and ``Resizing``);
+  ``pil-bilinear`` adds ``antialias=1`` (opset 18), which follows PIL's filter (its support widens when shrinking),
+  rounded back to 0..255 as PIL's uint8 result is (``keras.utils.load_img``);
 * scaling is ``x · a + b`` per channel: from ``--preprocess`` when the model has no scaling layer of
   its own, and none when it has (the model takes 0..255 then).
 
@@ -37,9 +39,10 @@ OPSET = 18  # Resize's antialias attribute
 PREFIX = "preprocess/"  # the graph's own node and tensor names
 
 
-def image_preprocess_for(spec: TensorSpec, fit: str | None, preprocess: str, model_scaling: str | None) -> ImagePreprocess:
+def image_preprocess_for(spec: TensorSpec, fit: str | None, preprocess: str, model_scaling: str | None,
+                         resize_filter: str = "bilinear") -> ImagePreprocess:
     """The preprocessing for image input ``spec``: its size and channels from the model, the fit from ``--resize``
-    (stretch when not given), the scale from the model's own layer (``model_scaling`` says which: then none here)
+    (stretch when not given), the filter from ``--resize-filter``, the scale from the model's own layer (``model_scaling`` says which: then none here)
     or from ``preprocess``. PipelineError (one line) when the input is not an image of a fixed size."""
     from pipeline.stages.calibration_images import image_layout
 
@@ -62,7 +65,7 @@ def image_preprocess_for(spec: TensorSpec, fit: str | None, preprocess: str, mod
         scale, offset = scale[: layout.channels], offset[: layout.channels]
         scaling = f"--preprocess {preprocess} (the model has no Rescaling/Normalization layer)"
     return ImagePreprocess(spec.name, layout.height, layout.width, layout.channels, layout.channels_first, fit or "stretch",
-                           tuple(float(s) for s in scale), tuple(float(o) for o in offset), scaling)
+                           tuple(float(s) for s in scale), tuple(float(o) for o in offset), scaling, interpolation=resize_filter)
 
 
 def image_preprocess_onnx(pre: ImagePreprocess, dst: Path, *, decoded: bool = False) -> Path:
@@ -105,19 +108,10 @@ def image_preprocess_onnx(pre: ImagePreprocess, dst: Path, *, decoded: bool = Fa
         luma = node("Mul", [pixels, weights], "luma_parts")
         summed = node("ReduceSum", [luma, const("channel_axis", np.array([2], np.int64))], "luma_sum", keepdims=1)
         pixels = node("Floor", [node("Add", [summed, const("half", np.array(0.5, np.float32))], "luma_rounding")], "luma")
-    fitted = _fit(pre, pixels, node, const)
-    sizes = const("target_size", np.array([pre.height, pre.width], np.int64))
-    resize_attrs: dict[str, Any] = {"mode": pre.interpolation, "axes": [0, 1], "coordinate_transformation_mode": "half_pixel"}
-    if pre.interpolation == "linear":
-        # exclude_outside: the filter's weights past the border are dropped and the rest renormalized, as PIL does
-        # (without it the edge row counts twice: 20 grey levels off at a pad's black border)
-        resize_attrs["antialias"] = 1
-        resize_attrs["exclude_outside"] = 1
+    if pre.interpolation == "bilinear" and pre.fit == "pad":
+        rounded = _resized_with_pad(pre, pixels, node, const)
     else:
-        resize_attrs["nearest_mode"] = "floor"
-    resized = node("Resize", [fitted, "", "", sizes], "resized", **resize_attrs)
-    rounded = node("Clip", [node("Round", [resized], "resized_rounded"), const("zero", np.array(0, np.float32)),
-                           const("full", np.array(255, np.float32))], "resized_uint8_range")
+        rounded = _resized(pre, _fit(pre, pixels, node, const), node, const)
     laid = node("Transpose", [rounded], "chw", perm=[2, 0, 1]) if pre.channels_first else rounded
     batched = node("Unsqueeze", [laid, const("batch_axis", np.array([0], np.int64))], "batched")
     per_channel = (pre.channels, 1, 1) if pre.channels_first else (pre.channels,)
@@ -137,6 +131,42 @@ def image_preprocess_onnx(pre: ImagePreprocess, dst: Path, *, decoded: bool = Fa
     dst.parent.mkdir(parents=True, exist_ok=True)
     onnx.save(model, str(dst))
     return dst
+
+
+def _resized(pre: ImagePreprocess, fitted: str, node, const) -> str:  # type: ignore[no-untyped-def]
+    """``fitted`` resized to the input's size by ``pre.interpolation`` (:data:`pipeline.data.raw_files.RESIZE_FILTERS`)."""
+    sizes = const("target_size", np.array([pre.height, pre.width], np.int64))
+    attrs: dict[str, Any] = {"axes": [0, 1], "coordinate_transformation_mode": "half_pixel"}
+    if pre.interpolation == "bilinear":  # tf.image.resize: the half-pixel linear filter as it is, float out
+        return node("Resize", [fitted, "", "", sizes], "resized", mode="linear", **attrs)
+    if pre.interpolation == "pil-bilinear":
+        # exclude_outside: the filter's weights past the border are dropped and the rest renormalized, as PIL does
+        # (without it the edge row counts twice: 20 grey levels off at a pad's black border)
+        attrs.update(mode="linear", antialias=1, exclude_outside=1)
+    else:
+        attrs.update(mode=pre.interpolation, nearest_mode="floor")
+    resized = node("Resize", [fitted, "", "", sizes], "resized", **attrs)
+    return node("Clip", [node("Round", [resized], "resized_rounded"), const("zero", np.array(0, np.float32)),
+                         const("full", np.array(255, np.float32))], "resized_uint8_range")  # PIL's uint8 result
+
+
+def _resized_with_pad(pre: ImagePreprocess, pixels: str, node, const) -> str:  # type: ignore[no-untyped-def]
+    """``tf.image.resize_with_pad``: shrunk or grown by the larger of the two ratios (float32, floor), bilinear, then
+    black borders, the top and left ones floor((target − exact size) / 2)."""
+    hw = node("Cast", [node("Slice", [node("Shape", [pixels], "image_shape"), const("s0", np.array([0], np.int64)),
+                                      const("s2", np.array([2], np.int64))], "image_hw")], "image_hw_float", to=1)
+    target = const("target_hw", np.array([pre.height, pre.width], np.float32))
+    ratio = node("ReduceMax", [node("Div", [hw, target], "hw_ratios"), const("r0", np.array([0], np.int64))], "ratio", keepdims=1)
+    inner = node("Div", [hw, ratio], "inner_hw")
+    sizes = node("Cast", [node("Floor", [inner], "inner_hw_floor")], "inner_sizes", to=7)
+    resized = node("Resize", [pixels, "", "", sizes], "resized", mode="linear", axes=[0, 1], coordinate_transformation_mode="half_pixel")
+    before = node("Cast", [node("Max", [node("Floor", [node("Div", [node("Sub", [target, inner], "spare_hw"), const("two_f", np.array(2.0, np.float32))],
+                                                                    "half_spare_hw")], "pad_before_floor"), const("zero_f", np.array(0.0, np.float32))],
+                                "pad_before_float")], "pad_before", to=7)
+    after = node("Sub", [node("Sub", [const("target_sizes", np.array([pre.height, pre.width], np.int64)), sizes], "pad_total"), before], "pad_after")
+    no_channel_pad = const("no_channel_pad", np.array([0], np.int64))
+    pads = node("Concat", [before, no_channel_pad, after, no_channel_pad], "pads", axis=0)
+    return node("Pad", [resized, pads, const("black", np.array(0.0, np.float32))], "resized_padded", mode="constant")
 
 
 def _fit(pre: ImagePreprocess, pixels: str, node, const) -> str:  # type: ignore[no-untyped-def]

@@ -61,13 +61,13 @@ def guard_name(model: str) -> str:
 
 
 def guard_config(model: str, instances: int = 1) -> ModelConfig:
-    """The guard's config: a Python model (every NGC Triton has the backend) on CPU instances, one file in, the same
-    file out, the limits as parameters."""
+    """The guard's config: a Python model (every NGC Triton has the backend) on CPU instances, one file in (TYPE_STRING
+    [1], as clients send files), its bytes out (uint8 [-1], what the decoder takes), the limits as parameters."""
     from pipeline.triton.config import _pb
 
     pb = _pb()
     cfg = pb.ModelConfig(name=guard_name(model), backend="python", max_batch_size=0, default_model_filename="model.py")
-    cfg.input.add(name=BYTES_INPUT, data_type=pb.TYPE_UINT8, dims=[-1])
+    cfg.input.add(name=BYTES_INPUT, data_type=pb.TYPE_STRING, dims=[1])
     cfg.output.add(name=GUARD_OUTPUT, data_type=pb.TYPE_UINT8, dims=[-1])
     cfg.instance_group.add(kind=pb.ModelInstanceGroup.KIND_CPU, count=instances)
     cfg.parameters["max_bytes"].string_value = str(MAX_BYTES)
@@ -113,7 +113,10 @@ def ensemble_config(model: str, variant: str, variant_signature: ModelSignature,
     pb = _pb()
     source = HWC_INPUT if decoded else BYTES_INPUT
     cfg = pb.ModelConfig(name=ensemble_name(model, decoded), platform="ensemble", max_batch_size=0)
-    cfg.input.add(name=source, data_type=pb.TYPE_UINT8, dims=[-1, -1, 3] if decoded else [-1])
+    if decoded:
+        cfg.input.add(name=source, data_type=pb.TYPE_UINT8, dims=[-1, -1, 3])
+    else:  # one file as one string element (BYTES on the wire); the guard hands its bytes on as uint8
+        cfg.input.add(name=source, data_type=pb.TYPE_STRING, dims=[1])
     checked = source
     if not decoded:  # files go through the guard before the decoder (pipeline/triton/python_models/image_guard/)
         step = cfg.ensemble_scheduling.step.add(model_name=guard_name(model), model_version=-1)

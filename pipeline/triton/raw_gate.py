@@ -104,6 +104,7 @@ def judge_raw(model: str, precision: str, samples: RawSamples, reference: list[d
         comparison.add({o: mine[o] for o in kinds}, {o: theirs[o].reshape(mine[o].shape) for o in kinds}, {})
     verdict = judge_comparison(model, precision, "raw inputs", comparison, tolerance, kinds)
     summary: dict[str, dict[str, float | None]] = {name: dict(comparison.summary(name)) for name in kinds}
+    right = ""
     if samples.labels is not None:
         labels = np.asarray(samples.labels)
         for name, kind in kinds.items():
@@ -111,30 +112,45 @@ def judge_raw(model: str, precision: str, samples: RawSamples, reference: list[d
                 served_top = np.array([r[name].reshape(-1).argmax() for r in served])
                 reference_top = np.array([r[name].reshape(-1).argmax() for r in reference])
                 summary[name] |= {"accuracy": float((served_top == labels).mean()), "reference_accuracy": float((reference_top == labels).mean())}
+                right = right or "".join("1" if r else "0" for r in served_top == labels)
     return {"model": model, "precision": precision, "files": len(reference), "folder": samples.source, "rows": verdict.rows,
-            "failures": verdict.failures, "undecided": verdict.undecided, "passed": verdict.passed, "summary": summary}
+            "failures": verdict.failures, "undecided": verdict.undecided, "passed": verdict.passed, "summary": summary,
+            "right_per_file": right}
 
 
-def hold_to_tensor_path(report: dict[str, Any], tensor_accuracy: float, tensor_samples: int, tolerance: Tolerance) -> None:
+def hold_to_tensor_path(report: dict[str, Any], tensor_accuracy: float, tensor_samples: int, tolerance: Tolerance,
+                        tensor_right: np.ndarray | None = None) -> None:
     """Add to ``report`` (of :func:`judge_raw`) the accuracy from raw files against the tensor path's (FP32 on the build's
     evaluation tensors): a failure when the drop's lower bound passes the accuracy limit, undecided when only its upper
-    bound does. Unpaired (other pixels of the same pictures, or other pictures): normal bounds at the gate's confidence."""
+    bound does. With ``tensor_right`` (per raw file, whether the tensor path got the same sample right: the files are
+    those samples) the comparison is paired, with the bounds of every other accuracy gate (Tango's, as
+    pipeline.accuracy.bounds gives them); else unpaired (other pictures, or other pixels of them): normal bounds."""
     from statistics import NormalDist
+
+    from pipeline.accuracy.bounds import paired_drop
 
     report["tensor_path_accuracy"] = tensor_accuracy
     raw = next((s["accuracy"] for s in report["summary"].values() if s.get("accuracy") is not None), None)
     if raw is None:
         return
-    z = NormalDist().inv_cdf(0.5 + tolerance.confidence / 2)
-    drop = 100 * (tensor_accuracy - raw)
-    spread = 100 * z * float(np.sqrt(tensor_accuracy * (1 - tensor_accuracy) / tensor_samples + raw * (1 - raw) / report["files"]))
-    report["accuracy_vs_tensor_path"] = {"drop_points": drop, "low": drop - spread, "high": drop + spread, "limit": tolerance.max_drop_points}
-    line = (f"top-1 accuracy from raw files {100 * raw:.2f}% is {drop:.2f} points [{drop - spread:.2f}, {drop + spread:.2f}] below "
-            f"the tensor path's {100 * tensor_accuracy:.2f}% (limit {tolerance.max_drop_points:g})")
-    if drop - spread > tolerance.max_drop_points:
+    served = np.frombuffer(report.get("right_per_file", "").encode(), np.uint8) == ord("1")
+    if tensor_right is not None and len(tensor_right) == len(served) == report["files"]:
+        estimate = paired_drop(int((tensor_right & ~served).sum()), int((~tensor_right & served).sum()), len(served), tolerance.confidence)
+        drop, low, high, how = estimate.drop, estimate.low, estimate.high, "paired, file by file"
+        tensor_accuracy = float(tensor_right.mean())
+        report["tensor_path_accuracy"] = tensor_accuracy
+    else:
+        z = NormalDist().inv_cdf(0.5 + tolerance.confidence / 2)
+        drop = 100 * (tensor_accuracy - raw)
+        spread = 100 * z * float(np.sqrt(tensor_accuracy * (1 - tensor_accuracy) / tensor_samples + raw * (1 - raw) / report["files"]))
+        low, high, how = drop - spread, drop + spread, "unpaired"
+    report["accuracy_vs_tensor_path"] = {"drop_points": drop, "low": low, "high": high, "limit": tolerance.max_drop_points, "comparison": how}
+    line = (f"top-1 accuracy from raw files {100 * raw:.2f}% is {drop:.2f} points [{low:.2f}, {high:.2f}] below "
+            f"the tensor path's {100 * tensor_accuracy:.2f}% ({how}; limit {tolerance.max_drop_points:g})")
+    if low > tolerance.max_drop_points:
         report["failures"].append(line)
         report["passed"] = False
-    elif drop + spread > tolerance.max_drop_points:
+    elif high > tolerance.max_drop_points:
         report["undecided"].append(f"{line}: too few files to tell")
 
 

@@ -65,22 +65,45 @@ def test_reference_tensor_is_what_keras_load_img_gives(tmp_path: Path) -> None:
     for path in _pictures(tmp_path, 6):
         for channels, mode in ((3, "rgb"), (1, "grayscale")):
             for fit in ("stretch", "crop"):
-                pre = image_preprocess_for(_spec(channels), fit, "unit", None)
+                pre = image_preprocess_for(_spec(channels), fit, "unit", None, "pil-bilinear")
                 img = keras.utils.load_img(path, color_mode=mode, target_size=(24, 32), interpolation="bilinear", keep_aspect_ratio=fit == "crop")
                 expected = keras.utils.img_to_array(img) / 255.0
                 np.testing.assert_allclose(reference_tensor(path, pre), expected, atol=1e-6)
 
 
+def test_reference_tensor_is_what_keras_image_dataset_gives(tmp_path: Path) -> None:
+    """The default filter against Keras's own loader code: image_dataset_from_directory's resize of each fit (smart_resize
+    for the crop, tf.image.resize_with_pad for the pad), on the pixels keras.utils.load_img decodes."""
+    import keras
+    import tensorflow as tf
+    from keras.src.utils import image_utils
+
+    for path in _pictures(tmp_path, 6, seed=7):
+        for channels, mode in ((3, "rgb"), (1, "grayscale")):
+            pixels = keras.utils.img_to_array(keras.utils.load_img(path, color_mode=mode))
+            for fit in FITS:
+                pre = image_preprocess_for(_spec(channels), fit, "unit", None)
+                assert pre.interpolation == "bilinear"
+                if fit == "crop":
+                    expected = np.asarray(image_utils.smart_resize(pixels, (24, 32), interpolation="bilinear"))
+                elif fit == "pad":
+                    expected = tf.image.resize_with_pad(pixels, 24, 32, method="bilinear").numpy()
+                else:
+                    expected = tf.image.resize(pixels, (24, 32), method="bilinear").numpy()
+                np.testing.assert_allclose(reference_tensor(path, pre), expected / 255.0, atol=1e-6)
+
+
+@pytest.mark.parametrize("resize_filter", ["bilinear", "pil-bilinear"])
 @pytest.mark.parametrize("channels", [1, 3])
 @pytest.mark.parametrize("fit", FITS)
-def test_preprocess_graph_follows_keras_preprocessing(tmp_path: Path, channels: int, fit: str) -> None:
+def test_preprocess_graph_follows_keras_preprocessing(tmp_path: Path, channels: int, fit: str, resize_filter: str) -> None:
     paths = _pictures(tmp_path, 10, seed=channels)
-    pre = image_preprocess_for(_spec(channels), fit, "unit", None)
+    pre = image_preprocess_for(_spec(channels), fit, "unit", None, resize_filter)
     ours = _graph_outputs(pre, paths, tmp_path)
     reference = np.stack([reference_tensor(p, pre) for p in paths])
     assert ours.shape == reference.shape == (10, 24, 32, channels)
     levels = np.abs(ours - reference) * 255
-    # ONNX Resize's antialiased linear filter follows PIL's, and two JPEG decoders (libjpeg in onnxruntime-extensions,
+    # ONNX Resize's linear filter follows TensorFlow's (antialiased: PIL's), and two JPEG decoders (libjpeg in onnxruntime-extensions,
     # PIL's libjpeg-turbo) differ a little: measured 0.52-0.54 levels on average, 5-9 at the 99th percentile, 12 at worst
     assert levels.mean() < 1.0 and np.percentile(levels, 99) <= 16.0, (levels.mean(), levels.max())
 
@@ -136,12 +159,17 @@ def digits_built(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def test_planted_mismatch_fails_the_served_gate(digits_built: Path, tmp_path: Path, plant: str) -> None:
     workspace = digits_built / "build" / "digits"
     good = preprocess_of(workspace / "preprocess.onnx")
+    files = image_files(workspace / "raw_eval", [str(i) for i in range(10)])
+    assert _gate(workspace / "raw_gate_repository", workspace, "digits", files, good, tmp_path) == "passed"
+    if plant == "nearest":
+        # a model trained on keras.utils.load_img's antialiased bilinear (--resize-filter pil-bilinear), served with nearest;
+        # (nearest is close to tf.image.resize's bilinear, which does not antialias either: 1.34 points apart, undecided)
+        good = replace(good, interpolation="pil-bilinear")
+        assert _gate(_planted(workspace / "raw_gate_repository", "digits", good, tmp_path / "pil"), workspace, "digits", files, good, tmp_path) == "passed"
     planted = replace(good, interpolation="nearest") if plant == "nearest" else replace(good, scale=(1.0,))
     repository = _planted(workspace / "raw_gate_repository", "digits", planted, tmp_path / "planted")
-    files = image_files(workspace / "raw_eval", [str(i) for i in range(10)])
     line = _gate(repository, workspace, "digits", files, good, tmp_path)
     assert "output 'probs' (classes): top-1 disagreement" in line and "> 1 allowed" in line, line
-    assert _gate(workspace / "raw_gate_repository", workspace, "digits", files, good, tmp_path) == "passed"
 
 
 def _colour_folder(folder: Path, count: int = 400) -> Path:
@@ -184,7 +212,10 @@ def test_digits_answer_png_files_with_class_names(tmp_path: Path) -> None:
     gate = manifest["results"]["raw_inputs"]
     assert gate["files"] == 449 and not gate["failures"]  # one more disagreement on another CPU may leave it undecided, never failed
     assert gate["rows"][0]["metric"] == "top-1 disagreement" and gate["summary"]["probs"]["agreement"] >= 0.99
-    assert gate["tensor_path_accuracy"] > 0.95 and abs(gate["summary"]["probs"]["accuracy"] - gate["tensor_path_accuracy"]) < 0.03
+    # the files are the evaluation digits drawn at other sizes: their accuracy is held to the tensor path's file by file, within the gate
+    versus = gate["accuracy_vs_tensor_path"]
+    assert gate["tensor_path_accuracy"] > 0.95 and versus["comparison"] == "paired, file by file", versus
+    assert versus["high"] <= versus["limit"] == 1.0 and not any("tensor path" in line for line in gate["undecided"]), versus
     assert {"digits", "digits_preprocess", "digits_fp32"} <= {p.name for p in (tmp_path / "repo").iterdir()}
 
     files = image_files(result.workspace.root / "raw_eval", [str(i) for i in range(10)])
@@ -194,9 +225,8 @@ def test_digits_answer_png_files_with_class_names(tmp_path: Path) -> None:
         client = http.InferenceServerClient(server.http_url)
         right = 0
         for path, label in list(zip(files.files, files.labels, strict=True))[::15]:
-            data = np.fromfile(path, np.uint8)
-            tensor = http.InferInput(BYTES_INPUT, [len(data)], "UINT8")
-            tensor.set_data_from_numpy(data)
+            tensor = http.InferInput(BYTES_INPUT, [1], "BYTES")  # one file, one string element
+            tensor.set_data_from_numpy(np.array([path.read_bytes()], dtype=object))
             answer = client.infer("digits", [tensor], outputs=[http.InferRequestedOutput("probs", class_count=3)]).as_numpy("probs")
             top = [entry.decode().split(":") for entry in answer.ravel()]
             assert len(top) == 3 and all(len(parts) == 3 for parts in top)  # score:index:label
@@ -368,9 +398,8 @@ def test_decoded_images_get_the_same_answers(digits_built: Path, tmp_path: Path)
     with TritonServer(digits_built / "repo", workdir=tmp_path / "serve") as server:
         client = http.InferenceServerClient(server.http_url)
         for path in files:
-            data = np.fromfile(path, np.uint8)
-            encoded = http.InferInput(BYTES_INPUT, [len(data)], "UINT8")
-            encoded.set_data_from_numpy(data)
+            encoded = http.InferInput(BYTES_INPUT, [1], "BYTES")
+            encoded.set_data_from_numpy(np.array([path.read_bytes()], dtype=object))
             pixels = np.asarray(Image.open(path).convert("RGB"))
             decoded = http.InferInput("image_hwc", list(pixels.shape), "UINT8")
             decoded.set_data_from_numpy(pixels)
@@ -397,8 +426,8 @@ def test_bad_uploads_get_an_error_and_the_server_goes_on(digits_built: Path, tmp
         client = http.InferenceServerClient(server.http_url)
 
         def ask(data: bytes) -> np.ndarray:
-            tensor = http.InferInput(BYTES_INPUT, [len(data)], "UINT8")
-            tensor.set_data_from_numpy(np.frombuffer(data, np.uint8))
+            tensor = http.InferInput(BYTES_INPUT, [1], "BYTES")
+            tensor.set_data_from_numpy(np.array([data], dtype=object))
             return client.infer("digits", [tensor]).as_numpy("probs")
 
         for name, data in bad.items():

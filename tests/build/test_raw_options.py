@@ -19,6 +19,8 @@ from pipeline.stages.image_preprocess import image_preprocess_for
     ({"raw_inputs": "image", "raw_variant": "int8"}, "--raw-variant int8 is not among the variants this build makes"),
     ({"raw_inputs": "image", "extensions_library": Path("/no/such/libortextensions.so")}, "--extensions-library .* does not exist"),
     ({"raw_inputs": "text", "extensions_library": Path("/x.so")}, "only applies to --raw-inputs image"),
+    ({"resize_filter": "pil-bilinear"}, "--resize-filter only applies with --raw-inputs"),
+    ({"raw_inputs": "text", "resize_filter": "pil-bilinear"}, "--resize-filter pil-bilinear only applies to --raw-inputs image"),
     ({"raw_inputs": "image", "repository": S3Url("bucket", "repo")}, "a server reading s3:// cannot load"),
 ])
 def test_raw_options_refused_before_any_work(options: dict, problem: str) -> None:

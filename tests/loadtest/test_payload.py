@@ -100,9 +100,9 @@ def test_raw_inputs_as_clients_send_them(tmp_path) -> None:  # type: ignore[no-u
 
     (tmp_path / "cat").mkdir()
     Image.new("RGB", (5, 4), (200, 10, 10)).save(tmp_path / "cat" / "a.png")
-    image_io = ModelIO("digits", (TensorInfo("image_bytes", "UINT8", (-1,)),), (TensorInfo("probs", "FP32", (1, 10)),), 0)
+    image_io = ModelIO("digits", (TensorInfo("image_bytes", "BYTES", (1,)),), (TensorInfo("probs", "FP32", (1, 10)),), 0)
     requests = raw_file_requests(tmp_path, image_io, 3)
-    assert len(requests) == 3 and requests[0]["image_bytes"].tobytes() == (tmp_path / "cat" / "a.png").read_bytes()
+    assert len(requests) == 3 and requests[0]["image_bytes"][0] == (tmp_path / "cat" / "a.png").read_bytes()
 
     csv = tmp_path / "s.csv"
     csv.write_text('text,label\n"Hello, world!",0\nCafé naïve,1\n', encoding="utf-8")

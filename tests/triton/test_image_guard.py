@@ -79,3 +79,13 @@ def test_limits(guard) -> None:  # type: ignore[no-untyped-def]
         guard.check_image(JPEG, 100, 1 << 26)
     with pytest.raises(guard.Refused, match="outside 1 to 1000 pixels"):
         guard.check_image(JPEG, 1 << 26, 1000)
+
+
+def test_one_file_is_one_string_element(guard) -> None:  # type: ignore[no-untyped-def]
+    """The ensemble's input is TYPE_STRING [1]: the element's bytes come through whole; a uint8 array (the bytes as
+    numbers) or several files in one request are refused, saying how to send one."""
+    png = b"\x89PNG\r\n\x1a\n" + bytes(40)
+    assert guard.file_bytes(np.array([png], dtype=object)) == png
+    for wrong in (np.frombuffer(png, np.uint8), np.array([png, png], dtype=object)):
+        with pytest.raises(guard.Refused, match=r"send one file as one BYTES element \(shape \[1\]\)"):
+            guard.file_bytes(wrong)

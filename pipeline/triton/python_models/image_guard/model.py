@@ -39,6 +39,14 @@ class Refused(ValueError):
     """The file is not one the decoder can take safely."""
 
 
+def file_bytes(value: np.ndarray) -> bytes:
+    """The one file of a request: a TYPE_STRING tensor of one element (the ensemble's input, ``[1]``)."""
+    if value.dtype != np.object_ or value.size != 1:
+        raise Refused(f"send one file as one BYTES element (shape [1]), not {value.dtype} of shape {list(value.shape)}")
+    item = value.reshape(-1)[0]
+    return bytes(item) if isinstance(item, (bytes, bytearray)) else str(item).encode("latin-1")
+
+
 def check_image(data: bytes, max_bytes: int, max_pixels: int) -> tuple[str, int, int]:
     """("png" | "jpeg", width, height) of a file the decoder can take; Refused (its reason) otherwise."""
     if len(data) > max_bytes:
@@ -190,8 +198,9 @@ class TritonPythonModel:
                 tensor = pb_utils.get_input_tensor_by_name(request, INPUT_NAME)
                 if tensor is None:
                     raise Refused(f"the request has no input '{INPUT_NAME}'")
-                array = np.ascontiguousarray(tensor.as_numpy(), dtype=np.uint8).reshape(-1)
-                check_image(array.tobytes(), self._max_bytes, self._max_pixels)
+                data = file_bytes(tensor.as_numpy())
+                check_image(data, self._max_bytes, self._max_pixels)
+                array = np.frombuffer(data, np.uint8)
                 responses.append(pb_utils.InferenceResponse(output_tensors=[pb_utils.Tensor(OUTPUT_NAME, array)]))
             except Exception as exc:  # noqa: BLE001 - one bad file must not fail the others or the model
                 responses.append(pb_utils.InferenceResponse(output_tensors=[], error=pb_utils.TritonError(f"image refused: {exc}")))
