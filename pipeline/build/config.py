@@ -153,6 +153,10 @@ class BuildConfig:
                                             "tf.image.resize (keras.utils.image_dataset_from_directory, keras.layers.Resizing); "
                                             "pil-bilinear = PIL's antialiased filter (keras.utils.load_img(interpolation='bilinear'))",
                                 choices=tuple(RESIZE_FILTERS), group=RAW)
+    tokenizer: Path | None = option(None, "for --raw-inputs text on a model whose inputs are token ids and a mask (token_ids/input_ids, "
+                                          "padding_mask/attention_mask, segment_ids/token_type_ids) and that carries no keras-hub "
+                                          "preprocessor: its WordPiece tokenizer, a keras-hub preset folder or a vocab.txt",
+                                    metavar="PATH", group=RAW)
     raw_variant: str | None = option(None, "the variant the raw-input ensemble serves (default: the fastest ONNX variant that passed its gate)",
                                      choices=("fp32", "fp16", "int8", "int8cpu"), group=RAW)
     raw_instances: int = option(2, "CPU instances of each step in front of the variant (guard, decoder, tokenizer): each takes one image "
@@ -239,7 +243,8 @@ class BuildConfig:
         """The raw-input options, before any work: they belong together, and what they name must exist."""
         if self.raw_inputs is None:
             given = [flag for flag, value in (("--raw-variant", self.raw_variant), ("--extensions-library", self.extensions_library),
-                                              ("--resize-filter", None if self.resize_filter == "bilinear" else self.resize_filter)) if value is not None]
+                                              ("--resize-filter", None if self.resize_filter == "bilinear" else self.resize_filter),
+                                              ("--tokenizer", self.tokenizer)) if value is not None]
             if given:
                 raise PipelineError(f"{' and '.join(given)} {'only apply' if len(given) > 1 else 'only applies'} with --raw-inputs", "add --raw-inputs image (or text), or leave them out")
             return
@@ -259,3 +264,8 @@ class BuildConfig:
             raise PipelineError("--extensions-library only applies to --raw-inputs image (text needs no custom ops)", "leave it out")
         elif self.resize_filter != "bilinear":
             raise PipelineError(f"--resize-filter {self.resize_filter} only applies to --raw-inputs image", "leave it out")
+        if self.tokenizer is not None and self.raw_inputs != "text":
+            raise PipelineError("--tokenizer only applies to --raw-inputs text", "leave it out, or use --raw-inputs text")
+        if self.tokenizer is not None and not self.tokenizer.exists():
+            raise PipelineError(f"--tokenizer {self.tokenizer} does not exist",
+                                "pass a keras-hub preset folder or a WordPiece vocabulary file (vocab.txt)")

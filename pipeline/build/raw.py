@@ -23,6 +23,7 @@ from pipeline.core.stagecache import Stage
 from pipeline.data.artifacts import Artifact
 from pipeline.data.raw_files import ImageFiles, ImagePreprocess, TextSamples, image_files, is_image_folder, is_text_file, reference_tensor, text_samples
 from pipeline.data.tensors import ModelSignature
+from pipeline.stages.tokenizer_export import read_model_tokenizer
 from pipeline.triton.ensemble import RawInputs
 
 log = logging.getLogger(__name__)
@@ -144,6 +145,10 @@ def gate_raw_inputs(gate_repository: Path, model: str, variant: Artifact, sample
         paired = tensor_right[list(pairing)] if pairing is not None and max(pairing, default=-1) < len(tensor_right) else None
         hold_to_tensor_path(report, float(tensor_right.mean()), tensor_data.num_samples, tolerance, paired)
         report["tensor_samples"] = tensor_data.num_samples
+        if paired is not None and isinstance(samples, ImageFiles):  # for verify --data with these files again, by content
+            from pipeline.triton.raw_gate import file_digests
+
+            report["tensor_right_by_file"] = {d: int(r) for d, r in zip(file_digests(samples), paired, strict=True)}
     if report["failures"]:
         raise CheckFailed(f"raw inputs through the ensemble '{model}' answer unlike the model on Keras's preprocessing of the same "
                           f"{report['files']} inputs: {report['failures'][0]}",
@@ -180,6 +185,7 @@ class RawIn:
     samples: RawSamples | None = None
     text_tokens: Path | None = None
     tensor_data: EvalData | None = None
+    tokenizer: Path | None = None  # --tokenizer's files for the served tokenizer (else the model's own, from the SavedModel)
     pairing: tuple[int, ...] | None = None  # per raw file, its sample in the build's evaluation data (the files are those samples)
 
 
@@ -191,14 +197,16 @@ def raw_inputs_of(cfg: BuildConfig, saved: Path, signature: ModelSignature, sour
     classes = [line.strip() for line in labels.read_text().splitlines() if line.strip()] if labels.is_file() else None
     images_given = cfg.eval_data is not None and is_image_folder(cfg.eval_data)
     if cfg.raw_inputs == "text":
-        from pipeline.stages.tokenizer_export import read_model_tokenizer
-
-        read_model_tokenizer(saved)  # a model without a servable tokenizer fails now, not after its gates
         samples = raw_image_files(cfg, bundled, ctx.ws.root, classes)
-        if not isinstance(samples, TextSamples):
-            return RawIn()
-        tokens = _text_tokens(source, samples, signature, ctx)
-        return RawIn(samples=samples, text_tokens=tokens, tensor_data=text_eval_data(samples, tokens))
+        texts = samples if isinstance(samples, TextSamples) else None
+        if cfg.tokenizer is not None:
+            folder, tokens = _given_tokenizer(cfg.tokenizer, texts, signature, ctx)
+        else:
+            read_model_tokenizer(saved)  # a model without a servable tokenizer fails now, not after its gates
+            folder, tokens = None, _text_tokens(source, texts, signature, ctx) if texts is not None else None
+        if texts is None or tokens is None:
+            return RawIn(tokenizer=folder)
+        return RawIn(samples=texts, text_tokens=tokens, tensor_data=text_eval_data(texts, tokens), tokenizer=folder)
     if cfg.raw_inputs != "image" and not images_given:
         return RawIn()
     pre = image_preprocess_of(saved, signature, cfg)
@@ -209,7 +217,25 @@ def raw_inputs_of(cfg: BuildConfig, saved: Path, signature: ModelSignature, sour
         pairing = tuple(range(len(files.files)))
     elif isinstance(files, ImageFiles) and bundled and cfg.eval_data is None:
         pairing = tuple(int(p.stem) for p in files.files)  # pipeline.models.digits.write_image_folder names them so
-    return RawIn(pre, files, None, data, pairing)
+    return RawIn(pre, files, None, data, pairing=pairing)
+
+
+def _given_tokenizer(path: Path, texts: TextSamples | None, signature: ModelSignature, ctx: Any) -> tuple[Path, Path | None]:
+    """``--tokenizer``'s files for the served tokenizer, and keras-hub's tokens of the sentences with it (the reference),
+    a cached stage. The sequence length is the model's token input's, which must be fixed."""
+    from pipeline.stages.tokenizer_export import given_tokenizer_files
+
+    lengths = {s.shape[1] for s in signature.inputs if len(s.shape) == 2}
+    length = next(iter(lengths)) if len(lengths) == 1 else None
+    if not isinstance(length, int) or length < 2 or len(lengths) != 1:
+        raise PipelineError(f"--tokenizer: the model's token inputs ({', '.join(f'{s.name} {list(s.shape)}' for s in signature.inputs)}) "
+                            "need one fixed sequence length, [batch, L], to pad to", "export the model with a fixed sequence length")
+    folder, tokens = ctx.ws.root / "tokenizer_given", ctx.ws.root / "text_reference.npz"
+    ctx.run(Stage("tokenizer", given_tokenizer_files, inputs={"path": path},
+                  settings={"texts": list(texts.texts) if texts else [], "inputs": [s.name for s in signature.inputs],
+                            "dtypes": [str(s.dtype) for s in signature.inputs], "sequence_length": length},
+                  outputs={"dst": folder, "tokens": tokens}))
+    return folder, tokens if texts is not None else None
 
 
 def _text_tokens(source: Any, samples: TextSamples, signature: ModelSignature, ctx: Any) -> Path:
@@ -236,7 +262,8 @@ def raw_input_stages(raw_in: RawIn, variants: list[Artifact], onnx_fp32: Path, d
     pre, samples, text_tokens = raw_in.pre, raw_in.samples, raw_in.text_tokens
     variant = served_variant(ctx.cfg, variants, ctx.manifest.results)
     if ctx.cfg.raw_inputs == "text":
-        raw = RawInputs("text", variant, tokenizer=_tokenizer_files(saved, onnx_fp32, ctx), instances=ctx.cfg.raw_instances)
+        raw = RawInputs("text", variant, tokenizer=_tokenizer_files(raw_in.tokenizer or read_model_tokenizer(saved), onnx_fp32, ctx),
+                        instances=ctx.cfg.raw_instances)
         described = "tokenize with the model's own WordPiece vocabulary and settings (keras-hub's rules, in a Python model)"
     else:
         raw, described = _image_step(pre, variant, ctx)
@@ -279,16 +306,15 @@ def _image_step(pre: ImagePreprocess | None, variant: Artifact, ctx: Any) -> tup
     return RawInputs("image", variant, preprocess=dst, preprocess_hwc=hwc, library=library.path, instances=ctx.cfg.raw_instances), pre.describe()
 
 
-def _tokenizer_files(saved: Path, onnx_fp32: Path, ctx: Any) -> Path:
-    """The model's tokenizer files (the savedmodel stage exported them) in the workspace, padding to length buckets:
+def _tokenizer_files(exported: Path, onnx_fp32: Path, ctx: Any) -> Path:
+    """The tokenizer files (``exported``: the model's own, from the savedmodel stage, or ``--tokenizer``'s) in the workspace, padding to length buckets:
     powers of two below the preprocessor's sequence length, and that length (a request pays for its own length); only
     that length when the model's token inputs have a fixed one."""
     import json
 
     from pipeline.data.tensors import signature_from_onnx
-    from pipeline.stages.tokenizer_export import SETTINGS_FILENAME, read_model_tokenizer
+    from pipeline.stages.tokenizer_export import SETTINGS_FILENAME
 
-    exported = read_model_tokenizer(saved)
     folder = ctx.ws.root / "tokenizer"
     shutil.rmtree(folder, ignore_errors=True)
     shutil.copytree(exported, folder)

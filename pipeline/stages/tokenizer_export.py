@@ -158,3 +158,81 @@ def read_model_tokenizer(saved: Path) -> Path:
             "(a keras-hub task with its preprocessor, e.g. BertTextClassifier, carries one)",
             "save the task with its preprocessor (model.preprocessor = keras_hub.models.BertTextClassifierPreprocessor(...))")
     return folder
+
+
+# Token inputs as other exporters name them (Hugging Face, TF Hub's BERT), and what the served tokenizer makes for each.
+INPUT_ALIASES = {"input_ids": "token_ids", "input_word_ids": "token_ids", "attention_mask": "padding_mask",
+                 "input_mask": "padding_mask", "token_type_ids": "segment_ids", "input_type_ids": "segment_ids"}
+GIVEN_FIX = ("pass a keras-hub preset folder (config.json and tokenizer.json, as keras-hub saves and downloads them) "
+             "or a WordPiece vocabulary file (vocab.txt, one token per line)")
+
+
+def tokenizer_from_path(path: Path) -> Any:
+    """The keras-hub tokenizer at ``path``: a preset folder (``keras_hub.tokenizers.Tokenizer.from_preset``), or a
+    WordPiece vocabulary file (one token per line; lowercased when the vocabulary holds no capital letter outside
+    its ``[...]`` special tokens, as BERT's uncased vocabularies). PipelineError (one line) otherwise."""
+    import keras_hub
+
+    path = Path(path)
+    if path.is_dir():
+        try:
+            return keras_hub.tokenizers.Tokenizer.from_preset(str(path))
+        except (ValueError, OSError, KeyError) as exc:
+            raise PipelineError(f"--tokenizer {path}: keras-hub cannot load a tokenizer from it ({str(exc).splitlines()[0]})", GIVEN_FIX) from None
+    try:
+        vocabulary = path.read_text(encoding="utf-8").split("\n")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise PipelineError(f"--tokenizer {path}: cannot read it as a vocabulary ({exc})", GIVEN_FIX) from None
+    vocabulary = vocabulary[:-1] if vocabulary and vocabulary[-1] == "" else vocabulary
+    require(len(vocabulary) >= 5, f"--tokenizer {path} holds {len(vocabulary)} lines, not a WordPiece vocabulary", GIVEN_FIX)
+    cased = any(c.isupper() for token in vocabulary if not (token.startswith("[") and token.endswith("]")) for c in token)
+    try:
+        return keras_hub.tokenizers.WordPieceTokenizer(vocabulary=vocabulary, lowercase=not cased)
+    except ValueError as exc:  # keras-hub's own check: its out-of-vocabulary token [UNK] missing, and so on
+        raise PipelineError(f"--tokenizer {path} is not a WordPiece vocabulary keras-hub takes ({str(exc).splitlines()[0]})", GIVEN_FIX) from None
+
+
+def given_tokenizer_files(path: Path, dst: Path, tokens: Path, *, texts: list[str], inputs: list[str], dtypes: list[str],
+                          sequence_length: int) -> Path:
+    """For ``--tokenizer PATH`` (a model whose inputs are token ids and a mask, without a keras-hub preprocessor): the
+    served tokenizer's files in ``dst`` (:func:`write_tokenizer_files`, the model's input names kept), and in
+    ``tokens`` (``.npz``) what keras-hub makes of ``texts`` with that tokenizer, packed as keras-hub's BERT
+    preprocessors pack (``MultiSegmentPacker``: ``[CLS] … [SEP]``, padded to ``sequence_length``): the gate's
+    reference. In a child process (keras-hub and TensorFlow leave with it)."""
+    from pipeline.core.isolate import call_in_child
+
+    return call_in_child(_given_tokenizer_files, Path(path), Path(dst), Path(tokens), texts, inputs, dtypes, sequence_length)
+
+
+def _given_tokenizer_files(path: Path, dst: Path, tokens: Path, texts: list[str], inputs: list[str], dtypes: list[str],
+                           sequence_length: int) -> Path:
+    import io
+
+    import keras_hub
+    import numpy as np
+
+    from pipeline.core.atomic import write_bytes_atomic
+
+    canonical = {name: INPUT_ALIASES.get(name, name) for name in inputs}
+    unknown = [name for name, made in canonical.items() if made not in OUTPUT_NAMES]
+    require(not unknown and len(set(canonical.values())) == len(canonical),
+            f"--tokenizer: the model takes {inputs}, and a WordPiece tokenizer makes token ids, a padding mask and segment ids",
+            f"name the model's inputs among {', '.join(OUTPUT_NAMES)} (or input_ids, attention_mask, token_type_ids)")
+    require("token_ids" in canonical.values(), f"--tokenizer: none of the model's inputs {inputs} takes token ids",
+            "name the ids input token_ids (or input_ids)")
+    tokenizer = tokenizer_from_path(path)
+    settings, vocabulary = wordpiece_settings(tokenizer, sequence_length, [sequence_length], [canonical[n] for n in inputs])
+    settings["input_names"] = {made: name for name, made in canonical.items()}
+    write_tokenizer_files(dst, settings, vocabulary)
+    ids = {key: vocabulary.index(settings[key]) for key in ("start_token", "end_token", "pad_token")}
+    if texts:
+        packer = keras_hub.layers.MultiSegmentPacker(sequence_length=sequence_length, start_value=ids["start_token"],
+                                                     end_value=ids["end_token"], pad_value=ids["pad_token"])
+        token_ids, segment_ids = (np.asarray(a) for a in packer((tokenizer(texts),)))
+    else:
+        token_ids = segment_ids = np.zeros((0, sequence_length), np.int32)
+    made = {"token_ids": token_ids, "padding_mask": token_ids != ids["pad_token"], "segment_ids": segment_ids}
+    buffer = io.BytesIO()
+    np.savez(buffer, **{name: made[canonical[name]].astype(dtype) for name, dtype in zip(inputs, dtypes, strict=True)})
+    write_bytes_atomic(tokens, buffer.getvalue())
+    return dst

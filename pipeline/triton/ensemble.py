@@ -176,9 +176,10 @@ def raw_input_models(raw: RawInputs, model: str, variant_signature: ModelSignatu
         assert raw.tokenizer is not None
         step = Artifact("raw", "tokenize", WORDPIECE_MODEL)
         settings = json.loads((raw.tokenizer / TOKENIZER_SETTINGS).read_text())
+        made = [(settings.get("input_names") or {}).get(name, name) for name in settings["outputs"]]  # the model's names
         configs = {
-            tokenize_name(model): tokenize_config(model, settings["outputs"], variant_signature, max_batch, raw.instances),
-            model: text_ensemble_config(model, raw.variant.triton_name(model), variant_signature, settings["outputs"], max_batch,
+            tokenize_name(model): tokenize_config(model, made, variant_signature, max_batch, raw.instances),
+            model: text_ensemble_config(model, raw.variant.triton_name(model), variant_signature, made, max_batch,
                                         label_file, classifier_output),
         }
         files = {tokenize_name(model): {name: (raw.tokenizer / name).read_bytes() for name in (TOKENIZER_SETTINGS, VOCABULARY)}

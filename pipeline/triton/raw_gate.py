@@ -118,6 +118,13 @@ def judge_raw(model: str, precision: str, samples: RawSamples, reference: list[d
             "right_per_file": right}
 
 
+def file_digests(samples: ImageFiles) -> list[str]:
+    """Per file, the first 16 hex digits of its SHA-256: which of a build's files a later folder holds, whatever their names."""
+    import hashlib
+
+    return [hashlib.sha256(path.read_bytes()).hexdigest()[:16] for path in samples.files]
+
+
 def hold_to_tensor_path(report: dict[str, Any], tensor_accuracy: float, tensor_samples: int, tolerance: Tolerance,
                         tensor_right: np.ndarray | None = None) -> None:
     """Add to ``report`` (of :func:`judge_raw`) the accuracy from raw files against the tensor path's (FP32 on the build's
@@ -237,9 +244,14 @@ def verify_raw(repository: Path | S3Url, data: Path, *, url: str | None, workdir
             count = len(reference)
             report = raw_gate(repository, name, precision, samples, reference, kinds, tolerance, workdir=workdir, url=url,
                               answers_for=tuple(range(count))[:: max(1, count // shown)][:shown] if classes else ())
-            recorded = (record.get("raw_inputs") or {}).get("tensor_path_accuracy")
+            built = record.get("raw_inputs") or {}
+            recorded = built.get("tensor_path_accuracy")
             if recorded is not None:
-                hold_to_tensor_path(report, recorded, int((record.get("raw_inputs") or {}).get("tensor_samples") or report["files"]), tolerance)
+                # the build's own files (by content) are judged file by file against its tensor path; other files unpaired
+                by_file = built.get("tensor_right_by_file") or {}
+                digests = file_digests(samples) if by_file and isinstance(samples, ImageFiles) else []
+                paired = np.array([bool(by_file[d]) for d in digests]) if digests and all(d in by_file for d in digests) else None
+                hold_to_tensor_path(report, recorded, int(built.get("tensor_samples") or report["files"]), tolerance, paired)
             report["variant"] = variant.name
             report["preprocess"] = described
             reports.append(report)

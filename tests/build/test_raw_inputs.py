@@ -241,6 +241,8 @@ def test_digits_answer_png_files_with_class_names(tmp_path: Path) -> None:
     assert "top-1 disagreement" in done.stdout and "score:index:label" in done.stdout
     report = json.loads((tmp_path / "verify" / "verify_raw.json").read_text())[0]
     assert report["model"] == "digits" and not report["failures"] and len(report["answers"]) == 10
+    # the build's own files again: held to its tensor path file by file (by content), as the build held them
+    assert report["accuracy_vs_tensor_path"]["comparison"] == "paired, file by file" and report["accuracy_vs_tensor_path"]["high"] <= 1.0
     assert all(top[0].split(":")[2] == name.split("/")[0] for name, top in report["answers"].items() if top[0].startswith("0.9"))
     # the PyPI library loads only in a Python process: the deploy bundle leaves the ensemble unloaded, saying why (the
     # ensemble for decoded images needs no library and loads)

@@ -215,6 +215,27 @@ def bert_text_classifier() -> keras.Model:
     return model
 
 
+def token_ids_classifier() -> keras.Model:
+    """A plain Keras text classifier without keras-hub or a preprocessor: inputs ``input_ids`` and ``attention_mask``
+    (int32 [batch, 32], Hugging Face's names), an embedding, the masked mean and a softmax head, trained briefly on
+    :func:`sentences` tokenized with :data:`TEXT_VOCABULARY` (lowercase WordPiece, packed as BERT's). Its tokenizer
+    travels apart: ``build --raw-inputs text --tokenizer vocab.txt``."""
+    import keras_hub
+
+    keras.utils.set_random_seed(34)
+    ids = keras.Input((TEXT_SEQUENCE_LENGTH,), dtype="int32", name="input_ids")
+    mask = keras.Input((TEXT_SEQUENCE_LENGTH,), dtype="int32", name="attention_mask")
+    vectors = keras.layers.Embedding(len(TEXT_VOCABULARY), 16)(ids)
+    model = keras.Model([ids, mask], keras.layers.Dense(TEXT_CLASSES, activation="softmax", name="probs")(MaskedMean()(vectors, mask)))
+    tokenizer = keras_hub.tokenizers.BertTokenizer(vocabulary=TEXT_VOCABULARY, lowercase=True)
+    packed = keras_hub.models.BertTextClassifierPreprocessor(tokenizer, sequence_length=TEXT_SEQUENCE_LENGTH)
+    texts, labels = sentences(np.random.default_rng(0), FIT_SAMPLES)
+    tokens = {k: np.asarray(v) for k, v in packed(texts).items()}
+    model.compile(optimizer=keras.optimizers.Adam(1e-2), loss="sparse_categorical_crossentropy")
+    model.fit({"input_ids": tokens["token_ids"], "attention_mask": tokens["padding_mask"].astype(np.int32)}, labels, epochs=8, batch_size=32, verbose=0)
+    return model
+
+
 def write_sentences(path: Path, n: int = 400, seed: int = 1) -> Path:
     """A CSV of ``n`` labeled sentences (``text,label``) for --eval-data."""
     import csv

@@ -80,12 +80,13 @@ class TritonPythonModel:
                 f"wordpiece tokenizer {config.get('name')}: needs one input '{INPUT_NAME}' of TYPE_STRING, "
                 f"has {inputs}")
         configured = [o["name"] for o in config.get("output", [])]
-        unknown = [name for name in configured if name not in settings["outputs"]]
+        made = [(settings.get("input_names") or {}).get(name, name) for name in settings["outputs"]]
+        unknown = [name for name in configured if name not in made]
         if unknown:
             raise pb_utils.TritonModelException(
-                f"wordpiece tokenizer {config.get('name')}: outputs {unknown} are not among {settings['outputs']} "
+                f"wordpiece tokenizer {config.get('name')}: outputs {unknown} are not among {made} "
                 f"({directory}/tokenizer_settings.json)")
-        self._outputs = configured or list(settings["outputs"])
+        self._outputs = configured or made
         # the ids in the integer type the model takes (int32 by default, as keras-hub makes them)
         self._dtypes = {o["name"]: np.int64 if o.get("data_type") == "TYPE_INT64" else np.int32 for o in config.get("output", [])}
 

@@ -200,7 +200,8 @@ def encode_batch(texts: Sequence[str], settings: Mapping, wordpiece: WordPiece) 
     with the pad token. ``padding_mask`` is ``token_ids != pad id``, as keras-hub computes it. Unlike
     keras-hub, rows are padded to the smallest of ``settings["buckets"]`` that holds the longest row (else
     ``sequence_length``), so with ``buckets == [sequence_length]`` the result is keras-hub's exactly.
-    Returns the outputs named in ``settings["outputs"]``, int32 ``[len(texts), length]``.
+    Returns the outputs named in ``settings["outputs"]``, int32 ``[len(texts), length]``, each under the model's
+    own name for it where ``settings["input_names"]`` gives one (``input_ids`` for ``token_ids``, ...).
     """
     sequence_length = int(settings["sequence_length"])
     start, end, pad = (wordpiece.token_to_id[settings[k]] for k in ("start_token", "end_token", "pad_token"))
@@ -216,7 +217,8 @@ def encode_batch(texts: Sequence[str], settings: Mapping, wordpiece: WordPiece) 
         "padding_mask": (token_ids != pad).astype(np.int32),
         "segment_ids": np.zeros_like(token_ids),
     }
-    return {name: arrays[name] for name in settings["outputs"]}
+    names = settings.get("input_names") or {}
+    return {names.get(name, name): arrays[name] for name in settings["outputs"]}
 
 
 def read_vocabulary(path: str) -> list[str]:
