@@ -437,3 +437,16 @@ def test_bad_uploads_get_an_error_and_the_server_goes_on(digits_built: Path, tmp
                 ask(data)
             assert ask(whole).argmax() == 3, name
         assert server.is_running
+
+
+@pytest.mark.slow
+def test_a_scale_unlike_training_fails_against_the_tensor_path(tmp_path: Path) -> None:
+    """--preprocess symmetric (-1..1) for the digits, trained on 0..1: the ensemble and its reference agree (both follow the
+    declaration), and the accuracy from the raw files, held file by file to the tensor path's, fails the build."""
+    from pipeline.core.errors import CheckFailed
+
+    with pytest.raises(CheckFailed, match=r"top-1 accuracy from raw files .* below the tensor path's .*paired, file by file; limit 1\)") as caught:
+        build(BuildConfig(workdir=tmp_path / "build", calibration_root=tmp_path / "calibration", repository=tmp_path / "repo",
+                          raw_inputs="image", preprocess="symmetric"))
+    assert "--preprocess" in (caught.value.fix or "")
+    assert not (tmp_path / "repo").exists() or not any((tmp_path / "repo").iterdir())  # nothing published
