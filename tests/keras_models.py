@@ -134,6 +134,28 @@ def mixed_precision() -> keras.Model:
         keras.mixed_precision.set_global_policy("float32")
 
 
+def mixed_logits() -> keras.Model:
+    """A ``mixed_float16`` CNN with 100 raw logits of magnitude up to ~30 (float16 compute; the output layer's result
+    cast to float32): TensorFlow's own answer is only as close as float16's spacing there (0.0156 between 16 and 32).
+    Random weights with nonzero biases (a dropped bias shows), a square 32×32 Dense (a transposed one shows), 3 input
+    channels (swapped ones show); compiled with from-logits cross-entropy, so its output is a class output."""
+    keras.utils.set_random_seed(17)
+    keras.mixed_precision.set_global_policy("mixed_float16")
+    try:
+        bias = keras.initializers.RandomNormal(stddev=0.5)
+        x = keras.Input((16, 16, 3), name="image")
+        h = keras.layers.Conv2D(16, 3, activation="relu", bias_initializer=bias)(x)
+        h = keras.layers.Conv2D(32, 3, strides=2, activation="relu", bias_initializer=bias)(h)
+        h = keras.layers.GlobalAveragePooling2D()(h)
+        h = keras.layers.Dense(32, activation="relu", bias_initializer=bias, name="square")(h)
+        h = keras.layers.Dense(100, kernel_initializer=keras.initializers.RandomNormal(stddev=4.0), bias_initializer=bias)(h)
+        model = keras.Model(x, keras.layers.Activation("linear", dtype="float32", name="logits")(h))
+    finally:
+        keras.mixed_precision.set_global_policy("float32")
+    model.compile(loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    return model
+
+
 class _UniqueSum(keras.layers.Layer):
     def call(self, x):  # type: ignore[no-untyped-def]
         import tensorflow as tf

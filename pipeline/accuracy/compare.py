@@ -22,6 +22,18 @@ from pipeline.core.errors import PipelineError
 
 log = logging.getLogger(__name__)
 
+# Where the reference computes in a narrower float (a mixed-precision Keras model), its own result is only as close to
+# the true value as that format's spacing: (mantissa bits, smallest normal exponent) of each.
+FLOAT_FORMATS = {"float16": (10, -14), "bfloat16": (7, -126)}
+
+
+def format_spacing(fmt: str, magnitude: np.ndarray) -> np.ndarray:
+    """The spacing of ``fmt`` (a key of :data:`FLOAT_FORMATS`) between representable values at each ``magnitude``
+    (one ULP there; the subnormal spacing below the smallest normal)."""
+    bits, min_exponent = FLOAT_FORMATS[fmt]
+    exponent = np.floor(np.log2(np.maximum(np.abs(magnitude), 2.0**min_exponent)))
+    return np.exp2(exponent - bits)
+
 
 @dataclass
 class OutputStats:
@@ -43,6 +55,10 @@ class OutputStats:
     _sq_ref: float = 0.0
     tolerance: tuple[float, float] | None = None  # (atol, rtol): count the values past atol + rtol·|reference|
     beyond: int = 0  # values past the tolerance (with one)
+    # with a reference computing in float16/bfloat16: also ``ulps`` of that format's spacing at each sample's largest
+    # |value| (its errors come from intermediate values of that size, whatever the size of the value itself)
+    reference_format: str = "float32"
+    ulps: float = 0.0
 
     def add(self, ref: np.ndarray, out: np.ndarray) -> None:
         ref64, out64 = ref.astype(np.float64), out.astype(np.float64)
@@ -78,11 +94,15 @@ class OutputStats:
             self.samples += count
         if self.tolerance is not None and n:  # element by element, as numpy.allclose: each value's own magnitude
             atol, rtol = self.tolerance
-            self.beyond += int((diff > atol + rtol * np.abs(ref64)).sum())
+            bound = atol + rtol * np.abs(ref64)
+            if self.reference_format in FLOAT_FORMATS and self.ulps and ref64.ndim >= 1 and len(ref64):
+                row_scale = np.abs(ref64).reshape(len(ref64), -1).max(axis=1).reshape((-1,) + (1,) * (ref64.ndim - 1))
+                bound = bound + self.ulps * format_spacing(self.reference_format, row_scale)
+            self.beyond += int((diff > bound).sum())
 
     def as_dict(self) -> dict:
         """JSON form (running sums left out; the tolerance and its count only where one was given)."""
-        unasked = {"tolerance", "beyond"} if self.tolerance is None else set()
+        unasked = {"tolerance", "beyond", "reference_format", "ulps"} if self.tolerance is None else set()
         return {k: v for k, v in asdict(self).items() if not k.startswith("_") and k not in unasked}
 
 
@@ -95,6 +115,8 @@ class Comparison:
     outputs: dict[str, OutputStats] = field(default_factory=dict)
     tasks: dict[str, TaskStats] = field(default_factory=dict)
     tolerance: tuple[float, float] | None = None  # (atol, rtol) each output's values are counted against
+    reference_format: str = "float32"  # with ``ulps``: see OutputStats
+    ulps: float = 0.0
 
     def summary(self, output: str) -> dict[str, float | None]:
         """The task metric of ``output`` (accuracy, R², mIoU) for the candidate and FP32, and agreement."""
@@ -105,7 +127,8 @@ class Comparison:
         """One batch: every output of the reference and of the candidate, and the labels of the outputs that have them."""
         for key, ref_value in ref.items():
             ref_array, out_array = np.asarray(ref_value), np.asarray(out[key])
-            self.outputs.setdefault(key, OutputStats(tolerance=self.tolerance)).add(ref_array, out_array)
+            stats = self.outputs.setdefault(key, OutputStats(tolerance=self.tolerance, reference_format=self.reference_format, ulps=self.ulps))
+            stats.add(ref_array, out_array)
             if key in self.tasks:
                 self.tasks[key].add(ref_array, out_array, target.get(key))
         self.samples += len(next(iter(ref.values())))
@@ -125,19 +148,22 @@ def compare_runners(
     targets: Iterator[Mapping[str, np.ndarray]] | None = None,
     threshold: float = 0.5,
     tolerance: tuple[float, float] | None = None,
+    reference_format: str = "float32",
+    ulps: float = 0.0,
 ) -> list[Comparison]:
     """Run ``reference`` and ``candidates`` on every batch; return one Comparison per candidate.
 
     ``kinds`` (output → kind) adds each output's task statistics; ``targets`` yields, batch by batch in
     step with ``batches``, the labels of the outputs that have them; ``threshold`` is the decision
     threshold of binary and multi-label outputs; ``tolerance`` ``(atol, rtol)`` counts, per output, the values
-    farther from the reference's than ``atol + rtol·|reference|`` (:attr:`OutputStats.beyond`).
+    farther from the reference's than ``atol + rtol·|reference|`` (:attr:`OutputStats.beyond`), plus, where the
+    reference computes in ``reference_format`` (float16, bfloat16), ``ulps`` of its spacing at each sample's scale.
     """
     from polygraphy.comparator import Comparator
 
     results = {c.name: new_comparison(c.name, kinds, threshold) for c in candidates}
     for comparison in results.values():
-        comparison.tolerance = tolerance
+        comparison.tolerance, comparison.reference_format, comparison.ulps = tolerance, reference_format, ulps
     stream = Comparator.run([reference, *candidates], data_loader=batches, streaming=True)
     try:
         for run in stream:

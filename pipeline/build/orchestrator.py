@@ -115,7 +115,7 @@ def build(cfg: BuildConfig) -> BuildResult:
         # Dynamic non-batch axes are sized from the real data (calibration and evaluation samples).
         seen = (seen_in_files(cfg.calibration or ctx.data_dir.folder, signature) if calib else []) + ([] if data.synthetic else seen_shapes(data.sample_shapes()))
         profiles = profiles_from_args(cfg.shapes, signature, max_batch=cfg.max_batch, seen=seen)
-        _parity_stage(saved, onnx_fp32, data, ctx)
+        _parity_stage(saved, onnx_fp32, data, kinds, ctx)
         variants = [Artifact("fp32", "onnx", onnx_fp32)]
         if cfg.fp16:
             variants.append(_fp16_stage(onnx_fp32, ctx))
@@ -183,13 +183,16 @@ def _onnx_stage(saved: Path, ctx: BuildContext) -> Path:
     return dst
 
 
-def _parity_stage(saved: Path, onnx_path: Path, data: EvalData, ctx: BuildContext) -> None:
+def _parity_stage(saved: Path, onnx_path: Path, data: EvalData, kinds: dict[str, OutputKind], ctx: BuildContext) -> None:
     gates = ctx.cfg.gates
     batch = eval_batch(onnx_path, data, ctx.cfg.max_memory_gib, runners=2)  # TensorFlow and ONNX Runtime
-    # A mixed-precision model computes in float16 in TensorFlow: the float32 ONNX model differs from it by float16 rounding.
-    atol = max(gates.parity_atol, gates.fp16_atol or 0.0) if was_mixed(load_onnx(onnx_path, external_data=False)) else gates.parity_atol
+    # A mixed-precision model computes in float16 in TensorFlow: the float32 ONNX model differs from it by float16 rounding,
+    # held to float16's spacing at each sample's scale
+    reference = "float16" if was_mixed(load_onnx(onnx_path, external_data=False)) else "float32"
     ctx.run(Stage("parity", parity_report_from_models, inputs={"saved": saved, "onnx_path": onnx_path, "data": data},
-                  settings={"atol": atol, "rtol": gates.parity_rtol, "batch_size": batch}, outputs={"dst": ctx.ws.parity}))
+                  settings={"atol": gates.parity_atol, "rtol": gates.parity_rtol, "batch_size": batch, "reference_format": reference,
+                            "ulps": gates.parity_ulps if reference != "float32" else 0.0, "kinds": kinds_to_json(kinds)},
+                  outputs={"dst": ctx.ws.parity}))
 
 
 def _fp16_stage(onnx_fp32: Path, ctx: BuildContext) -> Artifact:

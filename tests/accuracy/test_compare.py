@@ -254,3 +254,24 @@ def test_small_values_keep_their_relative_error_and_cosine() -> None:
     r, o = ref.astype(np.float64)[0], out.astype(np.float64)[0]
     assert stats.rel_l2 == pytest.approx(np.linalg.norm(o - r) / np.linalg.norm(r))
     assert stats.mean_cosine == pytest.approx(r @ o / (np.linalg.norm(r) * np.linalg.norm(o)))
+
+
+def test_a_float16_reference_is_held_to_float16s_spacing_at_each_samples_scale() -> None:
+    """The issue's numbers: logits near 30 computed in float16 (spacing 0.0156 between 16 and 32) differ by 0.0108 from
+    a float32 conversion; atol 1e-4 + rtol 1e-5 alone fails that, 4 float16 spacings at the sample's largest |value|
+    pass it (near-zero logits of that sample too), and a wrong value (0.1 off) still fails."""
+    import numpy as np
+
+    from pipeline.accuracy.compare import OutputStats, format_spacing
+
+    assert format_spacing("float16", np.array([30.0, 1.0, 1e-9])).tolist() == [2.0**-6, 2.0**-10, 2.0**-24]
+    assert format_spacing("bfloat16", np.array([30.0])).tolist() == [2.0**-3]
+    ref = np.array([[30.0, -12.0, 0.001], [0.5, 0.25, -0.125]], np.float32)
+    close = ref + np.array([[0.0108, -0.0108, 0.0108], [0.0, 0.0, 0.0]], np.float32)
+    plain, narrow = OutputStats(tolerance=(1e-4, 1e-5)), OutputStats(tolerance=(1e-4, 1e-5), reference_format="float16", ulps=4.0)
+    plain.add(ref, close)
+    narrow.add(ref, close)
+    assert plain.beyond == 3 and narrow.beyond == 0
+    wrong = OutputStats(tolerance=(1e-4, 1e-5), reference_format="float16", ulps=4.0)
+    wrong.add(ref, ref + np.array([[0.1, 0.0, 0.0], [0.0, 0.01, 0.0]], np.float32))  # the second sample's scale is 0.5: 4 spacings 0.002
+    assert wrong.beyond == 2
