@@ -176,6 +176,11 @@ def _probe_gpu(index: int = 0) -> GpuInfo | str:
     return GpuInfo(name_buf.value.decode(errors="replace"), (major.value, minor.value), index)
 
 
+def gpu_here() -> bool:
+    """Whether the CUDA driver sees a GPU here (a CPU-only machine has nothing to warn about engines or GPUs)."""
+    return isinstance(_probe_gpu(), GpuInfo)
+
+
 def cuda_gpu(index: int = 0) -> GpuInfo:
     """Name and compute capability of CUDA device ``index``; PipelineError if there is no usable GPU."""
     gpu = _probe_gpu(index)

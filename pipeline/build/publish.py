@@ -127,7 +127,7 @@ def repository_from_artifacts(
         from pipeline.triton.ngc_releases import ngc_image
 
         image = ngc_image(settings.image or DEFAULT_IMAGE)  # a bare NGC tag (24.10-py3) names the NGC image
-        write_deploy_bundle(settings.repository, deploy_dir(settings.repository), image=image)  # logs where it went
+        write_deploy_bundle(settings.repository, deploy_dir(settings.repository), image=image, quiet=True)  # logs where it went
     return published
 
 

@@ -119,8 +119,11 @@ def write_deploy_bundle(
     http_port: int = 8000,
     grpc_port: int = 8001,
     metrics_port: int = 8002,
+    quiet: bool = False,
 ) -> list[Path]:
     """Write ``docker-run.sh``, ``compose.yaml`` and ``README.md`` to ``out_dir`` serving ``repository``.
+    ``quiet`` (a build writing it beside the repository): notes for a host with several GPUs go only into the
+    bundle's README and the log's info, not the warnings of a build that deploys nothing.
 
     The repository is referenced relative to ``out_dir`` so bundle and repository can move together.
     Files the user edited are kept (the new version goes to ``<file>.new``). Raises PipelineError if
@@ -143,7 +146,7 @@ def write_deploy_bundle(
             log.warning("not checked: %s", line)
         one_gpu = one_gpu_note(image, models, loaded)
         if one_gpu:
-            log.warning("%s", one_gpu)
+            (log.info if quiet else log.warning)("%s", one_gpu)
         builds = plan_builds(local, models)
 
     out_dir = Path(out_dir)

@@ -44,6 +44,9 @@ def test_the_pattern_catches_what_the_issue_saw() -> None:
 def test_commands_piped_print_no_third_party_line_and_write_only_where_told(built: Built, tmp_path: Path) -> None:
     assert built.output, "the shared build ran earlier in this session without its output"
     assert third_party_lines(built.output) == []
+    # nor a warning of its own: on a CPU-only machine, no TensorRT is expected and the deploy bundle's several-GPU note
+    # is the bundle's README's (deploy says it)
+    assert [line for line in built.output.splitlines() if line.startswith("WARNING")] == [], built.output[-3000:]
     here = tmp_path / "cwd"
     here.mkdir()
     work = tmp_path / "work"

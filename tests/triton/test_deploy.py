@@ -449,3 +449,16 @@ def test_images_before_25_04_warn_about_several_gpus(repository: Path, tmp_path:
         write_deploy_bundle(repository, tmp_path / "new", image="nvcr.io/nvidia/tritonserver:25.04-py3")
     assert not [r for r in caplog.records if "GPU 0" in r.getMessage()]
     assert "GPU 0" not in (tmp_path / "new" / "README.md").read_text()
+
+
+def test_the_several_gpus_note_is_a_warning_of_deploy_not_of_a_build(repository: Path, tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """24.10's TensorRT EP puts every instance on GPU 0: `deploy` warns; a build writing the bundle beside the repository
+    (quiet) says it at info; both bundles carry it in their README."""
+    import logging
+
+    with caplog.at_level(logging.INFO, logger="pipeline.triton.deploy"):
+        write_deploy_bundle(repository, tmp_path / "deploy")
+        write_deploy_bundle(repository, tmp_path / "built", quiet=True)
+    notes = [(r.levelno, r.getMessage()) for r in caplog.records if "PR #299" in r.getMessage()]
+    assert [level for level, _ in notes] == [logging.WARNING, logging.INFO], notes
+    assert all("PR #299" in (tmp_path / d / "README.md").read_text() for d in ("deploy", "built"))
