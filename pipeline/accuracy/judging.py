@@ -94,4 +94,15 @@ def judge_figure(output: str, kind: str, metric: str, value: float, low: float, 
         return "fail", f"{shown} {sign} {limit:g} allowed"
     what = f"a {limit:g}-point limit" if unit == "points" else f"a limit of {limit:g}"
     short = f"; even a perfect result needs ≥ {needed} samples" if needed is not None and samples < needed else ""
-    return "undecided", f"not enough evaluation data to judge {what}: {shown}{short}"
+    more = samples_to_decide(value, bad if within(value) else good, limit, samples)
+    at_rate = f"; at this {metric}, about {more:,} samples would decide it" if more is not None and not short else ""
+    return "undecided", f"not enough evaluation data to judge {what}: {shown}{short}{at_rate}"
+
+
+def samples_to_decide(value: float, bound: float, limit: float, samples: int) -> int | None:
+    """About how many samples would bring ``bound`` (the side of the figure that straddles ``limit``) within ``limit`` if
+    ``value`` stayed as it is: bounds narrow as 1/√n, so n · ((bound − value) / (limit − value))². None when the value
+    sits on the limit (no number of samples decides it)."""
+    if value == limit or bound == limit or samples <= 0 or (bound - value) * (limit - value) <= 0:
+        return None  # on the limit, or a bound already at it
+    return int(-(-samples * ((bound - value) / (limit - value)) ** 2 // 1))

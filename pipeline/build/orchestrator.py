@@ -361,7 +361,8 @@ def _accuracy_stage(onnx_fp32: Path, candidates: list[Artifact], data: EvalData,
                   settings={"gates": ctx.cfg.gates, "kinds": kinds_to_json(kinds),
                             "batch_size": eval_batch(onnx_fp32, data, ctx.cfg.max_memory_gib, runners=1 + len(candidates)),
                             "tf32": ctx.cfg.tf32, "allow_host_code": ctx.cfg.allow_plan_host_code,
-                            "optional": sorted(ctx.cfg.optional_precisions)},
+                            "optional": sorted(ctx.cfg.optional_precisions),
+                            "fallback": {p: f["line"] for p, f in (ctx.manifest.results.get("int8_fallback") or {}).items() if f.get("needed")}},
                   context={"tensorrt": ctx.cfg.tensorrt},
                   outputs={"dst": ctx.ws.accuracy}))
     ctx.manifest.results["accuracy"] = json.loads(ctx.ws.accuracy.read_text())

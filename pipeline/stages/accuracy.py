@@ -70,6 +70,7 @@ def accuracy_report_from_variants(
     allow_host_code: bool = False,
     tensorrt: TensorRT | None = None,
     optional: Sequence[str] = (),
+    fallback: Mapping[str, str] | None = None,
 ) -> list[VariantResult]:
     """Compare every candidate with the FP32 ONNX model on ``data``, every output by its kind
     (``kinds``: pipeline.accuracy.outputkinds JSON form); write ``dst`` (JSON); raise PipelineError naming
@@ -78,7 +79,8 @@ def accuracy_report_from_variants(
     Plans run through ``tensorrt`` in batches their profiles admit; ``tf32`` (how the FP32 plan was
     built) picks the FP32 plan's tolerance (:func:`pipeline.accuracy.gates.tolerance_for`). ONNX variants of an ``optional``
     precision (one the user did not ask for) that do not pass are marked ``left_out`` in the report instead of raising:
-    the build leaves them out."""
+    the build leaves them out. ``fallback`` (precision → what the INT8 fallback did, one line) goes with that variant's
+    row and into the failure, so the line names the sets it tried and the samples it used."""
     by_name = kinds_from_json(kinds)
     batch_size = gate_batch(candidates, batch_size)
     reference = runner_for_onnx(fp32_onnx, name="fp32-onnx")
@@ -103,12 +105,14 @@ def accuracy_report_from_variants(
             {"variant": r.variant, "precision": r.precision, "kind": r.kind, "passed": r.passed, "undecided": bool(r.undecided) and not r.failures,
              "left_out": _left_out(r, optional),
              "failures": r.failures + r.undecided, "gate": vars(r.tolerance), "gates": r.rows, **r.comparison, **_primary(r, by_name),
-             **({"layers": [e.as_dict() for e in layers[r.variant]], "layers_summary": describe(layers[r.variant])} if r.variant in layers else {})}
+             **({"layers": [e.as_dict() for e in layers[r.variant]], "layers_summary": describe(layers[r.variant])} if r.variant in layers else {}),
+             **({"fallback": (fallback or {})[r.precision]} if r.kind == "onnx" and r.precision in (fallback or {}) else {})}
             for r in results
         ],
     }
     dst.write_text(json.dumps(report, indent=2) + "\n")
-    raise_for_failures([r for r in results if not _left_out(r, optional)], dst, {variant: describe(errors) for variant, errors in layers.items()})
+    raise_for_failures([r for r in results if not _left_out(r, optional)], dst, {variant: describe(errors) for variant, errors in layers.items()},
+                       {f"{p}-onnx": line for p, line in (fallback or {}).items()})
     return results
 
 
@@ -151,10 +155,12 @@ def _int8_layer_errors(fp32_onnx: Path, artifact: Artifact, data: EvalData) -> l
     return errors
 
 
-def raise_for_failures(results: Sequence[VariantResult], report: Path, layer_notes: Mapping[str, str] | None = None) -> None:
-    """One error naming every variant that failed or could not be judged, with the fixes: CheckFailed
-    (exit 1) when a gate failed, PipelineError (exit 2: give more data) when the data could not decide.
-    ``layer_notes`` (variant → where its INT8 error comes from) are added to the fixes."""
+def raise_for_failures(results: Sequence[VariantResult], report: Path, layer_notes: Mapping[str, str] | None = None,
+                       fallback_notes: Mapping[str, str] | None = None) -> None:
+    """One error naming every variant that failed or could not be judged, with the fixes: CheckFailed (exit 1) either
+    way, a gate's verdict, not a usage error (an undecided gate names the samples that would decide it).
+    ``layer_notes`` (variant → where its INT8 error comes from) are added to the fixes, ``fallback_notes`` (variant →
+    what the INT8 fallback tried) to that variant's failure."""
     failed = [r for r in results if not r.passed]
     if not failed:
         return
@@ -171,7 +177,9 @@ def raise_for_failures(results: Sequence[VariantResult], report: Path, layer_not
     if any(r.failures and not r.precision.startswith("int8") for r in failed):
         fixes.append("for FP16 keep sensitive ops in FP32 (--fp16-keep-op-types) or loosen --fp16-atol / --fp16-max-drop if the error is acceptable")
     kind = "accuracy gate failed" if any(r.failures for r in failed) else "accuracy gate undecided"
-    raise (CheckFailed if any(r.failures for r in failed) else PipelineError)(
-        f"{kind}: " + "; ".join(f"{r.variant}: {', '.join(r.failures + r.undecided)}" for r in failed) + f" (report: {report})",
+    fell_back = fallback_notes or {}
+    raise CheckFailed(
+        f"{kind}: " + "; ".join(f"{r.variant}: {', '.join(r.failures + r.undecided)}"
+                                + (f" — {fell_back[r.variant]}" if r.variant in fell_back else "") for r in failed) + f" (report: {report})",
         "; ".join(fixes),
     )

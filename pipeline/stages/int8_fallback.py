@@ -121,6 +121,7 @@ def gated_int8_onnx_from_onnx(
             summary.update(search.summary(quantized, fallback.max_share, feed), ranked=[c.as_dict() for c in ranked[:16]], outputs=failing)
             if found is not None:
                 chosen = found
+        summary["judged_on"] = f"{data.num_samples} samples of {data.source}"  # the nodes are ranked on calibration samples
         os.replace(chosen, dst)
     write_text_atomic(Path(record), json.dumps(summary, indent=2) + "\n")
     log_kept(quant.label, base)
@@ -133,8 +134,9 @@ MIN_BOUND = 2  # a small model's share rounds to nothing: two of its nodes may a
 
 
 def max_kept(candidates: int, share: float) -> int:
-    """How many nodes the search may keep in float: ``share`` of the candidates, at least :data:`MIN_BOUND` where there are as many."""
-    return min(candidates, max(MIN_BOUND, math.floor(candidates * share)))
+    """How many nodes the search may keep in float: ``share`` of the candidates, at least :data:`MIN_BOUND` where there are
+    as many, and never every one (a model with all its quantized nodes in float is not an INT8 variant)."""
+    return max(0, min(candidates - 1, max(MIN_BOUND, math.floor(candidates * share))))
 
 
 def ranked_nodes(costs: Sequence[NodeCost], exclude: set[str] = frozenset()) -> list[NodeCost]:  # type: ignore[assignment]
@@ -199,8 +201,13 @@ def describe_fallback(summary: Mapping[str, Any]) -> str:
     if not summary.get("enabled"):
         return f"{variant}: gate did not pass and the fallback is off ({FALLBACK_FLAG})"
     kept = summary.get("kept") or []
+    samples = f" (nodes ranked on {summary['ranked_on']}, each set judged on {summary['judged_on']})" if summary.get("ranked_on") and summary.get("judged_on") else ""
+    if not kept and not summary.get("bound"):
+        return (f"{variant}: the gate did not pass, and with {summary.get('candidates', 0)} quantized node(s) none can be kept in float "
+                "without leaving no INT8 at all")
     if not kept:
+        tried = ", ".join(str(t["kept"]) for t in summary.get("tried", []))
         return (f"{variant}: no set of up to {summary.get('bound', 0)} of {summary.get('candidates', 0)} quantized nodes kept in float "
-                f"passes the gate ({len(summary.get('tried', []))} tried)")
+                f"passes the gate (sets of {tried} tried){samples}")
     shown = ", ".join(f"{k['node']} ({k['cost']:.3f})" for k in kept[:8]) + (f" and {len(kept) - 8} more" if len(kept) > 8 else "")
-    return f"{variant}: gate passes with {len(kept)} of {summary.get('candidates', 0)} quantized nodes kept in float: {shown}"
+    return f"{variant}: gate passes with {len(kept)} of {summary.get('candidates', 0)} quantized nodes kept in float: {shown}{samples}"

@@ -69,11 +69,11 @@ def test_every_row_verdict_and_message_of_one_variant() -> None:
         "output 'flag' (binary): max abs error 0.6036 > 0.01 allowed",
         "output 'orphan' has no kind, so no gate judges it (known: flag, probs, score)",
     ]
-    assert result.undecided == [  # 268 samples: no "even a perfect result needs" for the 1-point limit, none for a ratio
+    assert result.undecided == [  # 268 samples: no "even a perfect result needs" for the 1-point limit, none for a ratio; what would decide
         "not enough evaluation data to judge a limit of 0.02: output 'score' (regression): RMS change / FP32 std 0.05591 [0, 0.08701] "
-        "(95% bounds, 268 samples)",
+        "(95% bounds, 268 samples); at this RMS change / FP32 std, about 650 samples would decide it",
         "not enough evaluation data to judge a 1-point limit: output 'flag' (binary): decision disagreement 0.75 points [0.25, 2.23] "
-        "(95% bounds, 268 samples)",
+        "(95% bounds, 268 samples); at this decision disagreement, about 9,162 samples would decide it",
     ]
 
 
@@ -90,4 +90,16 @@ def test_a_figure_exactly_at_its_limit_passes() -> None:
     assert judge_figure("e", "embedding", "mean cosine to FP32", 0.995, 0.99, 0.999, "", "lower", 0.99, 500, 0.95) == ("pass", "")
     verdict, why = judge_figure("y", "classes", "accuracy drop (top-1)", 2.0, 1.0, 3.0, "points", "higher", 1.0, 500, 0.95)
     assert verdict == "undecided" and why == ("not enough evaluation data to judge a 1-point limit: output 'y' (classes): accuracy drop (top-1) "
-                                              "2.00 points [1.00, 3.00] (95% bounds, 500 samples)")
+                                              "2.00 points [1.00, 3.00] (95% bounds, 500 samples)")  # a bound on the limit: no estimate
+
+
+def test_an_undecided_figure_says_about_how_many_samples_would_decide_it() -> None:
+    """Bounds narrow as 1/√n: a 0.33-point disagreement [0.07, 1.48] on 300 samples needs about 300·(1.15/0.67)² to pass
+    its 1-point limit, and a 1.5-point drop [0.5, 2.5] about 500·(1.0/0.5)² to fail it."""
+    from pipeline.accuracy.judging import samples_to_decide
+
+    assert samples_to_decide(0.33, 1.48, 1.0, 300) == 884
+    assert samples_to_decide(1.5, 0.5, 1.0, 500) == 2000
+    assert samples_to_decide(1.0, 0.5, 1.0, 500) is None and samples_to_decide(0.5, 1.0, 1.0, 500) is None
+    verdict, why = judge_figure("y", "classes", "top-1 disagreement", 0.33, 0.07, 1.48, "points", "higher", 1.0, 300, 0.95)
+    assert verdict == "undecided" and why.endswith("; at this top-1 disagreement, about 884 samples would decide it"), why

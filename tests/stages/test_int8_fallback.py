@@ -53,14 +53,20 @@ def test_it_stops_at_the_bound_and_says_so() -> None:
     assert path is None and [t.kept for t in found.tried] == [1, 2, 4, 5]
     summary = {"variant": "int8", "needed": True, "enabled": True, **found.summary(10, 0.5, {"x": [0, 1, 2]})}
     assert summary["passed"] is False and summary["kept"] == [] and summary["ranked_on"] == "3 calibration samples"
-    assert describe_fallback(summary) == "int8: no set of up to 5 of 10 quantized nodes kept in float passes the gate (4 tried)"
+    assert describe_fallback(summary) == "int8: no set of up to 5 of 10 quantized nodes kept in float passes the gate (sets of 1, 2, 4, 5 tried)"
+    summary["judged_on"] = "300 samples of eval.npz"
+    assert describe_fallback(summary).endswith("(nodes ranked on 3 calibration samples, each set judged on 300 samples of eval.npz)")
+    none = {"variant": "int8", "needed": True, "enabled": True, "candidates": 1, "bound": 0, "kept": [], "tried": []}
+    assert describe_fallback(none) == ("int8: the gate did not pass, and with 1 quantized node(s) none can be kept in float without "
+                                       "leaving no INT8 at all")
     found, path = search(9, candidates=10, bound=8)  # would pass beyond the bound only
     assert path is None and max(t.kept for t in found.tried) == 8
 
 
 def test_bound_ranking_and_the_record_line() -> None:
-    assert [max_kept(n, 0.5) for n in (0, 1, 2, 3, 5, 10, 41)] == [0, 1, 2, 2, 2, 5, 20]
-    assert max_kept(40, 0.1) == 4 and max_kept(40, 1.0) == 40
+    # never every quantized node: a 1-node model keeps none in float, a 2-node model one
+    assert [max_kept(n, 0.5) for n in (0, 1, 2, 3, 5, 10, 41)] == [0, 0, 1, 2, 2, 5, 20]
+    assert max_kept(40, 0.1) == 4 and max_kept(40, 1.0) == 39
     costs = [NodeCost("b", "Conv", 0.2, 0.0), NodeCost("a", "Conv", 0.2, 0.1), NodeCost("c", "Gemm", 0.5, -0.1),
              NodeCost("d", "Gemm", 0.0, 0.0), NodeCost("e", "Gemm", -0.1, 0.3), NodeCost("kept", "Conv", 9.0, 9.0)]
     assert [c.node for c in ranked_nodes(costs, exclude={"kept"})] == ["c", "a", "b", "e"]  # by cost, then jump, then name
@@ -99,3 +105,34 @@ def test_an_optional_variant_that_fails_its_gate_is_marked_left_out_not_raised(d
     assert [v["left_out"] for v in json.loads((tmp_path / "a.json").read_text())["variants"]] == [True]
     with pytest.raises(CheckFailed, match="accuracy gate failed: int8cpu-onnx: output 'probs' .*max abs error"):
         accuracy_report_from_variants(digits_convnet.model, candidates, data, tmp_path / "b.json", gates=strict, kinds=kinds, batch_size=64)
+
+
+def test_an_undecided_gate_after_the_fallback_is_a_gate_failure_that_names_what_would_decide_it(tmp_path: Path) -> None:
+    """Exit 1 (CheckFailed), not a usage error: the limit, the bounds, the samples that would decide it, and what the
+    fallback tried on which samples."""
+    import numpy as np
+
+    from pipeline.accuracy.compare import new_comparison
+    from pipeline.accuracy.gates import Gates, tolerance_for
+    from pipeline.accuracy.judging import judge_comparison
+    from pipeline.accuracy.outputkinds import OutputKind
+    from pipeline.core.errors import CheckFailed
+    from pipeline.stages.accuracy import raise_for_failures
+
+    kinds = {"segment": OutputKind("segment", "classes", "test", classes=3)}
+    rng = np.random.default_rng(0)
+    fp32 = rng.random((300, 3)).astype(np.float32)
+    int8 = fp32.copy()
+    int8[0, (fp32[0].argmax() + 1) % 3] = 2.0  # one answer of 300 changes
+    comparison = new_comparison("int8-onnx", kinds, 0.5)
+    comparison.add({"segment": fp32}, {"segment": int8}, {})
+    result = judge_comparison("int8-onnx", "int8", "onnx", comparison, tolerance_for("int8", Gates()), kinds)
+    assert result.undecided and not result.failures
+    line = "int8: no set of up to 1 of 2 quantized nodes kept in float passes the gate (sets of 1 tried)"
+    with pytest.raises(CheckFailed) as caught:
+        raise_for_failures([result], tmp_path / "accuracy.json", fallback_notes={"int8-onnx": line})
+    problem = caught.value.problem
+    assert problem.startswith("accuracy gate undecided: int8-onnx: not enough evaluation data to judge a 1-point limit: output 'segment' "
+                              "(classes): top-1 disagreement 0.33 points ["), problem
+    assert "(95% bounds, 300 samples); at this top-1 disagreement, about" in problem and "samples would decide it" in problem, problem
+    assert problem.count(line) == 1, problem
