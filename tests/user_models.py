@@ -218,6 +218,17 @@ def tabular_classifier() -> keras.Model:
     return _fit(model, data["features"], data["labels"], "sparse_categorical_crossentropy", 15)
 
 
+def two_dense_classifier() -> keras.Model:
+    """Two Dense layers on the twelve tabular features (normalized in the model): the smallest model the INT8 fallback
+    meets, two quantized nodes, so it may keep at most one in float."""
+    _seeded(21)
+    x = keras.Input((12,), name="features")
+    h = keras.layers.Dense(16, activation="relu")(keras.layers.BatchNormalization()(x))
+    model = keras.Model(x, keras.layers.Dense(3, activation="softmax", name="segment")(h))
+    data = tabular_data(3000, 0)
+    return _fit(model, data["features"], data["labels"], "sparse_categorical_crossentropy", 15)
+
+
 def outlier_classifier() -> keras.Model:
     """Reads the raw counter unscaled beside standardized features: its first layer's input range is thousands,
     so an 8-bit step of that input is ~20 and every other feature quantizes to 0 (the layer must stay float)."""

@@ -89,7 +89,7 @@ def describe(errors: list[LayerError], count: int = 3) -> str:
     """One sentence: how the error grows and which layers add the most, with the flag to keep them float."""
     if not errors:
         return "no weighted layer could be compared"
-    worst = worst_layers(errors, count)
+    worst = worst_layers(errors, min(count, len(errors) - 1))  # never every layer: all of them in float is no INT8
     first, last = errors[0], errors[-1]
     growth = f"INT8 error grows from {first.output_error:.1%} after '{first.node}' to {last.output_error:.1%} after '{last.node}'"
     if not worst:

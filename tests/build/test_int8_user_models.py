@@ -10,6 +10,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from tests.conftest import ROOT, cli, one_line_error
@@ -97,3 +98,32 @@ def test_a_cpu_int8_that_cannot_be_made_is_left_out_unless_asked_for(tmp_path: P
     assert [x["variant"] for x in manifest["results"]["left_out"]] == ["int8cpu"]
     asked = _build(tmp_path, "linear", source, "--int8", "--int8-cpu")
     assert "finds nothing to quantize" in one_line_error(asked)  # named: its failure is the build's
+
+
+def test_a_two_node_model_whose_int8_cannot_pass_fails_its_gate_not_as_a_usage_error(tmp_path: Path) -> None:
+    """The smallest model the fallback meets (two Dense layers), --int8 and no evaluation data: the gate judges 300
+    held-out calibration samples, the fallback may keep one node of two in float (never both: that is no INT8), and
+    the build ends as a gate failure (exit 1) naming the bounds, the set tried and the samples of each step."""
+    from tests.user_models import _inputs, tabular_data
+
+    (tmp_path / "td").mkdir()
+    np.savez(tmp_path / "td" / "calib.npz", **_inputs(tabular_data(600, 1)))
+    proc = cli("build", "--model", "tests.user_models:two_dense_classifier", "--name", "td", "--int8", "--calibration", str(tmp_path / "td" / "calib.npz"),
+               "--workdir", str(tmp_path / "w"), "--repository", str(tmp_path / "repo"), "--calibration-root", str(tmp_path / "calibration"))
+    line = one_line_error(proc, 1)
+    assert line.startswith("error: accuracy gate ") and "output 'segment' (classes): top-1 disagreement" in line and "(95% bounds, 300 samples)" in line, line
+    assert "no set of up to 1 of 2 quantized nodes kept in float passes the gate (sets of 1 tried)" in line, line
+    assert "nodes ranked on 64 calibration samples, each set judged on 300 samples" in line and "nothing to quantize" not in line, line
+    assert "," not in line.split("--int8-keep-nodes ")[1].split(";")[0], line  # the flag it suggests keeps one layer, not both
+    record = json.loads((tmp_path / "w" / "td" / "int8.fallback.json").read_text())
+    assert record["bound"] == 1 and record["candidates"] == 2 and [t["kept"] for t in record["tried"]] == [1]
+    accuracy = json.loads((tmp_path / "w" / "td" / "accuracy.json").read_text())
+    row = next(v for v in accuracy["variants"] if v["variant"] == "int8-onnx")
+    assert row["fallback"] == record_line(record) and accuracy["samples"] == 300
+    assert not (tmp_path / "repo").exists() or not any((tmp_path / "repo").iterdir())
+
+
+def record_line(record: dict) -> str:
+    from pipeline.stages.int8_fallback import describe_fallback
+
+    return describe_fallback(record)
