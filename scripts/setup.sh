@@ -109,4 +109,13 @@ if ! command -v chromium >/dev/null 2>&1; then
         echo "note: chromium is not installed (only the browser tests need it): apt-get install chromium"
     fi
 fi
+# qemu-user runs the CPU INT8 tests under ONNX Runtime's real AVX2 kernels (qemu-x86_64 -cpu Haswell) on any x86 machine
+if [ "$(uname -m)" = x86_64 ] && ! command -v qemu-x86_64 >/dev/null 2>&1; then
+    if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
+        (apt-get update -qq && apt-get install -y -qq qemu-user) >/dev/null 2>&1 \
+            || echo "note: could not install qemu-user (the AVX2-kernel tests will say they were skipped)"
+    else
+        echo "note: qemu-user is not installed (the AVX2-kernel tests will say they were skipped): apt-get install qemu-user"
+    fi
+fi
 echo "setup done: activate with '. .venv/bin/activate'"

@@ -16,6 +16,7 @@ weights need VNNI on a CPU that lacks it (:func:`check_runs_here`).
 
 from __future__ import annotations
 
+import functools
 import json
 import platform
 from collections.abc import Iterable
@@ -130,17 +131,50 @@ def describe_cpu(flags: Iterable[str], x86: bool = True) -> str:
     return f"x86-64 without VNNI ({widest})"
 
 
+PROBE_K = 64  # u8 255 × s8 127 over 64 terms: 2,072,640 exactly, 1,048,544 where pair sums clip at 32,767
+
+
+@functools.lru_cache(maxsize=1)
+def saturating_kernels() -> int | None:
+    """What ONNX Runtime's own u8×s8 kernel gives here for 255 × 127 over :data:`PROBE_K` terms, when that is not the
+    exact 2,072,640 (the 16-bit saturation of x86 without VNNI); None where it computes exactly. Measured, not read
+    from ``/proc/cpuinfo``: the kernels follow CPUID, which an emulator (``qemu-x86_64 -cpu Haswell``) or a VM's CPU
+    model can set unlike the host's flags."""
+    import numpy as np
+    import onnxruntime as ort
+    from onnx import TensorProto, helper, numpy_helper
+
+    weights = np.full((PROBE_K, 1), 127, np.int8)
+    graph = helper.make_graph([helper.make_node("MatMulInteger", ["a", "w"], ["y"])], "probe",
+                              [helper.make_tensor_value_info("a", TensorProto.UINT8, [1, PROBE_K])],
+                              [helper.make_tensor_value_info("y", TensorProto.INT32, [1, 1])], [numpy_helper.from_array(weights, "w")])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    got = int(session.run(None, {"a": np.full((1, PROBE_K), 255, np.uint8)})[0][0, 0])
+    return None if got == 255 * 127 * PROBE_K else got
+
+
 def check_runs_here(models: dict[str, Path], flags: Iterable[str] | None = None, *, x86: bool | None = None) -> None:
     """Raise PipelineError (one line) naming every CPU INT8 model of ``models`` (Triton name → model.onnx) whose
-    weights need VNNI when this CPU (or ``flags``) has none; on non-x86 CPUs nothing is refused."""
-    flags = cpu_flags() if flags is None else set(flags)
-    if not (is_x86() if x86 is None else x86) or has_vnni(flags):
+    weights need VNNI where this CPU's integer kernels saturate (measured: :func:`saturating_kernels`; with ``flags``
+    given, judged from them instead); on non-x86 CPUs nothing is refused."""
+    if not (is_x86() if x86 is None else x86):
         return
+    if flags is None:
+        clipped = saturating_kernels()
+        if clipped is None:
+            return
+        flags = set(cpu_flags()) - set(VNNI_FLAGS)  # whatever /proc/cpuinfo says, the kernels here do not use VNNI
+        measured = f"; measured: 255 × 127 over {PROBE_K} terms gave {clipped:,}, not {255 * 127 * PROBE_K:,}"
+    else:
+        flags, measured = set(flags), ""
+        if has_vnni(flags):
+            return
     refused = [name for name, path in sorted(models.items()) if kernels_of_model(path).needs]
     if refused:
         raise PipelineError(
             f"{', '.join(refused)}: 8-bit weights whose u8×s8 pair sums overflow the 16-bit lanes of this CPU, which lacks VNNI "
-            f"({' / '.join(VNNI_FLAGS)}; it is {describe_cpu(flags)}): served here it would not compute what its gate judged",
+            f"({' / '.join(VNNI_FLAGS)}; it is {describe_cpu(flags)}{measured}): served here it would not compute what its gate judged",
             "rebuild it with this version of the pipeline (CPU INT8 weights are 7-bit, right on every x86-64 CPU), "
             "or serve it on a CPU with VNNI",
         )
