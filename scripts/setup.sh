@@ -109,6 +109,14 @@ if ! command -v chromium >/dev/null 2>&1; then
         echo "note: chromium is not installed (only the browser tests need it): apt-get install chromium"
     fi
 fi
+if ! command -v shellcheck >/dev/null 2>&1; then  # the bundles' scripts are held to it (tests/mig/test_preflight.py)
+    if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
+        (apt-get update -qq && apt-get install -y -qq shellcheck) >/dev/null 2>&1 \
+            || echo "note: could not install shellcheck (the script-lint tests will say they were skipped)"
+    else
+        echo "note: shellcheck is not installed (the script-lint tests will say they were skipped): apt-get install shellcheck"
+    fi
+fi
 # qemu-user runs the CPU INT8 tests under ONNX Runtime's real AVX2 kernels (qemu-x86_64 -cpu Haswell) on any x86 machine
 if [ "$(uname -m)" = x86_64 ] && ! command -v qemu-x86_64 >/dev/null 2>&1; then
     if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then

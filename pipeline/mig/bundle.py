@@ -32,6 +32,7 @@ from pathlib import Path
 
 from pipeline.core.objectstore import S3Url
 from pipeline.mig.k8s import k8s_manifests
+from pipeline.mig.preflight import SCRIPT as PREFLIGHT
 from pipeline.mig.nvidia_smi import MigDevice
 from pipeline.mig.plan import MigPlan, ProfilePlan
 from pipeline.mig.profiles import GpuMig
@@ -238,7 +239,8 @@ def write_bundle(out_dir: Path, plan: MigPlan, settings: BundleSettings = Bundle
         # after, checks the same image against the published models.
         if Path(repository).is_dir():
             _check_image(settings.image, repository, sorted({m for p in plan.profiles for m in p.loaded}), plan.gpu)
-    paths = write_bundle_files(out_dir, bundle_files(plan, settings, devices), executable=[LAUNCH_SCRIPT])
+    files = bundle_files(plan, settings, devices)
+    paths = write_bundle_files(out_dir, files, executable=[LAUNCH_SCRIPT] + ([PREFLIGHT] if PREFLIGHT in files else []))
     log.info("%s", exposure_note())
     return paths
 

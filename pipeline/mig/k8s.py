@@ -34,6 +34,10 @@ Per MIG profile with planned models:
   ``serving.kserve.io/deploymentMode: RawDeployment``: KServe's default Serverless mode runs pods
   through Knative, whose default features refuse init containers and pod ``securityContext`` fields
   (``runAsUser``, ``fsGroup``), both of which these pods need.
+- Each container states a CPU limit (:func:`cpu_limit`: the front ends, one per model instance and riding step):
+  KServe's inferenceservice defaults limit a container to 1 CPU where it sets none, which capped the tuned instances.
+- Pods tolerate the GPU nodes' ``nvidia.com/gpu`` taint; ``k8s/preflight.sh`` (:mod:`pipeline.mig.preflight`) checks,
+  read-only, the MIG strategy, the resources, the Secrets, the claim's access modes and the GPU nodes' other taints.
 - Containers set ``args``, never ``command``, so the NGC image's entrypoint
   (``/opt/nvidia/nvidia_entrypoint.sh``: CUDA forward compatibility on older data-center drivers) runs.
 """
@@ -48,6 +52,8 @@ import math
 import yaml
 
 from pipeline.mig.plan import MigPlan, ProfilePlan
+from pipeline.mig.preflight import SCRIPT as PREFLIGHT
+from pipeline.mig.preflight import preflight_script, tolerations
 from pipeline.mig.servers import BundleSettings, container_ports, k8s_name, mig_resource, profile_server
 from pipeline.triton.accelerators import cache_setup_shell
 from pipeline.triton.bundle_files import AWS_SECRETS, CONTAINER_ADDRESS, CONTAINER_REPOSITORY
@@ -92,11 +98,19 @@ def _labels(profile: str) -> dict[str, str]:
     return {"app.kubernetes.io/name": APP, "mig-profile": k8s_name(profile)}
 
 
-def _resources(profile: str, settings: BundleSettings) -> dict[str, Any]:
-    device = {mig_resource(profile): 1}
+def cpu_limit(profile_plan: ProfilePlan, settings: BundleSettings) -> str:
+    """The CPUs one server needs: one for Triton's HTTP/gRPC front ends, one per model instance (each GPU instance is fed
+    by its own host thread) and one per raw-input step riding along (a CPU instance); never below the request. Stated
+    as the limit, so KServe's default of 1 CPU (its inferenceservice config's limits) does not cap the tuned instances."""
+    needed = 1 + sum(m.instances for m in profile_plan.models) + len(profile_plan.riders)
+    return str(max(needed, math.ceil(float(settings.cpu_request))))
+
+
+def _resources(profile_plan: ProfilePlan, settings: BundleSettings) -> dict[str, Any]:
+    device = {mig_resource(profile_plan.profile.name): 1}
     return {
         "requests": {**device, "cpu": settings.cpu_request, "memory": settings.memory_request},
-        "limits": {**device, "memory": settings.memory_limit},
+        "limits": {**device, "cpu": cpu_limit(profile_plan, settings), "memory": settings.memory_limit},
     }
 
 
@@ -172,7 +186,7 @@ def deployment(profile_plan: ProfilePlan, replicas: int, settings: BundleSetting
             {"name": "grpc", "containerPort": grpc},
             {"name": "metrics", "containerPort": metrics},
         ],
-        "resources": _resources(profile, settings),
+        "resources": _resources(profile_plan, settings),
         "startupProbe": _startup_probe("http", len(profile_plan.loaded), settings),
         "readinessProbe": {"httpGet": {"path": "/v2/health/ready", "port": "http"}, "periodSeconds": 5},
         "livenessProbe": {"httpGet": {"path": "/v2/health/live", "port": "http"}, "periodSeconds": 10, "failureThreshold": 6},
@@ -192,6 +206,7 @@ def deployment(profile_plan: ProfilePlan, replicas: int, settings: BundleSetting
                 "metadata": {"labels": labels},
                 "spec": {
                     "securityContext": _pod_security(),
+                    "tolerations": tolerations(),
                     "initContainers": [_cache_init(settings.image, tuple(profile_plan.loaded))],
                     "containers": [container],
                     "volumes": [*volumes, _tmp_volume()],
@@ -284,6 +299,7 @@ def inference_service(profile_plan: ProfilePlan, replicas: int, settings: Bundle
                 "maxReplicas": replicas * max(1, settings.max_gpus),
                 **account,
                 "securityContext": _pod_security(),
+                "tolerations": tolerations(),
                 "initContainers": [_cache_init(settings.image, tuple(profile_plan.loaded))],
                 "volumes": [_tmp_volume()],
                 "model": {
@@ -295,7 +311,7 @@ def inference_service(profile_plan: ProfilePlan, replicas: int, settings: Bundle
                     "storageUri": settings.s3.storage_uri if settings.s3 else f"pvc://{settings.pvc_claim}/",
                     "args": args,
                     "env": _admin_env(settings),
-                    "resources": _resources(profile, settings),
+                    "resources": _resources(profile_plan, settings),
                     "startupProbe": _startup_probe(KSERVE_HTTP_PORT, len(profile_plan.loaded), settings),
                     "securityContext": _container_security(),
                     "volumeMounts": [{"name": TMP_VOLUME, "mountPath": "/tmp"}],
@@ -320,6 +336,8 @@ def k8s_manifests(plan: MigPlan, settings: BundleSettings, replicas: Mapping[str
     if out and settings.s3:
         out["k8s/kserve/s3-service-account.yaml"] = _dump(s3_service_account(settings))
     if out:
+        resources = sorted({mig_resource(p.profile.name) for p in plan.profiles if p.profile.name in replicas})
+        out[PREFLIGHT] = preflight_script(resources, settings, K8S_ADMIN_SECRET, K8S_S3_SECRET)
         out["k8s/monitoring/servicemonitor.yaml"] = _dump(service_monitor(settings))
         out["k8s/monitoring/prometheus-adapter-rules.yaml"] = _dump(adapter_config())
     return out

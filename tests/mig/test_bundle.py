@@ -379,7 +379,7 @@ def test_raw_input_ensemble_rides_with_its_variant(plan: MigPlan) -> None:
     compose = yaml.safe_load(files["docker-compose.yml"])
     shells = [" ".join(s["command"]) if isinstance(s["command"], list) else s["command"] for s in compose["services"].values()]
     assert all("cd /models && " in shell for shell in shells)
-    documents = [d for name, text in files.items() if name.startswith("k8s/") for d in yaml.safe_load_all(text) if d]
+    documents = [d for name, text in files.items() if name.startswith("k8s/") and name.endswith(".yaml") for d in yaml.safe_load_all(text) if d]
     containers = [c for d in documents if d.get("kind") == "Deployment" for c in d["spec"]["template"]["spec"]["containers"]]
     ridden_profiles = {p.profile.name for p in ridden.profiles if "digits" in p.loaded}
     assert containers and all(c.get("workingDir") == "/models" for c in containers if any("--load-model=digits" == a for a in c["args"]))

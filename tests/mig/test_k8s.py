@@ -41,7 +41,7 @@ def plan(tiny_onnx: Path) -> MigPlan:
 
 def documents(plan: MigPlan, settings: BundleSettings = BundleSettings()) -> dict[str, list[dict]]:
     files = bundle_files(plan, settings)
-    return {path: [d for d in yaml.safe_load_all(text) if d] for path, text in files.items() if path.startswith("k8s/")}
+    return {path: [d for d in yaml.safe_load_all(text) if d] for path, text in files.items() if path.startswith("k8s/") and path.endswith(".yaml")}
 
 
 def test_every_builtin_kind_validates_against_the_kubernetes_schemas(plan: MigPlan) -> None:
@@ -107,7 +107,8 @@ def test_kserve_inference_service_carries_the_profile_flags_and_device(plan: Mig
     [isvc] = docs["k8s/kserve/triton-mig-1g-18gb-me.yaml"]
     assert (isvc["apiVersion"], isvc["kind"]) == ("serving.kserve.io/v1beta1", "InferenceService")
     predictor = isvc["spec"]["predictor"]
-    assert set(predictor) == KSERVE_PREDICTOR_KEYS | {"securityContext", "initContainers", "volumes"}
+    assert set(predictor) == KSERVE_PREDICTOR_KEYS | {"securityContext", "tolerations", "initContainers", "volumes"}
+    assert predictor["tolerations"] == [{"key": "nvidia.com/gpu", "operator": "Exists"}]
     model = predictor["model"]
     assert model["modelFormat"] == {"name": "triton"} and model["runtime"] == KSERVE_RUNTIME
     assert model["image"] == "nvcr.io/nvidia/tritonserver:24.10-py3" and "runtimeVersion" not in model  # the image as given
@@ -118,6 +119,10 @@ def test_kserve_inference_service_carries_the_profile_flags_and_device(plan: Mig
     # the runtime sets the repository and ports itself
     assert not [a for a in args if a.startswith(("--model-repository", "--http-port", "--grpc-port", "tritonserver"))]
     assert model["resources"]["limits"][mig_resource("1g.18gb+me")] == 1
+    # a CPU limit of its own: KServe's default limit (1 CPU) would otherwise apply; front ends + one per instance
+    profile_plan = next(p for p in plan.profiles if p.profile.name == "1g.18gb+me")
+    needed = 1 + sum(m.instances for m in profile_plan.models) + len(profile_plan.riders)
+    assert model["resources"]["limits"]["cpu"] == str(needed) and needed >= 2 and model["resources"]["requests"]["cpu"] == "1"
     # PredictorSpec inlines a core/v1 PodSpec and its model a core/v1 Container: validate those parts as a Pod
     container = {k: v for k, v in model.items() if k not in KSERVE_MODEL_KEYS}
     pod_spec = {k: v for k, v in predictor.items() if k not in KSERVE_PREDICTOR_KEYS}
