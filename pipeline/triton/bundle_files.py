@@ -80,6 +80,7 @@ def compose_service(
     setup: str | None = None,
     extra_shell: str = "",
     object_store: str | None = None,
+    load_plans: bool = False,
 ) -> dict[str, Any]:
     """One compose service running ``server`` (its repository must be :data:`CONTAINER_REPOSITORY`).
 
@@ -89,9 +90,13 @@ def compose_service(
     container (the engine cache directories: :func:`pipeline.triton.accelerators.cache_setup_shell`);
     ``extra_shell`` shell words appended to the tritonserver command (evaluated by the container's bash).
     ``object_store``: the region of an ``s3://`` repository the server reads itself (no mount; the AWS
-    variables are passed through from the environment by name, never written).
+    variables are passed through from the environment by name, never written). ``load_plans``: the server starts without
+    the plans, which the plan loader loads once it is ready (:func:`pipeline.triton.plan_loader.serve_then_load`).
     """
-    command = (f"{setup} && " if setup else "") + "exec " + shell_command(tritonserver_args(server)) + (f" {extra_shell}" if extra_shell else "")
+    from pipeline.triton.plan_loader import serve_then_load
+
+    serve = shell_command(tritonserver_args(server)) + (f" {extra_shell}" if extra_shell else "")
+    command = (f"{setup} && " if setup else "") + (serve_then_load(serve) if load_plans else "exec " + serve)
     if object_store is not None:  # the server reads the bucket: no mount; credentials by reference from the environment
         return {"image": image, "user": CONTAINER_USER, "init": True, "command": ["bash", "-c", command.replace("$", "$$")],
                 "environment": {ADMIN_KEY_ENV: COMPOSE_ADMIN_KEY, **compose_s3_environment(object_store)},
@@ -131,8 +136,8 @@ def compose_yaml(services: Mapping[str, Any], header: str) -> str:
     return f"# {header}\n" + yaml.safe_dump({"services": dict(services)}, sort_keys=False, width=1000)
 
 
-def write_bundle_files(out_dir: Path, files: Mapping[str, str], executable: Sequence[str] = ()) -> list[Path]:
-    """Write ``{relative path: text}`` under ``out_dir``, keeping files the user edited since we wrote them.
+def write_bundle_files(out_dir: Path, files: Mapping[str, str | bytes], executable: Sequence[str] = ()) -> list[Path]:
+    """Write ``{relative path: text or bytes}`` under ``out_dir``, keeping files the user edited since we wrote them.
 
     Returns the paths written, in order: ``<file>.new`` instead of ``<file>`` for an edited file.
     Each file is replaced atomically; scripts in ``executable`` get mode 755.
@@ -144,7 +149,7 @@ def write_bundle_files(out_dir: Path, files: Mapping[str, str], executable: Sequ
     written = []
     for relpath, text in files.items():
         target = out_dir / relpath
-        data = text.encode()
+        data = text.encode() if isinstance(text, str) else text
         digest = hashlib.sha256(data).hexdigest()
         key = relpath
         if target.is_file() and target.read_bytes() != data:

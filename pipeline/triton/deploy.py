@@ -47,7 +47,8 @@ from pipeline.triton.bundle_files import (
     write_bundle_files,
 )
 from pipeline.triton.deploy_plans import CONTAINER_PLANS, SCRIPT as PLANS_SCRIPT, build_plans_script, docker_run_plans_lines, \
-    load_plans_shell, plan_builds, plans_service, with_plans
+    plan_builds, plans_service, with_plans
+from pipeline.triton.plan_loader import LOADER, LOADER_SOURCE, WHEEL_DIR, polygraphy_wheel, serve_then_load
 from pipeline.triton.ngc_releases import DEFAULT_IMAGE, NGC_REPOSITORY, check_image, ngc_tag, repository_needs
 from pipeline.triton.repository import read_repository
 from pipeline.triton.s3repository import readable
@@ -161,24 +162,26 @@ def write_deploy_bundle(
     plan_names = [b.plan_model for b in builds]
     server = server_args(http_port, grpc_port, metrics_port, tuple(loaded), repository=store[0] if store else CONTAINER_REPOSITORY)
     if builds:
-        server = replace(server, extra_repositories=(CONTAINER_PLANS,))
+        server = replace(server, extra_repositories=(CONTAINER_PLANS,), strict_readiness=False)
     setup = cache_setup_shell(loaded)
     if libraries:  # op_library_filename is relative to the repository: dlopen reads it from the working directory
         require(store is None, f"the raw-input ensemble of {repository} ships its custom-op library in the repository, which a server "
                 "reading s3:// cannot dlopen", "copy the repository to a folder (aws s3 sync) and deploy that")
         setup = f"cd {CONTAINER_REPOSITORY} && {setup}"
-    extra = load_plans_shell() if builds else ""
     service = compose_service(image=image, server=server, ports=[(p, p) for p in ports], rel_repo=rel_repo, devices={"count": "all"},
-                              setup=setup, extra_shell=extra, object_store=store[1] if store else None)
+                              setup=setup, object_store=store[1] if store else None, load_plans=bool(builds))
     services = {"plans": plans_service(tag, rel_repo, {"count": "all"}), "triton": with_plans(service)} if builds and tag else {"triton": service}
     skipped = sorted(set(models) - set(loaded))
     pre = docker_run_plans_lines(tag) if builds and tag else []
-    files = {
-        SCRIPT: _docker_run_script(image, rel_repo, f"{setup} && exec " + shell_command(tritonserver_args(server)) + (f" {extra}" if extra else ""),
+    serve = shell_command(tritonserver_args(server))
+    wheel = polygraphy_wheel() if builds else None
+    files: dict[str, str | bytes] = {
+        SCRIPT: _docker_run_script(image, rel_repo, f"{setup} && " + (serve_then_load(serve) if builds else f"exec {serve}"),
                                    ports, pre, s3=store is not None),
         COMPOSE: compose_yaml(services, f"Serve the model repository with {image}: {ADMIN_KEY_ENV}=<secret> docker compose up"),
         README: _readme(image, loaded, skipped, ports, one_gpu, plan_names),
-        **({PLANS_SCRIPT: build_plans_script(builds)} if builds else {}),
+        **({PLANS_SCRIPT: build_plans_script(builds), LOADER: LOADER_SOURCE} if builds else {}),
+        **({f"{WHEEL_DIR}/{wheel[0]}": wheel[1]} if wheel else {}),
     }
     paths = write_bundle_files(out_dir, files, executable=[SCRIPT, PLANS_SCRIPT])
     log.info("deploy bundle for %s (%s) written to %s", repository, image, out_dir)
@@ -224,7 +227,7 @@ def _docker_run_script(image: str, rel_repo: str | None, server: str, ports: tup
         "--shm-size=1g --ulimit memlock=-1 --ulimit stack=67108864",
         publish,
         *source,
-        *([f'-v "$PLANS_DIR:{CONTAINER_PLANS}:ro"'] if pre else []),
+        *([f'-v "$PLANS_DIR:{CONTAINER_PLANS}:ro"', f'-v "$HERE/{LOADER}:/{LOADER}:ro"'] if pre else []),
         f"-e {ADMIN_KEY_ENV}",
         shlex.quote(image),
         "bash -c " + shlex.quote(server),
@@ -253,8 +256,13 @@ def _readme(image: str, models: list[str], skipped: list[str], ports: tuple[int,
     cpu_note = [f"Not loaded (CPU-only variants, `KIND_CPU`, for CPU deployments): {', '.join(skipped)}.", ""] if skipped else []
     cpu_note += [f"Several GPUs: {one_gpu}.", ""] if one_gpu else []
     cpu_note += [f"TensorRT plans built here before the server starts ({PLANS_SCRIPT}, in the NGC TensorRT container of the image's "
-                 f"release): {', '.join(plans)}. Each is served only if it matches the golden outputs recorded at build time; "
-                 "a plan that fails is named in the init step's log and left out.", ""] if plans else []
+                 f"release, with its Polygraphy or the one in {WHEEL_DIR}/): {', '.join(plans)}. Each is served only if it matches the "
+                 "golden outputs recorded at build time; a plan that fails is named in the init step's log and left out. The server "
+                 f"starts with every other model and then loads the plans ({LOADER}, in its own container, through the repository "
+                 "API): a plan its TensorRT cannot load is named in one line of the server's log and the other models serve on. "
+                 "Readiness is not strict then (`/v2/health/ready`: the server answers; a failed plan would hold a strict one "
+                 "at 400): check each model with `/v2/models/<name>/ready`.",
+                 ""] if plans else []
     return "\n".join([
         "# Triton deploy bundle",
         "",

@@ -19,7 +19,8 @@ Triton ignores these files: a model directory's non-numeric folders are not vers
 bundle's init step (:func:`build_plans_script`) builds each plan with ``polygraphy convert``
 (strongly typed, every profile: Polygraphy takes one ``--trt-*-shapes`` set per profile), checks
 it with ``polygraphy run --load-inputs --load-outputs`` in every profile that has golden data, and
-serves it only if every check passes; a plan that fails is left out and said in one line.
+serves it only if every check passes; a plan that fails is left out and said in one line. The server loads the
+plans after it starts (:mod:`pipeline.triton.plan_loader`), so one that its TensorRT cannot load takes no model down.
 """
 
 from __future__ import annotations
@@ -36,6 +37,7 @@ import numpy as np
 from pipeline.backend.plan_runner import profile_for
 from pipeline.core.errors import require
 from pipeline.data.profiles import ShapeProfile, profiles_from_json, profiles_to_json
+from pipeline.triton.plan_loader import LOADER, WHEEL_DIR
 
 if TYPE_CHECKING:
     from tritonclient.grpc.model_config_pb2 import ModelConfig
@@ -206,8 +208,9 @@ def build_plans_script(builds: Sequence[PlanBuild], models_dir: str = "/models",
         "# Build each TensorRT plan with this container's TensorRT (the serving release's), check it against the",
         "# golden outputs recorded at build time, and serve it only if every check passes. Written by the pipeline.",
         "set -uo pipefail",
-        'command -v polygraphy >/dev/null || python3 -m pip install --no-cache-dir polygraphy >/dev/null '
-        '|| { echo "polygraphy is not available: no plan is built"; exit 0; }',
+        # the container's own Polygraphy, else the wheel shipped in the bundle (mounted at /wheels): never a network
+        'command -v polygraphy >/dev/null || python3 -m pip install --no-index --no-deps --no-cache-dir /wheels/polygraphy-*.whl >/dev/null '
+        '|| { echo "polygraphy is not available (not in this container, and the bundle\'s wheels/ did not install): no plan is built"; exit 0; }',
         f"mkdir -p {q(plans_dir)} && find {q(plans_dir)} -mindepth 1 -maxdepth 1 -exec rm -rf {{}} +",
         "failed=0",
         "plan() {  # name, source model dir, then the build and check commands joined by ' && '",
@@ -228,11 +231,6 @@ def build_plans_script(builds: Sequence[PlanBuild], models_dir: str = "/models",
     return "\n".join(lines)
 
 
-def load_plans_shell(plans_dir: str = CONTAINER_PLANS) -> str:
-    """Shell words adding one ``--load-model`` per plan the init step served (evaluated when the server starts)."""
-    return f'$(for d in {plans_dir}/*/; do [ -d "$d" ] && printf -- "--load-model=%s " "$(basename "$d")"; done)'
-
-
 def plans_service(tag: str, rel_repo: str | None, devices: Mapping[str, Any]) -> dict[str, Any]:
     """The compose one-shot service that runs :data:`SCRIPT` in the release's NGC TensorRT container; the server
     ``depends_on`` it completing. It writes the plans to ``./plans`` beside the bundle (the server mounts it read-only)."""
@@ -246,6 +244,7 @@ def plans_service(tag: str, rel_repo: str | None, devices: Mapping[str, Any]) ->
             {"type": "bind", "source": rel_repo or COMPOSE_REPOSITORY, "target": CONTAINER_REPOSITORY, "read_only": True},
             {"type": "bind", "source": "./plans", "target": CONTAINER_PLANS},
             {"type": "bind", "source": f"./{SCRIPT}", "target": f"/{SCRIPT}", "read_only": True},
+            {"type": "bind", "source": f"./{WHEEL_DIR}", "target": f"/{WHEEL_DIR}", "read_only": True},
         ],
         "deploy": {"resources": {"reservations": {"devices": [{"driver": "nvidia", **devices, "capabilities": ["gpu"]}]}}},
         "restart": "no",
@@ -253,9 +252,11 @@ def plans_service(tag: str, rel_repo: str | None, devices: Mapping[str, Any]) ->
 
 
 def with_plans(server: dict[str, Any]) -> dict[str, Any]:
-    """The server service reading the plans: after the init step completed, with ``./plans`` mounted read-only."""
+    """The server service reading the plans: after the init step completed, with ``./plans`` and the plan loader
+    (:mod:`pipeline.triton.plan_loader`) mounted read-only."""
     return {**server, "depends_on": {"plans": {"condition": "service_completed_successfully"}},
-            "volumes": [*server["volumes"], {"type": "bind", "source": "./plans", "target": CONTAINER_PLANS, "read_only": True}]}
+            "volumes": [*server["volumes"], {"type": "bind", "source": "./plans", "target": CONTAINER_PLANS, "read_only": True},
+                        {"type": "bind", "source": f"./{LOADER}", "target": f"/{LOADER}", "read_only": True}]}
 
 
 def docker_run_plans_lines(tag: str) -> list[str]:
@@ -268,5 +269,6 @@ def docker_run_plans_lines(tag: str) -> list[str]:
         'PLANS_DIR="${PLANS_DIR:-$HERE/plans}" && mkdir -p "$PLANS_DIR"',
         f"# Build the TensorRT plans with the serving release's TensorRT ({tensorrt_container(tag)}); only checked plans are served.",
         'docker run --rm --gpus "${TRITON_GPUS:-all}" -v "${MODEL_REPOSITORY}:' + CONTAINER_REPOSITORY + ':ro" '
-        f'-v "$PLANS_DIR:{CONTAINER_PLANS}" -v "$HERE/{SCRIPT}:/{SCRIPT}:ro" {tensorrt_container(tag)} bash /{SCRIPT}',
+        f'-v "$PLANS_DIR:{CONTAINER_PLANS}" -v "$HERE/{SCRIPT}:/{SCRIPT}:ro" -v "$HERE/{WHEEL_DIR}:/{WHEEL_DIR}:ro" '
+        f'{tensorrt_container(tag)} bash /{SCRIPT}',
     ]

@@ -84,9 +84,15 @@ def test_the_bundle_builds_the_plans_in_the_releases_tensorrt_container_before_t
     assert plans["restart"] == "no"
     assert triton["depends_on"] == {"plans": {"condition": "service_completed_successfully"}}
     assert {"type": "bind", "source": "./plans", "target": "/plans", "read_only": True} in triton["volumes"]
+    assert {"type": "bind", "source": "./load-plans.py", "target": "/load-plans.py", "read_only": True} in triton["volumes"]
     command = triton["command"][2].replace("$$", "$")
-    assert "--model-repository=/models" in command and "--model-repository=/plans" in command
-    assert 'for d in /plans/*/; do' in command and "--load-model=tok_fp16 " in command
+    assert "--model-repository=/models" in command and "--model-repository=/plans" in command and "--load-model=tok_fp16 " in command
+    # the plans are not loaded at start (one its TensorRT refused would stop the server): the loader loads them after
+    assert "--strict-readiness=false" in command and "tok_fp16_trt" not in command and "python3 /load-plans.py /plans || true; wait \"$pid\"" in command
+    assert "& pid=$!; trap 'kill -TERM \"$pid\"' TERM INT;" in command and "exec " not in command.split("&& ", 1)[1]
+    assert {"type": "bind", "source": "./wheels", "target": "/wheels", "read_only": True} in plans["volumes"]
+    [wheel] = list((bundle / "wheels").iterdir())
+    assert wheel.name.startswith("polygraphy-") and wheel.name.endswith("-none-any.whl")
     script = (bundle / "build-plans.sh").read_text()
     assert subprocess.run(["bash", "-n", str(bundle / "build-plans.sh")]).returncode == 0
     assert script.count("--trt-min-shapes") == 2 and "--strongly-typed" in script and "--tf32" in script
@@ -94,7 +100,8 @@ def test_the_bundle_builds_the_plans_in_the_releases_tensorrt_container_before_t
     run = (bundle / "docker-run.sh").read_text()
     assert subprocess.run(["bash", "-n", str(bundle / "docker-run.sh")]).returncode == 0
     assert run.index("nvcr.io/nvidia/tensorrt:25.01-py3 bash /build-plans.sh") < run.index("exec docker run")
-    assert '-v "$PLANS_DIR:/plans:ro"' in run
+    assert '-v "$PLANS_DIR:/plans:ro"' in run and '-v "$HERE/load-plans.py:/load-plans.py:ro"' in run and '-v "$HERE/wheels:/wheels:ro"' in run
+    assert "python3 /load-plans.py /plans" in run
     with pytest.raises(PipelineError, match="not an NGC tritonserver -py3 tag, so the TensorRT container of its release is not known"):
         write_deploy_bundle(repository, tmp_path / "custom", image="registry.example/triton:prod")
 
