@@ -156,6 +156,21 @@ def mixed_logits() -> keras.Model:
     return model
 
 
+def mixed_bfloat16() -> keras.Model:
+    """Built under ``mixed_bfloat16`` (bfloat16 compute; tf2onnx gives bfloat16 weights beside float16 casts), logits out."""
+    keras.utils.set_random_seed(18)
+    keras.mixed_precision.set_global_policy("mixed_bfloat16")
+    try:
+        x = keras.Input((16, 16, 3), name="image")
+        h = keras.layers.Conv2D(8, 3, activation="relu")(x)
+        h = keras.layers.Dense(10)(keras.layers.GlobalAveragePooling2D()(h))
+        model = keras.Model(x, keras.layers.Activation("linear", dtype="float32", name="logits")(h))
+    finally:
+        keras.mixed_precision.set_global_policy("float32")
+    model.compile(loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    return model
+
+
 class _UniqueSum(keras.layers.Layer):
     def call(self, x):  # type: ignore[no-untyped-def]
         import tensorflow as tf

@@ -39,7 +39,7 @@ from pipeline.stages.fp16 import DEFAULT_FP32_OPS, fp16_onnx_from_onnx
 from pipeline.stages.int8 import check_qdq_int8_symmetric
 from pipeline.stages.int8_cpu import check_qdq_uint8_activations
 from pipeline.stages.int8_fallback import describe_fallback, gated_int8_onnx_from_onnx
-from pipeline.stages.mixed import was_mixed
+from pipeline.stages.mixed import mixed_format
 from pipeline.stages.onnx_export import onnx_from_savedmodel, tf2onnx_command
 from pipeline.stages.parity import parity_report_from_models
 from pipeline.stages.savedmodel import savedmodel_from_source
@@ -189,7 +189,7 @@ def _parity_stage(saved: Path, onnx_path: Path, data: EvalData, kinds: dict[str,
     batch = eval_batch(onnx_path, data, ctx.cfg.max_memory_gib, runners=2)  # TensorFlow and ONNX Runtime
     # A mixed-precision model computes in float16 in TensorFlow: the float32 ONNX model differs from it by float16 rounding,
     # held to float16's spacing at each sample's scale
-    reference = "float16" if was_mixed(load_onnx(onnx_path, external_data=False)) else "float32"
+    reference = mixed_format(load_onnx(onnx_path, external_data=False))
     ctx.run(Stage("parity", parity_report_from_models, inputs={"saved": saved, "onnx_path": onnx_path, "data": data},
                   settings={"atol": gates.parity_atol, "rtol": gates.parity_rtol, "batch_size": batch, "reference_format": reference,
                             "ulps": gates.parity_ulps if reference != "float32" else 0.0, "kinds": kinds_to_json(kinds)},

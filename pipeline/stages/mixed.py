@@ -26,12 +26,23 @@ log = logging.getLogger(__name__)
 MIXED_KEY = "pipeline.mixed_precision"  # metadata_props of model.fp32.onnx: the graph was float16 inside
 
 
-def computes_in_float16(model: onnx.ModelProto) -> bool:
-    """True when the graph casts to float16 or holds float16 weights (a mixed-precision model)."""
+def narrow_format(model: onnx.ModelProto) -> str | None:
+    """"float16" or "bfloat16" when the graph casts to that format or holds weights in it (a ``mixed_float16`` or
+    ``mixed_bfloat16`` model); None for a float32 graph."""
     from onnx import TensorProto
 
-    casts = any(n.op_type == "Cast" and any(a.name == "to" and a.i == TensorProto.FLOAT16 for a in n.attribute) for n in model.graph.node)
-    return casts or any(i.data_type == TensorProto.FLOAT16 for i in model.graph.initializer)
+    # bfloat16 first: tf2onnx casts a mixed_bfloat16 model's inputs to float16 beside its bfloat16 weights, and the
+    # coarser format is what TensorFlow computed in
+    for code, name in ((TensorProto.BFLOAT16, "bfloat16"), (TensorProto.FLOAT16, "float16")):
+        casts = any(n.op_type == "Cast" and any(a.name == "to" and a.i == code for a in n.attribute) for n in model.graph.node)
+        if casts or any(i.data_type == code for i in model.graph.initializer):
+            return name
+    return None
+
+
+def computes_in_float16(model: onnx.ModelProto) -> bool:
+    """True when the graph computes in float16 or bfloat16 between casts (a mixed-precision model)."""
+    return narrow_format(model) is not None
 
 
 def float32_from_mixed(model: onnx.ModelProto) -> bool:
@@ -39,29 +50,31 @@ def float32_from_mixed(model: onnx.ModelProto) -> bool:
     mark it in ``metadata_props``. Returns False (and changes nothing) for other graphs."""
     from onnx import TensorProto, numpy_helper
 
-    if not computes_in_float16(model):
+    fmt = narrow_format(model)
+    if fmt is None:
         return False
+    narrow = (TensorProto.FLOAT16, TensorProto.BFLOAT16)
     graph = model.graph
     floats = _float_tensors(model)
     for node in graph.node:
         to = next((a for a in node.attribute if a.name == "to"), None) if node.op_type == "Cast" else None
-        if to is not None and to.i in (TensorProto.FLOAT16, TensorProto.FLOAT) and node.input[0] in floats:
-            node.op_type = "Identity"  # float ↔ float16 casts vanish once everything is float32
+        if to is not None and to.i in (*narrow, TensorProto.FLOAT) and node.input[0] in floats:
+            node.op_type = "Identity"  # float ↔ float16/bfloat16 casts vanish once everything is float32
             del node.attribute[:]
-        elif to is not None and to.i == TensorProto.FLOAT16:
+        elif to is not None and to.i in narrow:
             to.i = TensorProto.FLOAT  # from integers: a conversion to float32 instead
         for attribute in node.attribute:
-            if attribute.HasField("t") and attribute.t.data_type == TensorProto.FLOAT16:
+            if attribute.HasField("t") and attribute.t.data_type in narrow:
                 attribute.t.CopyFrom(numpy_helper.from_array(numpy_helper.to_array(attribute.t).astype(np.float32), attribute.t.name))
     for i, init in enumerate(graph.initializer):
-        if init.data_type == TensorProto.FLOAT16:
+        if init.data_type in narrow:
             graph.initializer[i].CopyFrom(numpy_helper.from_array(numpy_helper.to_array(init).astype(np.float32), init.name))
     _keep_float16_interface(graph)
     del graph.value_info[:]  # stale float16 types; ONNX Runtime infers them again
     entry = model.metadata_props.add()
-    entry.key, entry.value = MIXED_KEY, "float16"
-    log.warning("the model computes in float16 (mixed precision): model.fp32.onnx computes in float32 (its float16 casts removed, "
-                "float16 weights widened); FP16 and INT8 are made from it, and parity with TensorFlow uses the FP16 tolerance")
+    entry.key, entry.value = MIXED_KEY, fmt
+    log.warning("the model computes in %s (mixed precision): model.fp32.onnx computes in float32 (its %s casts removed, weights "
+                "widened); FP16 and INT8 are made from it, and parity with TensorFlow allows %s's spacing", fmt, fmt, fmt)
     return True
 
 
@@ -70,7 +83,7 @@ def _float_tensors(model: onnx.ModelProto) -> set[str]:
     import onnx
     from onnx import TensorProto
 
-    wanted = (TensorProto.FLOAT, TensorProto.FLOAT16)
+    wanted = (TensorProto.FLOAT, TensorProto.FLOAT16, TensorProto.BFLOAT16)
     inferred = onnx.shape_inference.infer_shapes(model).graph
     values = [*inferred.value_info, *inferred.input, *inferred.output]
     return {v.name for v in values if v.type.tensor_type.elem_type in wanted} | {i.name for i in inferred.initializer if i.data_type in wanted}
@@ -98,3 +111,9 @@ def _keep_float16_interface(graph: onnx.GraphProto) -> None:
 def was_mixed(model: onnx.ModelProto) -> bool:
     """Whether :func:`float32_from_mixed` rewrote this model."""
     return any(p.key == MIXED_KEY for p in model.metadata_props)
+
+
+def mixed_format(model: onnx.ModelProto) -> str:
+    """The format TensorFlow computed this model in: "float16" or "bfloat16" where :func:`float32_from_mixed` rewrote
+    it (models rewritten before bfloat16 was known record "float16"), else "float32"."""
+    return next((p.value or "float16" for p in model.metadata_props if p.key == MIXED_KEY), "float32")

@@ -67,7 +67,7 @@ def onnx_from_savedmodel(saved: Path, dst: Path, opset: int) -> Path:
         _name_dynamic_axes(model)
         try:
             onnx.checker.check_model(model, full_check=True)
-        except onnx.checker.ValidationError as exc:
+        except (onnx.checker.ValidationError, onnx.shape_inference.InferenceError) as exc:
             raise PipelineError(f"tf2onnx produced an invalid ONNX model: {str(exc).splitlines()[0]}", "report the model to tf2onnx") from None
         onnx.save(model, str(tmp))
     return dst

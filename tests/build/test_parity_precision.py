@@ -84,3 +84,19 @@ def test_a_wrong_conversion_still_fails(mixed_build: Path, tmp_path: Path, plant
     line = caught.value.problem
     assert "output 'logits'" in line and "atol 0.0001 + rtol 1e-05·|TensorFlow| + 4 float16 spacings" in line, line
     assert "(TensorFlow computes in float16)" in line and "top-1 agreement" in line, line
+
+
+@pytest.mark.slow
+def test_a_mixed_bfloat16_model_builds_with_parity_at_bfloat16s_spacing(tmp_path: Path) -> None:
+    """A mixed_bfloat16 model: its bfloat16 weights widened (its graph failed ONNX's checker with a traceback before),
+    and parity held to bfloat16's spacing, the coarser format it computed in."""
+    images = np.random.default_rng(5).random((500, 16, 16, 3)).astype(np.float32)
+    np.savez(tmp_path / "calib.npz", image=images[:200])
+    np.savez(tmp_path / "eval.npz", image=images[200:])
+    proc = cli("build", "--model", "tests.keras_models:mixed_bfloat16", "--name", "bf16", "--fp16", "--int8", "--calibration", str(tmp_path / "calib.npz"),
+               "--eval-data", str(tmp_path / "eval.npz"), "--int8-max-drop", "50", "--fp16-max-drop", "50", "--workdir", str(tmp_path / "w"),
+               "--repository", str(tmp_path / "repo"), "--calibration-root", str(tmp_path / "calibration"))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    report = json.loads((tmp_path / "w" / "bf16" / "parity.json").read_text())
+    assert report["tolerance"]["reference_format"] == "bfloat16" and report["outputs"]["logits"]["beyond"] == 0
+    assert "the model computes in bfloat16 (mixed precision)" in proc.stderr
