@@ -10,10 +10,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import os
-import shutil
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -24,13 +20,13 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 from pipeline.backend.cpu_kernels import (METADATA_KEY, SAFE_WEIGHT, check_runs_here, cpu_flags, describe_cpu, has_vnni, kernels_from_weights,
-                                         is_x86, kernels_of_model, saturating_kernels)
+                                         kernels_of_model, saturating_kernels)
 from pipeline.core.errors import PipelineError
 from pipeline.data.tensors import signature_from_onnx
 from pipeline.stages.calibration import calibration_from_path
 from pipeline.stages.int8 import quantized_onnx_from_onnx
 from pipeline.stages.int8_cpu import CPU_RECIPE, cpu_int8_onnx_from_onnx
-from tests.conftest import ROOT
+from tests.haswell import haswell, native_outputs, needs_qemu, outputs_under_haswell
 
 K = 64
 
@@ -146,40 +142,14 @@ def test_the_embedded_server_refuses_an_8_bit_model_exactly_where_it_would_satur
             assert list(server.ready_models) == ["digits_int8cpu"], form
 
 
-# --- the real AVX2 kernels, on any x86 machine -------------------------------------------------------------------------
-# qemu-x86_64 -cpu Haswell (Debian's qemu-user) runs this very interpreter with a CPUID of AVX2 and no VNNI, so ONNX
-# Runtime picks its non-VNNI integer kernels: what an AVX2-only CPU computes, checked here whatever the host is.
-QEMU = shutil.which("qemu-x86_64")
-needs_qemu = pytest.mark.skipif(QEMU is None or not is_x86(), reason="qemu-user is not installed (apt-get install qemu-user; scripts/setup.sh "
-                                "does where it can): the real AVX2 kernels cannot be run on this machine")
-
-
-def _haswell(code: str, *args: str) -> subprocess.CompletedProcess[str]:
-    """``code`` run by this Python under ``qemu-x86_64 -cpu Haswell``, with the repository importable."""
-    env = dict(os.environ, PYTHONPATH=str(ROOT))
-    return subprocess.run([str(QEMU), "-cpu", "Haswell", sys.executable, "-c", code, *args], capture_output=True, text=True, env=env,
-                          timeout=600, check=False)
-
-
-RUN = """
-import sys, numpy as np
-from pipeline.backend.onnxrt import session_from_onnx
-np.save(sys.argv[3], session_from_onnx(sys.argv[1]).run(None, {"image": np.load(sys.argv[2])})[0])
-"""
-
-
+# --- the real AVX2 kernels, on any x86 machine (tests/haswell.py) ---------------------------------------------------------
 @needs_qemu
 def test_under_real_avx2_kernels_the_seven_bit_variant_computes_as_natively(both_forms: tuple[Path, Path], digits_convnet: Any, tmp_path: Path) -> None:
     """The CPU INT8 variant (7-bit weights) served on an AVX2-only CPU gives what it gives here: the integers cannot
     saturate, so only the float epilogue's vector width could differ (measured: identical)."""
-    from pipeline.backend.onnxrt import session_from_onnx
-
     seven, _ = both_forms
-    images = np.ascontiguousarray(digits_convnet.eval_images[:128])
-    np.save(tmp_path / "images.npy", images)
-    done = _haswell(RUN, str(seven), str(tmp_path / "images.npy"), str(tmp_path / "haswell.npy"))
-    assert done.returncode == 0, done.stderr[-2000:]
-    emulated, native = np.load(tmp_path / "haswell.npy"), session_from_onnx(seven).run(None, {"image": images})[0]
+    feed = {"image": np.ascontiguousarray(digits_convnet.eval_images[:128])}
+    [emulated], [native] = outputs_under_haswell(seven, feed, tmp_path), native_outputs(seven, feed)
     np.testing.assert_allclose(emulated, native, rtol=0, atol=1e-6)
     assert np.array_equal(emulated.argmax(1), native.argmax(1))
 
@@ -189,14 +159,14 @@ def test_under_real_avx2_kernels_eight_bit_weights_saturate_and_serving_refuses_
     """The control: under the same emulation 255 × 127 over 64 terms clips (the emulation bites), the 8-bit form is
     refused by the check serve and verify run before starting the server, and the 7-bit form is not."""
     seven, eight = both_forms
-    probe = _haswell("from pipeline.backend.cpu_kernels import saturating_kernels; print(saturating_kernels())")
+    probe = haswell("from pipeline.backend.cpu_kernels import saturating_kernels; print(saturating_kernels())")
     assert probe.returncode == 0 and probe.stdout.split()[-1] == "1048544", probe.stdout + probe.stderr[-2000:]
     a, w = np.full((1, K), 255, np.uint8), np.full((K, 1), 127, np.int8)
     assert int(emulated_u8s8(a, w)[0, 0]) == 1048544  # the numpy reproduction of the non-VNNI pair sums agrees
     refuse = ("import sys\nfrom pipeline.backend.cpu_kernels import check_runs_here\nfrom pipeline.core.errors import PipelineError\n"
               "check_runs_here({'digits_int8cpu': sys.argv[2]})\ntry:\n    check_runs_here({'digits_int8cpu': sys.argv[1]})\n"
               "except PipelineError as exc:\n    print('REFUSED', exc.problem)")
-    done = _haswell(refuse, str(eight), str(seven))
+    done = haswell(refuse, str(eight), str(seven))
     assert done.returncode == 0, done.stderr[-2000:]
     line = done.stdout.strip().splitlines()[-1]
     assert line.startswith("REFUSED digits_int8cpu: 8-bit weights") and "measured: 255 × 127 over 64 terms gave 1,048,544" in line, line
