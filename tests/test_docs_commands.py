@@ -128,6 +128,7 @@ FOREIGN_OPTIONS = {
     "--trt-opt-shapes": "polygraphy convert", "--trt-max-shapes": "polygraphy convert", "--model-type": "polygraphy run",
     "--trt": "polygraphy run", "--optimization-profile": "polygraphy run", "--load-inputs": "polygraphy run",
     "--load-outputs": "polygraphy run", "--model-repository": "tritonserver",
+    "--exit-on-error": "tritonserver", "--strict-readiness": "tritonserver", "--no-index": "pip",
 }
 _OPTION = re.compile(r"(?<![\w-])--[A-Za-z][\w{},-]*")
 _CODE = re.compile(r"```[^\n]*\n(.*?)```|`([^`\n]+)`", re.S)
