@@ -80,10 +80,12 @@ if names:
 def serve_then_load(server_command: str, loader: str = f"/{LOADER}", plans_dir: str = "/plans") -> str:
     """The container's shell: the server in the background, the loader once it is ready, then the server waited on
     (a stop signal is passed on to it), so the container lives and dies with the server."""
-    # a signal interrupts the first wait: the server, signalled in turn, is then waited on for its own exit status
-    return (f"{server_command} & pid=$!; trap 'kill -TERM \"$pid\"' TERM INT; "
+    # One group: after ``setup && `` only the server goes to the background, so $! is the server itself (without the
+    # braces the whole and-list ran in a subshell, which took the TERM and left the server running). A signal
+    # interrupts the first wait: the server, signalled in turn, is then waited on for its own exit status.
+    return (f"{{ {server_command} & pid=$!; trap 'kill -TERM \"$pid\"' TERM INT; "
             f"python3 {loader} {plans_dir} || true; wait \"$pid\"; status=$?; "
-            f"if kill -0 \"$pid\" 2>/dev/null; then wait \"$pid\"; status=$?; fi; exit \"$status\"")
+            f"if kill -0 \"$pid\" 2>/dev/null; then wait \"$pid\"; status=$?; fi; exit \"$status\"; }}")
 
 
 def polygraphy_wheel() -> tuple[str, bytes]:

@@ -87,7 +87,8 @@ def test_the_container_runs_the_server_and_passes_a_stop_on(tmp_path: Path) -> N
     server.write_text(f"trap 'echo stopped > {tmp_path}/signal; exit 0' TERM\necho started > {tmp_path}/started\nwhile true; do sleep 0.1; done\n")
     loader = tmp_path / "loader.py"
     loader.write_text(f"open({str(tmp_path / 'loaded')!r}, 'w').write('yes')\n")
-    shell = serve_then_load(f"bash {server}", loader=str(loader), plans_dir=str(tmp_path))
+    # after a setup step, as the bundle runs it (`<engine cache setup> && ...`): the signal must still reach the server
+    shell = f"mkdir -p {tmp_path}/cache && " + serve_then_load(f"bash {server}", loader=str(loader), plans_dir=str(tmp_path))
     proc = subprocess.Popen(["bash", "-c", shell], env=dict(os.environ, PATH=f"{Path(sys.executable).parent}:{os.environ['PATH']}"))
     try:
         for _ in range(100):
