@@ -252,6 +252,8 @@ def keras_resized(pixels: np.ndarray, out_height: int, out_width: int, fit: str)
         ratio = max(np.float32(width) / np.float32(out_width), np.float32(height) / np.float32(out_height))
         inner_h, inner_w = np.float32(height) / ratio, np.float32(width) / ratio
         new_h, new_w = int(np.floor(inner_h)), int(np.floor(inner_w))
+        if new_h < 1 or new_w < 1:  # tf.image.resize_with_pad refuses it too (output dimensions must be positive)
+            raise ValueError(f"a {width}×{height} image shrinks to nothing when padded to {out_width}×{out_height}")
         top = max(0, int(np.floor((np.float32(out_height) - inner_h) / np.float32(2))))
         left = max(0, int(np.floor((np.float32(out_width) - inner_w) / np.float32(2))))
         canvas = np.zeros((out_height, out_width) + pixels.shape[2:], np.float32)

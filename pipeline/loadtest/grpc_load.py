@@ -30,7 +30,7 @@ import numpy as np
 from pipeline.core.errors import PipelineError
 from pipeline.core.lazy import import_optional
 from pipeline.loadtest.client import Endpoint
-from pipeline.loadtest.payload import ModelIO
+from pipeline.loadtest.payload import ModelIO, tensor_bytes
 from pipeline.loadtest.policy import ClosedLoop, OpenLoop, Policy, backoff_ns
 from pipeline.loadtest.recorder import Recorder
 from pipeline.loadtest.request_check import DecodedOutputs, compare_with_tritonclient
@@ -49,7 +49,7 @@ def grpc_request_bytes(io: ModelIO, tensors: dict[str, np.ndarray]) -> bytes:
     for t in io.inputs:
         array = tensors[t.name]
         request.inputs.add(name=t.name, datatype=t.datatype, shape=list(array.shape))
-        request.raw_input_contents.append(array.astype(array.dtype.newbyteorder("<")).tobytes())
+        request.raw_input_contents.append(tensor_bytes(array))  # BYTES: each element's 4-byte length, then it
     for t in io.outputs:
         request.outputs.add(name=t.name)
     return request.SerializeToString()

@@ -194,11 +194,21 @@ def _check_shape(io: ModelIO, info: TensorInfo, array: np.ndarray) -> None:
 
 
 def encode_json(io: ModelIO, tensors: dict[str, np.ndarray]) -> bytes:
-    """A plain KServe v2 JSON request body."""
+    """A plain KServe v2 JSON request body; PipelineError (one line) for BYTES that are not UTF-8 text (an image file),
+    which JSON cannot carry."""
+    def text(name: str, value: object) -> object:
+        if not isinstance(value, bytes):
+            return value
+        try:
+            return value.decode()
+        except UnicodeDecodeError:
+            raise PipelineError(f"--encoding json cannot carry input '{name}': its BYTES are not UTF-8 text (an image file, say)",
+                                "use --encoding binary (the default), or --protocol grpc") from None
+
     body = {
         "inputs": [
             {"name": t.name, "shape": list(tensors[t.name].shape), "datatype": t.datatype,
-             "data": [v.decode() if isinstance(v, bytes) else v for v in tensors[t.name].ravel().tolist()]}
+             "data": [text(t.name, v) for v in tensors[t.name].ravel().tolist()]}
             for t in io.inputs
         ]
     }
@@ -207,7 +217,7 @@ def encode_json(io: ModelIO, tensors: dict[str, np.ndarray]) -> bytes:
 
 def encode_binary(io: ModelIO, tensors: dict[str, np.ndarray]) -> tuple[bytes, int]:
     """A binary-tensor request body and the length of its JSON header."""
-    data = [_tensor_bytes(tensors[t.name]) for t in io.inputs]
+    data = [tensor_bytes(tensors[t.name]) for t in io.inputs]
     header = {
         "inputs": [
             {"name": t.name, "shape": list(tensors[t.name].shape), "datatype": t.datatype, "parameters": {"binary_data_size": len(raw)}}
@@ -219,7 +229,7 @@ def encode_binary(io: ModelIO, tensors: dict[str, np.ndarray]) -> tuple[bytes, i
     return head + b"".join(data), len(head)
 
 
-def _tensor_bytes(array: np.ndarray) -> bytes:
+def tensor_bytes(array: np.ndarray) -> bytes:
     """The binary-data bytes of one tensor: little-endian numbers, or for BYTES (an object array of bytes) each element
     as a 4-byte little-endian length and its bytes, as Triton reads them."""
     if array.dtype == object:

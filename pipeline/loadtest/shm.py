@@ -30,7 +30,7 @@ import numpy as np
 from pipeline.core.errors import PipelineError
 from pipeline.core.lazy import import_optional
 from pipeline.loadtest.client import Endpoint, request_json
-from pipeline.loadtest.payload import NUMPY_OF, ModelIO, TensorInfo
+from pipeline.loadtest.payload import NUMPY_OF, ModelIO, TensorInfo, tensor_bytes
 
 log = logging.getLogger(__name__)
 
@@ -204,7 +204,9 @@ def shm_requests(io: ModelIO, batches: list[dict[str, np.ndarray]], regions: Sha
                for k, t in enumerate(io.outputs)}
     bodies, inputs = [], []
     for n, batch in enumerate(batches):
-        arrays = [np.ascontiguousarray(batch[t.name], dtype=batch[t.name].dtype.newbyteorder("<")) for t in io.inputs]
+        # BYTES (object arrays: files, sentences) go in serialized, as Triton reads them: each element's length, then it
+        arrays = [np.frombuffer(tensor_bytes(batch[t.name]), np.uint8) if batch[t.name].dtype == object
+                  else np.ascontiguousarray(batch[t.name], dtype=batch[t.name].dtype.newbyteorder("<")) for t in io.inputs]
         region = regions.create(f"in{n}", arrays, sum(a.nbytes for a in arrays))
         slots, offset = {}, 0
         for t, array in zip(io.inputs, arrays, strict=True):

@@ -77,7 +77,7 @@ def preflight_script(resources: Sequence[str], settings: BundleSettings, admin_s
     lines += ["", "# the Secrets the pods read, with their keys"]
     for entry in secrets:
         name, _, keys = entry.partition(":")
-        lines.append(f"if data=$(kubectl get secret {name} \"${{NS[@]}}\" -o jsonpath='{{.data}}' 2>/dev/null); then")
+        lines.append(f"if data=$(kubectl get secret {name} ${{NS[@]+\"${{NS[@]}}\"}} -o jsonpath='{{.data}}' 2>/dev/null); then")
         for key in keys.split(","):
             lines.append(f'  if grep -q \'"{key}"\' <<< "$data"; then ok "secret {name} has {key}"; '
                          f'else fail "secret {name} has no key {key}: kubectl create secret generic {name} --from-literal={key}=..."; fi')
@@ -87,7 +87,7 @@ def preflight_script(resources: Sequence[str], settings: BundleSettings, admin_s
         lines += [
             "",
             "# the repository's claim, mountable by pods on several nodes",
-            f"if modes=$(kubectl get pvc {claim} \"${{NS[@]}}\" -o jsonpath='{{.spec.accessModes}}' 2>/dev/null); then",
+            f"if modes=$(kubectl get pvc {claim} ${{NS[@]+\"${{NS[@]}}\"}} -o jsonpath='{{.spec.accessModes}}' 2>/dev/null); then",
             '  if grep -q -e ReadOnlyMany -e ReadWriteMany <<< "$modes"; then ok "claim ' + claim + ' is mountable from several nodes ($modes)"; '
             'else fail "claim ' + claim + ' has access modes $modes: replicas on other nodes cannot mount it; use a ReadOnlyMany or '
             'ReadWriteMany volume (NFS, a CSI driver that offers it)"; fi',

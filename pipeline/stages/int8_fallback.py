@@ -202,6 +202,9 @@ def describe_fallback(summary: Mapping[str, Any]) -> str:
         return f"{variant}: gate did not pass and the fallback is off ({FALLBACK_FLAG})"
     kept = summary.get("kept") or []
     samples = f" (nodes ranked on {summary['ranked_on']}, each set judged on {summary['judged_on']})" if summary.get("ranked_on") and summary.get("judged_on") else ""
+    if not kept and not summary.get("bound") and summary.get("candidates", 0) > 1:
+        return (f"{variant}: the gate did not pass, and none of its {summary.get('candidates', 0)} quantized nodes, kept in float alone, "
+                "brought the outputs that failed closer to FP32: nothing to try")
     if not kept and not summary.get("bound"):
         return (f"{variant}: the gate did not pass, and with {summary.get('candidates', 0)} quantized node(s) none can be kept in float "
                 "without leaving no INT8 at all")

@@ -183,6 +183,7 @@ def tokenizer_from_path(path: Path) -> Any:
         vocabulary = path.read_text(encoding="utf-8").split("\n")
     except (OSError, UnicodeDecodeError) as exc:
         raise PipelineError(f"--tokenizer {path}: cannot read it as a vocabulary ({exc})", GIVEN_FIX) from None
+    vocabulary = [token.removesuffix("\r") for token in vocabulary]  # a vocab.txt written on Windows: CRLF line ends
     vocabulary = vocabulary[:-1] if vocabulary and vocabulary[-1] == "" else vocabulary
     require(len(vocabulary) >= 5, f"--tokenizer {path} holds {len(vocabulary)} lines, not a WordPiece vocabulary", GIVEN_FIX)
     cased = any(c.isupper() for token in vocabulary if not (token.startswith("[") and token.endswith("]")) for c in token)

@@ -96,7 +96,7 @@ def compose_service(
     from pipeline.triton.plan_loader import serve_then_load
 
     serve = shell_command(tritonserver_args(server)) + (f" {extra_shell}" if extra_shell else "")
-    command = (f"{setup} && " if setup else "") + (serve_then_load(serve) if load_plans else "exec " + serve)
+    command = (f"{setup} && " if setup else "") + (serve_then_load(serve, int(server.http_port or 8000)) if load_plans else "exec " + serve)
     if object_store is not None:  # the server reads the bucket: no mount; credentials by reference from the environment
         return {"image": image, "user": CONTAINER_USER, "init": True, "command": ["bash", "-c", command.replace("$", "$$")],
                 "environment": {ADMIN_KEY_ENV: COMPOSE_ADMIN_KEY, **compose_s3_environment(object_store)},

@@ -176,13 +176,17 @@ def write_deploy_bundle(
     serve = shell_command(tritonserver_args(server))
     wheel = polygraphy_wheel() if builds else None
     files: dict[str, str | bytes] = {
-        SCRIPT: _docker_run_script(image, rel_repo, f"{setup} && " + (serve_then_load(serve) if builds else f"exec {serve}"),
+        SCRIPT: _docker_run_script(image, rel_repo, f"{setup} && " + (serve_then_load(serve, http_port) if builds else f"exec {serve}"),
                                    ports, pre, s3=store is not None),
         COMPOSE: compose_yaml(services, f"Serve the model repository with {image}: {ADMIN_KEY_ENV}=<secret> docker compose up"),
         README: _readme(image, loaded, skipped, ports, one_gpu, plan_names),
         **({PLANS_SCRIPT: build_plans_script(builds), LOADER: LOADER_SOURCE} if builds else {}),
         **({f"{WHEEL_DIR}/{wheel[0]}": wheel[1]} if wheel else {}),
     }
+    if wheel:  # one Polygraphy wheel: an older one left by an earlier deploy would conflict in pip
+        for stale in (out_dir / WHEEL_DIR).glob("polygraphy-*.whl"):
+            if stale.name != wheel[0]:
+                stale.unlink()
     paths = write_bundle_files(out_dir, files, executable=[SCRIPT, PLANS_SCRIPT])
     log.info("deploy bundle for %s (%s) written to %s", repository, image, out_dir)
     log.info("%s", exposure_note())

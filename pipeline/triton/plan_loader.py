@@ -38,8 +38,8 @@ import time
 import urllib.error
 import urllib.request
 
-url = os.environ.get("TRITON_URL", "http://127.0.0.1:8000").rstrip("/")
 plans = sys.argv[1] if len(sys.argv) > 1 else "/plans"
+url = (sys.argv[2] if len(sys.argv) > 2 else os.environ.get("TRITON_URL", "http://127.0.0.1:8000")).rstrip("/")
 key = os.environ.get("TRITON_ADMIN_KEY", "")
 direct = urllib.request.build_opener(urllib.request.ProxyHandler({}))  # the server is local: never through a proxy
 deadline = time.monotonic() + float(os.environ.get("PLANS_WAIT_S", "1800"))
@@ -77,15 +77,17 @@ if names:
 '''
 
 
-def serve_then_load(server_command: str, loader: str = f"/{LOADER}", plans_dir: str = "/plans") -> str:
-    """The container's shell: the server in the background, the loader once it is ready, then the server waited on
-    (a stop signal is passed on to it), so the container lives and dies with the server."""
+def serve_then_load(server_command: str, http_port: int, loader: str = f"/{LOADER}", plans_dir: str = "/plans") -> str:
+    """The container's shell: the server and the loader (told the server's HTTP port) both in the background, then the
+    server waited on, so the container lives and dies with the server and a stop signal reaches it at once, whatever
+    the loader is doing."""
     # One group: after ``setup && `` only the server goes to the background, so $! is the server itself (without the
-    # braces the whole and-list ran in a subshell, which took the TERM and left the server running). A signal
-    # interrupts the first wait: the server, signalled in turn, is then waited on for its own exit status.
+    # braces the whole and-list ran in a subshell, which took the TERM and left the server running). The shell waits
+    # only on the server (a trap runs during a wait, not during a foreground command); a signal interrupts that wait,
+    # and the server, signalled in turn, is waited on again for its own exit status.
     return (f"{{ {server_command} & pid=$!; trap 'kill -TERM \"$pid\"' TERM INT; "
-            f"python3 {loader} {plans_dir} || true; wait \"$pid\"; status=$?; "
-            f"if kill -0 \"$pid\" 2>/dev/null; then wait \"$pid\"; status=$?; fi; exit \"$status\"; }}")
+            f"{{ python3 {loader} {plans_dir} http://127.0.0.1:{http_port} || true; }} & "
+            f"wait \"$pid\"; status=$?; if kill -0 \"$pid\" 2>/dev/null; then wait \"$pid\"; status=$?; fi; exit \"$status\"; }}")
 
 
 def polygraphy_wheel() -> tuple[str, bytes]:

@@ -36,7 +36,7 @@ def mixed_build(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def test_mixed_float16_logits_build_with_parity_at_float16s_spacing(mixed_build: Path) -> None:
     report = json.loads((mixed_build / "w" / "mixed_logits" / "parity.json").read_text())
     logits = report["outputs"]["logits"]
-    assert report["tolerance"]["reference_format"] == "float16" and report["tolerance"]["ulps"] == 4.0
+    assert report["tolerance"]["reference_format"] == "float16" and report["tolerance"]["ulps"] == 4.0 and report["tolerance"]["atol"] == 0.01
     assert json.loads((mixed_build / "w" / "mixed_logits" / "manifest.json").read_text())["results"]["output_kinds"][0]["kind"] == "classes"
     assert logits["beyond"] == 0 and logits["top1_agreement"] == 1.0
     # what an absolute tolerance could not hold: float16's own rounding at values this large

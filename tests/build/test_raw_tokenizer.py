@@ -101,3 +101,11 @@ def test_model_inputs_a_tokenizer_cannot_make_are_refused(tmp_path: Path) -> Non
     with np.load(tmp_path / "t.npz") as tokens:  # TF Hub's BERT names; [CLS] a a [SEP] pad pad, [CLS] [UNK] [SEP] ...
         assert tokens["input_word_ids"].tolist() == [[2, 4, 4, 3, 0, 0], [2, 1, 3, 0, 0, 0]]
         assert tokens["input_mask"].tolist() == [[1, 1, 1, 1, 0, 0], [1, 1, 1, 0, 0, 0]] and not tokens["input_type_ids"].any()
+
+
+def test_a_vocabulary_written_with_crlf_line_ends_reads_as_its_tokens(tmp_path: Path) -> None:
+    from pipeline.stages.tokenizer_export import tokenizer_from_path
+
+    path = tmp_path / "vocab.txt"
+    path.write_bytes(b"[PAD]\r\n[UNK]\r\n[CLS]\r\n[SEP]\r\nthe\r\ncat\r\n")
+    assert tokenizer_from_path(path).get_vocabulary() == ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "the", "cat"]

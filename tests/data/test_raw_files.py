@@ -67,3 +67,16 @@ def test_sentence_file_refusals(tmp_path: Path, content: bytes, classes: list[st
     path.write_bytes(content)
     with pytest.raises(PipelineError, match=problem):
         text_samples(path, classes)
+
+
+def test_an_image_too_thin_to_pad_is_one_line_not_a_traceback(tmp_path: Path) -> None:
+    """tf.image.resize_with_pad refuses a 1000×3 picture padded to 24×24 (it shrinks to no rows): so does the reference."""
+    from PIL import Image
+
+    from pipeline.core.errors import PipelineError
+    from pipeline.data.raw_files import ImagePreprocess, reference_tensor
+
+    Image.new("RGB", (1000, 3), (9, 9, 9)).save(tmp_path / "thin.png")
+    pre = ImagePreprocess("image", 24, 24, 3, False, "pad", (1 / 255,) * 3, (0.0,) * 3, "test")
+    with pytest.raises(PipelineError, match=r"cannot read image .*thin.png.*: a 1000×3 image shrinks to nothing when padded to 24×24"):
+        reference_tensor(tmp_path / "thin.png", pre)

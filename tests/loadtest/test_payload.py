@@ -115,3 +115,24 @@ def test_raw_inputs_as_clients_send_them(tmp_path) -> None:  # type: ignore[no-u
     assert json.loads(encode_json(text_io, {"text": batch}))["inputs"][0]["data"] == ["Hello, world!", "Café naïve", "Hello, world!"]
     with pytest.raises(PipelineError, match="does not take raw text"):
         raw_text_requests(csv, image_io, 1, 1)
+
+
+def test_image_files_over_grpc_are_their_bytes_and_json_refuses_them(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """gRPC carries one BYTES element as its 4-byte length and the file (not the object array's pointers); JSON cannot
+    carry a file that is not UTF-8 text and says so in one line."""
+    from PIL import Image
+    from tritonclient.grpc import service_pb2
+
+    from pipeline.core.errors import PipelineError
+    from pipeline.loadtest.grpc_load import grpc_request_bytes
+    from pipeline.loadtest.payload import ModelIO, TensorInfo, encode_json, raw_file_requests
+
+    (tmp_path / "cat").mkdir()
+    Image.new("RGB", (5, 4), (200, 10, 10)).save(tmp_path / "cat" / "a.png")
+    io = ModelIO("digits", (TensorInfo("image_bytes", "BYTES", (1,)),), (TensorInfo("probs", "FP32", (1, 10)),), 0)
+    [request] = raw_file_requests(tmp_path, io, 1)
+    data = (tmp_path / "cat" / "a.png").read_bytes()
+    parsed = service_pb2.ModelInferRequest.FromString(grpc_request_bytes(io, request))
+    assert parsed.raw_input_contents[0] == len(data).to_bytes(4, "little") + data and parsed.inputs[0].datatype == "BYTES"
+    with pytest.raises(PipelineError, match="--encoding json cannot carry input 'image_bytes': its BYTES are not UTF-8 text"):
+        encode_json(io, request)

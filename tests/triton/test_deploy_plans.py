@@ -88,11 +88,14 @@ def test_the_bundle_builds_the_plans_in_the_releases_tensorrt_container_before_t
     command = triton["command"][2].replace("$$", "$")
     assert "--model-repository=/models" in command and "--model-repository=/plans" in command and "--load-model=tok_fp16 " in command
     # the plans are not loaded at start (one its TensorRT refused would stop the server): the loader loads them after
-    assert "--strict-readiness=false" in command and "tok_fp16_trt" not in command and "python3 /load-plans.py /plans || true; wait \"$pid\"" in command
+    assert "--strict-readiness=false" in command and "tok_fp16_trt" not in command and "{ python3 /load-plans.py /plans http://127.0.0.1:8000 || true; } & wait \"$pid\"" in command
     assert "& pid=$!; trap 'kill -TERM \"$pid\"' TERM INT;" in command and "exec " not in command.split("&& ", 1)[1]
     assert {"type": "bind", "source": "./wheels", "target": "/wheels", "read_only": True} in plans["volumes"]
     [wheel] = list((bundle / "wheels").iterdir())
     assert wheel.name.startswith("polygraphy-") and wheel.name.endswith("-none-any.whl")
+    (bundle / "wheels" / "polygraphy-0.1.0-py3-none-any.whl").write_bytes(b"an older deploy's")  # two would conflict in pip
+    write_deploy_bundle(repository, bundle, image="nvcr.io/nvidia/tritonserver:25.01-py3")
+    assert [p.name for p in (bundle / "wheels").iterdir()] == [wheel.name]
     script = (bundle / "build-plans.sh").read_text()
     assert subprocess.run(["bash", "-n", str(bundle / "build-plans.sh")]).returncode == 0
     assert script.count("--trt-min-shapes") == 2 and "--strongly-typed" in script and "--tf32" in script

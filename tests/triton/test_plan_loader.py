@@ -59,8 +59,8 @@ def test_a_plan_its_tensorrt_refuses_is_one_line_and_every_other_model_serves(bu
     # as the bundle starts it: the plans' repository beside, readiness not strict (one failed plan would hold it at 400)
     with TritonServer(built.repository, workdir=tmp_path / "serve", model_control="explicit", admin_key=key,
                       extra_args=[f"--model-repository={plans}", "--strict-readiness=false"]) as server:
-        env = dict(os.environ, TRITON_URL=f"http://{server.http_url}", TRITON_ADMIN_KEY=key)
-        done = subprocess.run([sys.executable, str(loader), str(plans)], capture_output=True, text=True, env=env, timeout=120, check=False)
+        env = dict(os.environ, TRITON_ADMIN_KEY=key)
+        done = subprocess.run([sys.executable, str(loader), str(plans), f"http://{server.http_url}"], capture_output=True, text=True, env=env, timeout=120, check=False)
         assert done.returncode == 0, done.stderr
         lines = done.stdout.splitlines()
         assert "plan digits_fp16_trt: loaded" in lines, lines
@@ -75,30 +75,52 @@ def test_a_plan_its_tensorrt_refuses_is_one_line_and_every_other_model_serves(bu
             assert client.infer(model, [tensor]).as_numpy("probs").shape == (2, 10), model
         assert not client.is_model_ready("digits_int8_trt") and client.is_server_ready() and server.is_running
         # without the key the repository API refuses: the loader's load is the admin's, not anyone's
-        unkeyed = subprocess.run([sys.executable, str(loader), str(plans)], capture_output=True, text=True,
+        unkeyed = subprocess.run([sys.executable, str(loader), str(plans), f"http://{server.http_url}"], capture_output=True, text=True,
                                  env=dict(env, TRITON_ADMIN_KEY=""), timeout=120, check=False)
         assert "plan digits_fp16_trt: not loaded" in unkeyed.stdout
 
 
-def test_the_container_runs_the_server_and_passes_a_stop_on(tmp_path: Path) -> None:
-    """The shell of the server's container: the server in the background, the loader, then the server waited on; a
-    TERM to the shell reaches the server (bash, with a stand-in server that records the signal)."""
+def _container(tmp_path: Path, server_body: str, loader_body: str) -> subprocess.Popen[bytes]:
     server = tmp_path / "server.sh"
-    server.write_text(f"trap 'echo stopped > {tmp_path}/signal; exit 0' TERM\necho started > {tmp_path}/started\nwhile true; do sleep 0.1; done\n")
+    server.write_text(server_body)
     loader = tmp_path / "loader.py"
-    loader.write_text(f"open({str(tmp_path / 'loaded')!r}, 'w').write('yes')\n")
-    # after a setup step, as the bundle runs it (`<engine cache setup> && ...`): the signal must still reach the server
-    shell = f"mkdir -p {tmp_path}/cache && " + serve_then_load(f"bash {server}", loader=str(loader), plans_dir=str(tmp_path))
-    proc = subprocess.Popen(["bash", "-c", shell], env=dict(os.environ, PATH=f"{Path(sys.executable).parent}:{os.environ['PATH']}"))
+    loader.write_text(loader_body)
+    # after a setup step, as the bundle runs it (`<engine cache setup> && ...`)
+    shell = f"mkdir -p {tmp_path}/cache && " + serve_then_load(f"bash {server}", 8000, loader=str(loader), plans_dir=str(tmp_path))
+    return subprocess.Popen(["bash", "-c", shell], env=dict(os.environ, PATH=f"{Path(sys.executable).parent}:{os.environ['PATH']}"))
+
+
+def _until(path: Path) -> None:
+    for _ in range(200):
+        if path.exists():
+            return
+        subprocess.run(["sleep", "0.05"], check=True)
+    raise AssertionError(f"{path} never appeared")
+
+
+def test_the_container_runs_the_server_and_passes_a_stop_on_at_once(tmp_path: Path) -> None:
+    """The server and the loader run side by side; a TERM to the container's shell reaches the server while the loader
+    is still waiting (a stand-in server records the signal; the stand-in loader sleeps), and the shell exits with it."""
+    server = f"trap 'echo stopped > {tmp_path}/signal; exit 0' TERM\necho started > {tmp_path}/started\nwhile true; do sleep 0.05; done\n"
+    loader = f"import sys, time\nopen({str(tmp_path / 'loading')!r}, 'w').write(' '.join(sys.argv[1:]))\ntime.sleep(600)\n"
+    proc = _container(tmp_path, server, loader)
     try:
-        for _ in range(100):
-            if (tmp_path / "loaded").exists() and (tmp_path / "started").exists():
-                break
-            subprocess.run(["sleep", "0.1"], check=True)
-        assert (tmp_path / "loaded").read_text() == "yes"
+        _until(tmp_path / "started")
+        _until(tmp_path / "loading")
+        assert (tmp_path / "loading").read_text() == f"{tmp_path} http://127.0.0.1:8000"  # the plans, and the server's own port
         proc.terminate()
-        assert proc.wait(timeout=20) == 0
+        assert proc.wait(timeout=10) == 0  # at once, though the loader still sleeps
         assert (tmp_path / "signal").read_text().strip() == "stopped"
+    finally:
+        proc.kill()
+
+
+def test_a_server_that_dies_ends_the_container(tmp_path: Path) -> None:
+    """A server that exits at start (a model that does not load, --exit-on-error) ends the shell with its status, while
+    the loader would still be waiting for it: the container stops and its restart policy applies."""
+    proc = _container(tmp_path, "exit 3\n", "import time\ntime.sleep(600)\n")
+    try:
+        assert proc.wait(timeout=10) == 3
     finally:
         proc.kill()
 
