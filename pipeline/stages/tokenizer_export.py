@@ -169,8 +169,8 @@ GIVEN_FIX = ("pass a keras-hub preset folder (config.json and tokenizer.json, as
 
 def tokenizer_from_path(path: Path) -> Any:
     """The keras-hub tokenizer at ``path``: a preset folder (``keras_hub.tokenizers.Tokenizer.from_preset``), or a
-    WordPiece vocabulary file (one token per line; lowercased when the vocabulary holds no capital letter outside
-    its ``[...]`` special tokens, as BERT's uncased vocabularies). PipelineError (one line) otherwise."""
+    WordPiece vocabulary file (one token per line; lowercased and accents stripped when the vocabulary holds no capital
+    letter outside its ``[...]`` special tokens, as BERT's uncased vocabularies). PipelineError (one line) otherwise."""
     import keras_hub
 
     path = Path(path)
@@ -188,7 +188,8 @@ def tokenizer_from_path(path: Path) -> Any:
     require(len(vocabulary) >= 5, f"--tokenizer {path} holds {len(vocabulary)} lines, not a WordPiece vocabulary", GIVEN_FIX)
     cased = any(c.isupper() for token in vocabulary if not (token.startswith("[") and token.endswith("]")) for c in token)
     try:
-        return keras_hub.tokenizers.WordPieceTokenizer(vocabulary=vocabulary, lowercase=not cased)
+        # uncased BERT vocabularies were made lowercased and with accents stripped (BERT's basic tokenizer does both)
+        return keras_hub.tokenizers.WordPieceTokenizer(vocabulary=vocabulary, lowercase=not cased, strip_accents=not cased)
     except ValueError as exc:  # keras-hub's own check: its out-of-vocabulary token [UNK] missing, and so on
         raise PipelineError(f"--tokenizer {path} is not a WordPiece vocabulary keras-hub takes ({str(exc).splitlines()[0]})", GIVEN_FIX) from None
 

@@ -72,7 +72,9 @@ def test_a_keras_hub_preset_folder_gives_its_tokenizer(tmp_path: Path) -> None:
     tokenizer = tokenizer_from_path(tmp_path / "preset")
     assert type(tokenizer).__name__ == "BertTokenizer" and tokenizer.get_vocabulary() == TEXT_VOCABULARY and tokenizer.lowercase
     cased = tokenizer_from_path(_vocab(tmp_path / "cased.txt", ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "The", "the"]))
-    assert not cased.lowercase  # a capital outside the [..] tokens: the vocabulary is cased
+    assert not cased.lowercase and not cased.strip_accents  # a capital outside the [..] tokens: the vocabulary is cased
+    uncased = tokenizer_from_path(_vocab(tmp_path / "uncased.txt", ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "cafe", "the"]))
+    assert uncased.lowercase and uncased.strip_accents and [list(map(int, row)) for row in uncased(["Café"])] == [[4]]  # as BERT's uncased
     for bad, problem in ((tmp_path / "preset" / "config.json", "not a WordPiece vocabulary"),
                          (tmp_path, "keras-hub cannot load a tokenizer from it")):
         with pytest.raises(PipelineError, match=problem) as caught:
