@@ -6,6 +6,7 @@ version-mismatch message (Triton issue #5975), as a plan built by another Tensor
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import subprocess
@@ -87,7 +88,18 @@ def _container(tmp_path: Path, server_body: str, loader_body: str) -> subprocess
     loader.write_text(loader_body)
     # after a setup step, as the bundle runs it (`<engine cache setup> && ...`)
     shell = f"mkdir -p {tmp_path}/cache && " + serve_then_load(f"bash {server}", 8000, loader=str(loader), plans_dir=str(tmp_path))
-    return subprocess.Popen(["bash", "-c", shell], env=dict(os.environ, PATH=f"{Path(sys.executable).parent}:{os.environ['PATH']}"))
+    # a session of its own: the stand-in loader outlives the shell (in a container, the container's end stops it)
+    return subprocess.Popen(["bash", "-c", shell], env=dict(os.environ, PATH=f"{Path(sys.executable).parent}:{os.environ['PATH']}"),
+                            start_new_session=True)
+
+
+def _stop(proc: subprocess.Popen[bytes]) -> None:
+    """Everything the container shell started, as the container's end would."""
+    import signal
+
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait(timeout=10)
 
 
 def _until(path: Path) -> None:
@@ -112,7 +124,7 @@ def test_the_container_runs_the_server_and_passes_a_stop_on_at_once(tmp_path: Pa
         assert proc.wait(timeout=10) == 0  # at once, though the loader still sleeps
         assert (tmp_path / "signal").read_text().strip() == "stopped"
     finally:
-        proc.kill()
+        _stop(proc)
 
 
 def test_a_server_that_dies_ends_the_container(tmp_path: Path) -> None:
@@ -122,7 +134,7 @@ def test_a_server_that_dies_ends_the_container(tmp_path: Path) -> None:
     try:
         assert proc.wait(timeout=10) == 3
     finally:
-        proc.kill()
+        _stop(proc)
 
 
 def test_the_shipped_polygraphy_wheel_installs_offline_and_runs(tmp_path: Path) -> None:
