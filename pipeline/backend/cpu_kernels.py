@@ -26,6 +26,7 @@ from pathlib import Path
 import numpy as np
 
 from pipeline.core.errors import PipelineError
+from pipeline.core.onnx_files import graph_proto
 
 METADATA_KEY = "cpu_int8_kernels"
 VNNI_FLAGS = ("avx512_vnni", "avx_vnni")  # /proc/cpuinfo names; AMX CPUs (amx_int8) have avx512_vnni too
@@ -74,12 +75,12 @@ def record_cpu_kernels(path: Path) -> CpuKernels:
     import onnx
 
     kernels = kernels_from_weights(path)
-    model = onnx.load(str(path))
+    model = graph_proto(path)  # metadata only: the weights stay in their data file, if any
     kept = [p for p in model.metadata_props if p.key != METADATA_KEY]
     del model.metadata_props[:]
     model.metadata_props.extend(kept)
     model.metadata_props.add(key=METADATA_KEY, value=json.dumps(asdict(kernels), sort_keys=True))
-    onnx.save(model, str(path))
+    onnx.save_model(model, str(path))
     return kernels
 
 

@@ -75,6 +75,8 @@ class BuildConfig:
                                    "(see mig-plan)", metavar="GPU[:LAYOUT]", group=OUTPUTS)
     opset: int = option(17, "ONNX opset, 17 or newer", check=lambda v: None if v >= 17 else "is too old", fix="use --opset 17 or newer",
                         group=CONVERSION)
+    external_data: bool = option(False, "store every ONNX variant's weights in a <file>.data beside it (ONNX's external data), as a model "
+                                        "with over 1 GiB of weights always is: the 2 GB protobuf limit", group=CONVERSION)
     max_batch: int = option(64, "largest batch the deployment serves", check=in_range(1, 4096), fix="use a value from 1 to 4096", group=CONVERSION)
     fp16: bool = option(False, "add an FP16 ONNX variant (FP32 inputs/outputs; Softmax and other sensitive ops kept FP32)", group=PRECISION)
     fp16_keep_op_types: tuple[str, ...] = option((), "FP16: also keep these ONNX op types in FP32, comma-separated or repeated, "
@@ -95,6 +97,9 @@ class BuildConfig:
     int8_keep_nodes: tuple[str, ...] = option((), "INT8: keep these Conv/ConvTranspose/Gemm/MatMul nodes of model.fp32.onnx in float (no Q/DQ "
                                               "on their inputs; a failed INT8 gate names the layers that add the most error), comma-separated "
                                               "or repeated", metavar="NAME,...", group=PRECISION)
+    int8_table_min_mib: float = option(64.0, "INT8: embedding tables (float, read only by Gather) of at least this size are stored int8 "
+                                             "with a scale per row, weights only (a quarter of their bytes); smaller ones stay float",
+                                       check=in_range(0.0, 1e9), metavar="MIB", group=PRECISION)
     uint8_input: float | None = option(None, "image models: add <name>_u8, the FP32 model taking uint8 NHWC image inputs with × SCALE "
                                              "folded into the graph (a quarter of the bytes per request; SCALE 1 when the model rescales "
                                              "0..255 itself), gated against FP32 within the parity tolerance", metavar="SCALE",

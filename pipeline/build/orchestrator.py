@@ -179,8 +179,8 @@ def _savedmodel_stage(source: ModelSource, ctx: BuildContext) -> Path:
 
 def _onnx_stage(saved: Path, ctx: BuildContext) -> Path:
     dst = ctx.ws.onnx("fp32")
-    ctx.run(Stage("onnx", onnx_from_savedmodel, inputs={"saved": saved}, settings={"opset": ctx.cfg.opset}, outputs={"dst": dst}),
-            reproduce=" ".join(tf2onnx_command(saved, dst, ctx.cfg.opset)))
+    ctx.run(Stage("onnx", onnx_from_savedmodel, inputs={"saved": saved}, settings={"opset": ctx.cfg.opset, "external_data": ctx.cfg.external_data},
+                  outputs={"dst": dst}), reproduce=" ".join(tf2onnx_command(saved, dst, ctx.cfg.opset, ctx.cfg.external_data)))
     return dst
 
 
@@ -228,7 +228,7 @@ def _int8_stage(recipe: str, onnx_fp32: Path, calib: CalibrationData | None, dat
     assert calib is not None  # cfg.calibrates
     ctx.run(Stage(recipe, gated_int8_onnx_from_onnx, inputs={"src": onnx_fp32, "calibration": calib, "data": data},
                   settings={"recipe": recipe, "method": cfg.calibration_method, "max_memory_gib": cfg.max_memory_gib,
-                            "keep_nodes": cfg.int8_keep_nodes, "fallback": cfg.fallback, "gates": cfg.gates, "kinds": kinds_to_json(kinds),
+                            "keep_nodes": cfg.int8_keep_nodes, "table_min_mib": cfg.int8_table_min_mib, "fallback": cfg.fallback, "gates": cfg.gates, "kinds": kinds_to_json(kinds),
                             "batch_size": eval_batch(onnx_fp32, data, cfg.max_memory_gib, runners=2)},
                   outputs={"dst": dst, "record": record}))
     # also on a cache hit: what is published must be what its runtime takes

@@ -12,13 +12,18 @@ _CHUNK = 1 << 20
 
 
 def hash_path(path: Path) -> str:
-    """sha256 of a file, or of a folder's relative paths and file contents (sorted)."""
+    """sha256 of a file, or of a folder's relative paths and file contents (sorted). An ONNX model with
+    external data is hashed with its data files (their names and contents, after the graph's)."""
+    from pipeline.core.onnx_files import data_files
+
     digest = hashlib.sha256()
     path = Path(path)
-    files = [path] if path.is_file() else sorted(p for p in path.rglob("*") if p.is_file())
+    files = [path, *data_files(path)] if path.is_file() else sorted(p for p in path.rglob("*") if p.is_file())
     for file in files:
         if path.is_dir():
             digest.update(file.relative_to(path).as_posix().encode() + b"\0")
+        elif file != path:
+            digest.update(b"\0" + file.name.encode() + b"\0")
         with open(file, "rb") as fh:
             while chunk := fh.read(_CHUNK):
                 digest.update(chunk)

@@ -15,6 +15,7 @@ from typing import Any
 from pipeline import __version__
 from pipeline.core.atomic import write_text_atomic
 from pipeline.core.fingerprint import code_hash, hash_path, hash_settings
+from pipeline.core.onnx_files import onnx_files
 
 log = logging.getLogger(__name__)
 
@@ -145,7 +146,7 @@ def run_stage(manifest: Manifest, stage: Stage, reproduce: str) -> bool:
                          "settings": settings})
     outputs = stage.output_paths()
     sidecar = _sidecar(outputs[0])
-    if all(p.exists() for p in outputs) and sidecar.exists():
+    if all(f.exists() for p in outputs for f in onnx_files(p)) and sidecar.exists():  # an ONNX output with its data files
         try:
             recorded = json.loads(sidecar.read_text())
         except (OSError, ValueError):

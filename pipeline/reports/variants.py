@@ -14,6 +14,7 @@ from typing import Any
 
 from pipeline.core.tables import TableData
 from pipeline.reports.build_tables import figure_text, limit_text
+from pipeline.core.onnx_files import total_size
 
 # What a variant is, in one line, where the name alone does not say it.
 VARIANT_NOTES = {
@@ -179,7 +180,7 @@ def _repository(build_dir: Path) -> Path | None:
 
 def _size(path: Path) -> int | None:
     try:
-        return path.stat().st_size if path.is_file() else None
+        return total_size(path) if path.is_file() else None  # an ONNX model with its data file
     except OSError:
         return None
 

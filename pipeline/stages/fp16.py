@@ -8,13 +8,11 @@ from __future__ import annotations
 
 import difflib
 import logging
-import os
-import tempfile
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 from pathlib import Path
 
-from pipeline.core.atomic import clear_leftovers
+from pipeline.core.onnx_files import atomic_onnx, has_external_data, save_onnx
 from pipeline.core.errors import PipelineError, require
 
 log = logging.getLogger(__name__)
@@ -60,42 +58,32 @@ def fp16_onnx_from_onnx(
 
     src, dst = Path(src), Path(dst)
     require(src.is_file(), f"ONNX model '{src}' does not exist", "run the ONNX export stage first")
-    original = onnx.load(str(src))
-    _name_nodes(original.graph, set())
+    external = has_external_data(src)  # the variant keeps its weights in a data file as its source does
+    original = _loaded(src)
     op_types = _checked_op_types(keep_op_types)
     node_names = _checked_node_names(original, keep_nodes, src)
     blocked = set(DEFAULT_FP32_OPS) | set(op_types)
     integer_casts = _integer_casts(original)
-
-    model, problem = _converted(original, blocked, node_names | integer_casts, src)
     islands: list[onnx.NodeProto] = []
-    if problem is not None:
-        islands = [n for n in original.graph.node if n.op_type in CONTROL_FLOW_OPS and n.op_type not in blocked and n.name not in node_names]
-        if not islands:
-            raise _invalid(src, problem)
-        model, retry_problem = _converted(original, blocked, node_names | integer_casts | {n.name for n in islands}, src)
-        if retry_problem is not None:
-            raise _invalid(src, retry_problem)
-        log.warning(
-            "FP16: kept %s in FP32 (with %s subgraph%s): converting %s to FP16 gave an invalid model (%s)",
-            ", ".join(f"{n.op_type} '{n.name}'" for n in islands),
-            "its" if len(islands) == 1 else "their",
-            "" if len(islands) == 1 else "s",
-            "it" if len(islands) == 1 else "them",
-            problem,
-        )
-
-    dst.parent.mkdir(parents=True, exist_ok=True)
-    clear_leftovers(dst)
-    fd, tmp = tempfile.mkstemp(dir=dst.parent, prefix=f".{dst.name}.", suffix=".tmp")
-    os.close(fd)
-    os.chmod(tmp, 0o644)  # mkstemp makes 0600; the model is an ordinary artifact
-    try:
-        onnx.save(model, tmp)
-        os.replace(tmp, dst)
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
+    with atomic_onnx(dst) as tmp:
+        # converted in place and validated from the file written: the FP32 weights are not held twice
+        model, problem = _converted(original, blocked, node_names | integer_casts, src, tmp, external)
+        if problem is not None:
+            original = _loaded(src)  # the first try consumed it
+            islands = [n for n in original.graph.node if n.op_type in CONTROL_FLOW_OPS and n.op_type not in blocked and n.name not in node_names]
+            if not islands:
+                raise _invalid(src, problem)
+            model, retry_problem = _converted(original, blocked, node_names | integer_casts | {n.name for n in islands}, src, tmp, external)
+            if retry_problem is not None:
+                raise _invalid(src, retry_problem)
+            log.warning(
+                "FP16: kept %s in FP32 (with %s subgraph%s): converting %s to FP16 gave an invalid model (%s)",
+                ", ".join(f"{n.op_type} '{n.name}'" for n in islands),
+                "its" if len(islands) == 1 else "their",
+                "" if len(islands) == 1 else "s",
+                "it" if len(islands) == 1 else "them",
+                problem,
+            )
     kept = sorted({n.op_type for n in model.graph.node if n.op_type in blocked})
     log.info(
         "wrote FP16 model %s (kept in FP32: op types %s; nodes %s)",
@@ -106,13 +94,19 @@ def fp16_onnx_from_onnx(
     return dst
 
 
-def _converted(original, blocked: set[str], node_names: set[str], src: Path):
-    """Convert a copy of ``original``; return (model, None) if it is valid, else (None, problem)."""
+def _loaded(src: Path):
+    import onnx
+
+    model = onnx.load(str(src))
+    _name_nodes(model.graph, set())
+    return model
+
+
+def _converted(model, blocked: set[str], node_names: set[str], src: Path, dst: Path, external: bool):
+    """Convert ``model`` (in place) and save it at ``dst``; return (model, None) if it is valid, else (None, problem)."""
     import onnx
     from onnxconverter_common import float16
 
-    model = onnx.ModelProto()
-    model.CopyFrom(original)
     float_io = {v.name for v in [*model.graph.input, *model.graph.output] if v.type.tensor_type.elem_type == onnx.TensorProto.FLOAT}
     op_block = set(float16.DEFAULT_OP_BLOCK_LIST) | blocked
     kept = lambda node: node.op_type in op_block or node.name in node_names  # noqa: E731
@@ -130,7 +124,8 @@ def _converted(original, blocked: set[str], node_names: set[str], src: Path):
     _restore_fp32_outputs(model.graph, float_io, op_block)
     _feed_islands_fp32(model.graph, kept, island_inits)
     _check_io_types(model.graph, float_io, src)
-    problem = _validation_problem(model)
+    save_onnx(model, dst, external=external)
+    problem = _validation_problem(dst)
     return (model, None) if problem is None else (None, problem)
 
 
@@ -184,18 +179,17 @@ def _unshare_kept_initializers(graph, kept: Callable) -> None:
                     node.input[index] = f"{name}__fp32"
 
 
-def _validation_problem(model) -> str | None:
-    """None if the model passes ``onnx.checker`` (full check) and loads in ONNX Runtime, else the first line of why not."""
+def _validation_problem(path: Path) -> str | None:
+    """None if the model at ``path`` passes ``onnx.checker`` (full check) and loads in ONNX Runtime, else the first line of why not."""
     import onnx
     import onnxruntime as ort
 
-    data = model.SerializeToString()
     try:
-        onnx.checker.check_model(onnx.load_from_string(data), full_check=True)
+        onnx.checker.check_model(str(path), full_check=True)
     except (onnx.checker.ValidationError, onnx.shape_inference.InferenceError) as exc:
         return str(exc).strip().splitlines()[0]
     try:
-        ort.InferenceSession(data, providers=["CPUExecutionProvider"])
+        ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
     except Exception as exc:  # noqa: BLE001 - ORT raises its own pybind types (Fail, InvalidGraph, ...)
         return "ONNX Runtime cannot load it: " + str(exc).strip().splitlines()[0]
     return None

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import difflib
 import logging
-import os
 import tempfile
 import time
 from collections.abc import Sequence
@@ -28,8 +27,10 @@ import numpy as np
 from pipeline.backend.budget import DEFAULT_MAX_MEMORY_GIB, batch_for_budget, memory_estimate
 from pipeline.core.atomic import clear_leftovers
 from pipeline.core.errors import PipelineError, require
+from pipeline.core.onnx_files import has_external_data, move_onnx, save_onnx
 from pipeline.data.tensors import signature_from_onnx
 from pipeline.stages.calibration import CalibrationData
+from pipeline.stages.gather_tables import DEFAULT_TABLE_MIN_MIB, tables_for_tensorrt, tables_quantized
 from pipeline.stages.int8_calibrate import QuantRecipe, calibrate, calibration_batch, drop_unused_opsets, ort_method, ort_prints_to_log, prepared_model
 from pipeline.stages.qdq_placement import CALIBRATED_OP_TYPES, place_qdq
 
@@ -77,6 +78,7 @@ def qdq_onnx_from_onnx(
     batch_size: int | None = None,
     max_memory_gib: float = DEFAULT_MAX_MEMORY_GIB,
     keep_nodes: Sequence[str] = (),
+    table_min_mib: float = DEFAULT_TABLE_MIN_MIB,
 ) -> Path:
     """Write an INT8 Q/DQ variant of the FP32 ONNX model ``src`` to ``dst`` and return ``dst``.
 
@@ -88,10 +90,11 @@ def qdq_onnx_from_onnx(
     :data:`MAX_CALIBRATION_BATCH`; ``batch_size`` overrides that, and a model with a fixed batch
     dim uses its own. ``keep_nodes`` (names of weighted nodes of ``src``; items may be
     comma-separated) stay float: no Q/DQ on their inputs. The result is checked with
-    ``onnx.checker`` and :func:`check_qdq_int8_symmetric`.
+    ``onnx.checker`` and :func:`check_qdq_int8_symmetric`. Gather tables of at least ``table_min_mib`` are
+    quantized weights-only, per row (:mod:`pipeline.stages.gather_tables`).
     """
     return quantized_onnx_from_onnx(src, dst, calibration, TENSORRT_RECIPE, method=method, percentile=percentile,
-                                    batch_size=batch_size, max_memory_gib=max_memory_gib, keep_nodes=keep_nodes)
+                                    batch_size=batch_size, max_memory_gib=max_memory_gib, keep_nodes=keep_nodes, table_min_mib=table_min_mib)
 
 
 def quantized_onnx_from_onnx(
@@ -105,14 +108,15 @@ def quantized_onnx_from_onnx(
     batch_size: int | None,
     max_memory_gib: float,
     keep_nodes: Sequence[str],
+    table_min_mib: float = DEFAULT_TABLE_MIN_MIB,
 ) -> Path:
     """Calibrate ``src`` on ``calibration`` and quantize it with ORT's QDQ quantizer as ``recipe`` says;
     write ``dst`` atomically (the arguments are those of :func:`qdq_onnx_from_onnx`)."""
     dst = Path(dst)
     with Calibrated(src, dst, calibration, recipe, method=method, percentile=percentile, batch_size=batch_size,
-                    max_memory_gib=max_memory_gib) as calibrated:
+                    max_memory_gib=max_memory_gib, table_min_mib=table_min_mib) as calibrated:
         kept = calibrated.checked_keep_nodes(keep_nodes)
-        os.replace(calibrated.quantize(kept), dst)
+        move_onnx(calibrated.quantize(kept), dst)
     log_kept(recipe.label, kept)
     log.info("wrote %s model %s (%s calibration, %d samples)", recipe.label, dst, method, calibration.num_samples)
     return dst
@@ -126,13 +130,15 @@ def log_kept(label: str, kept: set[str]) -> None:
 class Calibrated:
     """A model calibrated once, quantized as often as asked with different nodes kept float (the accuracy-aware
     fallback tries several): ORT's prepared model and the calibration cache live in a temporary folder beside ``dst``
-    until the ``with`` block ends."""
+    until the ``with`` block ends. Large Gather tables are quantized (weights only, per row) in the prepared model, before
+    calibration: the calibrated model is then a quarter of their size."""
 
     def __init__(self, src: Path, dst: Path, calibration: CalibrationData, recipe: QuantRecipe, *, method: str, percentile: float,
-                 batch_size: int | None, max_memory_gib: float) -> None:
+                 batch_size: int | None, max_memory_gib: float, table_min_mib: float = DEFAULT_TABLE_MIN_MIB) -> None:
         import onnx
 
         self.src, self.dst, self.calibration, self.recipe = Path(src), Path(dst), calibration, recipe
+        self.table_min_bytes = int(table_min_mib * 2**20)
         self.method, self.percentile, self.batch_size, self.max_memory_gib = method, percentile, batch_size, max_memory_gib
         require(self.src.is_file(), f"ONNX model '{src}' does not exist", "run the ONNX export stage first")
         require(
@@ -166,6 +172,7 @@ class Calibrated:
         self.tmp = Path(self._tmp.name)
         try:
             self.prepared = prepared_model(self.src, self.tmp / "prepared.onnx")
+            self.table_nodes = set(tables_quantized(self.prepared, self.table_min_bytes))
             self.cache = self.tmp / "calibration.json"
             self._calibrate()
         except BaseException:
@@ -206,7 +213,7 @@ class Calibrated:
                 None,  # ranges come from the calibration cache
                 quant_format=QuantFormat.QDQ,
                 op_types_to_quantize=self.recipe.quantized_op_types(),
-                nodes_to_exclude=sorted(kept | self.recipe.float_nodes(self.prepared)),
+                nodes_to_exclude=sorted(kept | self.table_nodes | self.recipe.float_nodes(self.prepared)),
                 per_channel=True,
                 reduce_range=self.recipe.weight_bits == 7,
                 activation_type=QuantType[self.recipe.activation_type],
@@ -214,6 +221,7 @@ class Calibrated:
                 calibrate_method=ort_method(self.method),
                 calibration_cache_path=str(self.cache),
                 extra_options=dict(self.recipe.extra_options),
+                use_external_data_format=has_external_data(self.prepared),
             )
         import onnx
 
@@ -288,14 +296,17 @@ def _checked_keep_nodes(prepared: Path, names: Sequence[str], src: Path) -> set[
 
 
 def _place_for_tensorrt(path: Path, cache: Path) -> None:
-    """Residual Adds, pooling and Concat inputs quantized as TensorRT fuses them (see qdq_placement)."""
+    """Residual Adds, pooling and Concat inputs quantized as TensorRT fuses them (see qdq_placement); Gather tables in
+    the form TensorRT takes (see gather_tables)."""
     import onnx
     from onnxruntime.quantization.calibrate import load_tensors_data
 
     ranges = {name: data.range_value for name, data in load_tensors_data(cache).items()}
+    external = has_external_data(path)
     model = onnx.load(str(path))
     place_qdq(model, ranges)
-    onnx.save(model, str(path))
+    tables_for_tensorrt(model)
+    save_onnx(model, path, external=external)
 
 
 def check_qdq_int8_symmetric(path: Path) -> None:

@@ -8,7 +8,6 @@ from __future__ import annotations
 import contextlib
 import io
 import logging
-import shutil
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -17,6 +16,7 @@ from pathlib import Path
 import numpy as np
 
 from pipeline.core.errors import require
+from pipeline.core.onnx_files import copy_onnx, data_name, graph_proto, has_external_data
 from pipeline.core.pausepoints import pause_point
 from pipeline.core.progress import progress
 from pipeline.data.tensors import ModelSignature
@@ -81,13 +81,15 @@ def prepared_model(src: Path, out: Path) -> Path:
     # ONNX shape inference only: ORT's symbolic pass runs only where sympy happens to be installed (moto's cfn-lint
     # brings it), so the prepared graph, and every quantized model, would depend on the environment; where it
     # cannot infer a graph it also writes sym_shape_infer_temp.onnx into the current directory.
+    external = has_external_data(src)  # then the prepared model keeps its weights in <out>.data too
     try:
         with ort_prints_to_log():
-            quant_pre_process(str(src), str(out), skip_symbolic_shape=True)
+            quant_pre_process(str(src), str(out), skip_symbolic_shape=True, save_as_external_data=external, all_tensors_to_one_file=True,
+                              external_data_location=data_name(out))
         return out
     except Exception as exc:  # noqa: BLE001 - shape inference gives up on some graphs; quantizing still works
         log.warning("ONNX Runtime pre-processing failed (%s); quantizing the model as exported", str(exc).splitlines()[0])
-        shutil.copyfile(src, out)
+        copy_onnx(src, out)
         return out
 
 
@@ -96,13 +98,13 @@ def drop_unused_opsets(path: Path) -> None:
     keep only the domains the graph uses, so other runtimes see a plain ONNX model."""
     import onnx
 
-    model = onnx.load(str(path))
+    model = graph_proto(path)  # the weights stay in their data file: only the graph file changes
     used = {node.domain for node in model.graph.node} | {""}
     kept = [opset for opset in model.opset_import if opset.domain in used or opset.domain == "ai.onnx"]
     if len(kept) != len(model.opset_import):
         del model.opset_import[:]
         model.opset_import.extend(kept)
-        onnx.save(model, str(path))
+        onnx.save_model(model, str(path))
 
 
 def ort_method(method: str):
@@ -155,7 +157,8 @@ def _lean_calibrator(model: Path, recipe: QuantRecipe, method: str, percentile: 
     from onnxruntime.quantization.calibrate import MinMaxCalibrater, PercentileCalibrater
     from onnxruntime.quantization.calibrate import EntropyCalibrater
 
-    common = {"op_types_to_calibrate": list(recipe.calibrated_op_types), "augmented_model_path": str(augmented), "symmetric": recipe.symmetric}
+    common = {"op_types_to_calibrate": list(recipe.calibrated_op_types), "augmented_model_path": str(augmented), "symmetric": recipe.symmetric,
+              "use_external_data_format": has_external_data(model)}
     if method == "minmax":
         calibrator = _lean(MinMaxCalibrater)(str(model), **common)
     elif method == "entropy":

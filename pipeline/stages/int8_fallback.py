@@ -23,7 +23,6 @@ from __future__ import annotations
 import json
 import logging
 import math
-import os
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -35,9 +34,11 @@ from pipeline.accuracy.judging import VariantResult
 from pipeline.accuracy.outputkinds import kinds_from_json
 from pipeline.backend.budget import DEFAULT_MAX_MEMORY_GIB
 from pipeline.core.atomic import write_text_atomic
+from pipeline.core.onnx_files import move_onnx
 from pipeline.data.artifacts import Artifact
 from pipeline.stages.accuracy import judge_variant
 from pipeline.stages.calibration import CalibrationData
+from pipeline.stages.gather_tables import DEFAULT_TABLE_MIN_MIB
 from pipeline.stages.int8 import TENSORRT_RECIPE, Calibrated, log_kept
 from pipeline.stages.int8_calibrate import QuantRecipe, calibration_batch
 from pipeline.stages.int8_cpu import CPU_RECIPE, check_qdq_uint8_activations
@@ -90,18 +91,21 @@ def gated_int8_onnx_from_onnx(
     percentile: float = 99.999,
     max_memory_gib: float = DEFAULT_MAX_MEMORY_GIB,
     keep_nodes: Sequence[str] = (),
+    table_min_mib: float = DEFAULT_TABLE_MIN_MIB,
 ) -> Path:
     """Write the ``recipe`` ("int8": TensorRT's Q/DQ graph; "int8cpu": ONNX Runtime's CPU form) INT8 variant of ``src``
     to ``dst``, with as few nodes kept in float as its gate needs (see the module docstring), and the search's JSON
     ``record``. ``keep_nodes`` are kept float whatever the search finds. Where no set within the bound passes, ``dst``
-    is the plain quantized model and the record says what was tried: the accuracy stage then fails it as it is."""
+    is the plain quantized model and the record says what was tried: the accuracy stage then fails it as it is.
+    Gather tables of at least ``table_min_mib`` are quantized weights-only, per row (see gather_tables)."""
     quant = RECIPES[recipe]
     by_name = kinds_from_json(kinds)
 
     def judge(path: Path) -> VariantResult:
         return judge_variant(src, Artifact(recipe, "onnx", path), data, gates=gates, kinds=by_name, batch_size=batch_size)
 
-    with Calibrated(src, dst, calibration, quant, method=method, percentile=percentile, batch_size=None, max_memory_gib=max_memory_gib) as calibrated:
+    with Calibrated(src, dst, calibration, quant, method=method, percentile=percentile, batch_size=None, max_memory_gib=max_memory_gib,
+                    table_min_mib=table_min_mib) as calibrated:
         base = calibrated.checked_keep_nodes(keep_nodes)
         first = calibrated.quantize(base)
         verdict = judge(first)
@@ -122,7 +126,7 @@ def gated_int8_onnx_from_onnx(
             if found is not None:
                 chosen = found
         summary["judged_on"] = f"{data.num_samples} samples of {data.source}"  # the nodes are ranked on calibration samples
-        os.replace(chosen, dst)
+        move_onnx(chosen, dst)
     write_text_atomic(Path(record), json.dumps(summary, indent=2) + "\n")
     log_kept(quant.label, base)
     if recipe == "int8cpu":

@@ -25,6 +25,7 @@ from pipeline.accuracy.evaldata import EvalData
 from pipeline.backend.trt_seam import TensorRT
 from pipeline.core.progress import progress
 from pipeline.data.artifacts import Artifact
+from pipeline.core.onnx_files import total_size
 
 WARMUP = 2
 REPEATS = 7
@@ -101,7 +102,7 @@ def latency_report_from_variants(
 def _variant_latency(artifact: Artifact, sample: Mapping[str, np.ndarray], batches: Sequence[int], threads: int, warmup: int,
                      repeats: int, allow_host_code: bool, tensorrt: TensorRT | None) -> dict[str, Any]:
     row: dict[str, Any] = {"variant": f"{artifact.precision}-{artifact.kind}", "precision": artifact.precision, "kind": artifact.kind,
-                           "file": str(artifact.path), "bytes": artifact.path.stat().st_size}
+                           "file": str(artifact.path), "bytes": total_size(artifact.path)}
     if artifact.kind == "plan":
         from pipeline.backend.plan_runner import plan_max_batch, plan_profiles
         from pipeline.stages.accuracy import runner_for_artifact

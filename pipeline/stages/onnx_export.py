@@ -17,7 +17,7 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from pipeline.core.atomic import atomic_path
+from pipeline.core.onnx_files import atomic_onnx, has_external_data, save_onnx
 from pipeline.core.errors import PipelineError
 from pipeline.core.isolate import die_with_parent
 from pipeline.data.tensors import SIGNATURE
@@ -32,7 +32,7 @@ log = logging.getLogger(__name__)
 MIN_OPSET = 17
 
 
-def tf2onnx_command(saved: Path, dst: Path, opset: int) -> list[str]:
+def tf2onnx_command(saved: Path, dst: Path, opset: int, external_data: bool = False) -> list[str]:
     """The exact tf2onnx command line this stage runs (also the artifact's reproduce command)."""
     return [
         sys.executable, "-m", "pipeline.stages.tf2onnx_run",
@@ -40,18 +40,20 @@ def tf2onnx_command(saved: Path, dst: Path, opset: int) -> list[str]:
         "--signature_def", SIGNATURE,
         "--opset", str(opset),
         "--output", str(dst),
+        *(["--external-data"] if external_data else []),
     ]
 
 
-def onnx_from_savedmodel(saved: Path, dst: Path, opset: int) -> Path:
+def onnx_from_savedmodel(saved: Path, dst: Path, opset: int, external_data: bool = False) -> Path:
     """Convert the SavedModel's serving signature to ONNX at ``dst`` (opset ≥ 17), run
-    ``onnx.checker``, and name dynamic axes: ``batch`` for axis 0, ``<tensor>_dim<i>`` otherwise."""
+    ``onnx.checker``, and name dynamic axes: ``batch`` for axis 0, ``<tensor>_dim<i>`` otherwise.
+    Weights over 1 GiB (or any, with ``external_data``) are written to ``<dst>.data`` beside it."""
     import onnx
 
     if opset < MIN_OPSET:
         raise PipelineError(f"--opset {opset} is too old", f"use --opset {MIN_OPSET} or newer")
-    with atomic_path(dst) as tmp:  # hidden .<name>.*.tmp.onnx beside dst, renamed into place at the end
-        cmd = tf2onnx_command(saved, tmp, opset)
+    with atomic_onnx(dst) as tmp:  # hidden .<name>.*.tmp.onnx beside dst (and its data file), moved into place at the end
+        cmd = tf2onnx_command(saved, tmp, opset, external_data)
         log.info("tf2onnx: %s", shlex.join(cmd[1:]))
         proc = subprocess.run(cmd, capture_output=True, text=True, preexec_fn=die_with_parent)
         unsupported = unsupported_ops(proc.stderr)
@@ -59,17 +61,19 @@ def onnx_from_savedmodel(saved: Path, dst: Path, opset: int) -> Path:
             raise unsupported_error(unsupported, opset)
         if proc.returncode != 0 or tmp.stat().st_size == 0:
             tail = [line for line in proc.stderr.splitlines() if line.strip()][-1:] or ["no output"]
-            raise PipelineError(f"tf2onnx failed: {tail[0][:300]}", f"run it by hand to see the full log: {shlex.join(tf2onnx_command(saved, dst, opset))}")
+            raise PipelineError(f"tf2onnx failed: {tail[0][:300]}", f"run it by hand to see the full log: {shlex.join(tf2onnx_command(saved, dst, opset, external_data))}")
 
+        external = has_external_data(tmp)
         model = onnx.load(str(tmp))
         _keras_output_order(model, saved)
         float32_from_mixed(model)
         _name_dynamic_axes(model)
+        save_onnx(model, tmp, external=external)
+        del model
         try:
-            onnx.checker.check_model(model, full_check=True)
+            onnx.checker.check_model(str(tmp), full_check=True)  # by path: a model over 2 GB cannot be checked in memory
         except (onnx.checker.ValidationError, onnx.shape_inference.InferenceError) as exc:
             raise PipelineError(f"tf2onnx produced an invalid ONNX model: {str(exc).splitlines()[0]}", "report the model to tf2onnx") from None
-        onnx.save(model, str(tmp))
     return dst
 
 

@@ -14,6 +14,11 @@ needs it, collects garbage between optimizer passes and returns freed memory to 
 A SavedModel whose signature captures non-variable resources (lookup tables) goes through
 tf2onnx's own loader (``tf_loader.from_saved_model``), which restores those tables.
 
+Weights over :data:`~pipeline.core.onnx_files.EXTERNAL_OVER` take tf2onnx's ``--large_model`` path: frozen
+without the protobuf size check, the large constants lifted out of the GraphDef before TensorFlow imports it,
+no grappler (it serializes the graph) — and the weights written to ``<output>.data`` beside the ONNX graph
+(not tf2onnx's zip), as ONNX's external data. ``--external-data`` writes a data file at any size.
+
 TensorFlow ops tf2onnx has no handler for get one from :mod:`pipeline.stages.tf_ops` (exact GELU's
 ``Erfc``), registered on import. Ops still left unconverted are named on one stderr line
 (``tf_ops.UNSUPPORTED_MARK``) with the lowest opset that would convert each; then no model is
@@ -79,11 +84,19 @@ def _needs_full_loader(func: Any, tf: Any) -> bool:
     return any(t.dtype == tf.resource and id(t) not in variables for t in func.captured_inputs)
 
 
-def frozen_graph(saved: str, signature: str) -> tuple[Any, list[str], list[str], dict, dict[str, str]]:
-    """(grappler-optimized frozen GraphDef, inputs, outputs, initialized tables, renames) of ``signature``,
-    with the loaded SavedModel freed before grappler runs."""
+def _variable_bytes(func: Any) -> int:
+    return sum(int(v.shape.num_elements() or 0) * v.dtype.size for v in func.graph.variables)
+
+
+def frozen_graph(saved: str, signature: str) -> tuple[Any, list[str], list[str], dict, dict[str, str], dict[str, bytes] | None]:
+    """(frozen GraphDef, inputs, outputs, initialized tables, renames, large constants) of ``signature``, with the
+    loaded SavedModel freed as soon as it is frozen. Grappler optimizes the GraphDef, except for weights over
+    EXTERNAL_OVER: then the large constants' bytes are lifted out of it (the last item, None otherwise)."""
     import tensorflow as tf
     from tf2onnx import tf_loader
+    from tf2onnx.tf_utils import compress_graph_def
+
+    from pipeline.core.onnx_files import EXTERNAL_OVER
 
     with tf.device("/cpu:0"):
         imported = tf.saved_model.load(saved, tags=["serve"])
@@ -96,7 +109,15 @@ def frozen_graph(saved: str, signature: str) -> tuple[Any, list[str], list[str],
             del func, imported
             graph_def, inputs, outputs, tables, renames = tf_loader.from_saved_model(
                 saved, None, None, ["serve"], [signature], None, False, return_initialized_tables=True, return_tensors_to_rename=True)
-            return graph_def, inputs, outputs, tables, renames
+            return graph_def, inputs, outputs, tables, renames, None
+        if _variable_bytes(func) > EXTERNAL_OVER:  # tf2onnx's --large_model: a GraphDef cannot hold them
+            graph_def = tf_loader.convert_variables_to_constants_large_model(func)
+            del func, imported
+            _release()
+            graph_def = tf_loader.fix_freezing_errors_part2(graph_def)
+            lifted = compress_graph_def(graph_def)
+            _release()
+            return graph_def, inputs, outputs, {}, renames, lifted
         frozen = tf_loader.convert_variables_to_constants_v2(func, lower_control_flow=False, aggressive_inlining=True)
         graph_def = frozen.graph.as_graph_def(add_shapes=True)
         del frozen, func, imported
@@ -105,7 +126,7 @@ def frozen_graph(saved: str, signature: str) -> tuple[Any, list[str], list[str],
         with tf.Graph().as_default():
             meta_graph = tf.compat.v1.train.export_meta_graph(graph_def=graph_def)
         del graph_def  # grappler gets the MetaGraphDef; the GraphDef inside it is the only copy left
-        return _grappler(meta_graph, inputs, outputs), inputs, outputs, {}, renames
+        return _grappler(meta_graph, inputs, outputs), inputs, outputs, {}, renames, None
 
 
 def _grappler(meta_graph: Any, inputs: list[str], outputs: list[str]) -> Any:
@@ -160,11 +181,14 @@ class _Unmapped(logging.Handler):
             self.ops.append(str(record.args[1]))
 
 
-def onnx_model(graph_def: list, inputs: list[str], outputs: list[str], tables: dict, renames: dict[str, str], opset: int, name: str) -> Any:
+def onnx_model(graph_def: list, inputs: list[str], outputs: list[str], tables: dict, renames: dict[str, str], opset: int, name: str,
+               lifted: dict[str, bytes] | None = None) -> tuple[Any, Any]:
     """tf2onnx's ONNX ModelProto of the frozen graph in the one-element list ``graph_def`` (emptied, to free
-    it); :class:`UnsupportedOps` when ops are left without a handler at ``opset``."""
+    it), and the storage of its external tensors (None unless ``lifted`` holds large constants' bytes);
+    :class:`UnsupportedOps` when ops are left without a handler at ``opset``."""
     import tensorflow as tf
     from tf2onnx import constants, optimizer
+    from tf2onnx.graph import ExternalTensorStorage
     from tf2onnx.tfonnx import process_tf_graph
 
     import pipeline.stages.tf_ops  # noqa: F401  (registers the handlers tf2onnx lacks)
@@ -176,19 +200,50 @@ def onnx_model(graph_def: list, inputs: list[str], outputs: list[str], tables: d
         with tf.device("/cpu:0"), tf.Graph().as_default() as tf_graph:
             tf.import_graph_def(graph_def.pop(), name="")
             graph = process_tf_graph(tf_graph, continue_on_error=False, target="", opset=opset, custom_op_handlers={}, extra_opset=[],
-                                     input_names=inputs, output_names=outputs, tensors_to_rename=renames, initialized_tables=tables)
+                                     input_names=inputs, output_names=outputs, tensors_to_rename=renames, initialized_tables=tables,
+                                     const_node_values=lifted)
     finally:
         tf2onnx_log.removeHandler(unmapped)
     if unmapped.ops:
         raise UnsupportedOps(unmapped.ops)
     del tf_graph
+    if lifted is not None:
+        lifted.clear()  # process_tf_graph made its own arrays of them
     _release()
     with tf.device("/cpu:0"):
-        catch_errors = os.environ.get(constants.ENV_TF2ONNX_CATCH_ERRORS, "TRUE").upper() == "TRUE"
+        default = "TRUE" if lifted is None else "FALSE"  # as tf2onnx: a large model's optimizer errors are not swallowed
+        catch_errors = os.environ.get(constants.ENV_TF2ONNX_CATCH_ERRORS, default).upper() == "TRUE"
         passes = OrderedDict((key, _collecting(factory)) for key, factory in optimizer._get_optimizers().items())
         graph = optimizer.optimize_graph(graph, catch_errors, optimizers=passes)
         _release()
-        return graph.make_model(f"converted from {name}")
+        storage = ExternalTensorStorage() if lifted is not None else None
+        return graph.make_model(f"converted from {name}", external_tensor_storage=storage), storage
+
+
+def save_with_storage(model: Any, storage: Any, output: str) -> None:
+    """Save tf2onnx's ``model`` at ``output``; the tensors it keeps in ``storage`` (its ``--large_model`` form) go
+    into ``<output>.data`` as ONNX external data, each at a 4 KiB-aligned offset, dropped from memory once written."""
+    from pathlib import Path
+
+    import onnx
+    from onnx.external_data_helper import _get_all_tensors, set_external_data
+
+    from pipeline.core.onnx_files import data_name
+
+    data = Path(output).parent / data_name(output)
+    with open(data, "wb") as fh:
+        for tensor in _get_all_tensors(model):
+            if tensor.data_location != onnx.TensorProto.EXTERNAL:
+                continue
+            key = next(e.value for e in tensor.external_data if e.key == "location")
+            blob = storage.name_to_tensor_data.pop(key)
+            offset = -fh.tell() % 4096 + fh.tell()
+            fh.seek(offset)
+            fh.write(blob)
+            del tensor.external_data[:]
+            set_external_data(tensor, data.name, offset, len(blob))
+            del blob
+    onnx.save_model(model, output)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -198,25 +253,30 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--signature_def", required=True)
     parser.add_argument("--opset", type=int, required=True)
     parser.add_argument("--output", required=True)
+    parser.add_argument("--external-data", action="store_true", help="write the weights to <output>.data at any size")
     args = parser.parse_args(argv)
     pause_point("tf2onnx.convert")
     _use_mmap_for_large_blocks()
 
     from tf2onnx import logging as tf2onnx_logging
-    from tf2onnx import utils
+
+    from pipeline.core.onnx_files import save_onnx
 
     tf2onnx_logging.basicConfig(level=tf2onnx_logging.get_verbosity_level(None))
-    graph_def, inputs, outputs, tables, renames = frozen_graph(args.saved_model, args.signature_def)
+    graph_def, inputs, outputs, tables, renames, lifted = frozen_graph(args.saved_model, args.signature_def)
     held = [graph_def]
     del graph_def
     try:
-        model = onnx_model(held, inputs, outputs, tables, renames, args.opset, args.saved_model)
+        model, storage = onnx_model(held, inputs, outputs, tables, renames, args.opset, args.saved_model, lifted)
     except UnsupportedOps as exc:
         from pipeline.stages.tf_ops import NEWEST_OPSET, lowest_opsets
 
         log.error("%s%s", UNSUPPORTED_MARK, json.dumps({"newest_opset": NEWEST_OPSET, "ops": lowest_opsets(sorted(set(exc.ops)))}))
         return 1
-    utils.save_protobuf(args.output, model)
+    if storage is not None:
+        save_with_storage(model, storage, args.output)
+    else:
+        save_onnx(model, args.output, external=True if args.external_data else None)
     log.info("Successfully converted TensorFlow model %s to ONNX at %s", args.saved_model, args.output)
     return 0
 

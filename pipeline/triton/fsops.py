@@ -13,6 +13,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from pipeline.core.errors import PipelineError, require
+from pipeline.core.onnx_files import copy_onnx, onnx_files
 
 _AT_FDCWD = -100
 RENAME_NOREPLACE = 1
@@ -82,12 +83,16 @@ def carry_over(src: Path, dst: Path, rel: str, *, skip_files: set[str], skip_dir
 
 
 def copy_artifact(src: Path, dst: Path) -> None:
-    """Copy a model file (or an ONNX directory with external data) and fsync every file."""
-    if src.is_dir():  # ONNX models may be a directory (model + external data)
+    """Copy a model file (an ONNX model with its data file, ``<dst>.data``; or a folder) and fsync every file."""
+    if src.is_dir():
         shutil.copytree(src, dst)
         for file in dst.rglob("*"):
             if file.is_file():
                 fsync(file)
+    elif src.suffix == ".onnx":
+        copy_onnx(src, dst)
+        for file in onnx_files(dst):
+            fsync(file)
     else:
         shutil.copyfile(src, dst)
         fsync(dst)
