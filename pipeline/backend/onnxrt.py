@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING
 from pipeline.core.errors import PipelineError, require
 
 if TYPE_CHECKING:
+    import onnx
     import onnxruntime
 
 log = logging.getLogger(__name__)
@@ -61,3 +62,17 @@ def session_from_onnx(
         ) from None
     log.debug("ORT session for %s (exact_qdq=%s, threads=%s)", path, exact_qdq, threads)
     return session
+
+
+def session_from_proto(model: onnx.ModelProto, folder: Path, *, exact_qdq: bool = False) -> onnxruntime.InferenceSession:
+    """An ONNX Runtime CPU session for ``model`` as changed in memory (outputs marked, inputs bypassed), whose external
+    tensors ONNX Runtime reads from their data files in ``folder``: the weights are neither loaded into the proto nor
+    written again, and a model over 2 GB works as a small one. Options as :func:`session_from_onnx`."""
+    import onnxruntime as ort
+
+    options = ort.SessionOptions()
+    options.enable_mem_pattern = False
+    if exact_qdq:
+        options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    options.add_session_config_entry("session.model_external_initializers_file_folder_path", str(folder))
+    return ort.InferenceSession(model.SerializeToString(), sess_options=options, providers=["CPUExecutionProvider"])

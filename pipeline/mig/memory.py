@@ -171,13 +171,14 @@ def _measured_bytes(onnx_path: Path, max_batch: int, names: list[str]) -> int:
     Ones (not zeros) so data-dependent shapes such as NonZero's come out at their largest.
     """
     import onnx
-    import onnxruntime as ort
 
-    model = load_onnx(onnx_path)
+    from pipeline.backend.onnxrt import session_from_proto
+
+    model = load_onnx(onnx_path, external_data=False)  # ONNX Runtime reads the weights from their data file, if any
     _fix_batch(model, max_batch)
     outputs = {o.name for o in model.graph.output}
     model.graph.output.extend(onnx.ValueInfoProto(name=n) for n in names if n not in outputs)
-    session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    session = session_from_proto(model, Path(onnx_path).parent)
     feeds = {}
     for spec in session.get_inputs():
         shape = [d if isinstance(d, int) else max_batch for d in spec.shape]

@@ -19,7 +19,8 @@ from pathlib import Path
 
 import numpy as np
 
-from pipeline.backend.onnxrt import session_from_onnx
+from pipeline.backend.onnxrt import session_from_proto
+from pipeline.core.onnx_files import graph_proto
 from pipeline.stages.qdq_placement import WEIGHTED, float_source
 
 
@@ -53,7 +54,7 @@ def layer_errors_from_models(fp32: Path, int8: Path, feed: Mapping[str, np.ndarr
 
     from pipeline.stages.int8_calibrate import prepared_model
 
-    quantized = onnx.load(str(int8))
+    quantized = graph_proto(int8)  # the graph; the weights stay in their data file, if any
     producers = {o: n for n in quantized.graph.node for o in n.output}
     graph_inputs = {x.name for x in quantized.graph.input}
 
@@ -69,9 +70,8 @@ def layer_errors_from_models(fp32: Path, int8: Path, feed: Mapping[str, np.ndarr
     # The INT8 graph was quantized from ORT's prepared FP32 graph (BatchNorm folded, tensors renamed):
     # its float tensors carry that graph's names, so that graph is the reference.
     with tempfile.TemporaryDirectory(prefix="layer-errors.") as tmp:
-        reference = onnx.load(str(prepared_model(fp32, Path(tmp) / "prepared.onnx")))
-    values32 = _run_marked(reference, wanted, feed)
-    values8 = _run_marked(quantized, wanted, feed)
+        values32 = _run_marked(prepared_model(fp32, Path(tmp) / "prepared.onnx"), wanted, feed)
+    values8 = _run_marked(Path(int8), wanted, feed)
     errors = []
     for name, op_type, inputs, out in layers:
         if out in values32 and out in values8:
@@ -98,19 +98,15 @@ def describe(errors: list[LayerError], count: int = 3) -> str:
     return f"{growth}; largest added by {shown}: keep them in float with --int8-keep-nodes {','.join(e.node for e in worst)}"
 
 
-def _run_marked(model, names: list[str], feed: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
-    import tempfile
-
+def _run_marked(path: Path, names: list[str], feed: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
     import onnx
 
+    model = graph_proto(path)
     produced = {o for n in model.graph.node for o in n.output} | {i.name for i in model.graph.input}
     present = {o.name for o in model.graph.output}
     marked = [n for n in names if n in produced and n not in present]
     model.graph.output.extend(onnx.helper.make_tensor_value_info(n, onnx.TensorProto.FLOAT, None) for n in marked)
-    with tempfile.TemporaryDirectory(prefix="layer-errors.") as tmp:
-        path = Path(tmp) / "marked.onnx"
-        onnx.save(model, str(path))
-        session = session_from_onnx(path, exact_qdq=True)  # exact Q/DQ, as the accuracy gate
+    session = session_from_proto(model, Path(path).parent, exact_qdq=True)  # exact Q/DQ, as the accuracy gate
     outputs = [o.name for o in session.get_outputs() if o.name in names]
     inputs = {i.name for i in session.get_inputs()}
     values = dict(zip(outputs, session.run(outputs, {k: v for k, v in feed.items() if k in inputs})))

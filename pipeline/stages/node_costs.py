@@ -18,6 +18,7 @@ from pathlib import Path
 
 import numpy as np
 
+from pipeline.core.onnx_files import graph_proto
 from pipeline.stages.layer_errors import layer_errors_from_models
 from pipeline.stages.qdq_placement import WEIGHTED
 
@@ -45,17 +46,16 @@ def node_costs_from_models(fp32: Path, quantized: Path, feed: Mapping[str, np.nd
     """Every node of ``op_types`` of ``quantized`` that reads a quantized tensor, costliest first (ties by name). The cost
     is measured on ``outputs`` (the ones whose gate did not pass; default: every output), each output's error taken
     relative to its FP32 spread (as a regression gate judges it), summed."""
-    import onnx
-
     from pipeline.backend.onnxrt import session_from_onnx
 
     jumps = {e.node: e for e in layer_errors_from_models(fp32, quantized, feed, op_types)}
     reference = session_from_onnx(fp32)
     outputs = [o.name for o in reference.get_outputs() if not outputs or o.name in outputs] or [o.name for o in reference.get_outputs()]
     expected = reference.run(outputs, _feed_for(reference, feed))
-    model = onnx.load(str(quantized))
+    model = graph_proto(quantized)  # the graph; ONNX Runtime reads the weights from their data file, if any
+    folder = Path(quantized).parent
     producers = {o: n for n in model.graph.node for o in n.output}
-    base = _output_error(model, outputs, expected, feed)
+    base = _output_error(model, folder, outputs, expected, feed)
     ordered = sorted(jumps.values(), key=lambda e: (-e.jump, e.node))
     by_name = {n.name: n for n in model.graph.node}
     costs = []
@@ -69,7 +69,7 @@ def node_costs_from_models(fp32: Path, quantized: Path, feed: Mapping[str, np.nd
             if position == 0 or node.op_type not in WEIGHTED:  # data inputs; a weighted node's weights stay as quantized
                 node.input[position] = _bypassed(name, producers)
         try:
-            costs.append(NodeCost(error.node, error.op_type, base - _output_error(model, outputs, expected, feed), error.jump))
+            costs.append(NodeCost(error.node, error.op_type, base - _output_error(model, folder, outputs, expected, feed), error.jump))
         finally:
             del node.input[:]
             node.input.extend(original)
@@ -92,14 +92,11 @@ def _feed_for(session, feed: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
     return {k: v for k, v in feed.items() if k in names}
 
 
-def _output_error(model, outputs: list[str], expected: list[np.ndarray], feed: Mapping[str, np.ndarray]) -> float:  # type: ignore[no-untyped-def]
+def _output_error(model, folder: Path, outputs: list[str], expected: list[np.ndarray], feed: Mapping[str, np.ndarray]) -> float:  # type: ignore[no-untyped-def]
     """The sum over outputs of ``model``'s (exact Q/DQ) L2 error against ``expected``, relative to the spread of ``expected``."""
-    import onnxruntime as ort
+    from pipeline.backend.onnxrt import session_from_proto
 
-    options = ort.SessionOptions()
-    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
-    options.enable_mem_pattern = False
-    session = ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
+    session = session_from_proto(model, folder, exact_qdq=True)
     got = session.run(outputs, _feed_for(session, feed))
     total = 0.0
     for ref, out in zip(expected, got):

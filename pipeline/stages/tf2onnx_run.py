@@ -19,6 +19,12 @@ without the protobuf size check, the large constants lifted out of the GraphDef 
 no grappler (it serializes the graph) — and the weights written to ``<output>.data`` beside the ONNX graph
 (not tf2onnx's zip), as ONNX's external data. ``--external-data`` writes a data file at any size.
 
+On that path the tensors of :data:`WEIGHT_INPUT_BYTES` or more never enter tf2onnx: each is written to the data
+file as soon as the graph is frozen, its Const becomes a Placeholder of the same type and shape (tf2onnx converts
+it to a graph input, and copies nothing), and that input becomes an initializer pointing into the data file.
+tf2onnx's own large-model path holds each of them several times over (its optimizer passes deep-copy the graph):
+14 GB for a 2.1 GB embedding table, against 2 GB this way.
+
 TensorFlow ops tf2onnx has no handler for get one from :mod:`pipeline.stages.tf_ops` (exact GELU's
 ``Erfc``), registered on import. Ops still left unconverted are named on one stderr line
 (``tf_ops.UNSUPPORTED_MARK``) with the lowest opset that would convert each; then no model is
@@ -36,6 +42,7 @@ import os
 from collections import OrderedDict
 from typing import Any, Callable
 
+from pipeline.core.onnx_files import EXTERNAL_OVER
 from pipeline.core.pausepoints import pause_point
 
 log = logging.getLogger("pipeline.tf2onnx_run")
@@ -45,6 +52,7 @@ log = logging.getLogger("pipeline.tf2onnx_run")
 UNSUPPORTED_MARK = "pipeline.tf2onnx_run unsupported ops: "
 
 M_MMAP_THRESHOLD = -3  # glibc mallopt parameter
+WEIGHT_INPUT_BYTES = 16 << 20  # on the large-model path, a constant this size is a graph input while tf2onnx converts
 
 
 def _use_mmap_for_large_blocks() -> None:
@@ -88,15 +96,119 @@ def _variable_bytes(func: Any) -> int:
     return sum(int(v.shape.num_elements() or 0) * v.dtype.size for v in func.graph.variables)
 
 
-def frozen_graph(saved: str, signature: str) -> tuple[Any, list[str], list[str], dict, dict[str, str], dict[str, bytes] | None]:
+class Spilled:
+    """The data file being written on the large-model path, and the tensors already in it (name → its
+    ``(offset, length, ONNX type, shape)``)."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        self.file = open(path, "wb")  # noqa: SIM115 - written while the graph converts, closed by save_with_storage
+        self.tensors: dict[str, tuple[int, int, int, list[int]]] = {}
+        self.names: dict[str, str] = {}  # the initializer's name, where the placeholder's is not telling (a variable's path)
+
+    def write(self, blob: bytes) -> tuple[int, int]:
+        """Append ``blob`` at a 4 KiB-aligned offset; (offset, length)."""
+        offset = -self.file.tell() % 4096 + self.file.tell()
+        self.file.seek(offset)
+        self.file.write(blob)
+        return offset, len(blob)
+
+
+def _spill_weights(graph_def: Any, lifted: dict[str, bytes], spilled: Spilled, spill_over: int) -> None:
+    """Constants of ``spill_over`` bytes or more: their bytes to the data file, their Const nodes to Placeholders."""
+    import tensorflow as tf
+    from tf2onnx.tf_utils import map_tf_dtype
+
+    for node in graph_def.node:
+        if node.op != "Const" or len(lifted.get(node.name, b"")) < spill_over:
+            continue
+        tensor = node.attr["value"].tensor
+        dtype, shape = tensor.dtype, tf.TensorShape(tensor.tensor_shape)
+        offset, length = spilled.write(lifted.pop(node.name))
+        spilled.tensors[f"{node.name}:0"] = (offset, length, map_tf_dtype(tf.dtypes.as_dtype(dtype)), shape.as_list())
+        node.op = "Placeholder"
+        node.attr.clear()
+        node.attr["dtype"].type = dtype
+        node.attr["shape"].shape.CopyFrom(shape.as_proto())
+
+
+def _frozen_without_large_variables(func: Any, spilled: Spilled, spill_over: int) -> Any:
+    """``func`` frozen as tf2onnx's large-model path freezes it, except that variables of ``spill_over`` bytes or more
+    are written to ``spilled``'s data file one at a time (each straight from the variable) and stay in the graph as
+    Placeholders of their type and shape: TensorFlow's freezing would hold each as a NumPy copy, a TensorProto and
+    bytes at once."""
+    import tensorflow as tf
+    from tensorflow.python.framework.convert_to_constants import _FunctionConverterDataInEager, _replace_variables_by_constants
+    from tf2onnx.tf_utils import map_tf_dtype
+
+    by_handle = {id(v.handle): v for v in func.graph.variables}
+    large = {}
+    for value, placeholder in func.graph.captures:
+        variable = by_handle.get(id(value))
+        if variable is not None and int(variable.shape.num_elements() or 0) * variable.dtype.size >= spill_over:
+            large[placeholder.name.split(":")[0]] = variable
+    converter = _FunctionConverterDataInEager(func=func, lower_control_flow=False, aggressive_inlining=True, variable_names_denylist=set(large))
+    graph_def, _ = _replace_variables_by_constants(converter_data=converter)
+    del converter
+    for name, variable in large.items():
+        values = variable.numpy()
+        offset, length = spilled.write(memoryview(values).cast("B"))
+        spilled.tensors[f"{name}:0"] = (offset, length, map_tf_dtype(variable.dtype), variable.shape.as_list())
+        spilled.names[f"{name}:0"] = getattr(variable, "path", None) or variable.name.split(":")[0]
+        del values
+    carriers = dict(large)  # node name → the variable its resource output carries (inlined calls pass it on through Identity)
+    changed = True
+    while changed:
+        changed = False
+        for node in graph_def.node:
+            if node.op == "Identity" and node.name not in carriers and node.attr["T"].type == tf.resource.as_datatype_enum \
+                    and node.input[0].split(":")[0] in carriers:
+                carriers[node.name] = carriers[node.input[0].split(":")[0]]
+                node.attr["T"].type = carriers[node.name].dtype.as_datatype_enum
+                changed = True
+    for node in graph_def.node:
+        source = node.input[0].split(":")[0] if node.input else ""
+        if node.op == "Placeholder" and node.name in large:
+            variable = large[node.name]
+            node.attr.clear()
+            node.attr["dtype"].type = variable.dtype.as_datatype_enum
+            node.attr["shape"].shape.CopyFrom(variable.shape.as_proto())
+        elif node.op == "ReadVariableOp" and source in carriers:
+            dtype = node.attr["dtype"].type
+            node.op = "Identity"
+            node.attr.clear()
+            node.attr["T"].type = dtype
+        elif node.op == "ResourceGather" and source in carriers:
+            _gather_from_placeholder(graph_def, node, tf)
+    return graph_def
+
+
+def _gather_from_placeholder(graph_def: Any, node: Any, tf: Any) -> None:
+    """``node`` (a ResourceGather of a variable now a Placeholder) as the GatherV2 TensorFlow's freezing makes of it."""
+    if node.attr["batch_dims"].i != 0:
+        raise ValueError(f"ResourceGather {node.name} has batch_dims {node.attr['batch_dims'].i}; freezing needs 0")
+    axis = graph_def.node.add(name=f"{node.name}/axis", op="Const")
+    axis.attr["dtype"].type = node.attr["Tindices"].type
+    axis.attr["value"].tensor.CopyFrom(tf.make_tensor_proto(0, dtype=tf.dtypes.as_dtype(node.attr["Tindices"].type)))
+    dtype, tindices = node.attr["dtype"].type, node.attr["Tindices"].type
+    node.op = "GatherV2"
+    node.input[:] = [node.input[0], node.input[1], axis.name, *[i for i in node.input[2:] if i.startswith("^")]]
+    node.attr.clear()
+    node.attr["Tparams"].type = dtype
+    node.attr["Tindices"].type = tindices
+    node.attr["Taxis"].type = tindices
+    node.attr["batch_dims"].i = 0
+
+
+def frozen_graph(saved: str, signature: str, spilled: Spilled | None = None, large_over: int = 0,
+                 spill_over: int = WEIGHT_INPUT_BYTES) -> tuple[Any, list[str], list[str], dict, dict[str, str], dict[str, bytes] | None]:
     """(frozen GraphDef, inputs, outputs, initialized tables, renames, large constants) of ``signature``, with the
     loaded SavedModel freed as soon as it is frozen. Grappler optimizes the GraphDef, except for weights over
-    EXTERNAL_OVER: then the large constants' bytes are lifted out of it (the last item, None otherwise)."""
+    ``large_over`` bytes (with ``spilled``): then the large constants' bytes are lifted out of it (the last item, None
+    otherwise), and those of ``spill_over`` bytes or more go to ``spilled``'s data file (see the module docstring)."""
     import tensorflow as tf
     from tf2onnx import tf_loader
     from tf2onnx.tf_utils import compress_graph_def
-
-    from pipeline.core.onnx_files import EXTERNAL_OVER
 
     with tf.device("/cpu:0"):
         imported = tf.saved_model.load(saved, tags=["serve"])
@@ -110,14 +222,15 @@ def frozen_graph(saved: str, signature: str) -> tuple[Any, list[str], list[str],
             graph_def, inputs, outputs, tables, renames = tf_loader.from_saved_model(
                 saved, None, None, ["serve"], [signature], None, False, return_initialized_tables=True, return_tensors_to_rename=True)
             return graph_def, inputs, outputs, tables, renames, None
-        if _variable_bytes(func) > EXTERNAL_OVER:  # tf2onnx's --large_model: a GraphDef cannot hold them
-            graph_def = tf_loader.convert_variables_to_constants_large_model(func)
+        if spilled is not None and _variable_bytes(func) > large_over:  # tf2onnx's --large_model: a GraphDef cannot hold them
+            graph_def = _frozen_without_large_variables(func, spilled, spill_over)
             del func, imported
             _release()
             graph_def = tf_loader.fix_freezing_errors_part2(graph_def)
             lifted = compress_graph_def(graph_def)
+            _spill_weights(graph_def, lifted, spilled, spill_over)
             _release()
-            return graph_def, inputs, outputs, {}, renames, lifted
+            return graph_def, inputs + list(spilled.tensors), outputs, {}, renames, lifted
         frozen = tf_loader.convert_variables_to_constants_v2(func, lower_control_flow=False, aggressive_inlining=True)
         graph_def = frozen.graph.as_graph_def(add_shapes=True)
         del frozen, func, imported
@@ -220,29 +333,44 @@ def onnx_model(graph_def: list, inputs: list[str], outputs: list[str], tables: d
         return graph.make_model(f"converted from {name}", external_tensor_storage=storage), storage
 
 
-def save_with_storage(model: Any, storage: Any, output: str) -> None:
-    """Save tf2onnx's ``model`` at ``output``; the tensors it keeps in ``storage`` (its ``--large_model`` form) go
-    into ``<output>.data`` as ONNX external data, each at a 4 KiB-aligned offset, dropped from memory once written."""
-    from pathlib import Path
+def save_with_storage(model: Any, storage: Any, spilled: Spilled, output: str) -> None:
+    """Save tf2onnx's ``model`` at ``output`` with its weights in ``spilled``'s data file: the tensors it keeps in
+    ``storage`` (its ``--large_model`` form) appended, each dropped from memory once written; the graph inputs that
+    stood for spilled tensors turned into initializers pointing at them."""
+    import os
 
     import onnx
-    from onnx.external_data_helper import _get_all_tensors, set_external_data
+    from onnx.external_data_helper import _get_all_tensors
 
-    from pipeline.core.onnx_files import data_name
+    name = os.path.basename(spilled.path)
 
-    data = Path(output).parent / data_name(output)
-    with open(data, "wb") as fh:
-        for tensor in _get_all_tensors(model):
-            if tensor.data_location != onnx.TensorProto.EXTERNAL:
-                continue
-            key = next(e.value for e in tensor.external_data if e.key == "location")
-            blob = storage.name_to_tensor_data.pop(key)
-            offset = -fh.tell() % 4096 + fh.tell()
-            fh.seek(offset)
-            fh.write(blob)
-            del tensor.external_data[:]
-            set_external_data(tensor, data.name, offset, len(blob))
-            del blob
+    def point_at(tensor: Any, offset: int, length: int) -> None:
+        tensor.ClearField("raw_data")
+        del tensor.external_data[:]
+        for key, value in (("location", name), ("offset", str(offset)), ("length", str(length))):
+            tensor.external_data.add(key=key, value=value)
+        tensor.data_location = onnx.TensorProto.EXTERNAL
+
+    for tensor in _get_all_tensors(model):
+        if tensor.data_location != onnx.TensorProto.EXTERNAL:
+            continue
+        key = next(e.value for e in tensor.external_data if e.key == "location")
+        point_at(tensor, *spilled.write(storage.name_to_tensor_data.pop(key)))
+    spilled.file.close()
+    os.chmod(spilled.path, 0o644)
+    graph = model.graph
+    taken = {t.name for t in graph.initializer} | {o for n in graph.node for o in n.output} | {v.name for v in graph.input}
+    for value in [v for v in graph.input if v.name in spilled.tensors]:
+        offset, length, onnx_type, shape = spilled.tensors[value.name]
+        wanted = spilled.names.get(value.name, value.name)
+        initializer = wanted if wanted not in taken else value.name
+        taken.add(initializer)
+        for node in graph.node:
+            node.input[:] = [initializer if i == value.name else i for i in node.input]
+        tensor = onnx.TensorProto(name=initializer, data_type=onnx_type, dims=shape)
+        point_at(tensor, offset, length)
+        graph.initializer.append(tensor)
+        graph.input.remove(value)
     onnx.save_model(model, output)
 
 
@@ -254,16 +382,21 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--opset", type=int, required=True)
     parser.add_argument("--output", required=True)
     parser.add_argument("--external-data", action="store_true", help="write the weights to <output>.data at any size")
+    # where the large-model path starts, and which constants it keeps out of tf2onnx (bytes): tests take it on small models
+    parser.add_argument("--large-over", type=int, default=EXTERNAL_OVER, help=argparse.SUPPRESS)
+    parser.add_argument("--spill-over", type=int, default=WEIGHT_INPUT_BYTES, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     pause_point("tf2onnx.convert")
     _use_mmap_for_large_blocks()
 
     from tf2onnx import logging as tf2onnx_logging
 
-    from pipeline.core.onnx_files import save_onnx
+    from pipeline.core.onnx_files import data_name, save_onnx
 
     tf2onnx_logging.basicConfig(level=tf2onnx_logging.get_verbosity_level(None))
-    graph_def, inputs, outputs, tables, renames, lifted = frozen_graph(args.saved_model, args.signature_def)
+    spilled = Spilled(os.path.join(os.path.dirname(os.path.abspath(args.output)), data_name(args.output)))
+    graph_def, inputs, outputs, tables, renames, lifted = frozen_graph(args.saved_model, args.signature_def, spilled, args.large_over,
+                                                                       args.spill_over)
     held = [graph_def]
     del graph_def
     try:
@@ -274,8 +407,10 @@ def main(argv: list[str] | None = None) -> int:
         log.error("%s%s", UNSUPPORTED_MARK, json.dumps({"newest_opset": NEWEST_OPSET, "ops": lowest_opsets(sorted(set(exc.ops)))}))
         return 1
     if storage is not None:
-        save_with_storage(model, storage, args.output)
+        save_with_storage(model, storage, spilled, args.output)
     else:
+        spilled.file.close()
+        os.unlink(spilled.path)
         save_onnx(model, args.output, external=True if args.external_data else None)
     log.info("Successfully converted TensorFlow model %s to ONNX at %s", args.saved_model, args.output)
     return 0

@@ -25,6 +25,7 @@ from pathlib import Path
 import numpy as np
 
 from pipeline.core.errors import CheckFailed, PipelineError, require
+from pipeline.core.onnx_files import has_external_data, save_onnx
 from pipeline.data.uint8_wire import SCALE_KEY, dequantized, quantized, uint8_scales
 
 if TYPE_CHECKING:
@@ -86,10 +87,10 @@ def uint8_input_onnx_from_onnx(src: Path, dst: Path, *, scale: float) -> Path:
     meta = {p.key: p for p in model.metadata_props}
     entry = meta.get(SCALE_KEY) or model.metadata_props.add(key=SCALE_KEY)
     entry.value = json.dumps({name: scale for name in names})
-    onnx.checker.check_model(model, full_check=True)
     dst = Path(dst)
     dst.parent.mkdir(parents=True, exist_ok=True)
-    onnx.save(model, str(dst))
+    save_onnx(model, dst, external=has_external_data(Path(src)))
+    onnx.checker.check_model(str(dst), full_check=True)  # by path: a model with a data file is checked with it
     log.info("uint8 input: %s take uint8 NHWC, × %g in the graph: %s", ", ".join(names), scale, dst)
     return dst
 
