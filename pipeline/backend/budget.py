@@ -15,6 +15,11 @@ counted at the median size of the known ones.
 clamped to ``[1, max_batch]``. ``BASE_BYTES`` is the interpreter, NumPy and ONNX Runtime
 (measured at about 300 MiB resident, rounded up); weights are counted twice (the ONNX model
 proto and the session's copy).
+
+A model whose weights alone overflow the budget cannot keep it, whatever the batch: the build says
+so once, before its stages run (:func:`memory_need`), and batches are then sized to
+:data:`ACTIVATION_ALLOWANCE` beyond the weights — the build's measured rule is that each stage
+peaks at most ``3 × weights + 1.5 GiB``.
 """
 
 from __future__ import annotations
@@ -33,6 +38,19 @@ MIB = 1 << 20
 DEFAULT_MAX_MEMORY_GIB = 2.0
 BASE_BYTES = 512 * MIB
 WEIGHT_COPIES = 2
+STAGE_WEIGHT_COPIES, STAGE_SLACK = 3, 1536 * MIB  # a stage's peak: at most 3 × the FP32 weights + 1.5 GiB (scripts/bench_build.py)
+ACTIVATION_ALLOWANCE = 512 * MIB  # per batch, where the weights leave no room in the budget
+
+
+def memory_need(weight_bytes: int, max_memory_gib: float) -> str | None:
+    """One line saying that ``weight_bytes`` of weights cannot keep the ``--max-memory-gib`` budget and what a
+    stage will take instead (3 × weights + 1.5 GiB); None when they fit."""
+    need = STAGE_WEIGHT_COPIES * weight_bytes + STAGE_SLACK
+    if need <= max_memory_gib * GIB:
+        return None
+    return (f"the model's {weight_bytes / MIB:,.0f} MiB of weights cannot keep --max-memory-gib {max_memory_gib:g}: stages will peak at up "
+            f"to {need / GIB:.1f} GiB (3 × weights + 1.5 GiB), batches sized to {ACTIVATION_ALLOWANCE // MIB} MiB of activations beyond "
+            f"the weights; give the machine that much (and --max-memory-gib {need / GIB:.1f} to say so)")
 
 
 @dataclass(frozen=True)
@@ -85,7 +103,12 @@ def batch_for_budget(estimate: MemoryEstimate, max_memory_gib: float, *, max_bat
     room = budget - BASE_BYTES - runners * (WEIGHT_COPIES * estimate.weight_bytes + estimate.fixed_activation_bytes)
     per_sample = max(runners * estimate.bytes_per_sample, 1)
     batch = room // per_sample if room > 0 else 0
-    if batch < 1:
+    if batch < 1 and BASE_BYTES + runners * WEIGHT_COPIES * estimate.weight_bytes > budget:
+        # the weights alone overflow it (said once, before the build's stages: memory_need): batches get an allowance beyond them
+        batch = max(1, ACTIVATION_ALLOWANCE // per_sample)
+        log.info("weights %s MiB × %d models overflow --max-memory-gib %g: batches of %d (%d MiB of activations)",
+                 f"{estimate.weight_bytes / MIB:,.0f}", runners, max_memory_gib, batch, ACTIVATION_ALLOWANCE // MIB)
+    elif batch < 1:
         log.warning(
             "the model needs more than --max-memory-gib %g even one sample at a time (%s%s); running one sample per batch",
             max_memory_gib,

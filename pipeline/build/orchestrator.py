@@ -21,7 +21,7 @@ from pipeline.backend.tensorrt_env import gpu_here
 from pipeline.build.config import BuildConfig
 from pipeline.build.publish import PublishSettings, published_configs, published_from_artifacts, require_publishable
 from pipeline.build.raw import pixel_scaling, raw_input_stages, raw_inputs_of
-from pipeline.build.support import EVAL_BATCH, decided_kinds, early_labels, ensure_default_data, eval_batch, tool_versions
+from pipeline.build.support import EVAL_BATCH, decided_kinds, early_labels, ensure_default_data, eval_batch, note_memory_need, tool_versions
 from pipeline.core.errors import PipelineError, require_creatable
 from pipeline.core.fingerprint import hash_path
 from pipeline.core.objectstore import S3Url
@@ -100,6 +100,7 @@ def build(cfg: BuildConfig) -> BuildResult:
     artifacts: list[Artifact] = []
     try:
         saved = _savedmodel_stage(source, ctx)
+        note_memory_need(saved, cfg)  # before any stage holds the weights: a budget they cannot keep is said once
         described = read_description(saved)
         _check_labels_before_conversion(described, ctx)  # a bad label file costs seconds, not a conversion
         onnx_fp32 = _onnx_stage(saved, ctx)

@@ -50,6 +50,18 @@ def early_labels(path: Path) -> list[dict[str, np.ndarray]]:
     return list(by_bucket.values())
 
 
+def note_memory_need(saved: Path, cfg: BuildConfig) -> None:
+    """Before the conversion, one line when the SavedModel's weights (its variables' files) cannot keep ``--max-memory-gib``
+    (:func:`pipeline.backend.budget.memory_need`)."""
+    from pipeline.backend.budget import memory_need
+
+    variables = Path(saved) / "variables"
+    weights = sum(f.stat().st_size for f in variables.glob("variables.data-*")) if variables.is_dir() else 0
+    line = memory_need(weights, cfg.max_memory_gib)
+    if line:
+        log.warning("%s", line)
+
+
 def ensure_default_data(data_dir: ModelData) -> None:
     """The bundled model's eval/calibration data, regenerated (deterministically, offline) where missing,
     e.g. when building outside the source tree."""

@@ -15,7 +15,7 @@ import contextlib
 import os
 import shutil
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -115,6 +115,43 @@ def save_onnx(model: onnx.ModelProto, dst: Path, *, external: bool | None = None
             os.chmod(data, 0o644)  # ONNX creates it 0600; a server in a container runs as another user
     else:
         onnx.save_model(model, str(dst))
+    return dst
+
+
+_BLOCK = 64 << 20  # bytes of a tensor read, converted and written at once by save_streamed
+
+
+def save_streamed(model: onnx.ModelProto, dst: Path, src_folder: Path,
+                  convert: Callable[[onnx.TensorProto, bytes], bytes] | None = None) -> Path:
+    """Save ``model`` at ``dst`` when its tensors still point into data files in ``src_folder`` (its graph was
+    loaded without them and changed): each external tensor is copied into ``<dst>.data`` a block at a time, through
+    ``convert(tensor, block)`` when given (a block is a multiple of 8 bytes: whole elements), and re-pointed there.
+    The weights are never in memory whole."""
+    import onnx
+    from onnx.external_data_helper import _get_all_tensors
+
+    dst, src_folder = Path(dst), Path(src_folder)
+    data = dst.parent / data_name(dst)
+    with open(data, "wb") as out:
+        for tensor in _get_all_tensors(model):
+            if tensor.data_location != onnx.TensorProto.EXTERNAL:
+                continue
+            info = {e.key: e.value for e in tensor.external_data}
+            offset, length = int(info.get("offset", 0)), int(info["length"]) if "length" in info else None
+            start = -out.tell() % 4096 + out.tell()
+            out.seek(start)
+            with open(src_folder / info["location"], "rb") as src:
+                src.seek(offset)
+                remaining = length if length is not None else os.fstat(src.fileno()).st_size - offset
+                while remaining > 0:
+                    block = src.read(min(_BLOCK, remaining))
+                    remaining -= len(block)
+                    out.write(convert(tensor, block) if convert is not None else block)
+            del tensor.external_data[:]
+            for key, value in (("location", data.name), ("offset", str(start)), ("length", str(out.tell() - start))):
+                tensor.external_data.add(key=key, value=value)
+    os.chmod(data, 0o644)
+    onnx.save_model(model, str(dst))
     return dst
 
 

@@ -8,11 +8,14 @@ from __future__ import annotations
 
 import difflib
 import logging
+import warnings
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 from pathlib import Path
 
-from pipeline.core.onnx_files import atomic_onnx, has_external_data, save_onnx
+import numpy as np
+
+from pipeline.core.onnx_files import atomic_onnx, graph_proto, has_external_data, save_onnx, save_streamed
 from pipeline.core.errors import PipelineError, require
 
 log = logging.getLogger(__name__)
@@ -59,7 +62,7 @@ def fp16_onnx_from_onnx(
     src, dst = Path(src), Path(dst)
     require(src.is_file(), f"ONNX model '{src}' does not exist", "run the ONNX export stage first")
     external = has_external_data(src)  # the variant keeps its weights in a data file as its source does
-    original = _loaded(src)
+    original = _loaded(src, external)
     op_types = _checked_op_types(keep_op_types)
     node_names = _checked_node_names(original, keep_nodes, src)
     blocked = set(DEFAULT_FP32_OPS) | set(op_types)
@@ -69,7 +72,7 @@ def fp16_onnx_from_onnx(
         # converted in place and validated from the file written: the FP32 weights are not held twice
         model, problem = _converted(original, blocked, node_names | integer_casts, src, tmp, external)
         if problem is not None:
-            original = _loaded(src)  # the first try consumed it
+            original = _loaded(src, external)  # the first try consumed it
             islands = [n for n in original.graph.node if n.op_type in CONTROL_FLOW_OPS and n.op_type not in blocked and n.name not in node_names]
             if not islands:
                 raise _invalid(src, problem)
@@ -94,12 +97,28 @@ def fp16_onnx_from_onnx(
     return dst
 
 
-def _loaded(src: Path):
+def _loaded(src: Path, external: bool):
+    """``src`` to convert: with a data file, its graph only (the weights are converted on their way to the new file)."""
     import onnx
 
-    model = onnx.load(str(src))
+    model = graph_proto(src) if external else onnx.load(str(src))
     _name_nodes(model.graph, set())
     return model
+
+
+def _float16_block(tensor, block: bytes) -> bytes:  # type: ignore[no-untyped-def]
+    """A block of an external tensor on its way to the FP16 file: float32 values of a tensor now typed float16 become
+    float16 as the converter makes inline ones (its clamping); anything else is copied."""
+    import onnx
+    from onnxconverter_common import float16
+
+    count = int(np.prod(tensor.dims)) if len(tensor.dims) else 1
+    length = next((int(e.value) for e in tensor.external_data if e.key == "length"), -1)  # in the source file
+    if tensor.data_type != onnx.TensorProto.FLOAT16 or length != count * 4:  # not converted, or float16 already
+        return block
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # the converter warns per block about the values it clamps
+        return float16.convert_np_to_float16(np.frombuffer(block, np.float32), 1e-7, 1e4).tobytes()
 
 
 def _converted(model, blocked: set[str], node_names: set[str], src: Path, dst: Path, external: bool):
@@ -124,7 +143,10 @@ def _converted(model, blocked: set[str], node_names: set[str], src: Path, dst: P
     _restore_fp32_outputs(model.graph, float_io, op_block)
     _feed_islands_fp32(model.graph, kept, island_inits)
     _check_io_types(model.graph, float_io, src)
-    save_onnx(model, dst, external=external)
+    if external:
+        save_streamed(model, dst, src.parent, _float16_block)
+    else:
+        save_onnx(model, dst, external=False)
     problem = _validation_problem(dst)
     return (model, None) if problem is None else (None, problem)
 
