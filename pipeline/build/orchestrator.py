@@ -14,7 +14,6 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-
 from pipeline.accuracy.evaldata import EvalData
 from pipeline.accuracy.outputkinds import (OutputKind, kinds_to_json, log_kinds, onnx_producers, primary_classes_output, read_description, signature_from_description)
 from pipeline.backend.tensorrt_env import gpu_here
@@ -25,6 +24,7 @@ from pipeline.build.support import EVAL_BATCH, decided_kinds, early_labels, ensu
 from pipeline.core.errors import PipelineError, require_creatable
 from pipeline.core.fingerprint import hash_path
 from pipeline.core.objectstore import S3Url
+from pipeline.core.onnx_files import total_size
 from pipeline.core.options import CALIBRATION_ROOT
 from pipeline.core.stagecache import Manifest, Stage, run_stage
 from pipeline.data.artifacts import PRECISIONS, WIRE_PRECISIONS, Artifact
@@ -52,7 +52,7 @@ from pipeline.triton.served_gate import SERVED_ATOL
 from pipeline.triton.verify import verify_repository
 
 log = logging.getLogger(__name__)
-
+ISOLATE_OVER = 64 << 20  # bytes of FP32 model from which each stage runs in its own process (a second of start-up each)
 
 
 @dataclass
@@ -77,8 +77,8 @@ class BuildContext:
     manifest: Manifest
 
     def run(self, stage: Stage, reproduce: str | None = None) -> bool:
-        """Run ``stage`` through the stage cache (see pipeline.core.stagecache)."""
-        return run_stage(self.manifest, stage, reproduce or self.cfg.command)
+        """Run ``stage`` through the stage cache; in its own process once the FP32 model is large (each stage's peak is its own)."""
+        return run_stage(self.manifest, stage, reproduce or self.cfg.command, isolated=total_size(self.ws.onnx("fp32")) >= ISOLATE_OVER)
 
 
 def build(cfg: BuildConfig) -> BuildResult:
@@ -100,10 +100,10 @@ def build(cfg: BuildConfig) -> BuildResult:
     artifacts: list[Artifact] = []
     try:
         saved = _savedmodel_stage(source, ctx)
-        note_memory_need(saved, cfg)  # before any stage holds the weights: a budget they cannot keep is said once
         described = read_description(saved)
         _check_labels_before_conversion(described, ctx)  # a bad label file costs seconds, not a conversion
         onnx_fp32 = _onnx_stage(saved, ctx)
+        note_memory_need(onnx_fp32, cfg)  # before the stages that run it: a budget its weights cannot keep is said once
         signature = signature_from_onnx(onnx_fp32)
         raw_in = raw_inputs_of(cfg, saved, signature, source, bundled, ctx)  # images or sentences, and Keras's preprocessing of them
         pixels = pixel_scaling(saved, cfg)  # how image files become inputs: --preprocess, or raw when the model scales itself

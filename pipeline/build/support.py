@@ -50,14 +50,13 @@ def early_labels(path: Path) -> list[dict[str, np.ndarray]]:
     return list(by_bucket.values())
 
 
-def note_memory_need(saved: Path, cfg: BuildConfig) -> None:
-    """Before the conversion, one line when the SavedModel's weights (its variables' files) cannot keep ``--max-memory-gib``
-    (:func:`pipeline.backend.budget.memory_need`)."""
+def note_memory_need(onnx_fp32: Path, cfg: BuildConfig) -> None:
+    """Before the stages that run the model, one line when its weights (the FP32 ONNX model's tensors) cannot keep
+    ``--max-memory-gib`` (:func:`pipeline.backend.budget.memory_need`)."""
     from pipeline.backend.budget import memory_need
+    from pipeline.core.onnx_files import graph_proto, tensor_bytes
 
-    variables = Path(saved) / "variables"
-    weights = sum(f.stat().st_size for f in variables.glob("variables.data-*")) if variables.is_dir() else 0
-    line = memory_need(weights, cfg.max_memory_gib)
+    line = memory_need(tensor_bytes(graph_proto(onnx_fp32)), cfg.max_memory_gib)
     if line:
         log.warning("%s", line)
 

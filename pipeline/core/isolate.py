@@ -64,7 +64,10 @@ def _child(conn: Any, parent: int, level: int, fn: Callable[..., Any], args: tup
 
 
 def call_in_child(fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
-    """``fn(*args, **kwargs)`` in a spawned child process; arguments and result must pickle."""
+    """``fn(*args, **kwargs)`` in a spawned child process; arguments and result must pickle. Called in such a child
+    (a stage the build already runs in one), it runs ``fn`` there: a child of its own would add nothing."""
+    if multiprocessing.current_process().daemon:
+        return fn(*args, **kwargs)
     ctx = multiprocessing.get_context("spawn")
     receive, send = ctx.Pipe(duplex=False)
     proc = ctx.Process(target=_child, args=(send, os.getpid(), logging.getLogger().getEffectiveLevel(), fn, args, kwargs), daemon=True)

@@ -129,9 +129,11 @@ def _settings_json(settings: Mapping[str, Any]) -> dict[str, Any]:
     return {k: asdict(v) if is_dataclass(v) and not isinstance(v, type) else v for k, v in settings.items()}
 
 
-def run_stage(manifest: Manifest, stage: Stage, reproduce: str) -> bool:
+def run_stage(manifest: Manifest, stage: Stage, reproduce: str, *, isolated: bool = False) -> bool:
     """Run ``stage`` unless every output exists and its recorded key equals the hash of its
     inputs, settings and environment (with the tool versions and the pipeline version).
+    ``isolated`` runs it in a child process (:func:`pipeline.core.isolate.call_in_child`): what it
+    allocates leaves with it, so one stage's peak memory is not added to the next one's.
 
     Beside the first output a ``<output>.stage.json`` holds the key, the settings, the input
     hashes and the command that reproduces it. Returns True when the stage ran.
@@ -162,7 +164,12 @@ def run_stage(manifest: Manifest, stage: Stage, reproduce: str) -> bool:
     sidecar.unlink(missing_ok=True)  # a stage killed midway must not look finished
     log.info("%-10s running…", name)
     try:
-        stage.call()
+        if isolated:
+            from pipeline.core.isolate import call_in_child
+
+            call_in_child(stage.fn, **stage.inputs, **stage.outputs, **stage.settings, **stage.context)
+        else:
+            stage.call()
     except Exception as exc:
         manifest.stages.append(StageRecord(name, "failed", time.perf_counter() - started, key, input_hashes, note=str(exc)))
         raise

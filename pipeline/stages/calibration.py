@@ -357,19 +357,28 @@ def _group(parts: list[tuple[str, dict[str, np.ndarray]]], quota: int, shapes: d
             spans.append((arrays, count))
         left -= count
 
-    def take(start: int, stop: int) -> dict[str, np.ndarray]:
-        pieces: dict[str, list[np.ndarray]] = {name: [] for name in dtypes}
+    label = "+".join(bucket or "(plain)" for bucket, _ in parts)
+    return SampleGroup(label, quota, {name: tuple(int(d) for d in shape) for name, shape in shapes.items()}, _Spans(spans, dtypes))
+
+
+@dataclass(frozen=True)
+class _Spans:
+    """Samples ``start:stop`` across the spans of a group's buckets (a class, not a closure: a stage in a child process gets it pickled)."""
+
+    spans: list[tuple[dict[str, np.ndarray], int]]
+    dtypes: dict
+
+    def __call__(self, start: int, stop: int) -> dict[str, np.ndarray]:
+        pieces: dict[str, list[np.ndarray]] = {name: [] for name in self.dtypes}
         offset = 0
-        for arrays, n in spans:
+        for arrays, n in self.spans:
             lo, hi = max(start - offset, 0), min(stop - offset, n)
             if lo < hi:
-                for name in dtypes:
+                for name in self.dtypes:
                     pieces[name].append(arrays[name][lo:hi])
             offset += n
-        return {name: np.ascontiguousarray(np.concatenate(parts_) if len(parts_) > 1 else parts_[0], dtype=dtypes[name]) for name, parts_ in pieces.items()}
-
-    label = "+".join(bucket or "(plain)" for bucket, _ in parts)
-    return SampleGroup(label, quota, {name: tuple(int(d) for d in shape) for name, shape in shapes.items()}, take)
+        return {name: np.ascontiguousarray(np.concatenate(parts_) if len(parts_) > 1 else parts_[0], dtype=self.dtypes[name])
+                for name, parts_ in pieces.items()}
 
 
 def _require_enough(origin: Path, found: int, min_samples: int) -> None:
