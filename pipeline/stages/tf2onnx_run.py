@@ -137,6 +137,7 @@ def _frozen_without_large_variables(func: Any, spilled: Spilled, spill_over: int
     are written to ``spilled``'s data file one at a time (each straight from the variable) and stay in the graph as
     Placeholders of their type and shape: TensorFlow's freezing would hold each as a NumPy copy, a TensorProto and
     bytes at once."""
+    import numpy as np
     import tensorflow as tf
     from tensorflow.python.framework.convert_to_constants import _FunctionConverterDataInEager, _replace_variables_by_constants
     from tf2onnx.tf_utils import map_tf_dtype
@@ -151,11 +152,14 @@ def _frozen_without_large_variables(func: Any, spilled: Spilled, spill_over: int
     graph_def, _ = _replace_variables_by_constants(converter_data=converter)
     del converter
     for name, variable in large.items():
-        values = variable.numpy()
-        offset, length = spilled.write(memoryview(values).cast("B"))
-        spilled.tensors[f"{name}:0"] = (offset, length, map_tf_dtype(variable.dtype), variable.shape.as_list())
+        shape = variable.shape.as_list()
+        rows = max(1, (64 << 20) // max(1, int(variable.shape[1:].num_elements() or 1) * variable.dtype.size)) if shape else 1
+        (offset, _), length = spilled.write(b""), 0
+        for start in range(0, shape[0] if shape else 1, rows):  # a block of rows at a time: never a second copy of the variable
+            block = variable[start:start + rows].numpy() if shape else variable.numpy()
+            length += spilled.file.write(memoryview(np.ascontiguousarray(block)).cast("B"))
+        spilled.tensors[f"{name}:0"] = (offset, length, map_tf_dtype(variable.dtype), shape)
         spilled.names[f"{name}:0"] = getattr(variable, "path", None) or variable.name.split(":")[0]
-        del values
     carriers = dict(large)  # node name → the variable its resource output carries (inlined calls pass it on through Identity)
     changed = True
     while changed:

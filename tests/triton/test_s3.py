@@ -26,6 +26,7 @@ from onnx import numpy_helper
 
 from pipeline.core.errors import PipelineError
 from pipeline.core.objectstore import S3Url, repository_from_text
+from pipeline.core.onnx_files import data_name, save_onnx
 from pipeline.data.artifacts import Artifact
 from pipeline.triton.config import parse_config
 from pipeline.triton.s3repository import local_copy, publish_s3_repository
@@ -38,11 +39,16 @@ _DIRECT = urllib.request.build_opener(urllib.request.ProxyHandler({}))
 LABELS = {"labels.txt": b"a\nb\nc\n"}
 
 
-def softmax_file(path: Path, scale: float) -> Path:
-    """The tests' softmax model with its weights times ``scale`` (another artifact, other answers)."""
+def softmax_file(path: Path, scale: float, external: bool = False) -> Path:
+    """The tests' softmax model with its weights times ``scale`` (another artifact, other answers); with ``external``,
+    its weights in ``<path>.data`` beside it, as a model over 2 GB keeps them."""
     model = onnx.load(str(softmax_onnx(path)))
     model.graph.initializer[0].CopyFrom(numpy_helper.from_array(SOFTMAX_WEIGHTS * scale, "w"))
-    onnx.save(model, str(path))
+    if external:  # even its 48 bytes (ONNX leaves tensors under 1 KB inline by default)
+        (path.parent / data_name(path)).unlink(missing_ok=True)
+        onnx.save_model(model, str(path), save_as_external_data=True, location=data_name(path), size_threshold=0)
+    else:
+        save_onnx(model, path, external=False)
     return path
 
 
@@ -159,11 +165,15 @@ def test_a_version_whose_config_was_written_is_kept_when_its_record_was_not(s3: 
 
 
 @pytest.mark.slow
-def test_a_killed_publish_leaves_the_previous_version_served_and_the_next_one_cleans_up(s3: S3Endpoint, tmp_path: Path) -> None:
+@pytest.mark.parametrize("external", [False, True], ids=["one file", "with its data file"])
+def test_a_killed_publish_leaves_the_previous_version_served_and_the_next_one_cleans_up(external: bool, s3: S3Endpoint, tmp_path: Path) -> None:
+    """With a data file (a model over 2 GB), the kill falls between the graph's upload and its data file's."""
     bucket = s3.bucket()
     url = S3Url(bucket, "repo")
-    publish(url, softmax_file(tmp_path / "a.onnx", 1.0))
-    second = softmax_file(tmp_path / "b.onnx", 2.0)
+    publish(url, softmax_file(tmp_path / "a.onnx", 1.0, external))
+    if external:
+        assert {"repo/tiny_fp32/1/model.onnx", "repo/tiny_fp32/1/model.onnx.data"} <= set(s3.keys(bucket))
+    second = softmax_file(tmp_path / "b.onnx", 2.0, external)
     marker = tmp_path / "paused"
     script = ("import sys; from pathlib import Path; from tests.triton.test_s3 import publish; from pipeline.core.objectstore import S3Url; "
               f"publish(S3Url({bucket!r}, 'repo'), Path({str(second)!r}))")
@@ -179,6 +189,7 @@ def test_a_killed_publish_leaves_the_previous_version_served_and_the_next_one_cl
         process.send_signal(signal.SIGKILL)
         process.wait()
     assert "repo/tiny_fp32/2/model.onnx" in s3.keys(bucket)  # the partial upload is there...
+    assert "repo/tiny_fp32/2/model.onnx.data" not in s3.keys(bucket)  # (its graph without its weights, when it has a data file)
     assert list(parse_config(s3.text(bucket, "repo/tiny_fp32/config.pbtxt")).version_policy.specific.versions) == [1]  # ...unnamed
 
     x = np.array([[1.0, -2.0, 0.5, 3.0]], dtype=np.float32)
@@ -187,6 +198,7 @@ def test_a_killed_publish_leaves_the_previous_version_served_and_the_next_one_cl
         np.testing.assert_allclose(infer(server, "tiny_fp32", x), expected(x, 1.0), rtol=1e-5, atol=1e-6)
     copied = local_copy(url, tmp_path / "copy") / "tiny_fp32"  # what verify and loadtest read: the served version only
     assert sorted(p.name for p in copied.iterdir() if p.is_dir()) == ["1"] and (copied / "1" / "model.onnx").is_file()
+    assert (copied / "1" / "model.onnx.data").is_file() == external
 
     assert publish(url, second) == [f"s3://{bucket}/repo/tiny_fp32/2"]  # the partial version 2 is removed, then uploaded whole
     owned = json.loads(s3.text(bucket, "repo/tiny_fp32/.pipeline-owned.json"))
