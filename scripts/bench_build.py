@@ -9,6 +9,12 @@ user's machine must hold, and is judged against the memory budget (``--max-memor
     python scripts/bench_build.py                          # resnet50 at 224×224, budget 2 GiB
     python scripts/bench_build.py --models resnet50 mobilenetv3small densenet121 --samples 256
     python scripts/bench_build.py --models resnet50 --stages int8 --max-memory-gib 1
+    python scripts/bench_build.py --sizes 0.1 1 2.5      # recommenders of 0.1, 1 and 2.5 GB of weights, whole builds
+
+``--sizes`` builds the recommender of tests/big_models.py at each size of weights (GB) with ``build --fp16 --int8
+--verify-served`` and tags every 50 ms sample of the process tree with the stage the build's log says is running:
+peak RSS and seconds per stage, each peak against the build's rule (3 × the FP32 weights + 1.5 GiB), and how each
+stage's peak grows with the weights (MiB per GB, between the two largest sizes).
 
 Artifacts go to ``--workdir`` (default: a temporary folder); stages reuse earlier stages' outputs
 there, so ``--stages int8`` after a full run measures calibration alone.
@@ -168,6 +174,72 @@ def _measure(command: list[str], log: Path) -> dict[str, float]:
             "tree_rss_mib": tree_rss / mib, "tree_pss_mib": tree_pss / mib}
 
 
+RECOMMENDERS = {0.1: "recommender_100m", 1.0: "recommender_1g", 2.1: "recommender_2g1", 2.5: "recommender_2g5"}  # GB of weights: tests/big_models.py
+
+
+def _staged_measure(command: list[str], log: Path) -> tuple[dict[str, dict[str, float]], float, int]:
+    """Run ``command``; per stage its seconds and its peak process-tree RSS (MiB), the stage read from the build's
+    ``<stage> running…`` lines as they are written; also the total seconds and the exit status."""
+    started = time.perf_counter()
+    stages: dict[str, dict[str, float]] = {}
+    current, since, seen = "start", started, 0
+    with open(log, "w") as out:
+        proc = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3"))
+        while True:
+            pid, status, _ = os.wait4(proc.pid, os.WNOHANG)
+            now = time.perf_counter()
+            text = log.read_text(errors="replace")
+            for line in text[seen:].splitlines():
+                words = line.split()
+                after_publish = words[:1] == ["publish"] and ("done" in words or "skipped" in words)  # then the served check
+                if len(words) >= 2 and words[1] == "running…" or after_publish:
+                    stages.setdefault(current, {"seconds": 0.0, "peak_mib": 0.0})["seconds"] += now - since
+                    current, since = ("served" if after_publish else words[0]), now
+            seen = len(text)
+            rss = sum(_rss_pss(p)[0] for p in _tree(proc.pid)) / (1 << 20)
+            entry = stages.setdefault(current, {"seconds": 0.0, "peak_mib": 0.0})
+            entry["peak_mib"] = max(entry["peak_mib"], rss)
+            if pid:
+                break
+            time.sleep(0.05)
+    stages.setdefault(current, {"seconds": 0.0, "peak_mib": 0.0})["seconds"] += time.perf_counter() - since
+    return stages, time.perf_counter() - started, os.waitstatus_to_exitcode(status)
+
+
+def _sizes(args: argparse.Namespace, workdir: Path) -> list[dict]:
+    """Whole builds of the recommender at each of ``args.sizes``; prints the per-stage table and the growth."""
+    from tests.big_models import rows_for, write_data
+
+    rows = []
+    for size in args.sizes:
+        root = workdir / f"recommender-{size:g}g"
+        calib, evaluation = write_data(root / "data", rows_for(size))
+        command = [sys.executable, "-m", "pipeline", "build", "--model", f"tests.big_models:{RECOMMENDERS[size]}", "--name", "items", "--fp16",
+                   "--int8", "--no-engine", "--verify-served", "--calibration", str(calib), "--eval-data", str(evaluation),
+                   "--workdir", str(root / "build"), "--repository", str(root / "repo")]  # fmt: skip
+        stages, seconds, status = _staged_measure(command, root / "build.log")
+        weights = sum(f.stat().st_size for f in (root / "build" / "items").glob("model.fp32.onnx*") if not f.name.endswith(".json"))
+        limit = (3 * weights + 1.5 * (1 << 30)) / (1 << 20)
+        for stage, entry in stages.items():
+            rows.append({"size_gb": size, "weights_mib": weights / (1 << 20), "stage": stage, **entry, "limit_mib": limit, "exit": status})
+        print(f"{size:g} GB: exit {status}, {seconds:.0f} s, tree peak {max(e['peak_mib'] for e in stages.values()):.0f} MiB "
+              f"(limit {limit:.0f} MiB)", flush=True)
+    header = f"{'weights':>9}{'stage':>12}{'seconds':>9}{'peak MiB':>10}{'limit MiB':>11}{'of limit':>10}"
+    print("\n" + header + "\n" + "-" * len(header))
+    for row in rows:
+        print(f"{row['weights_mib']:>5.0f} MiB{row['stage']:>12}{row['seconds']:>9.1f}{row['peak_mib']:>10.0f}{row['limit_mib']:>11.0f}"
+              f"{row['peak_mib'] / row['limit_mib']:>10.0%}" + ("" if row["exit"] == 0 else f"  (exit {row['exit']})"))
+    if len(args.sizes) >= 2:
+        small, large = sorted(args.sizes)[-2:]
+        print(f"\ngrowth of each stage's peak between {small:g} and {large:g} GB of weights (MiB of RSS per MiB of weights):")
+        by = {(r["size_gb"], r["stage"]): r for r in rows}
+        for stage in dict.fromkeys(r["stage"] for r in rows):
+            a, b = by.get((small, stage)), by.get((large, stage))
+            if a and b and b["weights_mib"] > a["weights_mib"]:
+                print(f"  {stage:<12}{(b['peak_mib'] - a['peak_mib']) / (b['weights_mib'] - a['weights_mib']):>6.2f}")
+    return rows
+
+
 def _command(stage: str, model: str, workdir: Path, args: argparse.Namespace) -> list[str]:
     if stage != "build":
         command = [sys.executable, __file__, "--worker", stage, "--models", model, "--workdir", str(workdir),
@@ -191,6 +263,7 @@ def main() -> int:
     parser.add_argument("--pass-budget", action="store_true", help="pass --max-memory-gib to the whole build (needs the CLI option)")
     parser.add_argument("--workdir", type=Path, help="where artifacts go (default: a temporary folder)")
     parser.add_argument("--json", type=Path, default=Path("build_bench.json"))
+    parser.add_argument("--sizes", nargs="+", type=float, choices=sorted(RECOMMENDERS), help="recommender builds of these GB of weights instead")
     parser.add_argument("--worker", choices=STAGES, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.worker:
@@ -202,6 +275,11 @@ def main() -> int:
 
     with tempfile.TemporaryDirectory(prefix="bench_build.") as tmp:
         workdir = args.workdir or Path(tmp)
+        if args.sizes:
+            results = _sizes(args, workdir)
+            args.json.write_text(json.dumps({"sizes": args.sizes, "results": results}, indent=2) + "\n")
+            print(f"wrote {args.json}")
+            return 0
         rows = []
         for model in args.models:
             _paths(workdir, model)["keras"].parent.mkdir(parents=True, exist_ok=True)

@@ -276,7 +276,7 @@ def warn_unparsable(models: dict[str, Any], target: str | None = None) -> dict[s
     target = target or support_data()["default_target"]
     found = {}
     for variant, path in models.items():
-        problems = summarize(check_onnx(load_onnx(path), target))
+        problems = summarize(check_onnx(load_onnx(path, external_data=False), target))  # the rules read the graph, not the weights
         for problem in problems:
             log.warning("TensorRT %s's ONNX parser would not take the %s model: %s", target, variant, problem)
         found[variant] = problems
@@ -305,7 +305,7 @@ def warn_version_gated(models: dict[str, Any], target: str | None = None) -> dic
     target = target or support_data()["build_minimum"]
     found = {}
     for variant, path in models.items():
-        problems = [f"TensorRT {target}: {p}" for p in summarize(version_gated(load_onnx(path), target))]
+        problems = [f"TensorRT {target}: {p}" for p in summarize(version_gated(load_onnx(path, external_data=False), target))]
         for problem in problems:
             log.warning("the %s model needs a TensorRT newer than %s: %s", variant, target, problem)
         found[variant] = problems
