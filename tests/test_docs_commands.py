@@ -129,6 +129,7 @@ FOREIGN_OPTIONS = {
     "--trt": "polygraphy run", "--optimization-profile": "polygraphy run", "--load-inputs": "polygraphy run",
     "--load-outputs": "polygraphy run", "--model-repository": "tritonserver",
     "--exit-on-error": "tritonserver", "--strict-readiness": "tritonserver", "--no-index": "pip",
+    "--large_model": "python -m tf2onnx.convert", "--sizes": "scripts/bench_build.py",
 }
 _OPTION = re.compile(r"(?<![\w-])--[A-Za-z][\w{},-]*")
 _CODE = re.compile(r"```[^\n]*\n(.*?)```|`([^`\n]+)`", re.S)

@@ -207,9 +207,9 @@ def _gather_from_placeholder(graph_def: Any, node: Any, tf: Any) -> None:
 def frozen_graph(saved: str, signature: str, spilled: Spilled | None = None, large_over: int = 0,
                  spill_over: int = WEIGHT_INPUT_BYTES) -> tuple[Any, list[str], list[str], dict, dict[str, str], dict[str, bytes] | None]:
     """(frozen GraphDef, inputs, outputs, initialized tables, renames, large constants) of ``signature``, with the
-    loaded SavedModel freed as soon as it is frozen. Grappler optimizes the GraphDef, except for weights over
-    ``large_over`` bytes (with ``spilled``): then the large constants' bytes are lifted out of it (the last item, None
-    otherwise), and those of ``spill_over`` bytes or more go to ``spilled``'s data file (see the module docstring)."""
+    loaded SavedModel freed as soon as it is frozen. With ``spilled``, variables of ``spill_over`` bytes or more go to its
+    data file and stay Placeholders (see the module docstring). Grappler optimizes the GraphDef, except for weights over
+    ``large_over`` bytes: then the large constants' bytes are lifted out of it (the last item, None otherwise)."""
     import tensorflow as tf
     from tf2onnx import tf_loader
     from tf2onnx.tf_utils import compress_graph_def
@@ -235,9 +235,14 @@ def frozen_graph(saved: str, signature: str, spilled: Spilled | None = None, lar
             _spill_weights(graph_def, lifted, spilled, spill_over)
             _release()
             return graph_def, inputs + list(spilled.tensors), outputs, {}, renames, lifted
-        frozen = tf_loader.convert_variables_to_constants_v2(func, lower_control_flow=False, aggressive_inlining=True)
-        graph_def = frozen.graph.as_graph_def(add_shapes=True)
-        del frozen, func, imported
+        if spilled is not None and any(int(v.shape.num_elements() or 0) * v.dtype.size >= spill_over for v in func.graph.variables):
+            graph_def = _frozen_without_large_variables(func, spilled, spill_over)  # grappler and tf2onnx never hold them
+            inputs = inputs + list(spilled.tensors)
+        else:
+            frozen = tf_loader.convert_variables_to_constants_v2(func, lower_control_flow=False, aggressive_inlining=True)
+            graph_def = frozen.graph.as_graph_def(add_shapes=True)
+            del frozen
+        del func, imported
         _release()
         graph_def = tf_loader.fix_freezing_errors_part2(graph_def)
         with tf.Graph().as_default():
@@ -337,6 +342,12 @@ def onnx_model(graph_def: list, inputs: list[str], outputs: list[str], tables: d
         return graph.make_model(f"converted from {name}", external_tensor_storage=storage), storage
 
 
+def _tensor_bytes(path: str) -> int:
+    from pipeline.core.onnx_files import graph_proto, tensor_bytes
+
+    return tensor_bytes(graph_proto(path))
+
+
 def save_with_storage(model: Any, storage: Any, spilled: Spilled, output: str) -> None:
     """Save tf2onnx's ``model`` at ``output`` with its weights in ``spilled``'s data file: the tensors it keeps in
     ``storage`` (its ``--large_model`` form) appended, each dropped from memory once written; the graph inputs that
@@ -355,7 +366,7 @@ def save_with_storage(model: Any, storage: Any, spilled: Spilled, output: str) -
             tensor.external_data.add(key=key, value=value)
         tensor.data_location = onnx.TensorProto.EXTERNAL
 
-    for tensor in _get_all_tensors(model):
+    for tensor in _get_all_tensors(model) if storage is not None else ():
         if tensor.data_location != onnx.TensorProto.EXTERNAL:
             continue
         key = next(e.value for e in tensor.external_data if e.key == "location")
@@ -393,6 +404,7 @@ def main(argv: list[str] | None = None) -> int:
     pause_point("tf2onnx.convert")
     _use_mmap_for_large_blocks()
 
+    import onnx
     from tf2onnx import logging as tf2onnx_logging
 
     from pipeline.core.onnx_files import data_name, save_onnx
@@ -410,8 +422,11 @@ def main(argv: list[str] | None = None) -> int:
 
         log.error("%s%s", UNSUPPORTED_MARK, json.dumps({"newest_opset": NEWEST_OPSET, "ops": lowest_opsets(sorted(set(exc.ops)))}))
         return 1
-    if storage is not None:
+    if storage is not None or spilled.tensors:
         save_with_storage(model, storage, spilled, args.output)
+        del model
+        if storage is None and not args.external_data and _tensor_bytes(args.output) <= EXTERNAL_OVER:
+            save_onnx(onnx.load(args.output), args.output, external=False)  # a model this size stays one file, as it always was
     else:
         spilled.file.close()
         os.unlink(spilled.path)

@@ -37,12 +37,16 @@ def test_large_variables_skip_tf2onnx_and_the_model_answers_the_same(tmp_path: P
                    env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin", "TF_CPP_MIN_LOG_LEVEL": "3"})
     _convert(saved, tmp_path / "plain.onnx")
     _convert(saved, tmp_path / "large.onnx", "--large-over", "0", "--spill-over", "100000")  # the 512 KB table is "large"
+    _convert(saved, tmp_path / "spilled.onnx", "--spill-over", "100000")  # grappler's path, the table kept out of it: one file again
     assert data_files(tmp_path / "plain.onnx") == [] and data_files(tmp_path / "large.onnx") == [tmp_path / "large.onnx.data"]
+    assert data_files(tmp_path / "spilled.onnx") == [] and not (tmp_path / "spilled.onnx.data").exists()
     graph = onnx.load(str(tmp_path / "large.onnx"), load_external_data=False).graph
     table = next(t for t in graph.initializer if t.name == "items/embeddings")  # named after the variable, not its placeholder
     assert list(table.dims) == [SMALL_ROWS, SMALL_DIM] and table.data_location == onnx.TensorProto.EXTERNAL
     assert [i.name for i in graph.input] == ["item_ids"]  # the table is no input any more
     onnx.checker.check_model(str(tmp_path / "large.onnx"), full_check=True)
     ids = sample_ids(np.random.default_rng(0), 64, SMALL_ROWS)
-    plain, large = (ort.InferenceSession(str(tmp_path / f"{n}.onnx"), providers=["CPUExecutionProvider"]) for n in ("plain", "large"))
+    plain, large, spilled = (ort.InferenceSession(str(tmp_path / f"{n}.onnx"), providers=["CPUExecutionProvider"])
+                             for n in ("plain", "large", "spilled"))
     np.testing.assert_array_equal(large.run(None, {"item_ids": ids})[0], plain.run(None, {"item_ids": ids})[0])
+    np.testing.assert_array_equal(spilled.run(None, {"item_ids": ids})[0], plain.run(None, {"item_ids": ids})[0])
