@@ -55,7 +55,7 @@ def large_tables(model: onnx.ModelProto, min_bytes: int) -> list[Table]:
 
     consumers: dict[str, list[onnx.NodeProto]] = {}
     for node in model.graph.node:
-        for i, name in enumerate(node.input):
+        for name in node.input:
             consumers.setdefault(name, []).append(node)
     found = []
     for init in model.graph.initializer:

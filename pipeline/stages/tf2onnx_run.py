@@ -157,7 +157,7 @@ def _frozen_without_large_variables(func: Any, spilled: Spilled, spill_over: int
         (offset, _), length = spilled.write(b""), 0
         for start in range(0, shape[0] if shape else 1, rows):  # a block of rows at a time: never a second copy of the variable
             block = variable[start:start + rows].numpy() if shape else variable.numpy()
-            length += spilled.file.write(memoryview(np.ascontiguousarray(block)).cast("B"))
+            length += spilled.file.write(np.ascontiguousarray(block).data.cast("B"))
         spilled.tensors[f"{name}:0"] = (offset, length, map_tf_dtype(variable.dtype), shape)
         spilled.names[f"{name}:0"] = getattr(variable, "path", None) or variable.name.split(":")[0]
     carriers = dict(large)  # node name → the variable its resource output carries (inlined calls pass it on through Identity)
@@ -343,9 +343,11 @@ def onnx_model(graph_def: list, inputs: list[str], outputs: list[str], tables: d
 
 
 def _tensor_bytes(path: str) -> int:
+    from pathlib import Path
+
     from pipeline.core.onnx_files import graph_proto, tensor_bytes
 
-    return tensor_bytes(graph_proto(path))
+    return tensor_bytes(graph_proto(Path(path)))
 
 
 def save_with_storage(model: Any, storage: Any, spilled: Spilled, output: str) -> None:

@@ -136,3 +136,26 @@ def test_an_undecided_gate_after_the_fallback_is_a_gate_failure_that_names_what_
                               "(classes): top-1 disagreement 0.33 points ["), problem
     assert "(95% bounds, 300 samples); at this top-1 disagreement, about" in problem and "samples would decide it" in problem, problem
     assert problem.count(line) == 1, problem
+
+
+def test_the_fallbacks_measurements_are_the_same_with_the_weights_in_a_data_file(digits_convnet, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    """Layer errors and node costs run sessions over changed graphs: with a data file ONNX Runtime reads the weights from it
+    (nothing is serialized again, as a model over 2 GB could not be), and the numbers do not change."""
+    import onnx
+
+    from pipeline.core.onnx_files import has_external_data, save_onnx
+    from pipeline.data.tensors import signature_from_onnx
+    from pipeline.stages.calibration import calibration_from_path
+    from pipeline.stages.int8 import qdq_onnx_from_onnx
+    from pipeline.stages.layer_errors import layer_errors_from_models
+    from pipeline.stages.node_costs import node_costs_from_models
+
+    signature = signature_from_onnx(digits_convnet.model)
+    inline = qdq_onnx_from_onnx(digits_convnet.model, tmp_path / "inline" / "int8.onnx", calibration_from_path(digits_convnet.calib, signature))
+    (tmp_path / "external").mkdir()
+    fp32 = save_onnx(onnx.load(str(digits_convnet.model)), tmp_path / "external" / "fp32.onnx", external=True)
+    external = save_onnx(onnx.load(str(inline)), tmp_path / "external" / "int8.onnx", external=True)
+    assert has_external_data(fp32) and has_external_data(external)
+    feed = {"image": digits_convnet.eval_images[:32]}
+    assert layer_errors_from_models(fp32, external, feed) == layer_errors_from_models(digits_convnet.model, inline, feed)
+    assert node_costs_from_models(fp32, external, feed) == node_costs_from_models(digits_convnet.model, inline, feed)
