@@ -7,15 +7,13 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from pipeline.core.errors import PipelineError, require
-from pipeline.core.onnx_files import total_size
+from pipeline.data.tensors import dequantizes_a_table
 
 if TYPE_CHECKING:
     import onnx
     import onnxruntime
 
 log = logging.getLogger(__name__)
-
-LARGE_MODEL_BYTES = 256 << 20  # from here an exact-Q/DQ session runs without ONNX Runtime's memory arena
 
 
 def session_from_onnx(
@@ -55,7 +53,7 @@ def session_from_onnx(
         options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
         # An int8 embedding table in TensorRT's form is dequantized whole on every run: without the arena that block is
         # returned after each run instead of kept (and a second one added): 0.6 GB instead of 4.7 GB for a 2 GB table.
-        options.enable_cpu_mem_arena = total_size(path) < LARGE_MODEL_BYTES
+        options.enable_cpu_mem_arena = not dequantizes_a_table(path)
     if threads is not None:
         options.intra_op_num_threads = threads
         options.inter_op_num_threads = 1

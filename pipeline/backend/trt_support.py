@@ -166,12 +166,18 @@ def _tensor_info(graph: Any) -> tuple[dict[str, str], dict[str, int]]:
 
 def _constants(graph: Any) -> dict[str, Any]:
     """Initializers and Constant-node outputs, as numpy arrays (what the parser sees as constants)."""
-    from onnx import numpy_helper
+    import numpy as np
+    from onnx import TensorProto, helper, numpy_helper
+
+    def value(tensor: Any) -> Any:
+        if tensor.data_location == TensorProto.EXTERNAL:  # a weight in a data file (not loaded): its type and shape, no bytes
+            return np.broadcast_to(np.zeros((), helper.tensor_dtype_to_np_dtype(tensor.data_type)), tuple(tensor.dims))
+        return numpy_helper.to_array(tensor)
 
     values = {}
     for g in [graph]:
         for init in g.initializer:
-            values[init.name] = numpy_helper.to_array(init)
+            values[init.name] = value(init)
     for node in _nodes(graph):
         if node.op_type == "Constant":
             for attr in node.attribute:
@@ -180,7 +186,7 @@ def _constants(graph: Any) -> dict[str, Any]:
         for attr in node.attribute:  # subgraph initializers
             if attr.type == attr.GRAPH:
                 for init in attr.g.initializer:
-                    values[init.name] = numpy_helper.to_array(init)
+                    values[init.name] = value(init)
     return values
 
 

@@ -76,7 +76,7 @@ class BuildConfig:
     opset: int = option(17, "ONNX opset, 17 or newer", check=lambda v: None if v >= 17 else "is too old", fix="use --opset 17 or newer",
                         group=CONVERSION)
     external_data: bool = option(False, "store every ONNX variant's weights in a <file>.data beside it (ONNX's external data), as a model "
-                                        "with over 1 GiB of weights always is: the 2 GB protobuf limit", group=CONVERSION)
+                                        "with over 256 MiB of weights always is (the 2 GB protobuf limit, and memory)", group=CONVERSION)
     max_batch: int = option(64, "largest batch the deployment serves", check=in_range(1, 4096), fix="use a value from 1 to 4096", group=CONVERSION)
     fp16: bool = option(False, "add an FP16 ONNX variant (FP32 inputs/outputs; Softmax and other sensitive ops kept FP32)", group=PRECISION)
     fp16_keep_op_types: tuple[str, ...] = option((), "FP16: also keep these ONNX op types in FP32, comma-separated or repeated, "

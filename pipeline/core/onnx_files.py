@@ -26,9 +26,12 @@ if TYPE_CHECKING:
 
 DATA_SUFFIX = ".data"
 PROTOBUF_LIMIT = 2**31 - 1  # bytes: protobuf's hard limit for one serialized message
-# Weights above this go to a data file: below the limit with room for the graph, and where a copy of a single
-# file starts to cost (a model this size is loaded from its data file without a second in-memory protobuf copy).
-EXTERNAL_OVER = 1 << 30
+# Weights above this go to a data file. Well below the limit, because a single file costs memory everywhere: it is
+# parsed whole, and ONNX Runtime copies the weights out of the parsed protobuf, where it maps a data file and reads
+# only the pages a request touches; the stages stream a data file a block at a time (a 1 GB model in one file
+# peaked at 7.2 GB; scripts/bench_build.py --sizes).
+EXTERNAL_OVER = 256 << 20
+GRAPHDEF_OVER = 1 << 30  # weights above this take tf2onnx's large-model path (pipeline/stages/tf2onnx_run.py)
 
 
 def data_name(graph: Path | str) -> str:

@@ -59,6 +59,14 @@ def load_onnx(path: Path, *, external_data: bool = True) -> onnx.ModelProto:
         raise PipelineError(f"cannot read ONNX model '{path}': {str(exc).splitlines()[0][:200] or type(exc).__name__}", "rebuild it; the file is corrupt or not ONNX") from None
 
 
+def dequantizes_a_table(path: Path, min_elements: int = 64 << 20) -> bool:
+    """Whether a DequantizeLinear of the ONNX model at ``path`` reads an initializer of ``min_elements`` or more: an int8
+    embedding table in TensorRT's form (pipeline/stages/gather_tables.py), which ONNX Runtime dequantizes whole per run."""
+    graph = load_onnx(path, external_data=False).graph
+    sizes = {i.name: int(np.prod(i.dims)) for i in graph.initializer}
+    return any(n.op_type == "DequantizeLinear" and sizes.get(n.input[0], 0) >= min_elements for n in graph.node)
+
+
 def signature_from_onnx(path: Path) -> ModelSignature:
     """Read input/output names, dtypes and dims of an ONNX model (weights are not loaded)."""
     import onnx

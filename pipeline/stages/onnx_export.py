@@ -47,7 +47,7 @@ def tf2onnx_command(saved: Path, dst: Path, opset: int, external_data: bool = Fa
 def onnx_from_savedmodel(saved: Path, dst: Path, opset: int, external_data: bool = False) -> Path:
     """Convert the SavedModel's serving signature to ONNX at ``dst`` (opset ≥ 17), run
     ``onnx.checker``, and name dynamic axes: ``batch`` for axis 0, ``<tensor>_dim<i>`` otherwise.
-    Weights over 1 GiB (or any, with ``external_data``) are written to ``<dst>.data`` beside it."""
+    Weights over 256 MiB (or any, with ``external_data``) are written to ``<dst>.data`` beside it."""
     import onnx
 
     if opset < MIN_OPSET:

@@ -14,7 +14,7 @@ needs it, collects garbage between optimizer passes and returns freed memory to 
 A SavedModel whose signature captures non-variable resources (lookup tables) goes through
 tf2onnx's own loader (``tf_loader.from_saved_model``), which restores those tables.
 
-Weights over :data:`~pipeline.core.onnx_files.EXTERNAL_OVER` take tf2onnx's ``--large_model`` path: frozen
+Weights over :data:`~pipeline.core.onnx_files.GRAPHDEF_OVER` take tf2onnx's ``--large_model`` path: frozen
 without the protobuf size check, the large constants lifted out of the GraphDef before TensorFlow imports it,
 no grappler (it serializes the graph) — and the weights written to ``<output>.data`` beside the ONNX graph
 (not tf2onnx's zip), as ONNX's external data. ``--external-data`` writes a data file at any size.
@@ -42,7 +42,7 @@ import os
 from collections import OrderedDict
 from typing import Any, Callable
 
-from pipeline.core.onnx_files import EXTERNAL_OVER
+from pipeline.core.onnx_files import EXTERNAL_OVER, GRAPHDEF_OVER
 from pipeline.core.pausepoints import pause_point
 
 log = logging.getLogger("pipeline.tf2onnx_run")
@@ -400,7 +400,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--output", required=True)
     parser.add_argument("--external-data", action="store_true", help="write the weights to <output>.data at any size")
     # where the large-model path starts, and which constants it keeps out of tf2onnx (bytes): tests take it on small models
-    parser.add_argument("--large-over", type=int, default=EXTERNAL_OVER, help=argparse.SUPPRESS)
+    parser.add_argument("--large-over", type=int, default=GRAPHDEF_OVER, help=argparse.SUPPRESS)
     parser.add_argument("--spill-over", type=int, default=WEIGHT_INPUT_BYTES, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     pause_point("tf2onnx.convert")

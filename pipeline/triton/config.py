@@ -37,7 +37,7 @@ import numpy as np
 
 from pipeline.core.errors import PipelineError, require
 from pipeline.data.artifacts import Artifact
-from pipeline.data.tensors import ModelSignature, TensorSpec, signature_from_onnx
+from pipeline.data.tensors import ModelSignature, TensorSpec, dequantizes_a_table, signature_from_onnx
 from pipeline.triton.accelerators import add_gpu_accelerators
 
 if TYPE_CHECKING:
@@ -180,6 +180,9 @@ def model_config_from_artifact(
 
     if artifact.kind == "onnx" and not artifact.cpu_only and has_qdq(artifact.path):
         cfg.optimization.graph.level = QDQ_GRAPH_LEVEL
+    if artifact.kind == "onnx" and dequantizes_a_table(_onnx_file(artifact.path)):
+        # ONNX Runtime dequantizes it whole per request: without the arena that block is returned, not kept (0.6 vs 4.7 GB for 2 GB)
+        cfg.parameters["enable_mem_arena"].string_value = "0"
     if artifact.kind == "onnx" and group.kind != pb.ModelInstanceGroup.KIND_CPU:
         add_gpu_accelerators(cfg, precision=artifact.precision, signature=signature)
 

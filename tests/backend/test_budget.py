@@ -10,7 +10,7 @@ import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from pipeline.backend.budget import BASE_BYTES, GIB, WEIGHT_COPIES, MemoryEstimate, batch_for_budget, memory_estimate
+from pipeline.backend.budget import ACTIVATION_ALLOWANCE, BASE_BYTES, GIB, WEIGHT_COPIES, MemoryEstimate, batch_for_budget, memory_estimate
 from pipeline.core.errors import PipelineError
 
 
@@ -69,9 +69,22 @@ def test_batch_for_budget(caplog: pytest.LogCaptureFixture) -> None:
     assert batch_for_budget(estimate, 2.0, runners=3) == (2048 - 512 - 3 * 200) // 300 == 3
     small = MemoryEstimate(weight_bytes=90 << 20, fixed_activation_bytes=0, bytes_per_sample=2 << 20, unknown_tensors=0)
     assert batch_for_budget(small, 2.0, runners=3, max_batch=64) == 64
-    with caplog.at_level(logging.WARNING, logger="pipeline.backend.budget"):
-        assert batch_for_budget(estimate, 0.5) == 1
-    assert "needs more than --max-memory-gib 0.5 even one sample at a time" in caplog.text
+    with caplog.at_level(logging.INFO, logger="pipeline.backend.budget"):  # weights the budget cannot hold: an allowance beyond them
+        assert batch_for_budget(estimate, 0.5) == ACTIVATION_ALLOWANCE // (100 << 20) == 5
+    assert "overflow --max-memory-gib 0.5: batches of 5" in caplog.text
+    wide = MemoryEstimate(weight_bytes=100 << 20, fixed_activation_bytes=0, bytes_per_sample=3 * GIB, unknown_tensors=0)
+    with caplog.at_level(logging.WARNING, logger="pipeline.backend.budget"):  # weights that fit, a sample that does not
+        assert batch_for_budget(wide, 2.0) == 1
+    assert "needs more than --max-memory-gib 2 even one sample at a time" in caplog.text
     for bad in (0.0, -1.0, float("nan")):
         with pytest.raises(PipelineError, match="the memory budget must be a positive number of GiB"):
             batch_for_budget(estimate, bad)
+
+
+def test_a_model_whose_weights_cannot_keep_the_budget_is_told_what_a_stage_will_take() -> None:
+    from pipeline.backend.budget import memory_need
+
+    assert memory_need(100 << 20, 2.0) is None  # 3 × 100 MiB + 1.5 GiB fits 2 GiB
+    line = memory_need(2003 << 20, 2.0)
+    assert line is not None and "2,003 MiB of weights cannot keep --max-memory-gib 2" in line
+    assert "up to 7.4 GiB (3 × weights + 1.5 GiB)" in line and "--max-memory-gib 7.4" in line
