@@ -174,7 +174,7 @@ def _measure(command: list[str], log: Path) -> dict[str, float]:
             "tree_rss_mib": tree_rss / mib, "tree_pss_mib": tree_pss / mib}
 
 
-RECOMMENDERS = {0.1: "recommender_100m", 1.0: "recommender_1g", 2.1: "recommender_2g1", 2.5: "recommender_2g5"}  # GB of weights: tests/big_models.py
+RECOMMENDERS = {0.1: "recommender_100m", 1.0: "recommender_1g", 2.2: "recommender_2g2", 2.5: "recommender_2g5"}  # GB of weights: tests/big_models.py
 
 
 def _staged_measure(command: list[str], log: Path) -> tuple[dict[str, dict[str, float]], float, int]:

@@ -19,11 +19,12 @@ without the protobuf size check, the large constants lifted out of the GraphDef 
 no grappler (it serializes the graph) — and the weights written to ``<output>.data`` beside the ONNX graph
 (not tf2onnx's zip), as ONNX's external data. ``--external-data`` writes a data file at any size.
 
-On that path the tensors of :data:`WEIGHT_INPUT_BYTES` or more never enter tf2onnx: each is written to the data
-file as soon as the graph is frozen, its Const becomes a Placeholder of the same type and shape (tf2onnx converts
-it to a graph input, and copies nothing), and that input becomes an initializer pointing into the data file.
-tf2onnx's own large-model path holds each of them several times over (its optimizer passes deep-copy the graph):
-14 GB for a 2.1 GB embedding table, against 2 GB this way.
+On every path, variables of :data:`WEIGHT_INPUT_BYTES` or more never enter grappler or tf2onnx: frozen out with
+TensorFlow's own denylist, each is written to the data file a block of rows at a time, stays a Placeholder of its
+type and shape (tf2onnx converts it to a graph input, and copies nothing), and that input becomes an initializer
+pointing into the data file (written back into one file below EXTERNAL_OVER). tf2onnx's own large-model path holds
+each of them several times over (its optimizer passes deep-copy the graph): 14.4 GB for a 2.1 GB embedding table,
+where the export stage now peaks at 2.3 × the weights.
 
 TensorFlow ops tf2onnx has no handler for get one from :mod:`pipeline.stages.tf_ops` (exact GELU's
 ``Erfc``), registered on import. Ops still left unconverted are named on one stderr line

@@ -3,7 +3,7 @@ served repository; embedding tables are quantized weights-only, per row. Real Te
 TensorRT-RTX's builder and the embedded Triton.
 
 ``--external-data`` gives a small recommender (tests/big_models.py) the same files a 2 GB one gets, so every stage's
-handling is checked in seconds; the slow test builds a 2.1 GB model, over the limit, the same way."""
+handling is checked in seconds; the slow test builds a 2.2 GB model, over the limit, the same way."""
 
 from __future__ import annotations
 
@@ -77,9 +77,9 @@ def test_external_data_goes_through_every_stage_to_the_served_repository(tmp_pat
 
 @pytest.mark.slow
 def test_a_model_over_2gb_builds_publishes_and_serves_every_variant(tmp_path: Path) -> None:
-    """2.1 GB of weights (an Embedding(512695, 1024) table): over protobuf's 2 GB, in CI's time and memory."""
-    write_data(tmp_path / "data", rows_for(2.1))
-    proc = _build(tmp_path, "recommender_2g1", "--verify-served")
+    """2.2 GB of weights (an Embedding(537109, 1024) table): over protobuf's 2**31 bytes, in CI's time and memory."""
+    write_data(tmp_path / "data", rows_for(2.2))
+    proc = _build(tmp_path, "recommender_2g2", "--verify-served")
     assert proc.returncode == 0, proc.stderr[-4000:]
     manifest = json.loads((tmp_path / "w" / "items" / "manifest.json").read_text())
     _check_published(tmp_path, manifest)
