@@ -25,6 +25,16 @@ def clear_leftovers(dst: Path) -> None:
             stale.unlink(missing_ok=True)
 
 
+def hidden_temporary(dst: Path, *, mode: int = 0o644) -> Path:
+    """A new empty file ``.<name>.<random>.tmp<suffix>`` beside ``dst`` (its folder made, earlier leftovers cleared)."""
+    dst.parent.mkdir(parents=True, exist_ok=True)
+    clear_leftovers(dst)
+    fd, name = tempfile.mkstemp(dir=dst.parent, prefix=f".{dst.name}.", suffix=".tmp" + dst.suffix)
+    os.close(fd)
+    os.chmod(name, mode)  # mkstemp makes 0600; outputs are ordinary files
+    return Path(name)
+
+
 @contextlib.contextmanager
 def atomic_path(dst: Path, *, mode: int = 0o644) -> Iterator[Path]:
     """Yield a hidden temporary path beside ``dst`` to write to; on success it replaces ``dst``.
@@ -34,13 +44,8 @@ def atomic_path(dst: Path, *, mode: int = 0o644) -> Iterator[Path]:
     an exception it is removed and ``dst`` is untouched. Leftovers of earlier killed runs go first.
     """
     dst = Path(dst)
-    dst.parent.mkdir(parents=True, exist_ok=True)
-    clear_leftovers(dst)
-    fd, name = tempfile.mkstemp(dir=dst.parent, prefix=f".{dst.name}.", suffix=".tmp" + dst.suffix)
-    os.close(fd)
-    tmp = Path(name)
+    tmp = hidden_temporary(dst, mode=mode)
     try:
-        os.chmod(tmp, mode)  # mkstemp makes 0600; outputs are ordinary files
         yield tmp
         with open(tmp, "rb") as fh:
             os.fsync(fh.fileno())

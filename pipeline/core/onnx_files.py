@@ -14,12 +14,11 @@ from __future__ import annotations
 import contextlib
 import os
 import shutil
-import tempfile
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from pipeline.core.atomic import atomic_path, clear_leftovers
+from pipeline.core.atomic import atomic_path, hidden_temporary
 
 if TYPE_CHECKING:
     import onnx
@@ -221,13 +220,8 @@ def atomic_onnx(dst: Path) -> Iterator[Path]:
     success the model there (graph and data file) is fsynced and moved to ``dst`` (:func:`move_onnx`); on an
     exception the temporaries are removed and ``dst`` is untouched."""
     dst = Path(dst)
-    dst.parent.mkdir(parents=True, exist_ok=True)
-    clear_leftovers(dst)
-    fd, name = tempfile.mkstemp(dir=dst.parent, prefix=f".{dst.name}.", suffix=".tmp" + dst.suffix)
-    os.close(fd)
-    tmp = Path(name)
+    tmp = hidden_temporary(dst)
     try:
-        os.chmod(tmp, 0o644)
         yield tmp
         for file in onnx_files(tmp):
             with open(file, "rb") as fh:
