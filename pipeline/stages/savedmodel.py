@@ -80,7 +80,10 @@ def savedmodel_from_keras(model: "keras.Model", dst: Path, compile_config: dict[
             savedmodel_from_tf_keras(model, tmp, outputs, input_names(model))
         else:
             archive = keras.export.ExportArchive()
-            archive.track(model)
+            # Tracked through a plain trackable, not as a Layer: Keras 3 (3.15) writes a tracked layer's variables a
+            # second time beside the ones the endpoint captures (a 2 GB model became a 4 GB SavedModel). The walk
+            # still finds the lookup tables and other resources its layers own.
+            archive.track(tf.train.Checkpoint(model=model))
             archive.add_endpoint(SIGNATURE, serve, input_signature=specs)
             archive.write_out(str(tmp), verbose=False)
     except Exception as exc:  # TF raises a zoo of types when tracing fails

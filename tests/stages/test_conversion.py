@@ -85,6 +85,34 @@ def test_savedmodel_export_replaces_an_older_export(tmp_path: Path) -> None:
     assert [p.name for p in tmp_path.iterdir()] == ["savedmodel"]  # no .partial left beside it
 
 
+def test_savedmodel_holds_each_weight_once_and_the_resources_its_layers_own(tmp_path: Path) -> None:
+    """Keras 3 writes a layer tracked as a Layer twice (its variables beside the ones the endpoint captures); the
+    export tracks it as a plain trackable: the weights once, and a lookup table a custom layer owns still saved."""
+    import keras
+    import tensorflow as tf
+
+    class Lookup(keras.layers.Layer):
+        def __init__(self, **kwargs: object) -> None:
+            super().__init__(**kwargs)
+            keys, values = tf.constant([1, 2, 3], tf.int64), tf.constant([10.0, 20.0, 30.0])
+            self.table = tf.lookup.StaticHashTable(tf.lookup.KeyValueTensorInitializer(keys, values), default_value=0.0)
+
+        def call(self, x: tf.Tensor) -> tf.Tensor:
+            return self.table.lookup(tf.cast(x, tf.int64))
+
+    ids = keras.Input((4,), dtype="int32", name="ids")
+    table = keras.layers.Embedding(4096, 256, name="items")  # 4 MiB: nearly all of the weights
+    pooled = keras.layers.GlobalAveragePooling1D()(table(ids))
+    looked = Lookup()(ids)
+    model = keras.Model(ids, keras.layers.Dense(2, name="out")(keras.layers.Concatenate()([pooled, looked])))
+    saved = savedmodel_from_keras(model, tmp_path / "savedmodel")
+    weights = sum(int(np.prod(w.shape)) * 4 for w in model.weights)
+    stored = sum(p.stat().st_size for p in (saved / "variables").glob("variables.data-*"))
+    assert weights <= stored < 1.05 * weights
+    serve = tf.saved_model.load(str(saved)).signatures[SIGNATURE]
+    feed = np.array([[1, 2, 3, 9]], np.int32)
+    np.testing.assert_allclose(serve(ids=tf.constant(feed))["out"].numpy(), model(feed), rtol=0, atol=1e-6)
+
 # -- ONNX export ------------------------------------------------------------------------------------
 
 
