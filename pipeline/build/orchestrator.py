@@ -20,7 +20,7 @@ from pipeline.backend.tensorrt_env import gpu_here
 from pipeline.build.config import BuildConfig
 from pipeline.build.publish import PublishSettings, published_configs, published_from_artifacts, require_publishable
 from pipeline.build.raw import pixel_scaling, raw_input_stages, raw_inputs_of
-from pipeline.build.support import EVAL_BATCH, decided_kinds, early_labels, ensure_default_data, eval_batch, note_memory_need, tool_versions
+from pipeline.build.support import EVAL_BATCH, decided_kinds, early_labels, ensure_default_data, eval_batch, note_needs, tool_versions
 from pipeline.core.errors import PipelineError, require_creatable
 from pipeline.core.fingerprint import hash_path
 from pipeline.core.objectstore import S3Url
@@ -103,7 +103,7 @@ def build(cfg: BuildConfig) -> BuildResult:
         described = read_description(saved)
         _check_labels_before_conversion(described, ctx)  # a bad label file costs seconds, not a conversion
         onnx_fp32 = _onnx_stage(saved, ctx)
-        note_memory_need(onnx_fp32, cfg)  # before the stages that run it: a budget its weights cannot keep is said once
+        note_needs(onnx_fp32, cfg)  # before the stages that run it: a memory budget its weights cannot keep, a disk too small
         signature = signature_from_onnx(onnx_fp32)
         raw_in = raw_inputs_of(cfg, saved, signature, source, bundled, ctx)  # images or sentences, and Keras's preprocessing of them
         pixels = pixel_scaling(saved, cfg)  # how image files become inputs: --preprocess, or raw when the model scales itself

@@ -49,7 +49,8 @@ def require(condition: bool, problem: str, fix: str | None = None) -> None:
 
 def path_error(exc: OSError) -> PipelineError:
     """``exc``, an error of the file system on ``exc.filename``, as one line naming the path and the reason."""
-    path = Path(exc.filename)
+    # A copy that runs out of space names its source first (shutil's sendfile): the file being written is the second.
+    path = Path(exc.filename2 if exc.errno in (errno.ENOSPC, errno.EDQUOT) and exc.filename2 else exc.filename)
     if exc.errno in (errno.ENOTDIR, errno.EEXIST):
         blocker = next((p for p in (path, *path.parents) if p.exists() and not p.is_dir()), None)
         if blocker is not None:
@@ -60,6 +61,7 @@ def path_error(exc: OSError) -> PipelineError:
         errno.EPERM: "choose a folder you can write to, or fix its permissions",
         errno.EROFS: "choose a path on a writable file system",
         errno.ENOSPC: "free space on that disk or choose a path on another one",
+        errno.EDQUOT: "free space on that disk or choose a path on another one",
         errno.ENOENT: "check the path",
     }
     reason = (exc.strerror or type(exc).__name__).lower()

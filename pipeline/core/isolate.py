@@ -24,7 +24,7 @@ import signal
 import traceback
 from typing import Any, Callable, TypeVar
 
-from pipeline.core.errors import PipelineError
+from pipeline.core.errors import PipelineError, path_error
 from pipeline.core.logs import native_stderr_filtered, quiet_libraries
 
 T = TypeVar("T")
@@ -55,6 +55,9 @@ def _child(conn: Any, parent: int, level: int, fn: Callable[..., Any], args: tup
         conn.send(("ok", result))
     except PipelineError as exc:
         conn.send(("user", exc))
+    except OSError as exc:
+        # A full disk or a folder it may not write is the user's to fix, as the CLI reports it in one process.
+        conn.send(("user", path_error(exc)) if exc.filename is not None else ("bug", traceback.format_exc()))
     except KeyboardInterrupt:  # Ctrl-C reaches the whole process group; the parent reports it
         pass
     except BaseException:  # noqa: BLE001 - a bug: its traceback goes to the parent

@@ -102,13 +102,14 @@ def quantized_table(init: onnx.TensorProto, base: Path, rows: int, cols: int) ->
     return q, scale
 
 
-def tables_quantized(path: Path, min_bytes: int) -> list[str]:
-    """Quantize the large Gather tables of the model at ``path`` in place (ONNX Runtime's form, see the module
-    docstring); returns the names of the nodes that now compute them (to leave out of activation quantization)."""
+def tables_quantized(path: Path, dst: Path, min_bytes: int) -> list[str]:
+    """Write the model at ``path`` to ``dst`` with its large Gather tables quantized (ONNX Runtime's form, see the
+    module docstring); returns the names of the nodes that now compute them (to leave out of activation
+    quantization). Where it has no such table, nothing is written and the list is empty."""
     from onnx import TensorProto, helper, numpy_helper
     from onnx.external_data_helper import _get_all_tensors, load_external_data_for_tensor
 
-    path = Path(path)
+    path, dst = Path(path), Path(dst)
     model = graph_proto(path)
     tables = large_tables(model, min_bytes)
     if not tables:
@@ -139,7 +140,7 @@ def tables_quantized(path: Path, min_bytes: int) -> list[str]:
             nodes += [node.name, f"{node.name}/dequantize", f"{node.name}/row_scale", f"{node.name}/scaled"]
         log.info("INT8: table %s (%d × %d, %.0f MiB) quantized per row, weights only", table.initializer, table.rows, table.cols, table.nbytes / 2**20)
     _sorted_topologically(model)
-    save_onnx(model, path, external=external)
+    save_onnx(model, dst, external=external)
     return nodes
 
 

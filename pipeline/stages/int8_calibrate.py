@@ -6,10 +6,12 @@ calibration cache (what :func:`pipeline.stages.int8.quantized_onnx_from_onnx` qu
 from __future__ import annotations
 
 import contextlib
+import errno
 import io
 import logging
+import tempfile
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -83,14 +85,29 @@ def prepared_model(src: Path, out: Path) -> Path:
     # cannot infer a graph it also writes sym_shape_infer_temp.onnx into the current directory.
     external = has_external_data(src)  # then the prepared model keeps its weights in <out>.data too
     try:
-        with ort_prints_to_log():
+        with ort_prints_to_log(), temporaries_in(out.parent):
             quant_pre_process(str(src), str(out), skip_symbolic_shape=True, save_as_external_data=external, all_tensors_to_one_file=True,
                               external_data_location=data_name(out))
         return out
     except Exception as exc:  # noqa: BLE001 - shape inference gives up on some graphs; quantizing still works
+        if isinstance(exc, OSError) and exc.errno in (errno.ENOSPC, errno.EDQUOT):
+            raise  # a full disk fails the copy below too: say so, not that pre-processing gave up
         log.warning("ONNX Runtime pre-processing failed (%s); quantizing the model as exported", str(exc).splitlines()[0])
         copy_onnx(src, out)
         return out
+
+
+@contextlib.contextmanager
+def temporaries_in(folder: Path) -> Iterator[None]:
+    """Python's temporary files (``tempfile.tempdir``, its documented default) in ``folder`` for the block: ONNX
+    Runtime's pre-processing writes a whole copy of the model there, which belongs on the workspace's disk, not in a
+    /tmp that may be small or held in memory."""
+    before = tempfile.tempdir
+    tempfile.tempdir = str(folder)
+    try:
+        yield
+    finally:
+        tempfile.tempdir = before
 
 
 def drop_unused_opsets(path: Path) -> None:

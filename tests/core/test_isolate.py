@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import os
 import signal
 import subprocess
@@ -32,6 +33,17 @@ def test_a_check_failure_keeps_its_type_across_processes() -> None:
 
     again = pickle.loads(pickle.dumps(CheckFailed("gate failed", "look at the report")))
     assert type(again) is CheckFailed and (again.problem, again.fix, again.exit_code) == ("gate failed", "look at the report", 1)
+
+
+def _disk_full(path: str) -> None:
+    raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), "/work/model.onnx.data", None, path)  # as shutil's copy raises it
+
+
+def test_a_full_disk_in_the_child_comes_back_as_one_line_naming_the_file_being_written() -> None:
+    with pytest.raises(PipelineError) as caught:
+        call_in_child(_disk_full, "/work/.tmp/prepared.onnx.data")
+    assert str(caught.value) == ("cannot use /work/.tmp/prepared.onnx.data: no space left on device — "
+                                 "free space on that disk or choose a path on another one")
 
 
 def test_a_bug_in_the_child_comes_back_with_its_traceback() -> None:

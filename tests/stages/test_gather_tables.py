@@ -12,7 +12,7 @@ import pytest
 from onnx import TensorProto
 
 from pipeline.backend.trt_rtx import RtxTensorRT
-from pipeline.core.onnx_files import graph_proto, has_external_data, save_onnx, total_size
+from pipeline.core.onnx_files import data_files, graph_proto, has_external_data, save_onnx, total_size
 from pipeline.data.profiles import ShapeProfile
 from pipeline.stages.engine import EngineSettings, engine_request
 from pipeline.stages.gather_tables import large_tables, quantized_table, tables_for_tensorrt, tables_quantized
@@ -64,7 +64,7 @@ def test_each_row_gets_its_own_scale_and_comes_back_within_half_a_step(tmp_path:
 def test_the_quantized_table_is_a_quarter_of_the_bytes_and_answers_as_its_rows_say(tmp_path: Path) -> None:
     path = recommender_graph(tmp_path / "m.onnx")
     reference, size = run(path, IDS), total_size(path)
-    nodes = tables_quantized(path, min_bytes=100_000)
+    nodes = tables_quantized(path, path, min_bytes=100_000)
     assert set(nodes) == {"lookup", "lookup/dequantize", "lookup/row_scale", "lookup/scaled"}
     assert total_size(path) < 0.3 * size
     model = onnx.load(str(path))
@@ -79,7 +79,7 @@ def test_the_quantized_table_is_a_quarter_of_the_bytes_and_answers_as_its_rows_s
 
 def test_tensorrts_form_computes_the_same_values_and_tensorrt_rtx_builds_it(tmp_path: Path) -> None:
     path = recommender_graph(tmp_path / "m.onnx")
-    tables_quantized(path, min_bytes=100_000)
+    tables_quantized(path, path, min_bytes=100_000)
     ours = run(path, IDS)
     model = onnx.load(str(path))
     assert tables_for_tensorrt(model) == 1
@@ -101,13 +101,17 @@ def test_only_large_tables_that_nothing_but_a_gather_reads_are_quantized(tmp_pat
     assert [t.initializer for t in large_tables(graph_proto(path), 100_000)] == ["table"]
     assert large_tables(graph_proto(path), 1_000_000) == []  # below the size: left float
     tied = recommender_graph(tmp_path / "tied.onnx", tied=True)
-    assert large_tables(graph_proto(tied), 100_000) == [] and tables_quantized(tied, 100_000) == []
+    assert large_tables(graph_proto(tied), 100_000) == [] and tables_quantized(tied, tmp_path / "out.onnx", 100_000) == []
+    assert not (tmp_path / "out.onnx").exists()
 
 
 def test_a_table_in_a_data_file_is_quantized_from_it_and_the_model_keeps_a_data_file(tmp_path: Path) -> None:
     path = recommender_graph(tmp_path / "m.onnx")
     reference = run(path, IDS)
     save_onnx(onnx.load(str(path)), path, external=True)
-    tables_quantized(path, min_bytes=100_000)
-    assert has_external_data(path)
-    assert np.abs(run(path, IDS) - reference).max() < 0.02 * np.abs(reference).max()
+    source = (path.read_bytes(), (tmp_path / "m.onnx.data").read_bytes())
+    out = tmp_path / "q.onnx"
+    tables_quantized(path, out, min_bytes=100_000)
+    assert has_external_data(out) and data_files(out) == [tmp_path / "q.onnx.data"]
+    assert np.abs(run(out, IDS) - reference).max() < 0.02 * np.abs(reference).max()
+    assert (path.read_bytes(), (tmp_path / "m.onnx.data").read_bytes()) == source  # the source is read, never changed

@@ -511,3 +511,17 @@ def test_layer_errors_measure_every_input_when_the_prepared_graph_renames_tensor
     errors = layer_errors_from_models(src, int8, feed)
     assert [e.node for e in errors] == ["conv1", "conv2"]
     assert errors[0].input_error == 0 and errors[1].input_error > 0.5 * errors[0].output_error, errors  # conv2 sees conv1's error
+
+
+def test_ort_pre_processing_writes_its_temporary_copy_beside_the_output_not_in_tmp(tmp_path: Path) -> None:
+    """quant_pre_process writes a whole copy of the model into a tempfile folder: inside temporaries_in, that is the
+    workspace's folder; Python's default comes back after."""
+    import tempfile
+
+    from pipeline.stages.int8_calibrate import temporaries_in
+
+    before = tempfile.gettempdir()
+    with temporaries_in(tmp_path):
+        with tempfile.TemporaryDirectory(prefix="pre.quant.") as inner:
+            assert Path(inner).parent == tmp_path
+    assert tempfile.gettempdir() == before
