@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 import subprocess
 import sys
 from dataclasses import dataclass, replace
@@ -115,6 +115,19 @@ def one_line_error(proc: subprocess.CompletedProcess[str], status: int = 2) -> s
 @pytest.fixture(scope="session")
 def repo_root() -> Path:
     return ROOT
+
+
+@pytest.fixture
+def gigabytes_on_disk(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
+    """For a test that writes gigabytes (a model over 2 GB, its copies): one such test at a time across the xdist
+    workers, so two of them never need their disk at once. The lock file lies in the run's folder all workers share."""
+    import fcntl
+
+    shared = tmp_path_factory.getbasetemp()
+    shared = shared.parent if shared.name.startswith("popen-gw") else shared
+    with open(shared / "gigabytes-on-disk.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        yield
 
 
 QUIET_UNSET: dict[str, str | None] = {"TF_CPP_MIN_LOG_LEVEL": None, "GRPC_VERBOSITY": None}

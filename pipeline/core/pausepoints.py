@@ -21,6 +21,8 @@ child, the tf2onnx subprocess) as they start, so a test can kill the build under
 holds a load-test shard just before it writes its ready file (pipeline/loadtest/shards.py), so a test
 sees the other shards wait for it at the barrier. ``loadtest.window`` after each measurement window
 (pipeline/loadtest/measure.py): the load's connections and shared-memory regions are live there.
+``publish.upload`` before each file of an S3 publish, and ``publish.upload-bytes`` after each chunk of one
+(pipeline/triton/s3repository.py), so a test can kill a publish part way through a 2 GB data file.
 """
 
 from __future__ import annotations

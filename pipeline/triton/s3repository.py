@@ -127,13 +127,18 @@ class S3Repository:
 
     def upload(self, path: Path, key: str) -> None:
         with self.errors():
-            self.client.upload_file(str(path), self.url.bucket, key)
+            self.client.upload_file(str(path), self.url.bucket, key, Callback=_uploaded)
 
     def delete(self, keys: Sequence[str]) -> None:
         with self.errors():
             for start in range(0, len(keys), 1000):
                 batch = [{"Key": k} for k in keys[start:start + 1000]]
                 self.client.delete_objects(Bucket=self.url.bucket, Delete={"Objects": batch, "Quiet": True})
+
+
+def _uploaded(_bytes: int) -> None:
+    """boto3's progress callback, called after each chunk of an upload (a large file goes up in parts)."""
+    pause_point("publish.upload-bytes")  # tests hold a 2 GB upload here, part way through its data file, to kill it
 
 
 def publish_s3_repository(

@@ -111,7 +111,7 @@ def test_the_disk_a_build_still_needs_is_said_after_the_export_when_it_is_short(
 
 
 @pytest.mark.slow
-def test_a_model_over_2gb_builds_publishes_and_serves_every_variant(tmp_path: Path) -> None:
+def test_a_model_over_2gb_builds_publishes_and_serves_every_variant(gigabytes_on_disk: None, tmp_path: Path) -> None:
     """2.2 GB of weights (an Embedding(537109, 1024) table): over protobuf's 2**31 bytes, in CI's time and memory."""
     write_data(tmp_path / "data", rows_for(2.2))
     proc = _build(tmp_path, "recommender_2g2", "--verify-served")

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -203,6 +204,95 @@ def test_a_killed_publish_leaves_the_previous_version_served_and_the_next_one_cl
     assert publish(url, second) == [f"s3://{bucket}/repo/tiny_fp32/2"]  # the partial version 2 is removed, then uploaded whole
     owned = json.loads(s3.text(bucket, "repo/tiny_fp32/.pipeline-owned.json"))
     assert owned["versions"] == [1, 2] and "uploading" not in owned
+
+
+ITEM_ROWS, ITEM_COLS = 524_300, 1024  # 2,147,532,800 bytes of float32: just past protobuf's 2**31
+
+
+def items_file(path: Path, data: str, scale: float) -> Path:
+    """ids int64 [batch, 3] → ``scale`` × rows of a table over 2 GB whose row r is r everywhere → emb [batch, 3, 1024].
+    The table lies in ``data`` (beside ``path``; written once, a block of rows at a time)."""
+    table = path.parent / data
+    if not table.exists():
+        out = np.memmap(table, dtype=np.float32, mode="w+", shape=(ITEM_ROWS, ITEM_COLS))
+        for start in range(0, ITEM_ROWS, 65536):
+            stop = min(ITEM_ROWS, start + 65536)
+            out[start:stop] = np.arange(start, stop, dtype=np.float32)[:, None]
+        out.flush()
+        del out
+    weights = onnx.TensorProto(name="table", data_type=onnx.TensorProto.FLOAT, dims=[ITEM_ROWS, ITEM_COLS],
+                               data_location=onnx.TensorProto.EXTERNAL)
+    for key, value in (("location", data), ("offset", "0"), ("length", str(ITEM_ROWS * ITEM_COLS * 4))):
+        weights.external_data.add(key=key, value=value)
+    nodes = [onnx.helper.make_node("Gather", ["table", "ids"], ["rows"], axis=0),
+             onnx.helper.make_node("Mul", ["rows", "scale"], ["emb"])]
+    graph = onnx.helper.make_graph(nodes, "items", [onnx.helper.make_tensor_value_info("ids", onnx.TensorProto.INT64, ["batch", 3])],
+                                   [onnx.helper.make_tensor_value_info("emb", onnx.TensorProto.FLOAT, ["batch", 3, ITEM_COLS])],
+                                   [weights, numpy_helper.from_array(np.array(scale, np.float32), "scale")])
+    onnx.save_model(onnx.helper.make_model(graph, opset_imports=[onnx.helper.make_opsetid("", 17)], ir_version=8), str(path))
+    return path
+
+
+def publish_items(url: S3Url, onnx_path: Path) -> list[str]:
+    """Publish ``onnx_path`` (see :func:`items_file`) as Triton model ``items_fp32``."""
+    from tests.triton.conftest import model_config
+
+    import tritonclient.grpc.model_config_pb2 as mc
+
+    cfg = model_config("items_fp32", [("ids", mc.TYPE_INT64, [3])], [("emb", mc.TYPE_FP32, [3, ITEM_COLS])])
+    return publish_s3_repository([Artifact("fp32", "onnx", onnx_path)], model="items", url=url, configs={"items_fp32": cfg})
+
+
+@pytest.mark.slow
+def test_a_publish_of_a_model_over_2gb_killed_in_its_data_file_leaves_the_previous_version_served(
+        gigabytes_on_disk: None, s3: S3Endpoint, tmp_path: Path) -> None:
+    """Version 1 (2.15 GB of weights in model.onnx.data) is served; version 2's publish is killed part way through
+    uploading its data file (held after a thousand chunks, its other parts going on): the object was never
+    completed, the config still names version 1, and the server loads version 1 and answers from its weights."""
+    bucket = s3.bucket()
+    url = S3Url(bucket, "repo")
+    publish_items(url, items_file(tmp_path / "a.onnx", "items.data", 1.0))
+    sizes = {item["Key"]: item["Size"] for item in s3.client().list_objects_v2(Bucket=bucket, Prefix="repo/items_fp32/1/")["Contents"]}
+    assert sizes["repo/items_fp32/1/model.onnx.data"] > 2**31
+    second = items_file(tmp_path / "b.onnx", "items.data", 2.0)  # the same weights, other answers: a new version
+    marker = tmp_path / "paused"
+    script = ("from pathlib import Path; from tests.triton.test_s3 import publish_items; from pipeline.core.objectstore import S3Url; "
+              f"publish_items(S3Url({bucket!r}, 'repo'), Path({str(second)!r}))")
+    (tmp_path / "tmp").mkdir()  # its staged copy, which a SIGKILL leaves behind, goes with this test's folder
+    env = dict(os.environ, PYTHONPATH=str(ROOT), PIPELINE_PAUSE_AT="publish.upload-bytes#1000", PIPELINE_PAUSE_FILE=str(marker),
+               TMPDIR=str(tmp_path / "tmp"))
+    process = subprocess.Popen([sys.executable, "-c", script], cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    try:
+        deadline = time.monotonic() + 600
+        while not marker.exists():
+            assert process.poll() is None and time.monotonic() < deadline, process.communicate()[0].decode()[-2000:]
+            time.sleep(0.05)
+    finally:
+        process.send_signal(signal.SIGKILL)
+        process.wait()
+    shutil.rmtree(tmp_path / "tmp")  # 2 GB less on the disk while the server copies version 1 out of the bucket
+    keys = s3.keys(bucket)
+    assert "repo/items_fp32/2/model.onnx" in keys and "repo/items_fp32/2/model.onnx.data" not in keys  # the upload was under way
+    assert s3.client().list_multipart_uploads(Bucket=bucket).get("Uploads")  # its parts, never completed into an object
+    assert list(parse_config(s3.text(bucket, "repo/items_fp32/config.pbtxt")).version_policy.specific.versions) == [1]
+
+    import tritonclient.http as httpclient
+
+    ids = np.array([[0, 7, ITEM_ROWS - 1]], dtype=np.int64)
+    try:
+        with TritonServer(url, workdir=tmp_path / "w") as server:
+            assert server.ready_models == ["items_fp32"] and served_versions(server, "items_fp32") == ["1"]
+            inp = httpclient.InferInput("ids", list(ids.shape), "INT64")
+            inp.set_data_from_numpy(ids)
+            with closing(httpclient.InferenceServerClient(server.http_url)) as client:
+                emb = np.asarray(client.infer("items_fp32", [inp]).as_numpy("emb"))
+    finally:  # moto keeps objects and parts in files of this process until they are deleted: gigabytes
+        client_s3 = s3.client()
+        for upload in client_s3.list_multipart_uploads(Bucket=bucket).get("Uploads", []):
+            client_s3.abort_multipart_upload(Bucket=bucket, Key=upload["Key"], UploadId=upload["UploadId"])
+        for key in s3.keys(bucket):
+            client_s3.delete_object(Bucket=bucket, Key=key)
+    np.testing.assert_array_equal(emb, np.broadcast_to(ids[..., None].astype(np.float32), (1, 3, ITEM_COLS)))  # version 1's: 1 × row
 
 
 @pytest.mark.slow
