@@ -1,0 +1,69 @@
+"""MLPerf's LoadGen (the real ``mlperf_loadgen``) through pipeline/loadtest/loadgen/: each scenario run against a
+system under test that answers at once writes LoadGen's four logs, and the verdict read back from them is what
+LoadGen decided; a latency bound below what the run measured is INVALID with its reason; flags and LoadGen's own
+conf files set the run. No Triton here: the runs against a server are in the loadtest command's tests."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from pipeline.core.errors import PipelineError
+from pipeline.loadtest.loadgen.run import AnswersAtOnce, run_scenario
+from pipeline.loadtest.loadgen.settings import ScenarioSettings
+from pipeline.loadtest.loadgen.verdict import DETAIL, LOGS, SUMMARY, read_detail
+
+# Settings an instant system under test meets on any machine: enough queries for early stopping, generated up front.
+MET = {
+    "single-stream": dict(expected_latency_ms=0.002, min_duration_s=0.3, min_query_count=100),
+    "multi-stream": dict(expected_latency_ms=0.05, min_duration_s=0.3, min_query_count=700, samples_per_query=8),
+    "server": dict(target_qps=1000, latency_bound_ms=50, min_duration_s=1, min_query_count=100),
+    "offline": dict(target_qps=1_000_000, min_duration_s=0.1, min_query_count=1),
+}
+SCENARIO_NAMES = {"single-stream": "SingleStream", "multi-stream": "MultiStream", "server": "Server", "offline": "Offline"}
+
+
+@pytest.mark.parametrize("scenario", list(MET))
+def test_each_scenario_writes_the_four_logs_and_is_valid_at_settings_it_meets(scenario: str, tmp_path: Path) -> None:
+    verdict = run_scenario(ScenarioSettings(scenario=scenario, **MET[scenario]), AnswersAtOnce(), 512, tmp_path / "logs")
+    assert sorted(p.name for p in (tmp_path / "logs").iterdir()) == sorted(LOGS)
+    summary = (tmp_path / "logs" / SUMMARY).read_text()
+    assert "Result is : VALID" in summary and verdict.valid and verdict.result == "VALID", (verdict, summary)
+    assert verdict.scenario == SCENARIO_NAMES[scenario] and verdict.mode == "PerformanceOnly" and verdict.reasons == ()
+    assert verdict.value is not None and verdict.value > 0 and not verdict.errors
+    if scenario == "multi-stream":
+        assert read_detail(tmp_path / "logs" / DETAIL)["effective_samples_per_query"] == 8
+
+
+def test_a_latency_bound_below_the_measured_p99_is_invalid_and_says_why(tmp_path: Path) -> None:
+    """Even answering at once costs LoadGen microseconds: a 100 ns bound is below every query's latency."""
+    settings = ScenarioSettings(scenario="server", target_qps=1000, latency_bound_ms=0.0001, min_duration_s=1, min_query_count=100)
+    verdict = run_scenario(settings, AnswersAtOnce(), 512, tmp_path / "logs")
+    assert "Result is : INVALID" in (tmp_path / "logs" / SUMMARY).read_text()
+    assert not verdict.valid and verdict.percentiles_ns["99.00"] > 100
+    assert "the latency bound was not met (its percentile over the bound)" in verdict.reasons, verdict.reasons
+    assert verdict.to_dict()["result"] == "INVALID"
+
+
+def test_a_user_conf_sets_the_run_and_a_flag_overrides_it(tmp_path: Path) -> None:
+    conf = tmp_path / "user.conf"
+    conf.write_text("*.Server.target_qps = 321\n*.Server.min_duration = 500\n")
+    run_scenario(ScenarioSettings(scenario="server", user_conf=conf, min_query_count=10), AnswersAtOnce(), 64, tmp_path / "a")
+    values = read_detail(tmp_path / "a" / DETAIL)
+    assert (values["effective_target_qps"], values["effective_min_duration_ms"]) == (321, 500)
+    run_scenario(ScenarioSettings(scenario="server", user_conf=conf, target_qps=400, min_query_count=10), AnswersAtOnce(), 64, tmp_path / "b")
+    assert read_detail(tmp_path / "b" / DETAIL)["effective_target_qps"] == 400
+
+
+@pytest.mark.parametrize(("options", "message"), [
+    (dict(scenario="streaming"), "unknown scenario 'streaming' — choose one of single-stream, multi-stream, server, offline"),
+    (dict(mode="submission"), "unknown mode 'submission' — choose one of performance, accuracy"),
+    (dict(target_qps=0), "--target-qps must be positive, got 0 — pass a positive number"),
+    (dict(samples_per_query=0), "--samples-per-query must be at least 1, got 0 — pass a positive count"),
+    (dict(user_conf=Path("/nonexistent/user.conf")), "LoadGen configuration file /nonexistent/user.conf does not exist"),
+])
+def test_settings_are_checked_before_loadgen_starts(options: dict, message: str) -> None:
+    with pytest.raises(PipelineError) as caught:
+        ScenarioSettings(**options)
+    assert str(caught.value).startswith(message)
