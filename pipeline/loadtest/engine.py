@@ -21,7 +21,7 @@ import time
 
 from pipeline.loadtest.client import Endpoint, response_frame
 from pipeline.loadtest.loop import EpollLoop, Target, new_socket, take_payload
-from pipeline.loadtest.policy import ClosedLoop, OpenLoop, Policy, backoff_ns
+from pipeline.loadtest.policy import ClosedLoop, Issued, OpenLoop, Policy, backoff_ns
 from pipeline.loadtest.recorder import connect_kind, error_detail, lost_kind
 
 _RECV = 65536
@@ -31,7 +31,7 @@ _IN, _OUT, _BAD = select.EPOLLIN, select.EPOLLOUT, select.EPOLLHUP | select.EPOL
 class _Target(Target):
     """Per-endpoint state (:class:`pipeline.loadtest.loop.Target`) and its connections."""
 
-    def __init__(self, endpoint: Endpoint, payloads: list[bytes], policy: Policy, max_connections: int) -> None:
+    def __init__(self, endpoint: Endpoint, payloads: list[bytes], policy: Policy | Issued, max_connections: int) -> None:
         super().__init__(endpoint, payloads, policy, max_connections, "--url")
         self.open: set[_Conn] = set()
         self.connecting = 0
@@ -64,7 +64,7 @@ class HttpEngine(EpollLoop):
     def __init__(
         self,
         targets: list[tuple[Endpoint, list[bytes]]],
-        policy: Policy,
+        policy: Policy | Issued,
         *,
         timeout_s: float,
         max_connections: int = 256,

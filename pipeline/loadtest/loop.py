@@ -16,7 +16,7 @@ from typing import Any
 
 from pipeline.core.errors import PipelineError
 from pipeline.loadtest.client import Endpoint
-from pipeline.loadtest.policy import ClosedLoop, OpenLoop, Policy
+from pipeline.loadtest.policy import ClosedLoop, Issued, OpenLoop, Policy
 from pipeline.loadtest.recorder import Recorder
 from pipeline.loadtest.timer import DueTimer
 
@@ -27,7 +27,7 @@ class Target:
     """Per-endpoint state of an epoll engine: its requests, its open-loop schedule, its back-off and its
     record; ``max_open`` caps its connections (HTTP) or streams (HTTP/2), the concurrency in a closed loop."""
 
-    def __init__(self, endpoint: Endpoint, payloads: list[bytes], policy: Policy, max_open: int, url_flag: str) -> None:
+    def __init__(self, endpoint: Endpoint, payloads: list[bytes], policy: Policy | Issued, max_open: int, url_flag: str) -> None:
         self.endpoint = endpoint
         self.payloads = payloads
         self.next_payload = 0
@@ -70,7 +70,7 @@ class EpollLoop:
     _targets: list[Any]
     _conns: dict[int, Any]
 
-    def __init__(self, policy: Policy, timeout_s: float) -> None:
+    def __init__(self, policy: Policy | Issued, timeout_s: float) -> None:
         self._policy = policy
         self._timeout_ns = int(timeout_s * 1e9)
         self._watch_every_ns = min(100_000_000, self._timeout_ns // 4)

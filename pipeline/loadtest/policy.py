@@ -75,7 +75,27 @@ class OpenLoop:
             yield from rng.exponential(mean, chunk).round().astype(np.int64).tolist()
 
 
-Policy = ClosedLoop | OpenLoop
+@dataclass(frozen=True)
+class Issued:
+    """Send what another component issues, when it issues it (MLPerf's LoadGen: pipeline/loadtest/loadgen/); the
+    engine keeps no schedule and no concurrency of its own, and opens up to ``max_connections`` as the backlog needs."""
+
+    scenario: str
+
+    @property
+    def label(self) -> str:
+        return f"LoadGen {self.scenario}"
+
+    @property
+    def kind(self) -> str:
+        return "loadgen"
+
+    @property
+    def value(self) -> float:
+        return 0.0
+
+
+Policy = ClosedLoop | OpenLoop  # a point of a sweep; Issued drives a LoadGen run, not a point
 
 
 def schedule_ns(policy: OpenLoop, start_ns: int, count: int) -> list[int]:
