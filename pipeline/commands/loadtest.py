@@ -14,6 +14,7 @@ from typing import Any
 from pipeline.core.errors import EXIT_CHECK_FAILED, PipelineError, require, require_creatable
 from pipeline.core.objectstore import S3Url
 from pipeline.core.options import CALIBRATION_ROOT, DEFAULT_REPOSITORY, repository_arg
+from pipeline.commands.loadtest_mlperf import add_scenario_options, run_scenarios, scenario_settings
 from pipeline.loadtest.client import Endpoint, endpoint_from_url
 from pipeline.loadtest.measure import WindowSettings
 from pipeline.loadtest.metrics import default_metrics_endpoint
@@ -55,6 +56,7 @@ def register(subparsers: argparse._SubParsersAction, refresh_page: PageRefresher
             "  python -m pipeline loadtest --url 127.0.0.1:8000 --request-rate 500,1000 --arrivals poisson\n"
             "  python -m pipeline loadtest --url 127.0.0.1:8000 --url 127.0.0.1:8003   # one per MIG slice\n"
             "  python -m pipeline loadtest --slo-p99-ms 5                    # exit 1 unless a point meets p99 ≤ 5 ms\n"
+            "  python -m pipeline loadtest --scenario server --target-qps 200 --latency-bound-ms 15   # MLPerf's LoadGen\n"
             "\nexit status: 0 all points ran without errors (and the SLO, if given, was met); 1 errors, a dead\n"
             "server, or no point meeting the SLO (reports are still written); 2 a usage or setup problem.\n"
         ),
@@ -139,6 +141,7 @@ def register(subparsers: argparse._SubParsersAction, refresh_page: PageRefresher
     dist.add_argument("--job-name", default="triton-loadtest", help="with --k8s-job: the Job's name (default: %(default)s)")
     dist.add_argument("--results-claim", default="triton-loadtest-results",
                       help="with --k8s-job: the ReadWriteMany PersistentVolumeClaim the pods write to (default: %(default)s)")
+    add_scenario_options(p)
     out = p.add_argument_group("output")
     out.add_argument("--slo-p99-ms", type=float, metavar="MS", help="exit 1 when no point has p99 ≤ MS (and no errors); name the best one that does")
     out.add_argument("--report-dir", type=Path, help=REPORT_DIR_HELP.format(run="<timestamp>"))
@@ -263,6 +266,9 @@ def run(args: argparse.Namespace) -> int:
         return _show(merge_shards(args.merge), args, report_dir, page_folder, console)
     # Options are checked before any server starts, so a typo costs no startup time.
     settings_from_args(args, [Endpoint("127.0.0.1", 1)], [Endpoint("127.0.0.1", 1)], [])
+    scenario = scenario_settings(args)
+    require(scenario is None or not (args.k8s_job or args.shard), "--scenario runs LoadGen in this process, not as shards",
+            "leave out --k8s-job and --shard")
     if args.k8s_job or args.shard:
         require(bool(args.url), f"{'--k8s-job' if args.k8s_job else '--shard'} needs the address of the servers to load",
                 "pass --url HOST:PORT (in Kubernetes: the Triton Service, e.g. --url triton-mig-1g-18gb:8000)")
@@ -270,6 +276,8 @@ def run(args: argparse.Namespace) -> int:
     require_creatable(report_dir, "--report-dir")
     with _local_repository(args) as served, _servers(args, served) as (endpoints, grpc, models, skipped, metrics):
         settings = settings_from_args(args, endpoints, grpc, models, metrics)
+        if scenario is not None:
+            return run_scenarios(settings, scenario, report_dir, console)
         result = run_loadtest(settings)
         result.skipped_models = skipped
     return _show(result, args, report_dir, page_folder, console)

@@ -69,3 +69,37 @@ def test_a_latency_bound_below_the_measured_p99_is_invalid_with_its_reason(serve
     assert not verdict.valid and "Result is : INVALID" in (tmp_path / "logs" / SUMMARY).read_text()  # type: ignore[attr-defined]
     assert verdict.percentiles_ns["99.00"] > 10_000  # type: ignore[attr-defined]
     assert "the latency bound was not met (its percentile over the bound)" in verdict.reasons  # type: ignore[attr-defined]
+
+
+def test_loadtest_scenario_writes_logs_and_verdicts_and_its_exit_status_is_the_verdict(server: object, workspace: Path, tmp_path: Path) -> None:
+    import csv
+    import json
+
+    from tests.loadtest.test_cli import run_cli
+
+    common = ["--url", server.http_url, "--model", "add", "--calibration-root", str(workspace / "calibration"),  # type: ignore[attr-defined]
+              "--scenario", "server", "--target-qps", "150", "--min-duration-s", "4", "--min-query-count", "100"]
+    assert run_cli(*common, "--latency-bound-ms", "500", "--report-dir", str(tmp_path / "ok")) == 0
+    assert "Result is : VALID" in (tmp_path / "ok" / "mlperf" / "add" / SUMMARY).read_text()
+    (run,) = json.loads((tmp_path / "ok" / "mlperf.json").read_text())["runs"]
+    assert (run["model"], run["scenario"], run["result"], run["reasons"]) == ("add", "Server", "VALID", [])
+    with open(tmp_path / "ok" / "mlperf.csv", newline="") as fh:
+        assert [r["result"] for r in csv.DictReader(fh)] == ["VALID"]
+
+    assert run_cli(*common, "--latency-bound-ms", "0.01", "--report-dir", str(tmp_path / "bound")) == 1  # a check that said no
+    (run,) = json.loads((tmp_path / "bound" / "mlperf.json").read_text())["runs"]
+    assert run["result"] == "INVALID" and "the latency bound was not met (its percentile over the bound)" in run["reasons"]
+
+
+def test_scenario_options_are_checked_before_a_server_starts(tmp_path: Path) -> None:
+    from pipeline.core.errors import PipelineError
+    from tests.loadtest.test_cli import run_cli
+
+    nothing = ["--repository", str(tmp_path / "nothing"), "--report-dir", str(tmp_path / "r")]
+    with pytest.raises(PipelineError, match=r"^--scenario server needs --target-qps \(the Poisson arrival rate\) — pass --target-qps"):
+        run_cli(*nothing, "--scenario", "server")
+    with pytest.raises(PipelineError, match=r"^--scenario server needs --latency-bound-ms"):
+        run_cli(*nothing, "--scenario", "server", "--target-qps", "10")
+    with pytest.raises(PipelineError, match=r"^LoadGen configuration file .*user.conf does not exist"):
+        run_cli(*nothing, "--scenario", "offline", "--user-conf", str(tmp_path / "user.conf"))
+    assert not (tmp_path / "r").exists()

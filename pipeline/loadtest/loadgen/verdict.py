@@ -82,7 +82,9 @@ def verdict_from_log(folder: Path) -> ScenarioVerdict:
     mode = str(values.get("effective_test_mode", ""))
     name, key, unit = METRICS[scenario]
     valid = values.get("result_validity") == "VALID"
-    reasons = [why for check, why in _CHECKS if values.get(check) is False]
+    early = " ".join(str(values.get("early_stopping_result", "")).split())
+    reasons = [why + (f" ({early.lstrip('* ').replace(' * ', '; ')})" if check == "early_stopping_met" and early else "")
+               for check, why in _CHECKS if values.get(check) is False]
     advice = str(values.get("result_invalid_reason") or "").strip()
     if advice:
         reasons.append(f"LoadGen: {advice}")
@@ -93,4 +95,4 @@ def verdict_from_log(folder: Path) -> ScenarioVerdict:
     return ScenarioVerdict(scenario=scenario, mode=mode, valid=valid, metric=name, value=float(value) if value else None, unit=unit,
                            reasons=tuple(reasons) if not valid else (), percentiles_ns=percentiles,
                            query_count=values.get("result_query_count"), errors=tuple(values["error"]),
-                           early_stopping=" ".join(str(values.get("early_stopping_result", "")).split()))
+                           early_stopping=early)
