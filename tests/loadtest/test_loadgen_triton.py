@@ -103,3 +103,20 @@ def test_scenario_options_are_checked_before_a_server_starts(tmp_path: Path) -> 
     with pytest.raises(PipelineError, match=r"^LoadGen configuration file .*user.conf does not exist"):
         run_cli(*nothing, "--scenario", "offline", "--user-conf", str(tmp_path / "user.conf"))
     assert not (tmp_path / "r").exists()
+
+
+@pytest.mark.parametrize("scenario", list(MET))
+def test_the_bundled_model_on_the_embedded_server_is_valid_in_each_scenario(scenario: str, built: object, tmp_path: Path) -> None:
+    """As a user runs it: no --url (the embedded server starts on the built repository), the bundled model's FP32
+    variant and its evaluation data, settings this machine meets."""
+    import json
+
+    from tests.loadtest.test_cli import run_cli
+
+    flags = [f"--{key.replace('_', '-')}={value}" for key, value in MET[scenario].items()]
+    code = run_cli("--repository", str(built.repository), "--workdir", str(tmp_path / "w"), "--model", "digits_fp32",  # type: ignore[attr-defined]
+                   "--scenario", scenario, *flags, "--report-dir", str(tmp_path / "r"))
+    (run,) = json.loads((tmp_path / "r" / "mlperf.json").read_text())["runs"]
+    assert code == 0 and run["result"] == "VALID", run
+    assert "Result is : VALID" in (tmp_path / "r" / "mlperf" / "digits_fp32" / SUMMARY).read_text()
+    assert run["client_errors"] == {} and run["value"] > 0
