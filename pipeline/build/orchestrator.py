@@ -20,7 +20,8 @@ from pipeline.backend.tensorrt_env import gpu_here
 from pipeline.build.config import BuildConfig
 from pipeline.build.publish import PublishSettings, published_configs, published_from_artifacts, require_publishable
 from pipeline.build.raw import pixel_scaling, raw_input_stages, raw_inputs_of
-from pipeline.build.support import EVAL_BATCH, decided_kinds, early_labels, ensure_default_data, eval_batch, note_needs, tool_versions
+from pipeline.build.support import (EVAL_BATCH, ISOLATE_OVER, decided_kinds, early_labels, ensure_default_data, eval_batch, note_needs,
+                                    stage_budget_gib, tool_versions)
 from pipeline.core.errors import PipelineError, require_creatable
 from pipeline.core.fingerprint import hash_path
 from pipeline.core.objectstore import S3Url
@@ -52,7 +53,6 @@ from pipeline.triton.served_gate import SERVED_ATOL
 from pipeline.triton.verify import verify_repository
 
 log = logging.getLogger(__name__)
-ISOLATE_OVER = 64 << 20  # bytes of FP32 model from which each stage runs in its own process (a second of start-up each)
 
 
 @dataclass
@@ -228,7 +228,7 @@ def _int8_stage(recipe: str, onnx_fp32: Path, calib: CalibrationData | None, dat
     cfg, dst, record = ctx.cfg, ctx.ws.onnx(recipe), ctx.ws.fallback_record(recipe)
     assert calib is not None  # cfg.calibrates
     ctx.run(Stage(recipe, gated_int8_onnx_from_onnx, inputs={"src": onnx_fp32, "calibration": calib, "data": data},
-                  settings={"recipe": recipe, "method": cfg.calibration_method, "max_memory_gib": cfg.max_memory_gib,
+                  settings={"recipe": recipe, "method": cfg.calibration_method, "max_memory_gib": stage_budget_gib(onnx_fp32, cfg.max_memory_gib),
                             "keep_nodes": cfg.int8_keep_nodes, "table_min_mib": cfg.int8_table_min_mib, "fallback": cfg.fallback, "gates": cfg.gates, "kinds": kinds_to_json(kinds),
                             "batch_size": eval_batch(onnx_fp32, data, cfg.max_memory_gib, runners=2)},
                   outputs={"dst": dst, "record": record}))

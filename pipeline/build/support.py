@@ -101,6 +101,22 @@ def ensure_default_data(data_dir: ModelData) -> None:
         digits.write_data(data_dir.folder)
 
 
+ISOLATE_OVER = 64 << 20  # bytes of FP32 model from which each stage runs in its own process (a second of start-up each)
+# What the build process holds while a stage runs in its child (measured: 410 MiB beside ResNet50's calibration): the
+# budget is for the build, every process together, so a stage in its own process sizes its batches to the rest.
+BUILD_PROCESS_GIB = 0.5
+
+
+def stage_budget_gib(onnx_fp32: Path, max_memory_gib: float) -> float:
+    """The memory a stage sizes its batches to: ``max_memory_gib``, less :data:`BUILD_PROCESS_GIB` where the model's
+    stages run in their own processes (:data:`ISOLATE_OVER`); never less than half the budget."""
+    from pipeline.core.onnx_files import total_size
+
+    if total_size(onnx_fp32) < ISOLATE_OVER:
+        return max_memory_gib
+    return max(max_memory_gib - BUILD_PROCESS_GIB, max_memory_gib / 2)
+
+
 def eval_batch(onnx_path: Path, data: EvalData, max_memory_gib: float, *, runners: int) -> int:
     """The parity/accuracy batch: at most EVAL_BATCH, and small enough that ``runners`` models holding
     a batch of the largest samples stay within the memory budget together."""
@@ -111,7 +127,7 @@ def eval_batch(onnx_path: Path, data: EvalData, max_memory_gib: float, *, runner
         for name, shape in shapes.items():
             old = largest.get(name)
             largest[name] = shape if old is None else tuple(max(a, b) for a, b in zip(old, shape))
-    return batch_for_budget(memory_estimate(onnx_path, largest), max_memory_gib, max_batch=EVAL_BATCH, runners=runners)
+    return batch_for_budget(memory_estimate(onnx_path, largest), stage_budget_gib(onnx_path, max_memory_gib), max_batch=EVAL_BATCH, runners=runners)
 
 
 def tool_versions() -> dict[str, str]:

@@ -110,6 +110,25 @@ def test_the_disk_a_build_still_needs_is_said_after_the_export_when_it_is_short(
     assert f"writes about {3 * free / 2**30:.1f} GiB" in lines[0] and f"writes about {free / 2**30:.1f} GiB" in lines[1]
 
 
+def test_a_stage_in_its_own_process_sizes_its_batches_to_the_budget_less_the_build_process(tmp_path: Path) -> None:
+    """The budget is for the build, every process together: once stages run in children (64 MiB of FP32 model),
+    the build process's 0.5 GiB comes off what a stage sizes its batches to (never more than half the budget)."""
+    from pipeline.build.support import stage_budget_gib
+
+    model = tmp_path / "model.fp32.onnx"
+    save_onnx(onnx.helper.make_model(onnx.helper.make_graph([], "g", [], [])), model)
+    assert stage_budget_gib(model, 2.0) == 2.0  # a small model: stages run in the build process
+    graph = onnx.load(str(model))
+    table = onnx.helper.make_tensor("table", onnx.TensorProto.FLOAT, [1, 1], [0.0])
+    table.data_location = onnx.TensorProto.EXTERNAL
+    table.external_data.add(key="location", value="model.fp32.onnx.data")
+    graph.graph.initializer.append(table)
+    onnx.save_model(graph, str(model))
+    with open(tmp_path / "model.fp32.onnx.data", "wb") as fh:
+        fh.truncate(64 << 20)  # sparse: 64 MiB on paper
+    assert stage_budget_gib(model, 2.0) == 1.5 and stage_budget_gib(model, 0.8) == 0.4
+
+
 @pytest.mark.slow
 def test_a_model_over_2gb_builds_publishes_and_serves_every_variant(gigabytes_on_disk: None, tmp_path: Path) -> None:
     """2.2 GB of weights (an Embedding(537109, 1024) table): over protobuf's 2**31 bytes, in CI's time and memory."""
