@@ -14,7 +14,7 @@ from typing import Any
 from pipeline.core.errors import EXIT_CHECK_FAILED, PipelineError, require, require_creatable
 from pipeline.core.objectstore import S3Url
 from pipeline.core.options import CALIBRATION_ROOT, DEFAULT_REPOSITORY, repository_arg
-from pipeline.commands.loadtest_mlperf import add_scenario_options, run_scenarios, scenario_settings
+from pipeline.commands.loadtest_mlperf import SCENARIO_OPTIONS, add_scenario_options, run_scenarios, scenario_settings
 from pipeline.loadtest.client import Endpoint, endpoint_from_url
 from pipeline.loadtest.measure import WindowSettings
 from pipeline.loadtest.metrics import default_metrics_endpoint
@@ -136,7 +136,7 @@ def register(subparsers: argparse._SubParsersAction, refresh_page: PageRefresher
                       help="merge shard files (or folders of them) into one report with exact percentiles; runs no load")
     dist.add_argument("--k8s-job", type=Path, metavar="DIR", help="write a Kubernetes Indexed Job (one pod per shard, "
                       "against --url, e.g. the Triton Service) and its results volume claim into DIR; runs no load")
-    dist.add_argument("--pods", type=int, default=2, help="with --k8s-job: shards, one pod each (default: %(default)s)")
+    dist.add_argument("--pods", type=int, help="with --k8s-job: shards, one pod each (default: 2; a --scenario runs in 1)")
     dist.add_argument("--image", default="", help="with --k8s-job: an image with this project (and the evaluation data) installed")
     dist.add_argument("--job-name", default="triton-loadtest", help="with --k8s-job: the Job's name (default: %(default)s)")
     dist.add_argument("--results-claim", default="triton-loadtest-results",
@@ -267,8 +267,8 @@ def run(args: argparse.Namespace) -> int:
     # Options are checked before any server starts, so a typo costs no startup time.
     settings_from_args(args, [Endpoint("127.0.0.1", 1)], [Endpoint("127.0.0.1", 1)], [])
     scenario = scenario_settings(args)
-    require(scenario is None or not (args.k8s_job or args.shard), "--scenario runs LoadGen in this process, not as shards",
-            "leave out --k8s-job and --shard")
+    require(scenario is None or not args.shard, "--scenario runs LoadGen in one process, not as shards",
+            "leave out --shard (--k8s-job runs the scenario in one pod)")
     if args.k8s_job or args.shard:
         require(bool(args.url), f"{'--k8s-job' if args.k8s_job else '--shard'} needs the address of the servers to load",
                 "pass --url HOST:PORT (in Kubernetes: the Triton Service, e.g. --url triton-mig-1g-18gb:8000)")
@@ -316,19 +316,25 @@ def _write_k8s_job(args: argparse.Namespace, console: Any) -> int:
     from pipeline.loadtest.shards import parse_ready_margin, parse_start
 
     forwarded: list[str] = []
-    for name in _SHARD_OPTIONS:
+    for name in _SHARD_OPTIONS + (SCENARIO_OPTIONS if args.scenario else ()):
         value = getattr(args, name)
         for v in value if isinstance(value, list) else [value]:
             if v is not None:
                 forwarded += [f"--{name.replace('_', '-')}", str(v)]
+    if args.scenario:  # one pod: LoadGen is one process; its logs and the reports go to the results volume
+        written = write_job(args.k8s_job, job_manifests(args.job_name, args.image, args.pods or 1, forwarded, None,
+                                                        args.results_claim))
+        console.print(f"wrote {', '.join(str(p) for p in written)}; after kubectl apply -f {args.k8s_job}, the LoadGen logs and "
+                      f"mlperf.json are in /results/{args.job_name} where the claim is mounted")
+        return 0
     margin = parse_ready_margin(args.start_at or "")
     start = None if margin is not None else parse_start(args.start_at or "+300")
-    docs = job_manifests(args.job_name, args.image, args.pods, forwarded, args.start_at if start is None else iso_start(start), args.results_claim)
+    docs = job_manifests(args.job_name, args.image, args.pods or 2, forwarded, args.start_at if start is None else iso_start(start), args.results_claim)
     written = write_job(args.k8s_job, docs)
     console.print(f"wrote {', '.join(str(p) for p in written)}")
     when = (f"{margin:g} s after the last of them is ready" if start is None
             else f"at {_dt.datetime.fromtimestamp(start).astimezone():%Y-%m-%d %H:%M:%S %Z}: kubectl apply -f {args.k8s_job} before then")
-    console.print(f"the {args.pods} pods start the load {when}; afterwards, where the claim is mounted: "
+    console.print(f"the {args.pods or 2} pods start the load {when}; afterwards, where the claim is mounted: "
                   f"python -m pipeline loadtest --merge /results/{args.job_name}")
     return 0
 

@@ -23,6 +23,9 @@ log = logging.getLogger(__name__)
 # the server answers only generates queries the run does not use; expecting slower ends it early, INVALID.
 QUICK_MIN_DURATION_S = 10.0
 QUICK_EXPECTED_LATENCY_MS = 0.1
+# what a --k8s-job pod repeats of a scenario run
+SCENARIO_OPTIONS = ("scenario", "mode", "target_qps", "latency_bound_ms", "expected_latency_ms", "samples_per_query", "min_duration_s",
+                    "min_query_count", "mlperf_conf", "user_conf", "conf_model")
 
 
 def add_scenario_options(p: argparse.ArgumentParser) -> None:

@@ -30,21 +30,27 @@ def iso_start(start_at: float) -> str:
     return _dt.datetime.fromtimestamp(start_at, _dt.timezone.utc).isoformat(timespec="seconds").replace("+00:00", "Z")
 
 
-def job_manifests(name: str, image: str, pods: int, loadtest_args: list[str], start: str, results_claim: str) -> list[dict[str, Any]]:
+def job_manifests(name: str, image: str, pods: int, loadtest_args: list[str], start: str | None, results_claim: str) -> list[dict[str, Any]]:
     """The results PersistentVolumeClaim and the Indexed Job (pods × the shard command); ``start`` is the pods'
-    ``--start-at`` (a time, or ``ready+SECONDS``: the barrier on the results volume they share)."""
+    ``--start-at`` (a time, or ``ready+SECONDS``: the barrier on the results volume they share). ``start`` None: one
+    pod runs ``loadtest_args`` whole (an MLPerf scenario: LoadGen is one process), its reports and LoadGen's logs
+    written to ``/results/<name>``."""
     require(bool(_DNS_LABEL.match(name)) and len(name) <= 52, f"--job-name '{name}' is not a Kubernetes name",
             "use lower-case letters, digits and '-', at most 52 characters, e.g. --job-name triton-loadtest")
     require(pods >= 1, f"--pods must be at least 1, got {pods}", "e.g. --pods 4")
     require(bool(image), "--k8s-job needs the image the pods run", "pass --image with an image that has this project installed")
+    require(start is not None or pods == 1, f"an MLPerf scenario runs in one pod, not {pods}", "leave out --pods (or pass --pods 1)")
     labels = {"app.kubernetes.io/name": "triton-loadtest", "app.kubernetes.io/instance": name}
-    args = [*loadtest_args, "--shard", f"$(SHARD_INDEX)/{pods}", "--start-at", start, "--shard-output", f"{RESULTS_MOUNT}/{name}"]
+    if start is None:
+        args = [*loadtest_args, "--report-dir", f"{RESULTS_MOUNT}/{name}"]
+    else:
+        args = [*loadtest_args, "--shard", f"$(SHARD_INDEX)/{pods}", "--start-at", start, "--shard-output", f"{RESULTS_MOUNT}/{name}"]
     container = {
         "name": "loadtest",
         "image": image,
         "command": ["python", "-m", "pipeline", "loadtest"],
         "args": args,
-        "env": [{"name": "SHARD_INDEX", "valueFrom": {"fieldRef": {"fieldPath": _INDEX_ANNOTATION}}}],
+        "env": [{"name": "SHARD_INDEX", "valueFrom": {"fieldRef": {"fieldPath": _INDEX_ANNOTATION}}}] if start is not None else [],
         # one load-generating process drives about one core
         "resources": {"requests": {"cpu": "1", "memory": "1Gi"}, "limits": {"memory": "2Gi"}},
         "volumeMounts": [{"name": "results", "mountPath": RESULTS_MOUNT}],

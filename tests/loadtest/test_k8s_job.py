@@ -45,6 +45,22 @@ def test_the_pods_can_start_through_the_ready_barrier_on_their_shared_volume(tmp
     assert args[args.index("--shard-output") + 1].startswith("/results/")  # the volume every pod shares
 
 
+def test_an_mlperf_scenario_runs_in_one_pod_that_writes_loadgen_logs_to_the_results_volume(tmp_path: Path) -> None:
+    assert run_cli("--k8s-job", str(tmp_path), "--url", "triton:8000", "--image", "img", "--model", "digits_int8", "--scenario", "server",
+                   "--target-qps", "500", "--latency-bound-ms", "15", "--min-duration-s", "600") == 0
+    job = yaml.safe_load((tmp_path / "loadtest-job.yaml").read_text())
+    kubernetes_validate.validate(job, K8S_VERSION, strict=True)
+    spec = job["spec"]
+    assert spec["completions"] == spec["parallelism"] == 1  # LoadGen is one process
+    (container,) = spec["template"]["spec"]["containers"]
+    args = container["args"]
+    assert "--shard" not in args and "--start-at" not in args and container["env"] == []
+    assert [args[args.index(flag) + 1] for flag in ("--scenario", "--target-qps", "--latency-bound-ms", "--min-duration-s", "--report-dir")] == [
+        "server", "500.0", "15.0", "600.0", "/results/triton-loadtest"]
+    with pytest.raises(PipelineError, match="an MLPerf scenario runs in one pod, not 3"):
+        run_cli("--k8s-job", str(tmp_path / "x"), "--url", "t:8000", "--image", "img", "--scenario", "offline", "--target-qps", "9", "--pods", "3")
+
+
 def test_the_validator_catches_a_broken_job(tmp_path: Path) -> None:
     run_cli("--k8s-job", str(tmp_path), "--url", "svc:8000", "--image", "img", "--start-at", "+60")
     job = yaml.safe_load((tmp_path / "loadtest-job.yaml").read_text())
