@@ -13,8 +13,13 @@ within the two generators' run-to-run spread (the repeats show it). Then the cli
 process per query, LoadGen + the engine against Triton, and LoadGen + :class:`AnswersAtOnce` (no server: LoadGen
 and the bridge alone), beside the open loop's client CPU per request.
 
+With ``--find-max``, it also climbs a ladder of rates (× 1.25 from the first) for each generator: the highest rate at
+which LoadGen's Server run is VALID at ``--bound-ms``, and the highest at which the open loop's p99 stays within
+it. Both are Poisson: the ratio (MLPerf's acceptance: at least 0.9) is what LoadGen and its bridge cost.
+
     python scripts/bench_mlperf.py                         # rates 100, 300, 600; 10 s each; 2 repeats
     python scripts/bench_mlperf.py --rates 200 --seconds 30 --repeats 3 --json out.json
+    python scripts/bench_mlperf.py --rates 400 --find-max --bound-ms 10
 """
 
 from __future__ import annotations
@@ -78,6 +83,29 @@ def run_open_loop(endpoint: Any, data: Path, rate: float, seconds: float) -> dic
             "result": "stable" if point.stable else "unstable", "cpu_us_per_query": point.client_cpu_us_per_request}
 
 
+def find_max(endpoint: Any, payloads: list[bytes], root: Path, start: float, args: argparse.Namespace) -> list[dict[str, Any]]:
+    """Each generator's highest passing rate on a ladder × 1.25 from ``start`` (two failures in a row end a climb)."""
+    rows, best = [], {}
+    for generator in ("loadgen", "open-loop"):
+        rate, misses, best[generator] = start, 0, 0.0
+        while misses < 2:
+            if generator == "loadgen":
+                row = run_loadgen(endpoint, payloads, rate, args.seconds, args.bound_ms, root / "logs")
+                ok = row["result"] == "VALID"
+            else:
+                row = run_open_loop(endpoint, root / "eval.npz", rate, args.seconds)
+                ok = row["p99_ms"] <= args.bound_ms and row["qps"] >= 0.95 * rate
+            rows.append(row | {"generator": f"{generator} (ladder)", "passed": ok})
+            print(json.dumps(rows[-1]), flush=True)
+            best[generator] = max(best[generator], rate) if ok else best[generator]
+            misses = 0 if ok else misses + 1
+            rate *= 1.25
+    ratio = best["loadgen"] / best["open-loop"] if best["open-loop"] else float("nan")
+    print(f"\nhighest rate within {args.bound_ms:g} ms: LoadGen Server VALID at {best['loadgen']:.0f} QPS, open loop p99 within it at "
+          f"{best['open-loop']:.0f} QPS: ratio {ratio:.2f}", flush=True)
+    return rows
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--rates", default="100,300,600", help="Poisson rates, queries/s (default: %(default)s)")
@@ -85,6 +113,7 @@ def main() -> int:
     parser.add_argument("--repeats", type=int, default=2, help="runs of each generator per rate (default: %(default)s)")
     parser.add_argument("--bound-ms", type=float, default=50, help="LoadGen's latency bound (default: %(default)g)")
     parser.add_argument("--json", type=Path, help="write every run here")
+    parser.add_argument("--find-max", action="store_true", help="climb rates × 1.25 from the first until each generator fails the bound")
     args = parser.parse_args()
     rates = [float(r) for r in args.rates.split(",")]
     rows: list[dict[str, Any]] = []
@@ -109,6 +138,8 @@ def main() -> int:
                         print(json.dumps(rows[-1]), flush=True)
                 rows.append(run_loadgen(endpoint, payloads, rate, args.seconds, args.bound_ms, root / "logs", sut=AnswersAtOnce()) | {"repeat": 0})
                 print(json.dumps(rows[-1]), flush=True)
+            if args.find_max:
+                rows += find_max(endpoint, payloads, root, rates[0], args)  # named "(ladder)": not in the side-by-side means
     print(f"\n{'rate':>6} {'generator':<24} {'QPS':>8} {'p50 ms':>8} {'p99 ms':>8} {'CPU µs/q':>9}  result")
     for r in rows:
         print(f"{r['rate']:>6g} {r['generator']:<24} {r['qps']:>8.1f} {r['p50_ms']:>8.3f} {r['p99_ms']:>8.3f} {r['cpu_us_per_query']:>9.1f}  {r['result']}")
