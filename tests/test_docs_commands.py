@@ -130,6 +130,8 @@ FOREIGN_OPTIONS = {
     "--load-outputs": "polygraphy run", "--model-repository": "tritonserver",
     "--exit-on-error": "tritonserver", "--strict-readiness": "tritonserver", "--no-index": "pip",
     "--large_model": "python -m tf2onnx.convert", "--sizes": "scripts/bench_build.py",
+    "--rates": "scripts/bench_mlperf.py", "--seconds": "scripts/bench_mlperf.py", "--find-max": "scripts/bench_mlperf.py",
+    "--bound-ms": "scripts/bench_mlperf.py",
 }
 _OPTION = re.compile(r"(?<![\w-])--[A-Za-z][\w{},-]*")
 _CODE = re.compile(r"```[^\n]*\n(.*?)```|`([^`\n]+)`", re.S)
