@@ -91,6 +91,8 @@ def run_scenarios(settings: LoadTestSettings, scenario: ScenarioSettings, report
         rows.append(_row(model, verdict, sut.engine.recorder.errors))
     _write(rows, report_dir)
     console.print(_table(rows))
+    console.print(f"reports: {report_dir / 'mlperf.json'}, {report_dir / 'mlperf.csv'}; LoadGen's logs: "
+                  + ", ".join(str(report_dir / "mlperf" / r["model"]) for r in rows))
     invalid = [r for r in rows if r["result"] != "VALID"]
     for row in invalid:
         log.error("%s: %s INVALID: %s", row["model"], row["scenario"], "; ".join(row["reasons"]) or "see mlperf_log_summary.txt")

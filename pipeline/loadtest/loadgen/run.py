@@ -96,6 +96,6 @@ def run_scenario(settings: ScenarioSettings, sut: SystemUnderTest, samples: int,
     missing = [name for name in LOGS if not (out_dir / name).is_file()]
     require(not missing, f"LoadGen wrote no {', '.join(missing)} in {out_dir}", "check that the folder is writable and run again")
     verdict = verdict_from_log(out_dir)
-    log.info("%s %s against %s: %s, %s %s", verdict.scenario, verdict.mode, sut.name, verdict.result, verdict.metric,
-             f"{verdict.value:,.0f} {verdict.unit}" if verdict.value is not None else "not measured")
+    shown = "not measured" if verdict.value is None else (f"{verdict.value / 1e6:.3f} ms" if verdict.unit == "ns" else f"{verdict.value:,.1f} {verdict.unit}")
+    log.info("%s %s against %s: %s, %s %s", verdict.scenario, verdict.mode, sut.name, verdict.result, verdict.metric, shown)
     return verdict
