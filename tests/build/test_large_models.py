@@ -75,6 +75,19 @@ def test_external_data_goes_through_every_stage_to_the_served_repository(tmp_pat
     assert stages["onnx"] == "ran" and stages["fp16"] == "skipped"  # the same bytes again: the rest is unchanged
 
 
+def _with_sparse_data_file(model: Path, size: int) -> None:
+    """Give the (empty) model at ``model`` a tensor in ``<model>.data``, a sparse file of ``size`` bytes: as large as
+    that to every size check, and no space taken on the disk."""
+    graph = onnx.load(str(model))
+    table = onnx.helper.make_tensor("table", onnx.TensorProto.FLOAT, [1, 1], [0.0])
+    table.data_location = onnx.TensorProto.EXTERNAL
+    table.external_data.add(key="location", value=f"{model.name}.data")
+    graph.graph.initializer.append(table)
+    onnx.save_model(graph, str(model))
+    with open(model.parent / f"{model.name}.data", "wb") as fh:
+        fh.truncate(size)
+
+
 def test_the_disk_a_build_still_needs_is_said_after_the_export_when_it_is_short(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     """The rest of a build writes every variant in the workspace and again in a local repository: 3 × the FP32 model with
     FP16 and both INT8 variants (6.3 GB measured after a 2.2 GB export). A model whose (sparse) data file is larger than
@@ -94,15 +107,8 @@ def test_the_disk_a_build_still_needs_is_said_after_the_export_when_it_is_short(
     with caplog.at_level(logging.WARNING, logger="pipeline.build.support"):
         note_needs(model, cfg)
         assert not caplog.records  # a small model: nothing said
-        graph = onnx.load(str(model))
-        table = onnx.helper.make_tensor("table", onnx.TensorProto.FLOAT, [1, 1], [0.0])
-        table.data_location = onnx.TensorProto.EXTERNAL
-        table.external_data.add(key="location", value="model.fp32.onnx.data")
-        graph.graph.initializer.append(table)
-        onnx.save_model(graph, str(model))
         free = shutil.disk_usage(tmp_path).free
-        with open(tmp_path / "model.fp32.onnx.data", "wb") as fh:
-            fh.truncate(free)  # sparse: as large as the free space, and it takes none of it
+        _with_sparse_data_file(model, free)  # as large as the free space, and it takes none of it
         note_needs(model, cfg)
         note_needs(model, BuildConfig(fp16=True, int8=True, repository=S3Url("bucket", "repo")))
     lines = [r.getMessage() for r in caplog.records]
@@ -118,14 +124,7 @@ def test_a_stage_in_its_own_process_sizes_its_batches_to_the_budget_less_the_bui
     model = tmp_path / "model.fp32.onnx"
     save_onnx(onnx.helper.make_model(onnx.helper.make_graph([], "g", [], [])), model)
     assert stage_budget_gib(model, 2.0) == 2.0  # a small model: stages run in the build process
-    graph = onnx.load(str(model))
-    table = onnx.helper.make_tensor("table", onnx.TensorProto.FLOAT, [1, 1], [0.0])
-    table.data_location = onnx.TensorProto.EXTERNAL
-    table.external_data.add(key="location", value="model.fp32.onnx.data")
-    graph.graph.initializer.append(table)
-    onnx.save_model(graph, str(model))
-    with open(tmp_path / "model.fp32.onnx.data", "wb") as fh:
-        fh.truncate(64 << 20)  # sparse: 64 MiB on paper
+    _with_sparse_data_file(model, 64 << 20)
     assert stage_budget_gib(model, 2.0) == 1.5 and stage_budget_gib(model, 0.8) == 0.4
 
 

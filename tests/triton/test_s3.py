@@ -53,6 +53,22 @@ def softmax_file(path: Path, scale: float, external: bool = False) -> Path:
     return path
 
 
+def killed_at_pause(script: str, point: str, marker: Path, **env: str) -> None:
+    """Run ``script`` in a Python process held at pause point ``point`` (pipeline/core/pausepoints.py), and SIGKILL it
+    there. The process either pauses or ends (a failure, with its output); the 15-minute bound only keeps a hung one from
+    holding the suite."""
+    environ = dict(os.environ, PYTHONPATH=str(ROOT), PIPELINE_PAUSE_AT=point, PIPELINE_PAUSE_FILE=str(marker), **env)
+    process = subprocess.Popen([sys.executable, "-c", script], cwd=ROOT, env=environ, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    deadline = time.monotonic() + 900
+    try:
+        while not marker.exists():
+            assert process.poll() is None and time.monotonic() < deadline, process.communicate()[0].decode()[-2000:]
+            time.sleep(0.05)
+    finally:
+        process.send_signal(signal.SIGKILL)
+        process.wait()
+
+
 def expected(x: np.ndarray, scale: float) -> np.ndarray:
     logits = x @ (SOFTMAX_WEIGHTS * scale)
     e = np.exp(logits - logits.max(axis=1, keepdims=True))
@@ -179,16 +195,7 @@ def test_a_killed_publish_leaves_the_previous_version_served_and_the_next_one_cl
     script = ("import sys; from pathlib import Path; from tests.triton.test_s3 import publish; from pipeline.core.objectstore import S3Url; "
               f"publish(S3Url({bucket!r}, 'repo'), Path({str(second)!r}))")
     # Held after the first object of version 2 (its model file) is uploaded, before the labels and the config.
-    env = dict(os.environ, PYTHONPATH=str(ROOT), PIPELINE_PAUSE_AT="publish.upload#2", PIPELINE_PAUSE_FILE=str(marker))
-    process = subprocess.Popen([sys.executable, "-c", script], cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
-    try:
-        deadline = time.monotonic() + 120
-        while not marker.exists():
-            assert process.poll() is None and time.monotonic() < deadline, process.communicate()[0].decode()[-2000:]
-            time.sleep(0.05)
-    finally:
-        process.send_signal(signal.SIGKILL)
-        process.wait()
+    killed_at_pause(script, "publish.upload#2", marker)
     assert "repo/tiny_fp32/2/model.onnx" in s3.keys(bucket)  # the partial upload is there...
     assert "repo/tiny_fp32/2/model.onnx.data" not in s3.keys(bucket)  # (its graph without its weights, when it has a data file)
     assert list(parse_config(s3.text(bucket, "repo/tiny_fp32/config.pbtxt")).version_policy.specific.versions) == [1]  # ...unnamed
@@ -259,17 +266,7 @@ def test_a_publish_of_a_model_over_2gb_killed_in_its_data_file_leaves_the_previo
     script = ("from pathlib import Path; from tests.triton.test_s3 import publish_items; from pipeline.core.objectstore import S3Url; "
               f"publish_items(S3Url({bucket!r}, 'repo'), Path({str(second)!r}))")
     (tmp_path / "tmp").mkdir()  # its staged copy, which a SIGKILL leaves behind, goes with this test's folder
-    env = dict(os.environ, PYTHONPATH=str(ROOT), PIPELINE_PAUSE_AT="publish.upload-bytes#1000", PIPELINE_PAUSE_FILE=str(marker),
-               TMPDIR=str(tmp_path / "tmp"))
-    process = subprocess.Popen([sys.executable, "-c", script], cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
-    try:
-        deadline = time.monotonic() + 600
-        while not marker.exists():
-            assert process.poll() is None and time.monotonic() < deadline, process.communicate()[0].decode()[-2000:]
-            time.sleep(0.05)
-    finally:
-        process.send_signal(signal.SIGKILL)
-        process.wait()
+    killed_at_pause(script, "publish.upload-bytes#1000", marker, TMPDIR=str(tmp_path / "tmp"))
     shutil.rmtree(tmp_path / "tmp")  # 2 GB less on the disk while the server copies version 1 out of the bucket
     keys = s3.keys(bucket)
     assert "repo/items_fp32/2/model.onnx" in keys and "repo/items_fp32/2/model.onnx.data" not in keys  # the upload was under way
