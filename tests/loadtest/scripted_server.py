@@ -25,6 +25,7 @@ class ScriptedServer:
         self._done: Counter[str] = Counter()  # what the server actually did (under _lock: one thread per connection)
         self._lock = threading.Lock()
         self._seq = 0
+        self.bodies: list[bytes] = []  # every request body received, in order (under _lock)
         self._listener = socket.create_server(("127.0.0.1", 0))
         self.port = self._listener.getsockname()[1]
         self._stop = threading.Event()
@@ -91,8 +92,9 @@ class ScriptedServer:
                     if not chunk:
                         return
                     buf += chunk
-                buf = buf[length:]
+                body, buf = buf[:length], buf[length:]
                 with self._lock:
+                    self.bodies.append(body)
                     action = self.script(self._seq)
                     self._seq += 1
                 if action == "close":

@@ -5,6 +5,7 @@ conf files set the run. No Triton here: the runs against a server are in the loa
 
 from __future__ import annotations
 
+import threading
 from pathlib import Path
 
 import pytest
@@ -71,3 +72,33 @@ def test_settings_are_checked_before_loadgen_starts(options: dict, message: str)
     with pytest.raises(PipelineError) as caught:
         ScenarioSettings(**options)
     assert str(caught.value).startswith(message)
+
+
+def test_each_sample_loadgen_issues_is_its_own_request_and_a_failed_one_is_still_answered(tmp_path: Path) -> None:
+    """LoadGen's accuracy mode issues every sample exactly once: the server (a scripted one on loopback, whose third
+    request gets a 503 and whose fifth connection is closed mid-request) must receive each sample's own body once, and
+    the run must end, every sample answered to LoadGen, the failures counted by the engine."""
+    from pipeline.loadtest.client import Endpoint, post_request_bytes
+    from pipeline.loadtest.loadgen.http_sut import TritonSut
+    from tests.loadtest.scripted_server import ScriptedServer
+
+    script = {2: "error", 4: "close"}
+    with ScriptedServer(lambda seq: script.get(seq, "ok")) as server:
+        endpoint = Endpoint("127.0.0.1", server.port)
+        bodies = [f'{{"sample": {i}}}'.encode() for i in range(12)]
+        sut = TritonSut("scripted", endpoint, [post_request_bytes(endpoint, "/infer", b) for b in bodies], "single-stream", timeout_s=10)
+        verdicts: list = []
+        run = threading.Thread(target=lambda: verdicts.append(
+            run_scenario(ScenarioSettings(scenario="single-stream", mode="accuracy"), sut, len(bodies), tmp_path / "logs")), daemon=True)
+        sut.start()
+        try:
+            run.start()
+            run.join(300)  # a sample never answered keeps LoadGen waiting for ever: fail instead of hanging the suite
+            assert not run.is_alive(), "LoadGen still waits for a sample the system under test never answered"
+        finally:
+            sut.stop()
+        received = sorted(server.bodies)
+    assert verdicts[0].mode == "AccuracyOnly"
+    assert received == sorted(bodies)  # each sample's own request, once (a closed connection's request is not sent again)
+    recorder = sut.engine.recorder
+    assert recorder.sent == 12 and len(recorder.latency_ns) == 10 and sum(recorder.errors.values()) == 2, recorder.errors
