@@ -35,6 +35,27 @@ def confidence_option() -> Any:
     return option(0.95, "confidence of the accuracy-drop bounds", check=in_range(0.5, 0.999), group=GATE_GROUP)
 
 
+def accuracy_share(text: str) -> float:
+    """``99%``, ``99.9%`` or ``0.99``: a share of FP32's task metric, above 0 and at most 1 (PipelineError otherwise)."""
+    from pipeline.core.errors import PipelineError
+
+    stripped = text.strip()
+    try:
+        share = float(stripped[:-1]) / 100 if stripped.endswith("%") else float(stripped)
+    except ValueError:
+        share = float("nan")
+    if not 0 < share <= 1:
+        raise PipelineError(f"accuracy target '{text}' is not a share of FP32's metric", "pass e.g. 99% or 99.9% (MLPerf's two targets), or 0.99")
+    return share
+
+
+def accuracy_target_option() -> Any:
+    """``--accuracy-target`` (verify and ``loadtest --mode accuracy``): MLPerf's rule, beside the point-drop gates."""
+    return option(None, "MLPerf's accuracy rule, e.g. 99% or 99.9%: each variant's task metric against the labels (top-1 accuracy, R², "
+                        "mean IoU) at least this share of served FP32's; a point figure, reported beside the drop gates, failing below it",
+                  parse=accuracy_share, metavar="SHARE", group=GATE_GROUP)
+
+
 @dataclass(frozen=True)
 class Gates:
     """Every accuracy tolerance of a build (and of ``verify``). Drops are in points of top-1 accuracy."""

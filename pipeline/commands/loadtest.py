@@ -14,7 +14,7 @@ from typing import Any
 from pipeline.core.errors import EXIT_CHECK_FAILED, PipelineError, require, require_creatable
 from pipeline.core.objectstore import S3Url
 from pipeline.core.options import CALIBRATION_ROOT, DEFAULT_REPOSITORY, repository_arg
-from pipeline.commands.loadtest_mlperf import SCENARIO_OPTIONS, add_scenario_options, run_scenarios, scenario_settings
+from pipeline.commands.loadtest_mlperf import SCENARIO_OPTIONS, add_scenario_options, run_scenarios, scenario_gates, scenario_settings
 from pipeline.loadtest.client import Endpoint, endpoint_from_url
 from pipeline.loadtest.measure import WindowSettings
 from pipeline.loadtest.metrics import default_metrics_endpoint
@@ -267,6 +267,7 @@ def run(args: argparse.Namespace) -> int:
     # Options are checked before any server starts, so a typo costs no startup time.
     settings_from_args(args, [Endpoint("127.0.0.1", 1)], [Endpoint("127.0.0.1", 1)], [])
     scenario = scenario_settings(args)
+    gates = scenario_gates(args)
     require(scenario is None or not args.shard, "--scenario runs LoadGen in one process, not as shards",
             "leave out --shard (--k8s-job runs the scenario in one pod)")
     if args.k8s_job or args.shard:
@@ -277,7 +278,7 @@ def run(args: argparse.Namespace) -> int:
     with _local_repository(args) as served, _servers(args, served) as (endpoints, grpc, models, skipped, metrics):
         settings = settings_from_args(args, endpoints, grpc, models, metrics)
         if scenario is not None:
-            return run_scenarios(settings, scenario, report_dir, console)
+            return run_scenarios(settings, scenario, report_dir, console, gates, args.accuracy_target)
         result = run_loadtest(settings)
         result.skipped_models = skipped
     return _show(result, args, report_dir, page_folder, console)

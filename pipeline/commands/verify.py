@@ -7,7 +7,7 @@ import logging
 from dataclasses import dataclass
 from pathlib import Path
 
-from pipeline.accuracy.gates import Gates, confidence_option, fp16_max_drop_option, int8_max_drop_option
+from pipeline.accuracy.gates import Gates, accuracy_target_option, confidence_option, fp16_max_drop_option, int8_max_drop_option
 from pipeline.core.console import console
 from pipeline.core.objectstore import S3Url
 from pipeline.core.options import (
@@ -46,6 +46,7 @@ class VerifyConfig:
     fp16_max_drop: float = fp16_max_drop_option()
     int8_max_drop: float = int8_max_drop_option()
     gate_confidence: float = confidence_option()
+    accuracy_target: float | None = accuracy_target_option()
     workdir: Path = option(Path("build"), "where the JSON report and the reports folder go", metavar="DIR")
     report: Path | None = option(None, "JSON report (default: <workdir>/verify.json, which the HTML page shows)")
     report_dir: Path | None = option(None, "where the HTML page index.html goes (default: <workdir>/reports)", metavar="DIR")
@@ -106,6 +107,7 @@ def run(args: argparse.Namespace) -> int:
         report_path=cfg.report or cfg.workdir / "verify.json",
         workdir=cfg.workdir,
         show=lambda rows: console().print(to_rich(served_data(rows))),
+        accuracy_target=cfg.accuracy_target,
     )
     page = args.refresh_page(cfg.workdir, page_dir(cfg.report_dir, cfg.workdir)) if args.refresh_page else None
     if page:

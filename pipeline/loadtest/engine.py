@@ -148,9 +148,14 @@ class HttpEngine(EpollLoop):
         t = conn.target
         if data[9:12] == b"200":
             t.recorder.latency_ns.append(now - conn.stamp_ns)
+            self._answered(conn, data, frame[0])
         else:
             t.recorder.error(f"http_{bytes(data[9:12]).decode('ascii', 'replace')}", error_detail(data[frame[0] : frame[1]]))
         self._ready(conn)
+
+    def _answered(self, conn: _Conn, response: bytes | bytearray, body_at: int) -> None:
+        """A 200 response arrived on ``conn`` (its head and body; the body starts at ``body_at``): nothing to keep in a
+        load test, whose answers are counted, not read."""
 
     def _ready(self, conn: _Conn) -> None:
         """``conn`` can take a request."""

@@ -50,15 +50,20 @@ def check_request(endpoint: Endpoint, io: ModelIO, request: bytes, tensors: dict
     """Raise a PipelineError unless ``request`` gives the outputs tritonclient gets for ``tensors``."""
     httpclient = import_optional("tritonclient.http", None, "checking the load generator's requests")
     head, body = _accepted(endpoint, io, request, "request", "check that the evaluation data matches the model's inputs (names, dtypes, shapes)")
+    ours = infer_result(head, body)
+    client = httpclient.InferenceServerClient(endpoint.address, network_timeout=30.0, connection_timeout=10.0)
+    compare_with_tritonclient(client, httpclient, io, tensors, ours, rtol=rtol, what="HTTP")
+
+
+def infer_result(head: bytes, body: bytes) -> Any:
+    """tritonclient's ``InferResult`` of one HTTP response's head and body (binary tensor data or plain JSON)."""
+    httpclient = import_optional("tritonclient.http", None, "decoding Triton's HTTP responses")
     header_length = None
     for line in head.decode("latin-1").split("\r\n"):
         key, _, value = line.partition(":")
         if key.strip().lower() == "inference-header-content-length":
             header_length = int(value)
-    ours = httpclient.InferenceServerClient.parse_response_body(body, header_length=header_length)
-
-    client = httpclient.InferenceServerClient(endpoint.address, network_timeout=30.0, connection_timeout=10.0)
-    compare_with_tritonclient(client, httpclient, io, tensors, ours, rtol=rtol, what="HTTP")
+    return httpclient.InferenceServerClient.parse_response_body(body, header_length=header_length)
 
 
 def compare_with_tritonclient(client: Any, module: Any, io: ModelIO, tensors: dict[str, np.ndarray], ours: Any, *, rtol: float, what: str) -> None:

@@ -121,6 +121,10 @@ def served_data(rows: list[dict[str, Any]]) -> TableData:
             served = out["served_metric"] if out["served_metric"] is not None else out["agreement"]
             table.add([r["model"], str(r["version"]), name, out["kind"], _pct(served), _pct(out["inprocess_metric"]),
                        f"{out['max_abs_diff']:.1e}", _verdict(r["passed"])], "" if r["passed"] else "bad")  # fmt: skip
+        for gate in r.get("gates", []):  # verify --accuracy-target: MLPerf's rule, a row of its own
+            if gate["metric"].startswith("MLPerf target"):
+                table.add([r["model"], str(r["version"]), gate["output"], gate["metric"], _pct(gate["value"]), f"≥ {_pct(gate['limit'])}", "",
+                           _row_verdict(gate["verdict"])], "" if gate["verdict"] == "pass" else "bad")  # fmt: skip
     return table
 
 

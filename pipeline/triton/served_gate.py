@@ -17,6 +17,7 @@ from pipeline.accuracy.outputkinds import OutputKind
 
 SERVED_ATOL = 1e-3  # max abs difference served vs in process (verify --atol, build --verify-served)
 AGAINST_FP32 = "served vs served FP32: "  # how a failure of the judgement against served FP32 starts
+MLPERF_TARGET = "MLPerf accuracy target: "  # how a failure of --accuracy-target starts
 
 @dataclass
 class ServedResult:
@@ -75,6 +76,30 @@ def gate_against_fp32(results: Sequence[ServedResult], gates: Mapping[str, Gates
         result.gates = verdict.rows
         result.failures += [f"{AGAINST_FP32}{why}" for why in verdict.failures]
         result.notes += [f"{AGAINST_FP32}{why}" for why in verdict.undecided]
+
+
+def against_share_of_fp32(results: Sequence[ServedResult], share: float) -> None:
+    """MLPerf's accuracy rule: each variant's task metric against the labels (accuracy, R², mIoU: higher is better) at
+    least ``share`` (0.99, 0.999) of served FP32's on the same samples. A row per output beside the gates, a failure
+    where it falls short; an output without labels has no such metric, which a note says. Unlike the gates it is a
+    point figure, as MLPerf states it: no confidence bounds."""
+    fp32 = {r.base: r for r in results if r.precision == "fp32"}
+    for result in results:
+        ref = fp32.get(result.base)
+        if ref is None or result is ref:
+            continue
+        for name, row in result.outputs.items():
+            mine, theirs = row.get("served_metric"), ref.outputs.get(name, {}).get("served_metric")
+            if mine is None or theirs is None:
+                result.notes.append(f"{MLPERF_TARGET}output '{name}': no labels, so no task metric to hold to {share:.1%} of FP32's")
+                continue
+            required = theirs - (1 - share) * abs(theirs)  # share × FP32's for the positive metrics MLPerf states it for
+            verdict = "pass" if mine >= required else "fail"
+            result.gates.append({"output": name, "kind": row["kind"], "metric": f"MLPerf target ({share:.1%} of FP32's)", "value": mine,
+                                 "low": mine, "high": mine, "unit": "", "worse": "lower", "limit": required, "verdict": verdict, "fp32": theirs})
+            if verdict == "fail":
+                result.failures.append(f"{MLPERF_TARGET}output '{name}' ({row['kind']}): {mine:.4f} < {share:.1%} of served FP32's "
+                                       f"{theirs:.4f} ({required:.4f})")
 
 
 def results_as_json(results: Sequence[ServedResult]) -> list[dict]:

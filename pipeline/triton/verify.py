@@ -26,9 +26,21 @@ from pipeline.core.errors import CheckFailed, PipelineError
 from pipeline.core.objectstore import S3Url
 from pipeline.core.progress import progress
 from pipeline.data.artifacts import WIRE_PRECISIONS, parse_variant
-from pipeline.triton.served_gate import AGAINST_FP32, ServedResult, gate_against_fp32, results_as_json, served_against_inprocess
+from pipeline.triton.served_gate import (
+    AGAINST_FP32,
+    ServedResult,
+    against_share_of_fp32,
+    gate_against_fp32,
+    results_as_json,
+    served_against_inprocess,
+)
 
 log = logging.getLogger(__name__)
+
+# How the served outputs are fetched: (url, model, data, outputs, batch size) → every output per batch of ``data``
+# at that batch size. :func:`served_outputs` (tritonclient, batch after batch) by default; ``loadtest --mode
+# accuracy`` gives LoadGen's accuracy log instead.
+Collect = Callable[[str, str, EvalData, Sequence[str], int], list[dict[str, np.ndarray]]]
 
 
 def served_outputs(url: str, model: str, data: EvalData, outputs: Sequence[str], batch_size: int) -> list[dict[str, np.ndarray]]:
@@ -90,6 +102,8 @@ def verify_repository(
     show: Callable[[list[dict]], None] | None = None,
     workdir: Path = Path("build"),
     tensorrt: TensorRT | None = None,
+    collect: Collect | None = None,
+    accuracy_target: float | None = None,
 ) -> dict:
     """Verify the pipeline's ONNX variants in ``repository`` through Triton at ``url`` (None: the
     embedded server on ``repository``), every output by the kind its build recorded; write
@@ -102,14 +116,18 @@ def verify_repository(
 
     With the embedded server, a TensorRT plan built for another TensorRT version or GPU than the
     ones at hand (``tensorrt``, default: the installed TensorRT) is refused in one line.
+
+    ``collect`` fetches the served outputs (default: :func:`served_outputs`); ``accuracy_target`` (0.99: MLPerf's
+    99 % rule) also holds each variant's task metric to that share of served FP32's.
     """
     from pipeline.triton.s3repository import readable
 
     with readable(repository) as local:  # an s3:// repository: a copy of what its server serves, read here
         planned, limits, not_verified = _verification_plan(local, embedded=url is None, models=models, calibration_root=calibration_root,
                                                            batch_size=batch_size, gates=gates, eval_data=eval_data or {}, tensorrt=tensorrt)
-        results = _served_results(planned, limits, url=url, repository=repository, workdir=workdir, atol=atol)
-    return _verdict(results, limits, not_verified, url=url, repository=repository, report_path=report_path, show=show)
+        results = _served_results(planned, limits, url=url, repository=repository, workdir=workdir, atol=atol, collect=collect or served_outputs)
+    return _verdict(results, limits, not_verified, url=url, repository=repository, report_path=report_path, show=show,
+                    accuracy_target=accuracy_target)
 
 
 def _verification_plan(repository: Path, *, embedded: bool, models: Sequence[str], calibration_root: Path, batch_size: int, gates: Gates,
@@ -127,7 +145,7 @@ def _verification_plan(repository: Path, *, embedded: bool, models: Sequence[str
 
 
 def _served_results(planned: Mapping[str, tuple], limits: Mapping[str, Gates], *, url: str | None, repository: Path | S3Url, workdir: Path,
-                    atol: float) -> list[ServedResult]:
+                    atol: float, collect: Collect) -> list[ServedResult]:
     """Every planned model sent through Triton at ``url`` (None: the embedded server on ``repository``)."""
     from pipeline.triton.server import TritonServer
 
@@ -138,15 +156,15 @@ def _served_results(planned: Mapping[str, tuple], limits: Mapping[str, Gates], *
         for name, (version, model_file, data, kinds, batch) in bar.track(planned.items()):
             bar.note(name)
             log.info("verifying %s v%d through %s (%d samples from %s)", name, version, endpoint, data.num_samples, data.source)
-            served = served_outputs(endpoint, name, data, list(kinds), batch)
+            served = collect(endpoint, name, data, list(kinds), batch)
             results.append(served_against_file(name, model_file, data, kinds, served, batch_size=batch, atol=_served_atol(name, atol, limits[name]),
                                                threshold=limits[name].binary_threshold))
-            results[-1].fp32_on_same_values = _fp32_on_same_values(endpoint, name, model_file, data, list(kinds), batch, planned)
+            results[-1].fp32_on_same_values = _fp32_on_same_values(endpoint, name, model_file, data, list(kinds), batch, planned, collect)
     return results
 
 
 def _fp32_on_same_values(endpoint: str, name: str, model_file: Path, data: EvalData, outputs: list[str], batch: int,
-                         planned: Mapping[str, tuple]) -> list[dict[str, np.ndarray]] | None:
+                         planned: Mapping[str, tuple], collect: Collect) -> list[dict[str, np.ndarray]] | None:
     """For a uint8-input variant: served FP32's outputs on the values it computed on (its uint8 samples × scale), so
     that it is judged for its graph, as its build's parity gate judged it, not for samples off the uint8 grid; None
     for other models, or without a served FP32 sibling."""
@@ -156,16 +174,19 @@ def _fp32_on_same_values(endpoint: str, name: str, model_file: Path, data: EvalD
     scales = uint8_scales(model_file)
     if not scales or f"{base}_fp32" not in planned:
         return None
-    return served_outputs(endpoint, f"{base}_fp32", data.with_inputs(lambda feed: dequantized(feed, scales), "as floats"), outputs, batch)
+    return collect(endpoint, f"{base}_fp32", data.with_inputs(lambda feed: dequantized(feed, scales), "as floats"), outputs, batch)
 
 
 def _verdict(results: list[ServedResult], limits: Mapping[str, Gates], not_verified: Mapping[str, str], *, url: str | None, repository: Path | S3Url,
-             report_path: Path, show: Callable[[list[dict]], None] | None) -> dict:
-    """Each served variant judged against served FP32, the report written (and shown), CheckFailed on any failure."""
+             report_path: Path, show: Callable[[list[dict]], None] | None, accuracy_target: float | None = None) -> dict:
+    """Each served variant judged against served FP32 (and held to ``accuracy_target`` of its task metric), the report
+    written (and shown), CheckFailed on any failure."""
     gate_against_fp32(results, limits)
+    if accuracy_target is not None:
+        against_share_of_fp32(results, accuracy_target)
     rows = results_as_json(results)
     report = {"url": url or "embedded", "repository": str(repository), "time": time.strftime("%Y-%m-%dT%H:%M:%S"), "models": rows,
-              "not_verified": dict(not_verified)}
+              "not_verified": dict(not_verified), "accuracy_target": accuracy_target}
     report_path.parent.mkdir(parents=True, exist_ok=True)
     report_path.write_text(json.dumps(report, indent=2) + "\n")
     if show:

@@ -19,9 +19,10 @@ Script = Callable[[int], str]
 
 
 class ScriptedServer:
-    def __init__(self, script: Script, body: bytes = b'{"ok":true}') -> None:
+    def __init__(self, script: Script, body: bytes = b'{"ok":true}', *, echo: bool = False) -> None:
         self.script = script
         self.body = body
+        self.echo = echo  # answer each request with its own body (which answer belongs to which request shows)
         self._done: Counter[str] = Counter()  # what the server actually did (under _lock: one thread per connection)
         self._lock = threading.Lock()
         self._seq = 0
@@ -105,7 +106,7 @@ class ScriptedServer:
                     self._count("hang")
                     self._stop.wait()
                     return
-                status, body = (b"200 OK", self.body) if action == "ok" else (b"503 Service Unavailable", b'{"error":"busy"}')
+                status, body = (b"200 OK", body if self.echo else self.body) if action == "ok" else (b"503 Service Unavailable", b'{"error":"busy"}')
                 conn.sendall(b"HTTP/1.1 " + status + b"\r\nContent-Type: application/json\r\nContent-Length: "
                              + str(len(body)).encode() + b"\r\n\r\n" + body)  # fmt: skip
                 self._count(action)

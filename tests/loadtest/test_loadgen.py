@@ -5,15 +5,17 @@ conf files set the run. No Triton here: the runs against a server are in the loa
 
 from __future__ import annotations
 
+import json
 import threading
 from pathlib import Path
 
 import pytest
 
 from pipeline.core.errors import PipelineError
+from pipeline.loadtest.loadgen.accuracy import read_accuracy_log
 from pipeline.loadtest.loadgen.run import AnswersAtOnce, run_scenario
 from pipeline.loadtest.loadgen.settings import ScenarioSettings
-from pipeline.loadtest.loadgen.verdict import DETAIL, LOGS, SUMMARY, read_detail
+from pipeline.loadtest.loadgen.verdict import ACCURACY, DETAIL, LOGS, SUMMARY, read_detail
 
 # Settings an instant system under test meets on any machine: enough queries for early stopping, and more generated
 # up front than the fastest machine answers within the minimum duration. LoadGen generates duration / expected latency
@@ -83,10 +85,11 @@ def test_each_sample_loadgen_issues_is_its_own_request_and_a_failed_one_is_still
     from tests.loadtest.scripted_server import ScriptedServer
 
     script = {2: "error", 4: "close"}
-    with ScriptedServer(lambda seq: script.get(seq, "ok")) as server:
+    with ScriptedServer(lambda seq: script.get(seq, "ok"), echo=True) as server:
         endpoint = Endpoint("127.0.0.1", server.port)
         bodies = [f'{{"sample": {i}}}'.encode() for i in range(12)]
-        sut = TritonSut("scripted", endpoint, [post_request_bytes(endpoint, "/infer", b) for b in bodies], "single-stream", timeout_s=10)
+        sut = TritonSut("scripted", endpoint, [post_request_bytes(endpoint, "/infer", b) for b in bodies], "single-stream", timeout_s=10,
+                        keep_answers=True)
         verdicts: list = []
         run = threading.Thread(target=lambda: verdicts.append(
             run_scenario(ScenarioSettings(scenario="single-stream", mode="accuracy"), sut, len(bodies), tmp_path / "logs")), daemon=True)
@@ -102,3 +105,13 @@ def test_each_sample_loadgen_issues_is_its_own_request_and_a_failed_one_is_still
     assert received == sorted(bodies)  # each sample's own request, once (a closed connection's request is not sent again)
     recorder = sut.engine.recorder
     assert recorder.sent == 12 and len(recorder.latency_ns) == 10 and sum(recorder.errors.values()) == 2, recorder.errors
+    # the accuracy log holds each answered sample's own response (the server echoes its request), the failed ones nothing
+    logged = {e["qsl_idx"]: bytes.fromhex(e["data"]) for e in json.loads((tmp_path / "logs" / ACCURACY).read_text())}
+    answered = {i: r for i, r in logged.items() if r}
+    assert len(logged) == 12 and len(answered) == 10
+    for index, response in answered.items():
+        assert response.startswith(b"HTTP/1.1 200 OK\r\n") and response.endswith(b"\r\n\r\n" + bodies[index]), (index, response)
+    with pytest.raises(PipelineError) as caught:
+        read_accuracy_log(tmp_path / "logs" / ACCURACY, 12)
+    first = min(set(range(12)) - set(answered))
+    assert str(caught.value).startswith(f"2 of 12 samples have no answer in {tmp_path / 'logs' / ACCURACY} (first: sample {first})")

@@ -180,3 +180,45 @@ def test_an_undecided_served_gate_is_a_note_not_a_failure() -> None:
     gate_against_fp32(results, {r.model: Gates() for r in results})
     assert results[1].failures == [] and len(results[1].notes) == 1
     assert results[1].notes[0].startswith("served vs served FP32: not enough evaluation data to judge a 1-point limit: output 'flag' (binary)")
+
+
+def _with_metric(model: str, precision: str, probs: float | None) -> ServedResult:
+    outputs = {"probs": {"kind": "classes", "served_metric": probs, "agreement": 1.0}}
+    return ServedResult(model, "digits", precision, 1, 449, outputs, [])
+
+
+def test_mlperfs_accuracy_target_is_a_share_of_served_fp32s_metric_and_needs_labels() -> None:
+    """NVIDIA's H200 ResNet50 INT8 result, 76.08 % top-1 against the 76.46 % reference, passes 99 % (75.70) and
+    fails 99.9 % (76.38); an output without labels has no task metric, which a note says instead of a verdict."""
+    from pipeline.triton.served_gate import against_share_of_fp32
+
+    for share, verdict in ((0.99, "pass"), (0.999, "fail")):
+        results = [_with_metric("digits_fp32", "fp32", 0.7646), _with_metric("digits_int8", "int8", 0.7608)]
+        against_share_of_fp32(results, share)
+        fp32, int8 = results
+        assert fp32.gates == [] and fp32.failures == []
+        (row,) = int8.gates
+        assert (row["verdict"], row["value"], row["fp32"], row["worse"]) == (verdict, 0.7608, 0.7646, "lower")
+        assert row["limit"] == pytest.approx(share * 0.7646)
+        assert int8.failures == ([] if verdict == "pass" else
+                                 ["MLPerf accuracy target: output 'probs' (classes): 0.7608 < 99.9% of served FP32's 0.7646 (0.7638)"])
+    unlabeled = [_with_metric("digits_fp32", "fp32", None), _with_metric("digits_int8", "int8", None)]
+    against_share_of_fp32(unlabeled, 0.99)
+    assert unlabeled[1].gates == [] and unlabeled[1].failures == []
+    assert unlabeled[1].notes == ["MLPerf accuracy target: output 'probs': no labels, so no task metric to hold to 99.0% of FP32's"]
+
+
+@pytest.mark.parametrize(("text", "share"), [("99%", 0.99), ("99.9%", 0.999), ("0.99", 0.99), (" 100% ", 1.0)])
+def test_an_accuracy_target_reads_as_a_percentage_or_a_share(text: str, share: float) -> None:
+    from pipeline.accuracy.gates import accuracy_share
+
+    assert accuracy_share(text) == pytest.approx(share)
+
+
+@pytest.mark.parametrize("text", ["0", "0%", "101%", "1.5", "-99%", "nan", "ninety", ""])
+def test_an_accuracy_target_outside_0_to_100_percent_is_refused(text: str) -> None:
+    from pipeline.accuracy.gates import accuracy_share
+    from pipeline.core.errors import PipelineError
+
+    with pytest.raises(PipelineError, match="is not a share of FP32's metric"):
+        accuracy_share(text)

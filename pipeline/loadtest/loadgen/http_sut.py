@@ -6,7 +6,8 @@ LoadGen issues from its own threads; the engine runs in one thread of its own. A
 and an eventfd wakes the loop, which sends it on an idle connection or opens another (up to ``max_connections``)
 while it waits. Each answer (a response, an HTTP error, a lost connection or a time-out: LoadGen must hear of every
 sample, or it waits forever) goes back through :func:`pipeline.loadtest.loadgen.run.complete`; failures are
-counted by the engine's recorder as in any load test."""
+counted by the engine's recorder as in any load test. In accuracy mode (``keep_answers``) each answer carries the
+whole HTTP response, head and body, for LoadGen's accuracy log; a failed sample's answer is empty."""
 
 from __future__ import annotations
 
@@ -31,8 +32,11 @@ class IssuedHttp(HttpEngine):
     """An :class:`HttpEngine` whose requests are the samples LoadGen issues (:meth:`submit`, from any thread):
     sample ``i`` is the ``i``-th encoded request; its latency counts from when it was issued."""
 
-    def __init__(self, endpoint: Endpoint, payloads: list[bytes], scenario: str, *, timeout_s: float, max_connections: int) -> None:
+    def __init__(self, endpoint: Endpoint, payloads: list[bytes], scenario: str, *, timeout_s: float, max_connections: int,
+                 keep_answers: bool = False) -> None:
         super().__init__([(endpoint, payloads)], Issued(scenario), timeout_s=timeout_s, max_connections=max_connections)
+        self._keep_answers = keep_answers
+        self._answers: dict[int, bytes] = {}  # connection fd → its 200 response, until LoadGen hears of it
         self._incoming: deque[tuple[int, int, int]] = deque()  # (response id, sample index, issued at), from LoadGen's threads
         self._wake = os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC)
         self._epoll.register(self._wake, select.EPOLLIN)
@@ -86,10 +90,14 @@ class IssuedHttp(HttpEngine):
         super()._send(conn, issued)
         t.recorder.lag_ns.append(conn.sent_ns - issued)  # how long the sample waited for a connection
 
+    def _answered(self, conn: Any, response: bytes | bytearray, body_at: int) -> None:
+        if self._keep_answers:
+            self._answers[conn.fd] = bytes(response)
+
     def _ready(self, conn: Any) -> None:
         response_id = self._on_conn.pop(conn.fd, None)
         if response_id is not None:  # its response is complete (a 200 or an HTTP error, recorded as such)
-            complete([(response_id, None)])
+            complete([(response_id, self._answers.pop(conn.fd, None))])
         if not self._running:
             return
         t = conn.target
@@ -113,9 +121,9 @@ class TritonSut:
     thread of its own between :meth:`start` and :meth:`stop`."""
 
     def __init__(self, name: str, endpoint: Endpoint, payloads: list[bytes], scenario: str, *, timeout_s: float = 30.0,
-                 max_connections: int = 64) -> None:
+                 max_connections: int = 64, keep_answers: bool = False) -> None:
         self.name = name
-        self.engine = IssuedHttp(endpoint, payloads, scenario, timeout_s=timeout_s, max_connections=max_connections)
+        self.engine = IssuedHttp(endpoint, payloads, scenario, timeout_s=timeout_s, max_connections=max_connections, keep_answers=keep_answers)
         self._done = threading.Event()
         self._thread = threading.Thread(target=self._loop, name=f"sut-{name}", daemon=True)
 

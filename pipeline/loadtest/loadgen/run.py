@@ -16,7 +16,7 @@ from typing import Any, Protocol
 
 from pipeline.core.errors import require
 from pipeline.loadtest.loadgen.settings import ScenarioSettings, loadgen
-from pipeline.loadtest.loadgen.verdict import LOGS, ScenarioVerdict, verdict_from_log
+from pipeline.loadtest.loadgen.verdict import ACCURACY, LOGS, ScenarioVerdict, verdict_from_log
 
 log = logging.getLogger(__name__)
 
@@ -97,5 +97,8 @@ def run_scenario(settings: ScenarioSettings, sut: SystemUnderTest, samples: int,
     require(not missing, f"LoadGen wrote no {', '.join(missing)} in {out_dir}", "check that the folder is writable and run again")
     verdict = verdict_from_log(out_dir)
     shown = "not measured" if verdict.value is None else (f"{verdict.value / 1e6:.3f} ms" if verdict.unit == "ns" else f"{verdict.value:,.1f} {verdict.unit}")
-    log.info("%s %s against %s: %s, %s %s", verdict.scenario, verdict.mode, sut.name, verdict.result, verdict.metric, shown)
+    if verdict.mode == "AccuracyOnly":
+        log.info("%s %s against %s: the answers to %d samples logged in %s", verdict.scenario, verdict.mode, sut.name, samples, out_dir / ACCURACY)
+    else:
+        log.info("%s %s against %s: %s, %s %s", verdict.scenario, verdict.mode, sut.name, verdict.result, verdict.metric, shown)
     return verdict

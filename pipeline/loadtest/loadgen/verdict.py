@@ -47,6 +47,9 @@ class ScenarioVerdict:
 
     @property
     def result(self) -> str:
+        """VALID or INVALID; LOGGED for an accuracy run, which LoadGen does not judge (its log is judged instead)."""
+        if self.mode == "AccuracyOnly":
+            return "LOGGED"
         return "VALID" if self.valid else "INVALID"
 
     def to_dict(self) -> dict[str, Any]:
