@@ -24,6 +24,7 @@ from pipeline.tune.tuner import ModelTune, SpaceOptions, TuneSettings
 log = logging.getLogger(__name__)
 
 EXIT_SLO_MISSED = 1
+SCENARIO_START_QPS = 50.0  # tune --scenario server: the first target QPS without --request-rate
 
 
 def _default_cores() -> int:
@@ -65,6 +66,7 @@ def register(subparsers: argparse._SubParsersAction, refresh_page: PageRefresher
             "  python -m pipeline tune --model digits_fp32 --slo-p99-ms 10 --search grid --instances 1,2 --max-batch 16,64\n"
             "  python -m pipeline tune --model digits_fp32 --slo-p99-ms 10 --apply              # publish as a new version\n"
             "  python -m pipeline tune --model digits_fp32 --slo-p99-ms 10 --cores 1 --profile cpu-1\n"
+            "  python -m pipeline tune --model digits_fp32 --slo-p99-ms 10 --scenario server   # highest VALID MLPerf Server QPS\n"
             "  TRITON_ADMIN_KEY=... python -m pipeline tune --url 10.0.0.5:8000 --model digits_fp32 --slo-p99-ms 10 \\\n"
             "      --profile 2g.35gb                                                           # one MIG slice\n"
             "\nexit status: 0 a config meets the SLO; 1 no candidate meets it (the report names the closest);\n"
@@ -116,6 +118,13 @@ def register(subparsers: argparse._SubParsersAction, refresh_page: PageRefresher
     load.add_argument("--max-seconds", type=float, default=8, help="bound per load point (default: %(default)g)")
     load.add_argument("--calibration-root", type=Path, default=CALIBRATION_ROOT, help="where <model>/eval.npz lives (default: %(default)s)")
     load.add_argument("--data", type=Path, metavar="NPZ", help="request samples (default: <calibration-root>/<model>/eval.npz)")
+    mlperf = p.add_argument_group("MLPerf scenario (each load point a run of MLPerf's LoadGen instead)")
+    mlperf.add_argument("--scenario", choices=["server"], help="server: each point is LoadGen's Server scenario at a target QPS "
+                        "(Poisson arrivals, --slo-p99-ms as its latency bound, early stopping); a candidate's score is its "
+                        f"highest VALID target QPS. The ramp starts at --request-rate (default: {SCENARIO_START_QPS:g}) and doubles "
+                        "up to --max-load (default: 64 × the start) until INVALID, then bisects")
+    mlperf.add_argument("--min-duration-s", type=float, default=5.0, metavar="SECONDS",
+                        help="with --scenario: each LoadGen run's minimum duration (MLPerf's: 600) (default: %(default)g)")
     out = p.add_argument_group("output")
     out.add_argument("--report-dir", type=Path, help=REPORT_DIR_HELP.format(run="tune-<timestamp>"))
     out.add_argument("--workdir", type=Path, default=Path("build"),
@@ -137,18 +146,20 @@ def settings_from_args(args: argparse.Namespace) -> TuneSettings:
     require(len(set(args.model)) == len(args.model), "a --model is given twice", "name each model once")
     require(args.metrics_url is None or bool(args.url), "--metrics-url is for a remote server (--url)",
             "drop --metrics-url: the embedded server's metrics address is known")
-    open_loop = args.request_rate is not None
-    start = args.request_rate if open_loop else 1
+    require(args.min_duration_s > 0, "--min-duration-s must be positive", "e.g. --min-duration-s 5")
+    open_loop = args.request_rate is not None or args.scenario is not None
+    start = args.request_rate if args.request_rate is not None else (SCENARIO_START_QPS if args.scenario else 1)
     require(start > 0, "--request-rate must be positive", "e.g. --request-rate 100")
     max_load = args.max_load or (start * 64 if open_loop else 256)
-    fixed = args.fixed_load or (start if open_loop else 4)
+    fixed = start if args.scenario else args.fixed_load or (start if open_loop else 4)  # a scenario ramp has no fixed-load point of its own
     require(max_load >= start and fixed > 0, f"--max-load {max_load:g} is below the start {start:g} of the ramp", "raise --max-load")
     if not open_loop:
         require(float(fixed).is_integer() and float(max_load).is_integer(), "with a concurrency ramp, --fixed-load and --max-load are concurrencies",
                 "use whole numbers, e.g. --fixed-load 4")
     windows = WindowSettings(window_s=args.window_ms / 1000, warmup_s=args.warmup_ms / 1000, max_s=args.max_seconds)
     trial = TrialSettings(slo_p99_ms=args.slo_p99_ms, open_loop=open_loop, start=start, max_load=max_load,
-                          fixed_load=fixed, arrivals=args.arrivals, windows=windows)
+                          fixed_load=fixed, arrivals="poisson" if args.scenario else args.arrivals, windows=windows,
+                          scenario=args.scenario, min_duration_s=args.min_duration_s)
     if args.profile is not None:
         from pipeline.mig.configs import config_name
 
@@ -233,7 +244,8 @@ def _finish(console: Any, args: argparse.Namespace, settings: TuneSettings, jobs
             status = EXIT_SLO_MISSED
             continue
         gain = best.score / base.score if base.meets_slo and base.score > 0 else float("inf")
-        console.print(f"[green]{job.model}: best {best.candidate.label} — {best.score:,.0f} infer/s under the SLO "
+        what = "VALID MLPerf Server target QPS" if settings.trial.scenario else "infer/s under the SLO"
+        console.print(f"[green]{job.model}: best {best.candidate.label} — {best.score:,.0f} {what} "
                       f"({'×%.2f the published config' % gain if gain != float('inf') else 'the published config meets no load'})[/]",
                       highlight=False)
         diff = config_diff(job, settings.profile)

@@ -43,9 +43,12 @@ def table(jobs: list[ModelTune], slo_p99_ms: float) -> Any:
     from rich.table import Table
 
     memory = any(t.gpu_memory is not None for job in jobs for t in job.trials)
-    t = Table(title=f"tune: throughput under p99 ≤ {slo_p99_ms:g} ms (★ best, ● published)")
-    for col in ("model", "#", "instances", "max batch", "preferred", "delay µs", "infer/s", "p99 ms", "at load",
-                "fixed-load p99 ms", *(("GPU MiB/inst",) if memory else ()), "meets SLO", "source"):
+    server = any(t.load_kind == "target_qps" for job in jobs for t in job.trials)  # tune --scenario server: LoadGen's terms
+    title = f"highest VALID MLPerf Server target QPS, latency bound {slo_p99_ms:g} ms" if server else f"throughput under p99 ≤ {slo_p99_ms:g} ms"
+    t = Table(title=f"tune: {title} (★ best, ● published)")
+    for col in ("model", "#", "instances", "max batch", "preferred", "delay µs", "samples/s" if server else "infer/s", "p99 ms",
+                "VALID QPS" if server else "at load", "first-point p99 ms" if server else "fixed-load p99 ms", *(("GPU MiB/inst",) if memory else ()),
+                "VALID" if server else "meets SLO", "source"):
         # Model names are never cut: the column is as wide as the longest.
         width = max((len(job.model) for job in jobs), default=5) if col == "model" else None
         t.add_column(col, justify="left" if col in ("model", "preferred", "source") else "right", min_width=width)

@@ -31,6 +31,7 @@ from pipeline.loadtest.request_check import check_request
 from pipeline.loadtest.runner import LoadTestSettings, point_from_measurement
 from pipeline.loadtest.server_stats import fetch_counters
 from pipeline.tune.gpu_memory import MIB, GpuMemory, MemoryMeter, Reading, record
+from pipeline.tune.server_ramp import RAMP, ServerRamp, server_ramp
 from pipeline.tune.space import Candidate
 from pipeline.tune.targets import LoadRejected, Target
 
@@ -52,6 +53,12 @@ class TrialSettings:
     windows: WindowSettings = field(default_factory=lambda: WindowSettings(window_s=0.5, warmup_s=0.3, max_s=8.0))
     timeout_s: float = 5.0
     max_connections: int = 256
+    scenario: str | None = None  # "server": each point is MLPerf's LoadGen Server run at a target QPS (pipeline.tune.server_ramp)
+    min_duration_s: float = 5.0  # with a scenario: each run's minimum duration
+
+    def server_ramp(self) -> ServerRamp:
+        """The Server-scenario ramp these settings describe (``scenario`` set)."""
+        return ServerRamp(self.slo_p99_ms, self.start, self.max_load, self.min_duration_s, self.timeout_s, self.max_connections)
 
     def policy(self, load: float) -> Policy:
         """The load-tester policy of one point of the ramp."""
@@ -59,12 +66,20 @@ class TrialSettings:
 
     @property
     def load_kind(self) -> str:
-        """``concurrency`` or ``request_rate``."""
+        """``concurrency``, ``request_rate``, or ``target_qps`` (LoadGen's Server scenario)."""
+        if self.scenario is not None:
+            return "target_qps"
         return "request_rate" if self.open_loop else "concurrency"
 
     def to_dict(self) -> dict[str, Any]:
         """What the cache key holds of the load policy and measurement (the SLO included)."""
         w = self.windows
+        if self.scenario is not None:
+            from importlib.metadata import version
+
+            return {"slo_p99_ms": self.slo_p99_ms, "policy": self.load_kind, "scenario": self.scenario, "start": self.start,
+                    "max_load": self.max_load, "min_duration_s": self.min_duration_s, "timeout_s": self.timeout_s, "ramp": RAMP,
+                    "loadgen": version("mlcommons-loadgen")}
         return {"slo_p99_ms": self.slo_p99_ms, "policy": self.load_kind, "start": self.start, "max_load": self.max_load,
                 "fixed_load": self.fixed_load, "arrivals": self.arrivals if self.open_loop else None,
                 "window_s": w.window_s, "warmup_s": w.warmup_s, "max_s": w.max_s, "threshold": w.threshold,
@@ -89,9 +104,10 @@ class Trial:
 
     @property
     def best_point(self) -> dict[str, Any] | None:
-        """The highest-throughput point meeting the SLO."""
+        """The highest-throughput point meeting the SLO (LoadGen's Server scenario: the highest VALID target QPS)."""
         meeting = [p for p in self.points if p["meets_slo"]]
-        return max(meeting, key=lambda p: p["infer_per_s"]) if meeting else None
+        by = "load" if self.load_kind == "target_qps" else "infer_per_s"
+        return max(meeting, key=lambda p: p[by]) if meeting else None
 
     @property
     def closest_point(self) -> dict[str, Any] | None:
@@ -106,10 +122,11 @@ class Trial:
 
     @property
     def score(self) -> float:
-        """Infer/s under the SLO; below zero (−p99) when nothing met it, so closer is better."""
+        """Infer/s under the SLO (the Server scenario: the highest VALID target QPS); below zero (−p99) when nothing met
+        it, so closer is better."""
         best = self.best_point
         if self.error is None and best is not None:
-            return float(best["infer_per_s"])
+            return float(best["load" if self.load_kind == "target_qps" else "infer_per_s"])
         closest = self.closest_point
         return -float(closest["p99_ms"]) if closest else -math.inf
 
@@ -179,8 +196,9 @@ def run_trial(target: Target, model: str, config: Any, candidate: Candidate, req
         trial.seconds = time.perf_counter() - began
         return trial
     loaded = meter.refreshed() if meter is not None and unloaded is not None else None
-    loads = _ramp(target, model, requests, settings, trial)
-    if settings.fixed_load not in loads:
+    if settings.scenario is not None:
+        trial.points += server_ramp(target, model, requests.bodies, settings.server_ramp())
+    elif settings.fixed_load not in _ramp(target, model, requests, settings, trial):
         trial.points.append(_point(target, model, requests, settings, settings.fixed_load))
     if meter is not None and unloaded is not None and loaded is not None:
         ramped = meter.refreshed()

@@ -146,7 +146,7 @@ def tune_model(settings: TuneSettings, target: Target, job: ModelTune, cache: Tr
     """Measure the published config, then follow the search policy within the budget."""
     began = time.monotonic()
     model_hash = _model_hash(target, job)
-    samples = settings.data or pl.eval_data_path(job.model, settings.calibration_root)
+    samples = settings.data or pl.eval_data_path(job.model, settings.calibration_root, settings.repository)
     requests: Requests | None = None
     meter: MemoryMeter | None = None
     policy = search_policy(settings.search, job.space, job.base)

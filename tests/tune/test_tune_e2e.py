@@ -220,6 +220,34 @@ def test_an_slo_no_candidate_meets_exits_1_names_the_closest_and_measures_no_gpu
     assert "GPU" not in proc.stdout and "memory" not in proc.stdout + proc.stderr, proc.stdout + proc.stderr
 
 
+def test_tune_scenario_server_scores_each_config_by_its_highest_valid_qps_and_a_rerun_is_cached(built: Built, tmp_path: Path) -> None:
+    """Each point a real LoadGen Server run against the embedded server: 200 and 400 QPS within a 50 ms bound are
+    VALID here (600 and 1,200 queries: enough for early stopping), so each configuration scores 400; a rerun measures
+    nothing. A bound no run keeps is INVALID twice at the first target, with LoadGen's reason, and exits 1."""
+    scenario = ["--repository", str(built.repository), "--model", "digits_fp32", "--scenario", "server", "--request-rate", "200",
+                "--max-load", "400", "--min-duration-s", "3"]
+    space = ["--search", "grid", "--instances", "1,2", "--max-batch", "64", "--preferred", "half+max", "--queue-delay-us", "0"]
+    first = tune(tmp_path, *scenario, *space, "--slo-p99-ms", "50", "--max-trials", "2", "--report-dir", str(tmp_path / "first"))
+    assert first.returncode == 0, first.stdout[-3000:] + first.stderr[-3000:]
+    doc = report(tmp_path / "first")
+    assert doc["load_policy"]["policy"] == "target_qps" and doc["load_policy"]["loadgen"] == "6.0.17"
+    assert len(doc["trials"]) == 2 and doc["trials"][0]["baseline"]  # the published config first, then the grid
+    for trial in doc["trials"]:
+        assert [(p["load"], p["result"]) for p in trial["points"]] == [(200, "VALID"), (400, "VALID")], trial["points"]
+        assert trial["meets_slo"] and trial["load"] == {"target_qps": 400} and trial["infer_per_s"] > 300
+    assert "highest VALID MLPerf Server target QPS" in first.stdout and "VALID MLPerf Server target QPS (" in first.stdout
+
+    again = tune(tmp_path, *scenario, *space, "--slo-p99-ms", "50", "--max-trials", "2", "--report-dir", str(tmp_path / "again"))
+    assert again.returncode == 0 and report(tmp_path / "again")["measured_trials"] == 0 and report(tmp_path / "again")["cached_trials"] == 2
+
+    tight = tune(tmp_path, *scenario, *space, "--slo-p99-ms", "0.001", "--max-trials", "1", "--report-dir", str(tmp_path / "tight"))
+    assert tight.returncode == 1, tight.stdout[-3000:] + tight.stderr[-3000:]
+    (trial,) = report(tmp_path / "tight")["trials"]
+    (point,) = trial["points"]  # the break, run twice, kept once
+    assert point["load"] == 200 and point["result"] == "INVALID" and point["retried"]
+    assert "the latency bound was not met (its percentile over the bound)" in point["reasons"]
+
+
 def test_bad_input_is_one_line_and_changes_nothing(built: Built, tmp_path: Path) -> None:
     repo = repo_copy(built, tmp_path)
     plan = repo / "digits_fp32_trt"
