@@ -278,7 +278,12 @@ def run(args: argparse.Namespace) -> int:
     with _local_repository(args) as served, _servers(args, served) as (endpoints, grpc, models, skipped, metrics):
         settings = settings_from_args(args, endpoints, grpc, models, metrics)
         if scenario is not None:
-            return run_scenarios(settings, scenario, report_dir, console, gates, args.accuracy_target)
+            try:
+                return run_scenarios(settings, scenario, report_dir, console, gates, args.accuracy_target)
+            finally:  # a run that was INVALID or failed its gates is on the page too
+                page = args.refresh_page(args.workdir, page_folder) if args.refresh_page else None
+                if page:
+                    console.print(f"report: {page}")
         result = run_loadtest(settings)
         result.skipped_models = skipped
     return _show(result, args, report_dir, page_folder, console)

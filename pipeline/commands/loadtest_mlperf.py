@@ -109,7 +109,9 @@ def run_scenarios(settings: LoadTestSettings, scenario: ScenarioSettings, report
                   accuracy_target: float | None = None) -> int:
     """Run ``scenario`` for each model of ``settings`` on its first endpoint; write the logs and the verdicts; 0 when
     every run is VALID (in accuracy mode: every verified model passes ``gates``), 1 otherwise."""
+    from pipeline.core.tables import to_rich
     from pipeline.loadtest.loadgen.http_sut import TritonSut
+    from pipeline.loadtest.loadgen.report import mlperf_data
     from pipeline.loadtest.loadgen.run import run_scenario
     from pipeline.loadtest.runner import model_spec, new_run
 
@@ -129,7 +131,7 @@ def run_scenarios(settings: LoadTestSettings, scenario: ScenarioSettings, report
             sut.stop()
         rows.append(_row(model, verdict, sut.engine.recorder.errors))
     _write(rows, report_dir)
-    console.print(_table(rows))
+    console.print(to_rich(mlperf_data(rows)))
     console.print(f"reports: {report_dir / 'mlperf.json'}, {report_dir / 'mlperf.csv'}; LoadGen's logs: "
                   + ", ".join(str(report_dir / "mlperf" / r["model"]) for r in rows))
     invalid = [r for r in rows if r["result"] != "VALID"]
@@ -183,6 +185,9 @@ def run_accuracy(settings: LoadTestSettings, scenario: ScenarioSettings, report_
     rows += [{"model": name, "scenario": scenario.scenario, "mode": "accuracy", "result": "NOT VERIFIED", "reasons": [why], "logs": ""}
              for name, why in sorted(judged["not_verified"].items())]
     _write(rows, report_dir)
+    from pipeline.loadtest.loadgen.report import mlperf_data
+
+    console.print(to_rich(mlperf_data(rows)))
     console.print(f"reports: {report_path}, {report_dir / 'mlperf.json'}; LoadGen's logs: {report_dir / 'mlperf'}")
     if failed is not None:
         raise failed
@@ -195,7 +200,7 @@ def _accuracy_row(judged: dict[str, Any], verdict: ScenarioVerdict | None, scena
     metrics = {name: out["served_metric"] if out["served_metric"] is not None else out["agreement"] for name, out in judged["outputs"].items()}
     return {"model": judged["model"], "scenario": verdict.scenario if verdict else scenario.scenario, "mode": "accuracy",
             "result": "PASS" if judged["passed"] else "FAIL", "metric": "served task metric (accuracy, R², mIoU; agreement without labels)",
-            "value": metrics, "unit": "", "query_count": judged["samples"], "reasons": judged["failures"], "notes": judged["notes"],
+            "value": metrics, "unit": "", "samples": judged["samples"], "query_count": None, "reasons": judged["failures"], "notes": judged["notes"],
             "logs": f"mlperf/{judged['model']}"}
 
 
@@ -211,22 +216,3 @@ def _write(rows: list[dict[str, Any]], report_dir: Path) -> None:
         writer = csv.DictWriter(fh, fieldnames=fields, extrasaction="ignore")
         writer.writeheader()
         writer.writerows({**r, "reasons": "; ".join(r["reasons"])} for r in rows)
-
-
-def _table(rows: list[dict[str, Any]]) -> Any:
-    from rich.table import Table
-
-    table = Table(title="MLPerf scenarios (LoadGen)")
-    for column in ("model", "scenario", "result", "metric", "p50 ms", "p99 ms", "queries"):
-        table.add_column(column)
-    for r in rows:
-        value = "—" if r["value"] is None else (f"{r['value'] / 1e6:.3f} ms" if r["unit"] == "ns" else f"{r['value']:,.1f} {r['unit']}")
-        p = r["percentiles_ns"]
-        table.add_row(r["model"], r["scenario"], r["result"], f"{r['metric']}: {value}", _ms(p.get("50.00")), _ms(p.get("99.00")),
-                      str(r["query_count"]))
-    return table
-
-
-def _ms(ns: float | None) -> str:
-    return "—" if ns is None else f"{ns / 1e6:.3f}"
-

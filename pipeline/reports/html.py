@@ -5,7 +5,8 @@ with accuracy, size and latency and their chart (:mod:`pipeline.reports.variants
 as ``build-<name>-variants.png`` too), the Triton models published, stages and times, ``parity.json``,
 ``accuracy.json``, ``served.json``), ``verify``'s ``<workdir>/verify.json``, the
 newest load test under the reports directory (``<reports>/<timestamp>/results.json`` and its plots,
-or ``<reports>/results.json`` when it is one run's folder) and the newest tune run
+or ``<reports>/results.json`` when it is one run's folder), the newest MLPerf scenario run (``mlperf.json``,
+and ``mlperf_accuracy.json`` in accuracy mode) and the newest tune run
 (``<reports>/tune-<timestamp>/tune.json``, ``trials.csv`` and its plots, rendered generically).
 Images are embedded as ``data:`` URIs and the styles are inline: the page fetches nothing, so it
 can be mailed, archived as a CI artifact, or opened offline.
@@ -60,11 +61,12 @@ def write_html_report(workdir: Path, reports: Path, output: Path | None = None) 
     raise PipelineError (nothing written) when neither holds anything to report."""
     workdir, reports = Path(workdir), Path(reports)
     output = Path(output) if output else reports / "index.html"
-    sections = build_sections(workdir, charts=output.parent) + verify_sections(workdir) + loadtest_sections(reports) + tune_sections(reports)
+    sections = (build_sections(workdir, charts=output.parent) + verify_sections(workdir) + loadtest_sections(reports) + mlperf_sections(reports)
+                + tune_sections(reports))
     if not sections:
         raise PipelineError(
             f"nothing to report: no build manifest ({workdir}/<name>/manifest.json) and no load-test or tune results "
-            f"({reports}/<timestamp>/results.json, {reports}/tune-<timestamp>/tune.json)",
+            f"({reports}/<timestamp>/results.json or mlperf.json, {reports}/tune-<timestamp>/tune.json)",
             "run `python -m pipeline build` or `loadtest` first, or point --workdir/--reports at their outputs",
         )
     output.parent.mkdir(parents=True, exist_ok=True)
@@ -238,6 +240,27 @@ def loadtest_sections(reports: Path) -> list[Section]:
         section.body.extend(_images(run_dir))
         return [section]
     return []
+
+
+def mlperf_sections(reports: Path) -> list[Section]:
+    """The newest ``loadtest --scenario`` run (``<reports>/<timestamp>/mlperf.json``): each run's verdict, and in
+    accuracy mode the served judgement of its logged answers (``mlperf_accuracy.json``)."""
+    from pipeline.loadtest.loadgen.report import mlperf_data
+
+    runs = [d for d in _runs(reports, "mlperf.json") if not d.name.startswith("tune-")]
+    payload = _read_json(runs[0] / "mlperf.json") if runs else None
+    if not isinstance(payload, dict) or not payload.get("runs"):
+        return []
+    run_dir = runs[0]
+    section = Section("mlperf", f"MLPerf scenarios {run_dir.name}")
+    section.body.append(f"<p class=\"meta\">MLPerf's LoadGen; its four logs per model in <code>{_e(str(run_dir / 'mlperf'))}</code>"
+                        + (f" · {len(runs) - 1} older run(s) not shown" if len(runs) > 1 else "") + "</p>")
+    section.body.append(table_html(mlperf_data(payload["runs"])))
+    judged = _read_json(run_dir / "mlperf_accuracy.json")
+    if isinstance(judged, dict) and judged.get("models"):
+        section.body.append(table_html(served_data(judged["models"] + [{"model": n, "not_verified": why}
+                                                                        for n, why in sorted((judged.get("not_verified") or {}).items())])))
+    return [section]
 
 
 # -- tune (rendered generically: its files are another module's) ----------------------------------

@@ -54,6 +54,8 @@ def test_accuracy_mode_gives_verifys_verdicts_and_keeps_loadgens_logs(built: Bui
     assert not [g for g in judged["digits_fp32"]["gates"] if g[1].startswith("MLPerf target")]
     runs = {r["model"]: r for r in json.loads((reports / "mlperf.json").read_text())["runs"]}
     assert {m: (r["mode"], r["scenario"], r["result"]) for m, r in runs.items()} == {m: ("accuracy", "Offline", "PASS") for m in judged}
+    page = (reports / "index.html").read_text()  # the page beside the reports shows the run
+    assert "MLPerf scenarios" in page and "MLPerf target (99.0% of FP32&#x27;s)" in page
     for model in judged:  # the four LoadGen logs, the accuracy log holding every sample's answer (449 samples: 57 batches of 8)
         logged = json.loads((reports / "mlperf" / model / ACCURACY).read_text())
         assert sorted({e["qsl_idx"] for e in logged}) == list(range(57)) and all(e["data"] for e in logged)
