@@ -239,7 +239,8 @@ def _finish(console: Any, args: argparse.Namespace, settings: TuneSettings, jobs
         best, base = job.best, job.baseline
         if not best.meets_slo:
             d = best.to_dict()
-            console.print(f"[red]{job.model}: no candidate meets p99 ≤ {settings.trial.slo_p99_ms:g} ms; closest: "
+            what = "is VALID in MLPerf's Server scenario at" if settings.trial.scenario else "meets"
+            console.print(f"[red]{job.model}: no candidate {what} p99 ≤ {settings.trial.slo_p99_ms:g} ms; closest: "
                           f"{best.candidate.label} with p99 {d['p99_ms']} ms at {_load(d)}[/]", highlight=False)
             status = EXIT_SLO_MISSED
             continue

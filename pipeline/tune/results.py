@@ -23,6 +23,10 @@ def progress_line(job: ModelTune, trial: Trial, number: int, max_trials: int) ->
     elif trial.meets_slo:
         load = next(iter(d["load"].items()))
         result = f"{d['infer_per_s']:,.0f} infer/s at {load[0]} {load[1]:g}, p99 {d['p99_ms']:.2f} ms"
+    elif trial.load_kind == "target_qps":  # LoadGen's verdict, and why, rather than the p99 alone
+        closest = trial.closest_point or {}
+        why = "; ".join(r.split(" (")[0] for r in closest.get("reasons", [])) or "INVALID"
+        result = f"[yellow]no target QPS is VALID[/] (at {closest.get('load', 0):g}: p99 {d['p99_ms']} ms, {why})"
     else:
         result = f"[yellow]no load meets p99 ≤ {trial.slo_p99_ms:g} ms[/] (lowest p99 {d['p99_ms']} ms)"
     if trial.gpu_memory is not None:

@@ -51,6 +51,21 @@ def test_a_latency_bound_below_the_measured_p99_is_invalid_and_says_why(tmp_path
     assert not verdict.valid and verdict.percentiles_ns["99.00"] > 100
     assert "the latency bound was not met (its percentile over the bound)" in verdict.reasons, verdict.reasons
     assert verdict.to_dict()["result"] == "INVALID"
+    assert verdict.more_queries is None  # more queries would not help a bound every query misses
+
+
+def test_a_run_too_short_for_early_stopping_says_how_many_more_queries_and_that_many_make_it_valid(tmp_path: Path) -> None:
+    """Every query within the bound, but 60 are too few for early stopping to confirm p99: LoadGen names the queries
+    still needed (deterministic with no query over the bound), and a run of that many more is VALID."""
+    short = ScenarioSettings(scenario="server", target_qps=1000, latency_bound_ms=50, min_duration_s=0.01, min_query_count=60)
+    verdict = run_scenario(short, AnswersAtOnce(), 16, tmp_path / "short", trace=False)
+    assert not verdict.valid and verdict.query_count == 60 and verdict.more_queries is not None and verdict.more_queries > 0
+    assert [r.split(" (")[0] for r in verdict.reasons] == ["early stopping could not confirm the percentile with this many queries"]
+    assert (tmp_path / "short" / "mlperf_log_trace.json").stat().st_size == 0  # trace=False: the trace log is left empty
+    longer = ScenarioSettings(scenario="server", target_qps=1000, latency_bound_ms=50, min_duration_s=0.01,
+                              min_query_count=60 + verdict.more_queries)
+    again = run_scenario(longer, AnswersAtOnce(), 16, tmp_path / "long")
+    assert again.valid and again.more_queries is None, again.reasons
 
 
 def test_a_user_conf_sets_the_run_and_a_flag_overrides_it(tmp_path: Path) -> None:

@@ -59,3 +59,25 @@ def test_nothing_valid_scores_below_zero_and_everything_valid_stops_at_max_load(
     measure, asked = verdicts(valid_up_to=1e9)
     every = scored(ramp_points(RAMP, measure))
     assert asked == [50, 100, 200, 400, 800, 1600, 3200] and every.score == 3200
+
+
+def test_the_progress_line_and_the_table_speak_loadgens_terms() -> None:
+    from rich.console import Console
+
+    from pipeline.tune.results import progress_line, table
+    from tests.tune.helpers import model_tune
+
+    measure, _ = verdicts(valid_up_to=1000)
+    good = scored(ramp_points(RAMP, measure))
+    good.baseline = True
+    measure, _ = verdicts(valid_up_to=10)
+    bad = scored(ramp_points(RAMP, measure))
+    bad.points[0]["reasons"] = ["early stopping could not confirm the percentile with this many queries (Run unsuccessful.)"]
+    job = model_tune("digits_fp32", [good, bad])
+    assert "990 infer/s at target_qps 1000" in progress_line(job, good, 1, 2)
+    assert "no target QPS is VALID[/] (at 50: p99 50.0 ms, early stopping could not confirm the percentile with this many queries)" in \
+        progress_line(job, bad, 2, 2)
+    console = Console(width=250, record=True)
+    console.print(table([job], 10))
+    text = console.export_text()
+    assert "highest VALID MLPerf Server target QPS, latency bound 10 ms" in text and "VALID QPS" in text and "samples/s" in text

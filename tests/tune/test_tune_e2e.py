@@ -221,13 +221,14 @@ def test_an_slo_no_candidate_meets_exits_1_names_the_closest_and_measures_no_gpu
 
 
 def test_tune_scenario_server_scores_each_config_by_its_highest_valid_qps_and_a_rerun_is_cached(built: Built, tmp_path: Path) -> None:
-    """Each point a real LoadGen Server run against the embedded server: 200 and 400 QPS within a 50 ms bound are
-    VALID here (600 and 1,200 queries: enough for early stopping), so each configuration scores 400; a rerun measures
-    nothing. A bound no run keeps is INVALID twice at the first target, with LoadGen's reason, and exits 1."""
+    """Each point a real LoadGen Server run against the embedded server: 200 and 400 QPS within a 200 ms bound are
+    VALID here (600 and 1,200 queries: enough for early stopping; p99 is a few ms even at 3,200 QPS on this machine,
+    so a stall of a busy one does not break the bound), so each configuration scores 400; a rerun measures nothing.
+    A bound no run keeps is INVALID twice at the first target, with LoadGen's reason, and exits 1."""
     scenario = ["--repository", str(built.repository), "--model", "digits_fp32", "--scenario", "server", "--request-rate", "200",
                 "--max-load", "400", "--min-duration-s", "3"]
     space = ["--search", "grid", "--instances", "1,2", "--max-batch", "64", "--preferred", "half+max", "--queue-delay-us", "0"]
-    first = tune(tmp_path, *scenario, *space, "--slo-p99-ms", "50", "--max-trials", "2", "--report-dir", str(tmp_path / "first"))
+    first = tune(tmp_path, *scenario, *space, "--slo-p99-ms", "200", "--max-trials", "2", "--report-dir", str(tmp_path / "first"))
     assert first.returncode == 0, first.stdout[-3000:] + first.stderr[-3000:]
     doc = report(tmp_path / "first")
     assert doc["load_policy"]["policy"] == "target_qps" and doc["load_policy"]["loadgen"] == "6.0.17"
@@ -237,7 +238,7 @@ def test_tune_scenario_server_scores_each_config_by_its_highest_valid_qps_and_a_
         assert trial["meets_slo"] and trial["load"] == {"target_qps": 400} and trial["infer_per_s"] > 300
     assert "highest VALID MLPerf Server target QPS" in first.stdout and "VALID MLPerf Server target QPS (" in first.stdout
 
-    again = tune(tmp_path, *scenario, *space, "--slo-p99-ms", "50", "--max-trials", "2", "--report-dir", str(tmp_path / "again"))
+    again = tune(tmp_path, *scenario, *space, "--slo-p99-ms", "200", "--max-trials", "2", "--report-dir", str(tmp_path / "again"))
     assert again.returncode == 0 and report(tmp_path / "again")["measured_trials"] == 0 and report(tmp_path / "again")["cached_trials"] == 2
 
     tight = tune(tmp_path, *scenario, *space, "--slo-p99-ms", "0.001", "--max-trials", "1", "--report-dir", str(tmp_path / "tight"))

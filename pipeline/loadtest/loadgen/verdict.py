@@ -4,6 +4,7 @@ line is one key and value. VALID or INVALID, the scenario's metric (MLPerf's def
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -44,6 +45,8 @@ class ScenarioVerdict:
     query_count: int | None = None
     errors: tuple[str, ...] = ()
     early_stopping: str = ""
+    # INVALID only because early stopping could not yet confirm the percentile: the further queries LoadGen asks for
+    more_queries: int | None = None
 
     @property
     def result(self) -> str:
@@ -95,7 +98,9 @@ def verdict_from_log(folder: Path) -> ScenarioVerdict:
     percentiles = {k[len("result_"):-len(percentile_key)]: float(v) for k, v in values.items()
                    if k.startswith("result_") and k.endswith(percentile_key)}
     value = values.get(key)
+    only_early = values.get("early_stopping_met") is False and not any(values.get(c) is False for c, _ in _CHECKS[:3])
+    asked = re.search(r"at least (\d+) more queries", early) if only_early and not valid else None
     return ScenarioVerdict(scenario=scenario, mode=mode, valid=valid, metric=name, value=float(value) if value else None, unit=unit,
                            reasons=tuple(reasons) if not valid else (), percentiles_ns=percentiles,
                            query_count=values.get("result_query_count"), errors=tuple(values["error"]),
-                           early_stopping=early)
+                           early_stopping=early, more_queries=int(asked.group(1)) if asked else None)
