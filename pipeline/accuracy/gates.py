@@ -41,7 +41,7 @@ def accuracy_share(text: str) -> float:
 
     stripped = text.strip()
     try:
-        share = float(stripped[:-1]) / 100 if stripped.endswith("%") else float(stripped)
+        share = round(float(stripped[:-1]) / 100, 12) if stripped.endswith("%") else float(stripped)  # 99.9% is 0.999, not 0.99900…01
     except ValueError:
         share = float("nan")
     if not 0 < share <= 1:

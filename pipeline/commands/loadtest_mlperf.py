@@ -32,7 +32,7 @@ QUICK_EXPECTED_LATENCY_MS = 0.1
 # what a --k8s-job pod repeats of a scenario run
 SCENARIO_OPTIONS = ("scenario", "mode", "target_qps", "latency_bound_ms", "expected_latency_ms", "samples_per_query", "min_duration_s",
                     "min_query_count", "mlperf_conf", "user_conf", "conf_model", "accuracy_target", "fp16_max_drop", "int8_max_drop",
-                    "gate_confidence")
+                    "gate_confidence", "repository")  # accuracy mode reads the served model files: the repository as the pod sees it
 
 
 def add_scenario_options(p: argparse.ArgumentParser) -> None:

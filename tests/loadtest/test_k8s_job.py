@@ -57,6 +57,13 @@ def test_an_mlperf_scenario_runs_in_one_pod_that_writes_loadgen_logs_to_the_resu
     assert "--shard" not in args and "--start-at" not in args and container["env"] == []
     assert [args[args.index(flag) + 1] for flag in ("--scenario", "--target-qps", "--latency-bound-ms", "--min-duration-s", "--report-dir")] == [
         "server", "500.0", "15.0", "600.0", "/results/triton-loadtest"]
+    # accuracy mode judges against the served model files: the pod is told where the repository is, and the gates
+    assert run_cli("--k8s-job", str(tmp_path / "acc"), "--url", "triton:8000", "--image", "img", "--scenario", "offline", "--mode", "accuracy",
+                   "--repository", "s3://models-bucket/repo", "--accuracy-target", "99.9%", "--int8-max-drop", "0.5") == 0
+    args = yaml.safe_load((tmp_path / "acc" / "loadtest-job.yaml").read_text())["spec"]["template"]["spec"]["containers"][0]["args"]
+    assert [args[args.index(flag) + 1] for flag in ("--mode", "--repository", "--accuracy-target", "--int8-max-drop")] == [
+        "accuracy", "s3://models-bucket/repo", "0.999", "0.5"]
+    assert "--fp16-max-drop" not in args  # not given: the pod keeps the default
     with pytest.raises(PipelineError, match="an MLPerf scenario runs in one pod, not 3"):
         run_cli("--k8s-job", str(tmp_path / "x"), "--url", "t:8000", "--image", "img", "--scenario", "offline", "--target-qps", "9", "--pods", "3")
 
