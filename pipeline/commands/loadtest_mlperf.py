@@ -96,8 +96,14 @@ def scenario_settings(args: argparse.Namespace) -> ScenarioSettings | None:
 
 
 def scenario_gates(args: argparse.Namespace) -> Gates:
-    """The drop limits and confidence an accuracy run is judged with, checked."""
+    """The drop limits and confidence an accuracy run is judged with, checked; the accuracy options are refused where
+    nothing would judge by them (no ``--scenario``, or a performance run)."""
     given = {k: getattr(args, k) for k in ("fp16_max_drop", "int8_max_drop", "gate_confidence") if getattr(args, k) is not None}
+    judging = [f"--{k.replace('_', '-')}" for k in ("accuracy_target", *given) if getattr(args, k) is not None]
+    require(args.scenario is not None or args.mode == "performance", "--mode accuracy is a mode of an MLPerf scenario",
+            "add --scenario (e.g. --scenario offline --mode accuracy)")
+    require(args.mode == "accuracy" or not judging, f"{', '.join(judging)} judge an accuracy run; a performance run would ignore them",
+            "add --scenario S --mode accuracy, or leave them out")
     for name in ("fp16_max_drop", "int8_max_drop"):
         require(given.get(name, 0) >= 0, f"--{name.replace('_', '-')} cannot be negative", "e.g. 1.0 (points)")
     confidence = given.get("gate_confidence", 0.95)
@@ -159,9 +165,11 @@ def run_accuracy(settings: LoadTestSettings, scenario: ScenarioSettings, report_
     models = new_run(settings).settings["models"]
     endpoint = settings.endpoints[0]
     runs: dict[str, Any] = {}
+    times: dict[str, int] = {}
 
     def through_loadgen(_url: str, model: str, data: Any, outputs: Any, batch_size: int) -> list[Any]:
-        name = model if model not in runs else f"{model}.{sum(n.split('.')[0] == model for n in runs) + 1}"  # FP32 again, on uint8 values
+        times[model] = times.get(model, 0) + 1
+        name = model if times[model] == 1 else f"{model}.{times[model]}"  # FP32 again, on a uint8-input variant's values
         served, runs[name] = outputs_through_loadgen(scenario, model, endpoint, data.batches(batch_size), outputs, report_dir / "mlperf" / name,
                                                      timeout_s=settings.timeout_s, max_connections=settings.max_connections)
         return served

@@ -29,8 +29,10 @@ log = logging.getLogger(__name__)
 BISECTIONS = 3  # the highest VALID target within 1/8 of the first doubling that broke
 WARM_UP_S = 1.0
 EXTEND_AT_MOST = 10  # a run early stopping cannot confirm is run again with the queries it asks for: 10× as many at most (or 1,000)
-RAMP = (f"warm-up {WARM_UP_S:g} s; target QPS x2 until INVALID (a break run twice), then {BISECTIONS} bisections; LoadGen Server, early "
-        "stopping (a run short of queries for it run again with those LoadGen asks for)")
+WARM_UP_CONCURRENCY = 4
+RAMP = (f"warm-up {WARM_UP_S:g} s at concurrency {WARM_UP_CONCURRENCY}; target QPS x2 until INVALID (a break run twice), then {BISECTIONS} "
+        f"bisections; LoadGen Server, early stopping (a run short of queries for it run again with 1.1 x those LoadGen asks for, up to "
+        f"{EXTEND_AT_MOST} x its queries or 1000)")
 
 Measure = Callable[[float], dict[str, Any]]  # one point at a target QPS
 
@@ -57,7 +59,7 @@ def warm_up(target: Target, bodies: list[bytes], ramp: ServerRamp, seconds: floa
     """A closed loop of a few requests at a time, not measured: instances just loaded answer their first requests
     slowly (allocations, the runtime's first runs), and MLPerf's LoadGen has no warm-up of its own, so the first run
     of a trial would count them (measured here: a trial's first 400 QPS run had p99 21 ms, the same run again 6 ms)."""
-    engine = HttpEngine([(target.endpoint, bodies)], ClosedLoop(4), timeout_s=ramp.timeout_s, max_connections=4)
+    engine = HttpEngine([(target.endpoint, bodies)], ClosedLoop(WARM_UP_CONCURRENCY), timeout_s=ramp.timeout_s, max_connections=WARM_UP_CONCURRENCY)
     engine.start()
     engine.run_until(time.perf_counter_ns() + int(seconds * 1e9))
     engine.finish(ramp.timeout_s)

@@ -78,7 +78,8 @@ class TrialSettings:
             from importlib.metadata import version
 
             return {"slo_p99_ms": self.slo_p99_ms, "policy": self.load_kind, "scenario": self.scenario, "start": self.start,
-                    "max_load": self.max_load, "min_duration_s": self.min_duration_s, "timeout_s": self.timeout_s, "ramp": RAMP,
+                    "max_load": self.max_load, "min_duration_s": self.min_duration_s, "timeout_s": self.timeout_s,
+                    "max_connections": self.max_connections, "ramp": RAMP,
                     "loadgen": version("mlcommons-loadgen")}
         return {"slo_p99_ms": self.slo_p99_ms, "policy": self.load_kind, "start": self.start, "max_load": self.max_load,
                 "fixed_load": self.fixed_load, "arrivals": self.arrivals if self.open_loop else None,

@@ -151,7 +151,7 @@ def tune_model(settings: TuneSettings, target: Target, job: ModelTune, cache: Tr
     meter: MemoryMeter | None = None
     policy = search_policy(settings.search, job.space, job.base)
     scores: dict[Candidate, float] = {}
-    load_policy = settings.trial.to_dict()
+    load_policy = {**settings.trial.to_dict(), "samples": hash_path(Path(samples))}  # other requests measure something else
     try:
         while True:
             if len(job.trials) >= settings.max_trials:

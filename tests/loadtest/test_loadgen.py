@@ -55,14 +55,14 @@ def test_a_latency_bound_below_the_measured_p99_is_invalid_and_says_why(tmp_path
 
 
 def test_a_run_too_short_for_early_stopping_says_how_many_more_queries_and_that_many_make_it_valid(tmp_path: Path) -> None:
-    """Every query within the bound, but 60 are too few for early stopping to confirm p99: LoadGen names the queries
+    """Every query within the (1 s) bound, but 60 are too few for early stopping to confirm p99: LoadGen names the queries
     still needed (deterministic with no query over the bound), and a run of that many more is VALID."""
-    short = ScenarioSettings(scenario="server", target_qps=1000, latency_bound_ms=50, min_duration_s=0.01, min_query_count=60)
+    short = ScenarioSettings(scenario="server", target_qps=1000, latency_bound_ms=1000, min_duration_s=0.01, min_query_count=60)
     verdict = run_scenario(short, AnswersAtOnce(), 16, tmp_path / "short", trace=False)
     assert not verdict.valid and verdict.query_count == 60 and verdict.more_queries is not None and verdict.more_queries > 0
     assert [r.split(" (")[0] for r in verdict.reasons] == ["early stopping could not confirm the percentile with this many queries"]
     assert (tmp_path / "short" / "mlperf_log_trace.json").stat().st_size == 0  # trace=False: the trace log is left empty
-    longer = ScenarioSettings(scenario="server", target_qps=1000, latency_bound_ms=50, min_duration_s=0.01,
+    longer = ScenarioSettings(scenario="server", target_qps=1000, latency_bound_ms=1000, min_duration_s=0.01,
                               min_query_count=60 + verdict.more_queries)
     again = run_scenario(longer, AnswersAtOnce(), 16, tmp_path / "long")
     assert again.valid and again.more_queries is None, again.reasons
@@ -130,3 +130,43 @@ def test_each_sample_loadgen_issues_is_its_own_request_and_a_failed_one_is_still
         read_accuracy_log(tmp_path / "logs" / ACCURACY, 12)
     first = min(set(range(12)) - set(answered))
     assert str(caught.value).startswith(f"2 of 12 samples have no answer in {tmp_path / 'logs' / ACCURACY} (first: sample {first})")
+
+
+def test_samples_a_down_server_never_takes_are_answered_as_failed_so_loadgen_ends(tmp_path: Path) -> None:
+    """Every connect refused (nothing listens): the samples wait in the backlog, and after the time-out each is
+    answered to LoadGen as failed, counted as not sent; without that, LoadGen would wait for ever."""
+    import socket
+
+    from pipeline.loadtest.client import Endpoint, post_request_bytes
+    from pipeline.loadtest.loadgen.http_sut import TritonSut
+
+    with socket.socket() as probe:  # a port nothing listens on
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    endpoint = Endpoint("127.0.0.1", port)
+    sut = TritonSut("down", endpoint, [post_request_bytes(endpoint, "/infer", b"{}")] * 4, "offline", timeout_s=0.5)
+    verdicts: list = []
+    run = threading.Thread(target=lambda: verdicts.append(
+        run_scenario(ScenarioSettings(scenario="offline", mode="accuracy"), sut, 4, tmp_path / "logs")), daemon=True)
+    sut.start()
+    try:
+        run.start()
+        run.join(300)
+        assert not run.is_alive(), "LoadGen still waits for samples the system under test never sent"
+    finally:
+        sut.stop()
+    errors = sut.engine.recorder.errors
+    assert errors.get("not_sent") == 4 and errors.get("connect_refused", 0) >= 1, errors
+    logged = json.loads((tmp_path / "logs" / ACCURACY).read_text())
+    assert sorted(e["qsl_idx"] for e in logged) == [0, 1, 2, 3] and not any(e["data"] for e in logged)
+
+
+def test_an_answer_logged_for_a_padded_copy_of_a_sample_counts(tmp_path: Path) -> None:
+    """Multi-stream pads its last query with samples again: a sample whose first copy failed and whose copy
+    succeeded has an answer; one that failed every time has none, and the error names it."""
+    log = tmp_path / ACCURACY
+    log.write_text(json.dumps([{"seq_id": 0, "qsl_idx": 0, "data": ""}, {"seq_id": 1, "qsl_idx": 1, "data": "4142"},
+                               {"seq_id": 2, "qsl_idx": 0, "data": "4344"}, {"seq_id": 3, "qsl_idx": 2, "data": ""}]))
+    with pytest.raises(PipelineError, match=r"^1 of 3 samples have no answer in .* \(first: sample 2\)"):
+        read_accuracy_log(log, 3)
+    assert read_accuracy_log(log, 2) == [b"CD", b"AB"]

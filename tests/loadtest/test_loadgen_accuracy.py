@@ -84,9 +84,13 @@ def test_a_variant_the_server_computes_wrongly_fails_both_alike(built: Built, tm
 def test_accuracy_options_are_refused_in_one_line(tmp_path: Path) -> None:
     for flags, words in ((["--accuracy-target", "120%"], "accuracy target '120%' is not a share of FP32's metric"),
                          (["--accuracy-target", "ninety"], "accuracy target 'ninety' is not a share"),
-                         (["--gate-confidence", "2"], "--gate-confidence 2 is out of range")):
+                         (["--gate-confidence", "2"], "--gate-confidence 2 is out of range"),
+                         (["--mode", "performance", "--target-qps", "9", "--accuracy-target", "99%"], "--accuracy-target judge an accuracy run; a performance run "
+                                                                                  "would ignore them")):
         proc = cli("loadtest", "--repository", str(tmp_path / "none"), "--scenario", "offline", "--mode", "accuracy", *flags,
                    "--report-dir", str(tmp_path / "r"))
         line = proc.stderr.strip().splitlines()[-1]
         assert proc.returncode == 2 and words in line and "Traceback" not in proc.stderr, proc.stderr[-2000:]
+    proc = cli("loadtest", "--repository", str(tmp_path / "none"), "--mode", "accuracy", "--report-dir", str(tmp_path / "r"))
+    assert proc.returncode == 2 and "--mode accuracy is a mode of an MLPerf scenario — add --scenario" in proc.stderr, proc.stderr[-2000:]
     assert not (tmp_path / "r").exists()

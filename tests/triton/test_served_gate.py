@@ -222,3 +222,23 @@ def test_an_accuracy_target_outside_0_to_100_percent_is_refused(text: str) -> No
 
     with pytest.raises(PipelineError, match="is not a share of FP32's metric"):
         accuracy_share(text)
+
+
+def test_mlperfs_target_is_not_stated_without_served_fp32_on_the_same_samples_and_exactly_the_share_passes() -> None:
+    from dataclasses import replace
+
+    from pipeline.triton.served_gate import against_share_of_fp32
+
+    alone = [_with_metric("digits_int8", "int8", 0.50)]
+    against_share_of_fp32(alone, 0.99)
+    assert alone[0].gates == [] and alone[0].failures == []
+    assert alone[0].notes == ["MLPerf accuracy target: not stated: no served digits_fp32 verified beside it; verify both on the same data"]
+    other = [_with_metric("digits_fp32", "fp32", 0.9), replace(_with_metric("digits_int8", "int8", 0.5), samples=100)]
+    against_share_of_fp32(other, 0.99)
+    assert other[1].failures == [] and other[1].notes == [
+        "MLPerf accuracy target: not stated: served FP32 was verified on other samples; verify both on the same data"]
+    # 46134 of 50000 correct is exactly 99% of 46600 of 50000, which float arithmetic puts a hair below 0.99 × 0.932
+    exact = [_with_metric("digits_fp32", "fp32", 46600 / 50000), _with_metric("digits_int8", "int8", 46134 / 50000)]
+    assert 46134 / 50000 < 0.99 * (46600 / 50000)
+    against_share_of_fp32(exact, 0.99)
+    assert exact[1].failures == [] and exact[1].gates[0]["verdict"] == "pass"

@@ -66,8 +66,9 @@ def read_accuracy_log(path: Path, samples: int) -> list[bytes]:
     failed request is logged with no data)."""
     require(path.is_file(), f"LoadGen wrote no accuracy log at {path}", "check that --mode accuracy ran to the end")
     answers: dict[int, bytes] = {}
-    for entry in json.loads(path.read_text() or "[]"):
-        answers.setdefault(int(entry["qsl_idx"]), bytes.fromhex(entry["data"]))
+    for entry in json.loads(path.read_text() or "[]"):  # multi-stream pads its last query with samples again: any answer will do
+        if entry["data"]:
+            answers.setdefault(int(entry["qsl_idx"]), bytes.fromhex(entry["data"]))
     missing = [i for i in range(samples) if not answers.get(i)]
     if missing:
         raise PipelineError(f"{len(missing)} of {samples} samples have no answer in {path} (first: sample {missing[0]})",

@@ -115,6 +115,22 @@ class IssuedHttp(HttpEngine):
     def _dispatch(self, t: Any, now: int) -> None:  # no schedule of its own: LoadGen's is the schedule
         pass
 
+    def _watch(self, now: int) -> None:
+        super()._watch(now)
+        # A sample still waiting for a connection past the time-out (the server is down, every connect refused) is
+        # answered as failed: LoadGen waits for every sample it issued, for ever.
+        limit = now - self._timeout_ns
+        expired = [rid for rid, (_, issued) in self._waiting.items() if issued < limit]
+        if not expired:
+            return
+        t = self._targets[0]
+        gone = set(expired)
+        t.backlog = deque(rid for rid in t.backlog if rid not in gone)
+        for rid in expired:
+            del self._waiting[rid]
+            t.recorder.error("not_sent", f"no connection to send it on within {self._timeout_ns / 1e9:g} s")
+        complete([(rid, None) for rid in expired])
+
 
 class TritonSut:
     """LoadGen's system under test for one model on one Triton endpoint: an :class:`IssuedHttp` engine run in a
