@@ -19,9 +19,10 @@ Script = Callable[[int], str]
 
 
 class ScriptedServer:
-    def __init__(self, script: Script, body: bytes = b'{"ok":true}', *, echo: bool = False) -> None:
+    def __init__(self, script: Script, body: bytes = b'{"ok":true}', *, echo: bool = False, delay_s: float = 0.0) -> None:
         self.script = script
         self.body = body
+        self.delay_s = delay_s  # each answer waits this long (a slow server that keeps answering)
         self.echo = echo  # answer each request with its own body (which answer belongs to which request shows)
         self._done: Counter[str] = Counter()  # what the server actually did (under _lock: one thread per connection)
         self._lock = threading.Lock()
@@ -106,6 +107,8 @@ class ScriptedServer:
                     self._count("hang")
                     self._stop.wait()
                     return
+                if self.delay_s:
+                    self._stop.wait(self.delay_s)
                 status, body = (b"200 OK", body if self.echo else self.body) if action == "ok" else (b"503 Service Unavailable", b'{"error":"busy"}')
                 conn.sendall(b"HTTP/1.1 " + status + b"\r\nContent-Type: application/json\r\nContent-Length: "
                              + str(len(body)).encode() + b"\r\n\r\n" + body)  # fmt: skip

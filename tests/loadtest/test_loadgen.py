@@ -170,3 +170,23 @@ def test_an_answer_logged_for_a_padded_copy_of_a_sample_counts(tmp_path: Path) -
     with pytest.raises(PipelineError, match=r"^1 of 3 samples have no answer in .* \(first: sample 2\)"):
         read_accuracy_log(log, 3)
     assert read_accuracy_log(log, 2) == [b"CD", b"AB"]
+
+
+def test_samples_queued_behind_others_wait_as_long_as_the_server_keeps_answering(tmp_path: Path) -> None:
+    """Offline issues every sample at once: 60 samples over 2 connections to a server answering each in 0.1 s take
+    3 s, past the 2 s time-out, yet every one is sent and answered, since answers keep coming."""
+    from pipeline.loadtest.client import Endpoint, post_request_bytes
+    from pipeline.loadtest.loadgen.http_sut import TritonSut
+    from tests.loadtest.scripted_server import ScriptedServer
+
+    with ScriptedServer(lambda seq: "ok", delay_s=0.1) as server:
+        endpoint = Endpoint("127.0.0.1", server.port)
+        sut = TritonSut("slow", endpoint, [post_request_bytes(endpoint, "/infer", b"{}")] * 60, "offline", timeout_s=2, max_connections=2)
+        sut.start()
+        try:
+            run_scenario(ScenarioSettings(scenario="offline", mode="accuracy"), sut, 60, tmp_path / "logs")
+        finally:
+            sut.stop()
+    recorder = sut.engine.recorder
+    assert recorder.errors == {} and recorder.sent == len(recorder.latency_ns) == 60
+    assert max(recorder.lag_ns) > 2e9  # some waited in the client longer than the time-out

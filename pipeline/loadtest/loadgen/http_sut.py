@@ -37,6 +37,7 @@ class IssuedHttp(HttpEngine):
         super().__init__([(endpoint, payloads)], Issued(scenario), timeout_s=timeout_s, max_connections=max_connections)
         self._keep_answers = keep_answers
         self._answers: dict[int, bytes] = {}  # connection fd → its 200 response, until LoadGen hears of it
+        self._answered_ns = 0  # when the server last answered a request (perf_counter_ns)
         self._incoming: deque[tuple[int, int, int]] = deque()  # (response id, sample index, issued at), from LoadGen's threads
         self._wake = os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC)
         self._epoll.register(self._wake, select.EPOLLIN)
@@ -97,6 +98,7 @@ class IssuedHttp(HttpEngine):
     def _ready(self, conn: Any) -> None:
         response_id = self._on_conn.pop(conn.fd, None)
         if response_id is not None:  # its response is complete (a 200 or an HTTP error, recorded as such)
+            self._answered_ns = time.perf_counter_ns()
             complete([(response_id, self._answers.pop(conn.fd, None))])
         if not self._running:
             return
@@ -117,9 +119,12 @@ class IssuedHttp(HttpEngine):
 
     def _watch(self, now: int) -> None:
         super()._watch(now)
-        # A sample still waiting for a connection past the time-out (the server is down, every connect refused) is
-        # answered as failed: LoadGen waits for every sample it issued, for ever.
+        # While the server answers nothing for a whole time-out (it is down, every connect refused), a sample that has
+        # waited that long for a connection is answered as failed: LoadGen waits for every sample it issued, for ever.
+        # Samples only queued behind others (Offline issues every sample at once) wait as long as answers keep coming.
         limit = now - self._timeout_ns
+        if self._answered_ns >= limit:
+            return
         expired = [rid for rid, (_, issued) in self._waiting.items() if issued < limit]
         if not expired:
             return
