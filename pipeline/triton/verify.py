@@ -28,6 +28,7 @@ from pipeline.core.progress import progress
 from pipeline.data.artifacts import WIRE_PRECISIONS, parse_variant
 from pipeline.triton.served_gate import (
     AGAINST_FP32,
+    MLPERF_TARGET,
     ServedResult,
     against_share_of_fp32,
     gate_against_fp32,
@@ -208,6 +209,9 @@ def _fix_for(failed: Sequence[ServedResult]) -> str:
     # Served and in-process use the same file and samples, so a scale only shows against FP32.
     if any(r.precision == "u8" and any(f.startswith(AGAINST_FP32) for f in r.failures) for r in failed):
         hints.append("for a uint8-input variant, check the scale recorded in its model file against how its inputs are scaled (--uint8-input)")
+    if any(f.startswith(MLPERF_TARGET) for r in failed for f in r.failures):
+        hints.append("a variant below MLPerf's accuracy target: rebuild it with a lower --int8-max-drop or --fp16-max-drop (the "
+                     "build's fallback then keeps more of it in float), or hold it to the other target (99% or 99.9%)")
     return "; ".join(hints) or "compare the served outputs with the report's rows; the server log says what runtime served each model"
 
 

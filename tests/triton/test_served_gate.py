@@ -242,3 +242,12 @@ def test_mlperfs_target_is_not_stated_without_served_fp32_on_the_same_samples_an
     assert 46134 / 50000 < 0.99 * (46600 / 50000)
     against_share_of_fp32(exact, 0.99)
     assert exact[1].failures == [] and exact[1].gates[0]["verdict"] == "pass"
+
+
+def test_a_variant_below_mlperfs_target_is_told_how_to_rebuild_it() -> None:
+    from pipeline.triton.served_gate import against_share_of_fp32
+    from pipeline.triton.verify import _fix_for
+
+    results = [_with_metric("digits_fp32", "fp32", 0.7750), _with_metric("digits_int8", "int8", 0.7733)]
+    against_share_of_fp32(results, 0.999)
+    assert results[1].failures and "rebuild it with a lower --int8-max-drop" in _fix_for([results[1]])

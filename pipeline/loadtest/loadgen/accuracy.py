@@ -19,7 +19,7 @@ from pipeline.core.errors import PipelineError, require
 from pipeline.loadtest.client import Endpoint, post_request_bytes, response_frame
 from pipeline.loadtest.loadgen.settings import ScenarioSettings
 from pipeline.loadtest.loadgen.verdict import ACCURACY, ScenarioVerdict
-from pipeline.loadtest.payload import NUMPY_OF, tensor_bytes
+from pipeline.loadtest.payload import NUMPY_OF, ModelIO, TensorInfo, encode_binary
 
 log = logging.getLogger(__name__)
 
@@ -29,19 +29,14 @@ _TRITON_OF = {np.dtype(v): k for k, v in NUMPY_OF.items()}
 def request_for(model: str, endpoint: Endpoint, tensors: dict[str, np.ndarray], outputs: Sequence[str]) -> bytes:
     """One binary-tensor inference request (head and body) for ``tensors``, each input sent in its own dtype (as
     tritonclient sends a numpy array), asking for ``outputs`` as binary data."""
-    names, data = list(tensors), []
-    for name in names:
-        array = np.ascontiguousarray(tensors[name])
+    inputs = []
+    for name, array in tensors.items():
         require(array.dtype == object or array.dtype in _TRITON_OF, f"input '{name}' holds {array.dtype} values, which Triton has no type for",
                 "store the evaluation data in a numeric dtype the model takes")
-        data.append(tensor_bytes(array))
-    header = {
-        "inputs": [{"name": n, "shape": list(tensors[n].shape), "datatype": "BYTES" if tensors[n].dtype == object else _TRITON_OF[tensors[n].dtype],
-                    "parameters": {"binary_data_size": len(raw)}} for n, raw in zip(names, data, strict=True)],
-        "outputs": [{"name": o, "parameters": {"binary_data": True}} for o in outputs],
-    }
-    head = json.dumps(header, separators=(",", ":")).encode()
-    return post_request_bytes(endpoint, f"/v2/models/{model}/infer", head + b"".join(data), len(head))
+        inputs.append(TensorInfo(name, "BYTES" if array.dtype == object else _TRITON_OF[array.dtype], tuple(array.shape[1:])))
+    io = ModelIO(model, tuple(inputs), tuple(TensorInfo(o, "", ()) for o in outputs), 0)
+    body, head = encode_binary(io, tensors)
+    return post_request_bytes(endpoint, f"/v2/models/{model}/infer", body, head)
 
 
 def decode_answer(response: bytes, outputs: Sequence[str], what: str) -> dict[str, np.ndarray]:
